@@ -1,0 +1,405 @@
+package tokens
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+)
+
+// Defaults for Config fields left zero.
+const (
+	DefaultGrantWait   = 10 * time.Second
+	DefaultDrainPeriod = 30 * time.Second
+)
+
+// Config wires a Service.
+type Config struct {
+	Store  Store
+	Locker Locker
+	// Now is the gateway's clock; nil means time.Now. Stores that measure
+	// time themselves report their clock in Resource.Now, which wins.
+	Now    func() time.Time
+	Limits Limits // zero value: DefaultLimits
+	// GrantWait bounds how long a grant waits for in-flight writes of the
+	// previous token, or for a drain period, before ErrFenceBusy.
+	GrantWait time.Duration
+	// DrainPeriod keeps a resource closed to grants after a forward whose
+	// outcome is unknown, because that write may still land upstream.
+	DrainPeriod time.Duration
+	// OnRejection is called after a refused write was recorded (live feed,
+	// metrics). It must not block.
+	OnRejection func(Rejection)
+	Logger      *slog.Logger
+}
+
+// Service applies the fence rules on top of a Store and a Locker.
+//
+// The safety argument, in one place:
+//
+//  1. A token is durable before it is returned (Store.Grant), and grants of
+//     a resource are serialised by its exclusive lock, so tokens strictly
+//     increase and no crash can make a store hand one out twice.
+//  2. A write holds the resource's shared lock from the moment its lease is
+//     checked until the upstream has answered (Permit.Done). A grant takes
+//     the exclusive lock before it changes the token. So when a grant
+//     returns, every write admitted under an older token has finished, and
+//     every later write is checked against the new token: it either carries
+//     the new lease or is refused. No stale write is in flight, and none can
+//     start ("fence on grant").
+//  3. A forward whose outcome is unknown (timeout, broken connection) may
+//     still land later even though the gateway stopped waiting. Before its
+//     shared lock is released the resource is put in a drain period, and
+//     grants wait it out: the next holder cannot write until the old write
+//     can no longer arrive.
+//  4. The lease check uses the state read under the shared lock and the
+//     store's (or gateway's) clock; the worker's clock and any token the
+//     client sends play no part.
+//  5. Any store error is ErrUnavailable: nothing is forwarded unchecked.
+type Service struct {
+	store       Store
+	locker      Locker
+	now         func() time.Time
+	limits      Limits
+	grantWait   time.Duration
+	drainPeriod time.Duration
+	onReject    func(Rejection)
+	log         *slog.Logger
+}
+
+// New returns a Service; Store and Locker are required.
+func New(cfg Config) *Service {
+	s := &Service{
+		store:       cfg.Store,
+		locker:      cfg.Locker,
+		now:         cfg.Now,
+		limits:      cfg.Limits,
+		grantWait:   cfg.GrantWait,
+		drainPeriod: cfg.DrainPeriod,
+		onReject:    cfg.OnRejection,
+		log:         cfg.Logger,
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.limits == (Limits{}) {
+		s.limits = DefaultLimits
+	}
+	if s.grantWait <= 0 {
+		s.grantWait = DefaultGrantWait
+	}
+	if s.drainPeriod <= 0 {
+		s.drainPeriod = DefaultDrainPeriod
+	}
+	if s.onReject == nil {
+		s.onReject = func(Rejection) {}
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	return s
+}
+
+// Limits returns the input limits in force.
+func (s *Service) Limits() Limits { return s.limits }
+
+// Now returns the gateway's clock.
+func (s *Service) Now() time.Time { return s.now() }
+
+// AcquireRequest asks for a lease.
+type AcquireRequest struct {
+	Resource string
+	Holder   string
+	TTL      time.Duration
+	// Wait is how long to wait for a held lease to become free.
+	Wait time.Duration
+}
+
+// Acquire grants a lease with a fresh token. If the resource is held it
+// waits up to req.Wait for it, then returns ErrLeaseHeld; if in-flight
+// writes of the previous token or a drain period keep it closed for longer
+// than the grant wait (or req.Wait, if longer) it returns ErrFenceBusy.
+func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (Lease, error) {
+	if err := s.validateAcquire(req); err != nil {
+		return Lease{}, err
+	}
+	start := time.Now() // monotonic; waits are the gateway's own business
+	waitUntil := start.Add(req.Wait)
+	fenceUntil := start.Add(max(s.grantWait, req.Wait))
+	grant := GrantRequest{LeaseID: NewLeaseID(), Resource: req.Resource, Holder: req.Holder, TTL: req.TTL}
+	for {
+		lease, err := s.grantOnce(ctx, grant, fenceUntil)
+		if err == nil {
+			return lease, nil
+		}
+		var retry time.Duration
+		switch {
+		case errors.Is(err, ErrLeaseHeld):
+			retry = time.Until(waitUntil)
+		case errors.Is(err, ErrFenceBusy):
+			retry = time.Until(fenceUntil)
+		}
+		if retry <= 0 {
+			return Lease{}, err
+		}
+		// Poll: a holder's expiry or a drain's end is known, a release is
+		// not. Sleep until the sooner of those and a short poll interval.
+		sleep := 25 * time.Millisecond
+		if f := Facts(err); f != nil && f.RetryAfter > 0 && f.RetryAfter < sleep {
+			sleep = f.RetryAfter
+		}
+		sleep = min(sleep, retry)
+		t := time.NewTimer(sleep)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return Lease{}, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Service) validateAcquire(req AcquireRequest) error {
+	if err := s.limits.ValidateResource(req.Resource); err != nil {
+		return err
+	}
+	if err := s.limits.ValidateHolder(req.Holder); err != nil {
+		return err
+	}
+	if err := s.limits.ValidateTTL(req.TTL); err != nil {
+		return err
+	}
+	return s.limits.ValidateWait(req.Wait)
+}
+
+func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil time.Time) (Lease, error) {
+	// Refuse a held resource without touching its lock: waiting for the
+	// exclusive lock would stall the holder's own writes behind us.
+	cur, err := s.store.Resource(ctx, req.Resource)
+	switch {
+	case errors.Is(err, ErrNotFound):
+	case err != nil:
+		return Lease{}, err
+	default:
+		if h := cur.Holder(s.clock(cur)); h != nil {
+			return Lease{}, heldError(*h, s.clock(cur))
+		}
+	}
+
+	lockCtx, cancel := context.WithDeadline(ctx, fenceUntil)
+	unlock, err := s.locker.Exclusive(lockCtx, req.Resource)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return Lease{}, ctx.Err()
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			return Lease{}, &Error{Kind: ErrFenceBusy, Resource: req.Resource, Detail: "in-flight writes of the previous token are still running", RetryAfter: time.Second}
+		}
+		return Lease{}, err
+	}
+	defer unlock()
+	// Under the exclusive lock no write of an older token is in flight and
+	// none can start. The store re-checks the holder and the drain period
+	// atomically with the token bump.
+	return s.store.Grant(ctx, req)
+}
+
+func heldError(h Lease, now time.Time) error {
+	return &Error{Kind: ErrLeaseHeld, Resource: h.Resource, Holder: h.Holder, CurrentToken: h.Token, ExpiresAt: h.ExpiresAt, RetryAfter: h.Remaining(now)}
+}
+
+func (s *Service) clock(r Resource) time.Time {
+	if !r.Now.IsZero() {
+		return r.Now
+	}
+	return s.now()
+}
+
+// Renew extends a current lease; ttl 0 reuses the lease's TTL.
+func (s *Service) Renew(ctx context.Context, leaseID string, ttl time.Duration) (Lease, error) {
+	if ttl != 0 {
+		if err := s.limits.ValidateTTL(ttl); err != nil {
+			return Lease{}, err
+		}
+	}
+	return s.store.Renew(ctx, leaseID, ttl)
+}
+
+// Release ends a current lease (idempotent for its holder).
+func (s *Service) Release(ctx context.Context, leaseID string) (Lease, error) {
+	return s.store.Release(ctx, leaseID)
+}
+
+// Lease returns a lease by id.
+func (s *Service) Lease(ctx context.Context, leaseID string) (Lease, error) {
+	return s.store.Lease(ctx, leaseID)
+}
+
+// Resource returns a resource's fence state.
+func (s *Service) Resource(ctx context.Context, name string) (Resource, error) {
+	if err := s.limits.ValidateResource(name); err != nil {
+		return Resource{}, err
+	}
+	return s.store.Resource(ctx, name)
+}
+
+// Rejections lists the rejection log, newest first.
+func (s *Service) Rejections(ctx context.Context, q RejectionQuery) ([]Rejection, error) {
+	return s.store.Rejections(ctx, q)
+}
+
+// History lists a resource's lease history, newest first.
+func (s *Service) History(ctx context.Context, resource string, limit int) ([]Event, error) {
+	if err := s.limits.ValidateResource(resource); err != nil {
+		return nil, err
+	}
+	return s.store.History(ctx, resource, limit)
+}
+
+// CurrentLeases lists live leases.
+func (s *Service) CurrentLeases(ctx context.Context, limit int) ([]Lease, error) {
+	return s.store.CurrentLeases(ctx, limit)
+}
+
+// Ping reports whether the store is reachable.
+func (s *Service) Ping(ctx context.Context) error { return s.store.Ping(ctx) }
+
+// Write describes a write a worker wants forwarded, for the rejection log.
+type Write struct {
+	Method   string
+	Upstream string
+	Path     string
+}
+
+// Permit is an admitted write. Its holder must call Done exactly once, after
+// the upstream answered or the forward gave up.
+type Permit struct {
+	Lease   Lease
+	svc     *Service
+	unlock  func()
+	started time.Time
+}
+
+// Admit checks that leaseID is its resource's current live lease and holds
+// the resource's shared lock until Permit.Done. A refused write is recorded
+// and returned as ErrStaleToken, ErrLeaseExpired, ErrLeaseReleased or
+// ErrUnknownLease.
+func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, error) {
+	lease, err := s.store.Lease(ctx, leaseID)
+	if errors.Is(err, ErrNotFound) {
+		return nil, s.reject(ctx, &Error{Kind: ErrUnknownLease}, Lease{ID: leaseID}, Resource{}, w)
+	}
+	if err != nil {
+		return nil, err
+	}
+	unlock, err := s.locker.Shared(ctx, lease.Resource)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, Unavailable("shared lock", err)
+	}
+	state, err := s.store.Resource(ctx, lease.Resource)
+	if err != nil {
+		unlock()
+		if errors.Is(err, ErrNotFound) { // a lease without a resource: the store lost it
+			err = Unavailable("resource state", err)
+		}
+		return nil, err
+	}
+	if refusal := Judge(lease, state, s.clock(state)); refusal != nil {
+		unlock()
+		return nil, s.reject(ctx, refusal, lease, state, w)
+	}
+	return &Permit{Lease: *state.Lease, svc: s, unlock: unlock, started: time.Now()}, nil
+}
+
+// Done ends the write. outcomeUnknown (upstream timeout, broken connection)
+// starts the drain period before the shared lock is released, so that no
+// grant can slip in between.
+func (p *Permit) Done(outcomeUnknown bool) {
+	if outcomeUnknown {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := p.svc.store.Drain(ctx, p.Lease.Resource, p.svc.drainPeriod); err != nil {
+			// The store is unreachable, so grants fail closed anyway.
+			p.svc.log.Error("could not start drain period", "resource", p.Lease.Resource, "err", err)
+		}
+		cancel()
+	}
+	p.unlock()
+}
+
+// Judge applies the fence rules to a write under lease, given the resource's
+// state read under its shared lock, at now. It returns nil if the write may
+// pass, or an *Error explaining the refusal. A newer grant wins over expiry:
+// a superseded lease is stale even if it also expired.
+func Judge(lease Lease, r Resource, now time.Time) error {
+	current := r.Lease
+	refuse := func(kind error) error {
+		e := &Error{Kind: kind, Resource: lease.Resource, Token: lease.Token, CurrentToken: r.Token, Holder: lease.Holder, ExpiresAt: lease.ExpiresAt}
+		if current != nil && current.ID == lease.ID {
+			e.ExpiresAt = current.ExpiresAt
+		}
+		return e
+	}
+	if r.Token > lease.Token || current == nil || current.ID != lease.ID {
+		return refuse(ErrStaleToken)
+	}
+	if current.Released() {
+		return refuse(ErrLeaseReleased)
+	}
+	if !now.Before(current.ExpiresAt) {
+		return refuse(ErrLeaseExpired)
+	}
+	return nil
+}
+
+func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state Resource, w Write) error {
+	e := Facts(refusal)
+	rej := Rejection{
+		Resource:     lease.Resource,
+		Code:         codeOf(e.Kind),
+		Token:        lease.Token,
+		CurrentToken: state.Token,
+		Holder:       lease.Holder,
+		LeaseHint:    LeaseHint(lease.ID),
+		Method:       w.Method,
+		Upstream:     w.Upstream,
+		Path:         w.Path,
+	}
+	if current := state.Lease; current != nil && current.ID == lease.ID {
+		lease = *current
+	}
+	switch {
+	case lease.Released():
+		rej.LeaseEndedAt = lease.ReleasedAt
+	case !lease.ExpiresAt.IsZero() && !s.clock(state).Before(lease.ExpiresAt):
+		rej.LeaseEndedAt = lease.ExpiresAt
+	}
+	// Record with a context of its own: the client hanging up must not
+	// erase the evidence.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	recorded, err := s.store.RecordRejection(rctx, rej)
+	if err != nil {
+		s.log.Error("could not record rejection", "resource", rej.Resource, "code", rej.Code, "err", err)
+		recorded = rej
+		recorded.At = s.now()
+	}
+	s.onReject(recorded)
+	return refusal
+}
+
+func codeOf(kind error) string {
+	switch kind {
+	case ErrStaleToken:
+		return CodeStaleToken
+	case ErrLeaseExpired:
+		return CodeLeaseExpired
+	case ErrLeaseReleased:
+		return CodeLeaseReleased
+	default:
+		return CodeUnknownLease
+	}
+}

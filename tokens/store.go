@@ -1,0 +1,102 @@
+package tokens
+
+import (
+	"context"
+	"time"
+)
+
+// GrantRequest asks a Store to grant a resource.
+type GrantRequest struct {
+	LeaseID  string // chosen by the Service (NewLeaseID)
+	Resource string
+	Holder   string
+	TTL      time.Duration
+}
+
+// Store keeps tokens, leases, lease history and the rejection log. Every
+// method that changes state is atomic in the store (a transaction, a
+// conditional statement or a script): the check and the change are one
+// step, never a read, a decision in Go and a write across processes.
+//
+// Errors wrap one of this package's sentinels; a store that cannot be
+// reached returns ErrUnavailable (see Unavailable), never a driver error.
+type Store interface {
+	// Grant makes a new lease current for req.Resource with the next token.
+	// If the resource has a live lease it returns ErrLeaseHeld (with the
+	// holder's facts); if it is draining it returns ErrFenceBusy with
+	// RetryAfter. The new token is durable before Grant returns: a token
+	// handed out and then lost in a crash could be handed out twice.
+	// Expiry is computed with the store's clock.
+	Grant(ctx context.Context, req GrantRequest) (Lease, error)
+
+	// Renew extends the current live lease to now+ttl. ErrNotFound for an
+	// unknown id; ErrLeaseLost if it expired, was released or superseded.
+	// The refusal is recorded in the lease history.
+	Renew(ctx context.Context, leaseID string, ttl time.Duration) (Lease, error)
+
+	// Release ends the current live lease. Releasing a lease its holder
+	// already released succeeds again (idempotent). ErrLeaseLost if it
+	// expired or was superseded (it never frees anyone else's lease);
+	// ErrNotFound for an unknown id.
+	Release(ctx context.Context, leaseID string) (Lease, error)
+
+	// Lease returns a lease by id, or ErrNotFound.
+	Lease(ctx context.Context, leaseID string) (Lease, error)
+
+	// Resource returns the resource's fence state with the store's clock in
+	// Resource.Now, or ErrNotFound if it was never granted.
+	Resource(ctx context.Context, name string) (Resource, error)
+
+	// CurrentLeases returns up to limit live leases, soonest expiry first.
+	CurrentLeases(ctx context.Context, limit int) ([]Lease, error)
+
+	// Drain keeps the resource closed to grants until now+d (store clock),
+	// or longer if it already was. Called, before the shared lock is
+	// released, for a forward whose outcome is unknown.
+	Drain(ctx context.Context, resource string, d time.Duration) error
+
+	// RecordRejection appends to the rejection log and returns the entry
+	// with its ID and time set.
+	RecordRejection(ctx context.Context, r Rejection) (Rejection, error)
+
+	// Rejections lists the log newest first.
+	Rejections(ctx context.Context, q RejectionQuery) ([]Rejection, error)
+
+	// History lists a resource's lease events, newest first.
+	History(ctx context.Context, resource string, limit int) ([]Event, error)
+
+	// Ping reports whether the store is reachable.
+	Ping(ctx context.Context) error
+}
+
+// Locker is the per-resource shared/exclusive lock that a write holds across
+// its forward (shared) and a grant takes before changing the token
+// (exclusive). Implementations must not let new shared holders overtake a
+// waiting exclusive one, or a steady stream of writes would starve grants.
+// The returned unlock is safe to call once.
+type Locker interface {
+	Shared(ctx context.Context, resource string) (unlock func(), err error)
+	Exclusive(ctx context.Context, resource string) (unlock func(), err error)
+}
+
+// EventKind names what happened to a lease.
+type EventKind string
+
+// Lease history event kinds.
+const (
+	EventGranted        EventKind = "granted"
+	EventRenewed        EventKind = "renewed"
+	EventReleased       EventKind = "released"
+	EventRenewRefused   EventKind = "renew_refused"
+	EventReleaseRefused EventKind = "release_refused"
+)
+
+// Event is one entry of a resource's lease history.
+type Event struct {
+	At        time.Time
+	Resource  string
+	Kind      EventKind
+	Token     int64
+	Holder    string
+	ExpiresAt time.Time
+}

@@ -1,0 +1,196 @@
+// Package tokens is fencegw's domain: leases, fencing tokens, the rules that
+// decide whether a write may reach an upstream, and the store interfaces
+// those rules need. It imports only the standard library; storage backends
+// implement its interfaces and the HTTP layer translates its errors.
+package tokens
+
+import (
+	"crypto/rand"
+	"encoding/base32"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Lease is one grant of a resource to a holder. The ID is a secret known only
+// to the worker that acquired it: presenting it is what proves that a write
+// comes from that grant.
+type Lease struct {
+	ID         string
+	Resource   string
+	Holder     string
+	Token      int64
+	TTL        time.Duration // as granted or last renewed; a renew without ttl reuses it
+	GrantedAt  time.Time
+	ExpiresAt  time.Time
+	ReleasedAt time.Time // zero while not released
+}
+
+// Released reports whether the holder released the lease.
+func (l Lease) Released() bool { return !l.ReleasedAt.IsZero() }
+
+// Live reports whether the lease is unreleased and unexpired at now.
+func (l Lease) Live(now time.Time) bool {
+	return !l.Released() && now.Before(l.ExpiresAt)
+}
+
+// Remaining is the lease's remaining time at now, never negative.
+func (l Lease) Remaining(now time.Time) time.Duration {
+	if d := l.ExpiresAt.Sub(now); d > 0 && !l.Released() {
+		return d
+	}
+	return 0
+}
+
+// Resource is the fence state of one resource: the last token granted and
+// the lease that holds (or last held) it.
+type Resource struct {
+	Name string
+	// Token is the last granted token; 0 if never granted. Never decreases.
+	Token int64
+	// Lease is the lease that got Token, if any (it may be expired or released).
+	Lease *Lease
+	// DrainUntil: grants wait until then, because a forward whose outcome is
+	// unknown may still land at the upstream.
+	DrainUntil time.Time
+	// Now is the store's clock when this state was read (zero: use the
+	// gateway's). Lease time is measured by the gateway or the store, never by
+	// the worker.
+	Now time.Time
+}
+
+// Holder is the current live lease, or nil.
+func (r Resource) Holder(now time.Time) *Lease {
+	if r.Lease != nil && r.Lease.Token == r.Token && r.Lease.Live(now) {
+		return r.Lease
+	}
+	return nil
+}
+
+// Rejection records one refused write. It never holds a whole lease id or a body.
+type Rejection struct {
+	ID           int64
+	At           time.Time
+	Resource     string
+	Code         string // the problem code, e.g. "stale_token"
+	Token        int64
+	CurrentToken int64
+	Holder       string
+	LeaseHint    string // a short, non-secret prefix of the lease id
+	Method       string
+	Upstream     string
+	Path         string
+	// LeaseEndedAt is when the presented lease expired or was released (zero
+	// if it was still live or unknown), so "arrived 15 s after its lease
+	// ended" can be shown.
+	LeaseEndedAt time.Time
+}
+
+// Rejection codes, shared with the HTTP problem codes.
+const (
+	CodeStaleToken    = "stale_token"
+	CodeLeaseExpired  = "lease_expired"
+	CodeLeaseReleased = "lease_released"
+	CodeUnknownLease  = "unknown_lease"
+)
+
+// RejectionQuery selects rejections, newest first.
+type RejectionQuery struct {
+	Resource string    // exact match; empty for all
+	Since    time.Time // only rejections at or after; zero for all
+	Before   int64     // cursor: only IDs below it; 0 for the newest
+	Limit    int
+}
+
+// Limits bounds client input. DefaultLimits are DESIGN.md's defaults.
+type Limits struct {
+	MaxResource int
+	MaxHolder   int
+	MinTTL      time.Duration
+	MaxTTL      time.Duration
+	MaxWait     time.Duration
+}
+
+// DefaultLimits are the documented defaults.
+var DefaultLimits = Limits{
+	MaxResource: 256,
+	MaxHolder:   128,
+	MinTTL:      100 * time.Millisecond,
+	MaxTTL:      time.Hour,
+	MaxWait:     60 * time.Second,
+}
+
+// ValidateResource checks a resource name: 1..max bytes of A-Z a-z 0-9 . _ : @ / -
+func (l Limits) ValidateResource(name string) error {
+	if name == "" {
+		return Invalid("resource", "must not be empty")
+	}
+	if len(name) > l.MaxResource {
+		return Invalid("resource", "longer than "+strconv.Itoa(l.MaxResource)+" bytes")
+	}
+	for i := 0; i < len(name); i++ {
+		if !resourceByte(name[i]) {
+			return Invalid("resource", "may contain only A-Z a-z 0-9 . _ : @ / -")
+		}
+	}
+	return nil
+}
+
+func resourceByte(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte("._:@/-", c) >= 0
+}
+
+// ValidateHolder checks a holder label: at most max bytes of printable UTF-8.
+func (l Limits) ValidateHolder(holder string) error {
+	if len(holder) > l.MaxHolder {
+		return Invalid("holder", "longer than "+strconv.Itoa(l.MaxHolder)+" bytes")
+	}
+	for _, r := range holder {
+		if r == '\uFFFD' || r < 0x20 || r == 0x7f {
+			return Invalid("holder", "must be printable UTF-8")
+		}
+	}
+	return nil
+}
+
+// ValidateTTL checks a lease duration.
+func (l Limits) ValidateTTL(ttl time.Duration) error {
+	if ttl < l.MinTTL || ttl > l.MaxTTL {
+		return Invalid("ttl_ms", "must be between "+strconv.Itoa(int(l.MinTTL.Milliseconds()))+" and "+strconv.Itoa(int(l.MaxTTL.Milliseconds())))
+	}
+	return nil
+}
+
+// ValidateWait checks how long an acquire may wait.
+func (l Limits) ValidateWait(wait time.Duration) error {
+	if wait < 0 || wait > l.MaxWait {
+		return Invalid("wait_ms", "must be between 0 and "+strconv.Itoa(int(l.MaxWait.Milliseconds())))
+	}
+	return nil
+}
+
+var leaseIDEncoding = base32.StdEncoding.WithPadding(base32.NoPadding)
+
+// LeaseIDPrefix starts every lease id, so a leaked one is recognisable.
+const LeaseIDPrefix = "fl_"
+
+// NewLeaseID returns an unguessable lease id with 160 random bits.
+func NewLeaseID() string {
+	var b [20]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go >= 1.24)
+	return LeaseIDPrefix + strings.ToLower(leaseIDEncoding.EncodeToString(b[:]))
+}
+
+// LeaseHint is the non-secret part of a lease id shown in logs and on the
+// dashboard: enough to tell leases apart, far too little to forge one.
+func LeaseHint(id string) string {
+	const n = len(LeaseIDPrefix) + 6
+	if len(id) <= n {
+		return "…"
+	}
+	return id[:n] + "…"
+}
