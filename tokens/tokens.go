@@ -194,3 +194,29 @@ func LeaseHint(id string) string {
 	}
 	return id[:n] + "…"
 }
+
+// LeaseState is where a lease stands relative to its resource.
+type LeaseState string
+
+// Lease states.
+const (
+	StateCurrent    LeaseState = "current"
+	StateExpired    LeaseState = "expired"
+	StateReleased   LeaseState = "released"
+	StateSuperseded LeaseState = "superseded"
+)
+
+// StateOf tells where lease stands in r at now. A newer grant wins over
+// release and expiry, as in Judge.
+func (r Resource) StateOf(lease Lease, now time.Time) LeaseState {
+	current := r.Lease
+	switch {
+	case r.Token > lease.Token || current == nil || current.ID != lease.ID:
+		return StateSuperseded
+	case current.Released():
+		return StateReleased
+	case !now.Before(current.ExpiresAt):
+		return StateExpired
+	}
+	return StateCurrent
+}
