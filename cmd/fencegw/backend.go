@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/fencegw/fencegw/storage/bolt"
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// backend is one storage mode wired up: the store, the per-resource lock,
+// and how live rejections travel between replicas.
+type backend struct {
+	mode   string
+	store  tokens.Store
+	locker tokens.Locker
+	// publish announces a recorded rejection; subscribe delivers every
+	// replica's rejections (including this one's) to deliver.
+	publish   func(tokens.Rejection)
+	subscribe func(ctx context.Context, deliver func(tokens.Rejection)) error
+	close     func()
+}
+
+func openBackend(ctx context.Context, cfg config, log *slog.Logger) (*backend, error) {
+	if cfg.Postgres != "" {
+		return openPostgres(ctx, cfg, log)
+	}
+	return openEmbedded(cfg, log)
+}
+
+// openEmbedded: one process, tokens and leases in a bbolt file.
+func openEmbedded(cfg config, log *slog.Logger) (*backend, error) {
+	if err := os.MkdirAll(cfg.Data, 0o750); err != nil {
+		return nil, fmt.Errorf("create data directory: %w", err)
+	}
+	store, err := bolt.Open(filepath.Join(cfg.Data, "fencegw.db"), bolt.Options{
+		CrashDrain: cfg.DrainPeriod,
+		Logger:     log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open embedded store in %s: %w", cfg.Data, err)
+	}
+	// In one process the live feed needs no transport: OnRejection hands
+	// each rejection straight to the gateway's subscribers.
+	var deliver func(tokens.Rejection)
+	return &backend{
+		mode:   "embedded (" + filepath.Join(cfg.Data, "fencegw.db") + ")",
+		store:  store,
+		locker: tokens.NewLocalLocker(),
+		publish: func(r tokens.Rejection) {
+			if deliver != nil {
+				deliver(r)
+			}
+		},
+		subscribe: func(_ context.Context, d func(tokens.Rejection)) error {
+			deliver = d
+			return nil
+		},
+		close: func() {
+			if err := store.Close(); err != nil {
+				log.Error("close store", "err", err)
+			}
+		},
+	}, nil
+}

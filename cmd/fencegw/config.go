@@ -1,0 +1,192 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fencegw/fencegw/gateway"
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// config is everything `fencegw serve` can be told.
+type config struct {
+	Listen         string
+	Data           string
+	Upstreams      map[string]*url.URL
+	Postgres       string
+	Redis          string
+	ForwardTimeout time.Duration
+	DrainPeriod    time.Duration
+	GrantWait      time.Duration
+	MaxBody        int64
+	LogLevel       string
+}
+
+// errUsage marks a bad flag or config value: exit code 2.
+var errUsage = errors.New("usage")
+
+func usageError(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{errUsage}, args...)...)
+}
+
+// upstreamList is a repeatable --upstream NAME=URL.
+type upstreamList struct{ m map[string]*url.URL }
+
+func (u *upstreamList) String() string { return "" }
+
+func (u *upstreamList) Set(v string) error {
+	name, raw, ok := strings.Cut(v, "=")
+	if !ok || name == "" {
+		return errors.New("want NAME=URL")
+	}
+	if strings.ContainsAny(name, "/?#% ") {
+		return fmt.Errorf("upstream name %q may not contain / ? # %% or spaces", name)
+	}
+	target, err := url.Parse(raw)
+	if err != nil || (target.Scheme != "http" && target.Scheme != "https") || target.Host == "" {
+		return fmt.Errorf("upstream %q: %q is not an http(s) URL", name, raw)
+	}
+	if target.RawQuery != "" || target.Fragment != "" {
+		return fmt.Errorf("upstream %q: the base URL may not have a query or fragment", name)
+	}
+	if _, dup := u.m[name]; dup {
+		return fmt.Errorf("upstream %q given twice", name)
+	}
+	u.m[name] = target
+	return nil
+}
+
+// byteSize parses sizes like 10MiB, 512KiB, 1048576.
+type byteSize struct{ n *int64 }
+
+func (b byteSize) String() string {
+	if b.n == nil {
+		return ""
+	}
+	return strconv.FormatInt(*b.n, 10)
+}
+
+func (b byteSize) Set(v string) error {
+	n, err := parseSize(v)
+	if err != nil {
+		return err
+	}
+	*b.n = n
+	return nil
+}
+
+func parseSize(v string) (int64, error) {
+	s := strings.TrimSpace(v)
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}} {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 || n > (1<<40)/mult {
+		return 0, fmt.Errorf("%q is not a size (like 10MiB)", v)
+	}
+	return n * mult, nil
+}
+
+// parseServe reads flags, then fills what they left unset from FENCEGW_*
+// variables. Flags win over the environment.
+func parseServe(args []string, getenv func(string) string) (config, error) {
+	cfg := config{
+		Listen:         "127.0.0.1:8080",
+		Data:           "fencegw-data",
+		ForwardTimeout: gateway.DefaultForwardTimeout,
+		GrantWait:      tokens.DefaultGrantWait,
+		MaxBody:        gateway.DefaultMaxBody,
+		LogLevel:       "info",
+	}
+	ups := &upstreamList{m: map[string]*url.URL{}}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "address to serve on")
+	fs.StringVar(&cfg.Data, "data", cfg.Data, "directory of the embedded store")
+	fs.Var(ups, "upstream", "a protected upstream, NAME=URL (repeatable)")
+	fs.StringVar(&cfg.Postgres, "postgres", "", "PostgreSQL URL: tokens, fences, leases and rejections in PostgreSQL")
+	fs.StringVar(&cfg.Redis, "redis", "", "Redis URL: leases in Redis (needs --postgres)")
+	fs.DurationVar(&cfg.ForwardTimeout, "forward-timeout", cfg.ForwardTimeout, "bound on one forward; then 504 and the drain period")
+	fs.DurationVar(&cfg.DrainPeriod, "drain-period", 0, "how long a resource stays closed to grants after a forward with unknown outcome (default: the forward timeout)")
+	fs.DurationVar(&cfg.GrantWait, "grant-wait", cfg.GrantWait, "how long a grant waits for in-flight writes before 503 fence_busy")
+	fs.Var(byteSize{&cfg.MaxBody}, "max-body", "largest fenced write body (like 10MiB)")
+	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return cfg, flagHelp
+		}
+		return cfg, usageError("%v", err)
+	}
+	if fs.NArg() > 0 {
+		return cfg, usageError("unexpected argument %q", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+
+	// The environment fills in the flags that were not given.
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] || envErr != nil {
+			return
+		}
+		key := "FENCEGW_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if f.Name == "upstream" {
+			v := getenv("FENCEGW_UPSTREAMS")
+			if v == "" {
+				v = getenv(key)
+			}
+			for item := range strings.SplitSeq(v, ",") {
+				if item = strings.TrimSpace(item); item == "" {
+					continue
+				}
+				if err := f.Value.Set(item); err != nil {
+					envErr = usageError("invalid value %q in FENCEGW_UPSTREAMS: %v", item, err)
+					return
+				}
+			}
+			return
+		}
+		if v := getenv(key); v != "" {
+			if err := f.Value.Set(v); err != nil {
+				envErr = usageError("invalid value %q for %s: %v", v, key, err)
+			}
+		}
+	})
+	if envErr != nil {
+		return cfg, envErr
+	}
+	cfg.Upstreams = ups.m
+	if cfg.DrainPeriod == 0 {
+		cfg.DrainPeriod = cfg.ForwardTimeout
+	}
+	switch {
+	case cfg.ForwardTimeout <= 0:
+		return cfg, usageError("--forward-timeout must be positive")
+	case cfg.DrainPeriod < 0:
+		return cfg, usageError("--drain-period must not be negative")
+	case cfg.GrantWait <= 0:
+		return cfg, usageError("--grant-wait must be positive")
+	case cfg.Redis != "" && cfg.Postgres == "":
+		return cfg, usageError("--redis needs --postgres: a Redis counter is not a durable token source (failover and restarts lose recent writes and repeat tokens)")
+	}
+	if _, err := parseLevel(cfg.LogLevel); err != nil {
+		return cfg, usageError("--log-level: %v", err)
+	}
+	return cfg, nil
+}
+
+func getenvFunc() func(string) string { return os.Getenv }

@@ -1,0 +1,176 @@
+// Command fencegw is the fencing gateway: workers get leases and fencing
+// tokens from it and send their writes through it; stale writes get 409
+// before they reach the protected upstream.
+//
+//	fencegw                  serve on 127.0.0.1:8080 with ./fencegw-data
+//	fencegw serve [flags]    see `fencegw serve -h`
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/fencegw/fencegw/gateway"
+	"github.com/fencegw/fencegw/tokens"
+	"github.com/fencegw/fencegw/web"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run is the whole program, testable in-process: exit code 0 after a clean
+// shutdown, 2 for bad flags or config, 1 for anything else.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	cmd := "serve"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	var err error
+	switch cmd {
+	case "serve":
+		var cfg config
+		if cfg, err = parseServe(args, getenv); err == nil {
+			err = serve(ctx, cfg, stdout, nil)
+		}
+	case "help", "-h", "--help":
+		fmt.Fprintln(stdout, usage)
+		return 0
+	default:
+		err = usageError("unknown command %q (want serve)", cmd)
+	}
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flagHelp):
+		fmt.Fprintln(stdout, usage)
+		return 0
+	case errors.Is(err, errUsage):
+		fmt.Fprintln(stderr, "fencegw: "+strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
+		return 2
+	default:
+		fmt.Fprintln(stderr, "fencegw: "+err.Error())
+		return 1
+	}
+}
+
+const usage = `fencegw — an HTTP fencing gateway
+
+usage:
+  fencegw                      serve on 127.0.0.1:8080 with the embedded store in ./fencegw-data
+  fencegw serve [flags]
+      --listen ADDR            address to serve on (127.0.0.1:8080)
+      --data DIR               embedded store directory (fencegw-data)
+      --upstream NAME=URL      a protected upstream (repeatable)
+      --postgres URL           tokens, fences, leases, rejections in PostgreSQL
+      --redis URL              leases in Redis (needs --postgres)
+      --forward-timeout D      bound on one forward (30s)
+      --drain-period D         grants wait this long after a forward with unknown outcome (= forward timeout)
+      --grant-wait D           how long a grant waits for in-flight writes (10s)
+      --max-body SIZE          largest fenced write body (10MiB)
+      --log-level LEVEL        debug, info, warn, error (info)
+  Every flag can come from the environment as FENCEGW_<FLAG>; FENCEGW_UPSTREAMS takes a comma-separated list.`
+
+var flagHelp = errors.New("help requested")
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	err := l.UnmarshalText([]byte(s))
+	return l, err
+}
+
+// serve runs the gateway until ctx is cancelled, then drains in-flight
+// writes and closes the store. ready, if not nil, receives the bound address.
+func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- string) error {
+	level, _ := parseLevel(cfg.LogLevel)
+	logger := slog.New(slog.NewTextHandler(stdout, &slog.HandlerOptions{Level: level}))
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	backend, err := openBackend(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer backend.close()
+
+	var gw *gateway.Gateway
+	svc := tokens.New(tokens.Config{
+		Store:       backend.store,
+		Locker:      backend.locker,
+		GrantWait:   cfg.GrantWait,
+		DrainPeriod: cfg.DrainPeriod,
+		Logger:      logger,
+		OnRejection: func(r tokens.Rejection) { backend.publish(r) },
+	})
+	gw = gateway.New(svc, gateway.Config{
+		Upstreams:      cfg.Upstreams,
+		ForwardTimeout: cfg.ForwardTimeout,
+		MaxBody:        cfg.MaxBody,
+		Registry:       reg,
+		UI:             web.Handler(),
+		Logger:         logger,
+	})
+	defer gw.Close()
+	if err := backend.subscribe(ctx, gw.Publish); err != nil {
+		return err
+	}
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	srv := &http.Server{
+		Handler:           gw,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	addr := ln.Addr().String()
+	fmt.Fprintf(stdout, "fencegw %s mode, serving on http://%s\n  API:       http://%s/v1/\n  dashboard: http://%s/ui/\n  metrics:   http://%s/metrics\n",
+		backend.mode, addr, addr, addr, addr)
+	if len(cfg.Upstreams) == 0 {
+		fmt.Fprintln(stdout, "  no upstreams configured: add --upstream NAME=URL to forward fenced writes")
+	}
+	for name, u := range cfg.Upstreams {
+		fmt.Fprintf(stdout, "  upstream %s -> %s (fenced writes: http://%s/v1/proxy/%s/...)\n", name, u, addr, name)
+	}
+	if ready != nil {
+		ready <- addr
+	}
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+
+	logger.Info("shutting down: draining in-flight writes", "in_flight", gw.InFlight())
+	gw.Close() // end live streams, which would otherwise hold Shutdown up
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ForwardTimeout+5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	logger.Info("stopped")
+	return nil
+}

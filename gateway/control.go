@@ -1,0 +1,292 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fencegw/fencegw/api"
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// control implements the generated strict server over a tokens.Service.
+// Handlers return domain errors; one error handler turns them into problems.
+type control struct {
+	svc *tokens.Service
+	obs *metrics
+}
+
+var _ api.StrictServerInterface = (*control)(nil)
+
+func (c *control) AcquireLease(ctx context.Context, req api.AcquireLeaseRequestObject) (api.AcquireLeaseResponseObject, error) {
+	if req.Body == nil {
+		return nil, requestError("body", "a JSON object is required")
+	}
+	b := req.Body
+	in := tokens.AcquireRequest{Resource: b.Resource, TTL: time.Duration(b.TtlMs) * time.Millisecond}
+	if b.TtlMs > int64(time.Hour/time.Millisecond)*1000 || b.TtlMs < 0 { // avoid overflow before validation
+		in.TTL = -1
+	}
+	if b.Holder != nil {
+		in.Holder = *b.Holder
+	}
+	if b.WaitMs != nil {
+		if *b.WaitMs < 0 || *b.WaitMs > int64(time.Hour/time.Millisecond) {
+			in.Wait = -1
+		} else {
+			in.Wait = time.Duration(*b.WaitMs) * time.Millisecond
+		}
+	}
+	lease, err := c.svc.Acquire(ctx, in)
+	c.obs.grant(err)
+	if err != nil {
+		return nil, err
+	}
+	return api.AcquireLease201JSONResponse(leaseJSON(lease, tokens.StateCurrent, lease.TTL)), nil
+}
+
+func (c *control) GetLease(ctx context.Context, req api.GetLeaseRequestObject) (api.GetLeaseResponseObject, error) {
+	lease, err := c.svc.Lease(ctx, req.LeaseId)
+	if err != nil {
+		return nil, err
+	}
+	res, err := c.svc.Resource(ctx, lease.Resource)
+	if err != nil {
+		return nil, err
+	}
+	now := clockOf(c.svc, res)
+	state := res.StateOf(lease, now)
+	if res.Lease != nil && res.Lease.ID == lease.ID {
+		lease = *res.Lease
+	}
+	remaining := time.Duration(0)
+	if state == tokens.StateCurrent {
+		remaining = lease.Remaining(now)
+	}
+	return api.GetLease200JSONResponse(leaseJSON(lease, state, remaining)), nil
+}
+
+func (c *control) RenewLease(ctx context.Context, req api.RenewLeaseRequestObject) (api.RenewLeaseResponseObject, error) {
+	var ttl time.Duration
+	if req.Body != nil && req.Body.TtlMs != nil {
+		ms := *req.Body.TtlMs
+		if ms <= 0 || ms > int64(24*time.Hour/time.Millisecond) {
+			return nil, tokens.Invalid("ttl_ms", "must be between "+strconv.FormatInt(c.svc.Limits().MinTTL.Milliseconds(), 10)+" and "+strconv.FormatInt(c.svc.Limits().MaxTTL.Milliseconds(), 10))
+		}
+		ttl = time.Duration(ms) * time.Millisecond
+	}
+	lease, err := c.svc.Renew(ctx, req.LeaseId, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return api.RenewLease200JSONResponse(leaseJSON(lease, tokens.StateCurrent, lease.TTL)), nil
+}
+
+func (c *control) ReleaseLease(ctx context.Context, req api.ReleaseLeaseRequestObject) (api.ReleaseLeaseResponseObject, error) {
+	if _, err := c.svc.Release(ctx, req.LeaseId); err != nil {
+		return nil, err
+	}
+	return api.ReleaseLease204Response{}, nil
+}
+
+func (c *control) GetResource(ctx context.Context, req api.GetResourceRequestObject) (api.GetResourceResponseObject, error) {
+	res, err := c.svc.Resource(ctx, req.Resource)
+	if err != nil {
+		return nil, err
+	}
+	now := clockOf(c.svc, res)
+	out := api.ResourceState{Resource: res.Name, Token: res.Token}
+	if res.Name == "" {
+		out.Resource = req.Resource
+	}
+	if l := res.Lease; l != nil {
+		holder, exp := l.Holder, l.ExpiresAt.UTC()
+		out.Holder, out.ExpiresAt = &holder, &exp
+	}
+	if h := res.Holder(now); h != nil {
+		out.Held = true
+		out.TtlMs = h.Remaining(now).Milliseconds()
+	}
+	if res.DrainUntil.After(now) {
+		d := res.DrainUntil.UTC()
+		out.DrainUntil = &d
+	}
+	return api.GetResource200JSONResponse(out), nil
+}
+
+const (
+	defaultRejectionPage = 100
+	maxRejectionPage     = 1000
+)
+
+func (c *control) ListRejections(ctx context.Context, req api.ListRejectionsRequestObject) (api.ListRejectionsResponseObject, error) {
+	p := req.Params
+	q := tokens.RejectionQuery{Limit: defaultRejectionPage}
+	if p.Limit != nil {
+		if *p.Limit < 1 || *p.Limit > maxRejectionPage {
+			return nil, tokens.Invalid("limit", "must be between 1 and 1000")
+		}
+		q.Limit = *p.Limit
+	}
+	if p.Resource != nil {
+		if err := c.svc.Limits().ValidateResource(*p.Resource); err != nil {
+			return nil, err
+		}
+		q.Resource = *p.Resource
+	}
+	if p.Since != nil {
+		q.Since = *p.Since
+	}
+	if p.Cursor != nil {
+		before, err := strconv.ParseInt(*p.Cursor, 10, 64)
+		if err != nil || before <= 0 {
+			return nil, tokens.Invalid("cursor", "not a cursor returned by this endpoint")
+		}
+		q.Before = before
+	}
+	// One extra row tells whether another page exists.
+	want := q.Limit
+	q.Limit++
+	items, err := c.svc.Rejections(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	out := api.RejectionList{Items: make([]api.Rejection, 0, min(len(items), want))}
+	for i, r := range items {
+		if i == want {
+			cursor := strconv.FormatInt(items[want-1].ID, 10)
+			out.NextCursor = &cursor
+			break
+		}
+		out.Items = append(out.Items, rejectionJSON(r))
+	}
+	return api.ListRejections200JSONResponse(out), nil
+}
+
+func clockOf(svc *tokens.Service, r tokens.Resource) time.Time {
+	if !r.Now.IsZero() {
+		return r.Now
+	}
+	return svc.Now()
+}
+
+func leaseJSON(l tokens.Lease, state tokens.LeaseState, remaining time.Duration) api.Lease {
+	out := api.Lease{
+		LeaseId:   l.ID,
+		Resource:  l.Resource,
+		Holder:    l.Holder,
+		Token:     l.Token,
+		TtlMs:     remaining.Milliseconds(),
+		GrantedAt: l.GrantedAt.UTC(),
+		ExpiresAt: l.ExpiresAt.UTC(),
+		State:     api.LeaseState(state),
+	}
+	if l.Released() {
+		t := l.ReleasedAt.UTC()
+		out.ReleasedAt = &t
+	}
+	return out
+}
+
+func rejectionJSON(r tokens.Rejection) api.Rejection {
+	out := api.Rejection{
+		Id:           r.ID,
+		At:           r.At.UTC(),
+		Resource:     r.Resource,
+		Code:         api.RejectionCode(r.Code),
+		Token:        r.Token,
+		CurrentToken: r.CurrentToken,
+		Holder:       r.Holder,
+		Method:       r.Method,
+		Upstream:     r.Upstream,
+		Path:         r.Path,
+	}
+	if r.LeaseHint != "" {
+		hint := r.LeaseHint
+		out.LeaseHint = &hint
+	}
+	if !r.LeaseEndedAt.IsZero() {
+		t := r.LeaseEndedAt.UTC()
+		out.LeaseEndedAt = &t
+	}
+	return out
+}
+
+// requestErrorHandler answers bodies the generated code could not decode.
+func (g *Gateway) requestErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
+	var maxBytes *http.MaxBytesError
+	if errors.As(err, &maxBytes) {
+		writeProblem(w, r, g.log, err)
+		return
+	}
+	field, detail := "body", "must be a JSON object"
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(err, &typeErr):
+		if typeErr.Field != "" {
+			field = typeErr.Field
+		}
+		detail = "must be " + jsonTypeName(typeErr.Type.Kind().String())
+	case errors.As(err, &syntaxErr):
+		detail = "is not valid JSON (at byte " + strconv.FormatInt(syntaxErr.Offset, 10) + ")"
+	case strings.Contains(err.Error(), "EOF"):
+		detail = "is empty or truncated"
+	}
+	writeProblem(w, r, g.log, requestError(field, detail))
+}
+
+func jsonTypeName(kind string) string {
+	switch kind {
+	case "int", "int8", "int16", "int32", "int64", "uint", "uint8", "uint16", "uint32", "uint64":
+		return "an integer"
+	case "float32", "float64":
+		return "a number"
+	case "string":
+		return "a string"
+	case "bool":
+		return "a boolean"
+	}
+	return "an object of the documented shape"
+}
+
+// paramErrorHandler answers path and query parameters that do not parse.
+func (g *Gateway) paramErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
+	field := "parameters"
+	var f *api.InvalidParamFormatError
+	if errors.As(err, &f) {
+		field = f.ParamName
+	}
+	detail := "is malformed"
+	if field == "since" {
+		detail = "must be an RFC 3339 time"
+	}
+	writeProblem(w, r, g.log, requestError(field, detail))
+}
+
+// controlBody bounds control-call bodies and insists they are JSON.
+func (g *Gateway) controlBody(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			if ct := r.Header.Get("Content-Type"); ct != "" {
+				mt, _, err := mime.ParseMediaType(ct)
+				if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+					sendProblem(w, r, problem{Status: http.StatusUnsupportedMediaType, Code: codeUnsupportedMedia,
+						Title: "Unsupported media type", Detail: "control calls take application/json"})
+					return
+				}
+			}
+			if r.ContentLength > g.cfg.MaxControlBody {
+				writeProblem(w, r, g.log, &http.MaxBytesError{Limit: g.cfg.MaxControlBody})
+				return
+			}
+			r.Body = http.MaxBytesReader(w, r.Body, g.cfg.MaxControlBody)
+		}
+		next.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,174 @@
+// Package gateway is fencegw's HTTP layer: the control API (through the
+// generated strict server), the fenced reverse proxy, the live rejection
+// stream, health, readiness and metrics. It speaks to the domain only
+// through *tokens.Service.
+package gateway
+
+import (
+	"context"
+	"io"
+	"log"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/fencegw/fencegw/api"
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// Defaults of Config.
+const (
+	DefaultForwardTimeout = 30 * time.Second
+	DefaultMaxBody        = 10 << 20
+	DefaultMaxControlBody = 64 << 10
+)
+
+// Config configures a Gateway. Zero fields take the defaults.
+type Config struct {
+	// Upstreams maps names to base URLs. The gateway forwards only there,
+	// never to an address a client names.
+	Upstreams map[string]*url.URL
+	// ForwardTimeout bounds one forward; past it the write answers 504 and
+	// the resource drains (the outcome is unknown).
+	ForwardTimeout time.Duration
+	MaxBody        int64 // fenced write bodies
+	MaxControlBody int64 // control call bodies
+	// Registry receives the gateway's metrics and is served at /metrics.
+	// Nil: a fresh registry.
+	Registry *prometheus.Registry
+	// UI, if set, is served under /ui/ (the dashboard).
+	UI     http.Handler
+	Logger *slog.Logger
+}
+
+// Gateway is the HTTP face of a tokens.Service.
+type Gateway struct {
+	cfg       Config
+	svc       *tokens.Service
+	log       *slog.Logger
+	obs       *metrics
+	feed      *feed
+	transport *http.Transport
+	proxy     http.Handler
+	inflight  atomic.Int64
+	handler   http.Handler
+}
+
+// New builds a Gateway serving svc.
+func New(svc *tokens.Service, cfg Config) *Gateway {
+	if cfg.ForwardTimeout <= 0 {
+		cfg.ForwardTimeout = DefaultForwardTimeout
+	}
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = DefaultMaxBody
+	}
+	if cfg.MaxControlBody <= 0 {
+		cfg.MaxControlBody = DefaultMaxControlBody
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport()}
+	g.obs = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
+	g.proxy = g.newReverseProxy()
+	g.handler = g.routes()
+	return g
+}
+
+// Publish sends a rejection to the live stream's subscribers. Wire the
+// Service's OnRejection (or a cross-replica feed) to it.
+func (g *Gateway) Publish(r tokens.Rejection) { g.feed.publish(r) }
+
+// ServeHTTP serves the whole HTTP surface.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.handler.ServeHTTP(w, r) }
+
+// InFlight is the number of admitted writes not yet answered.
+func (g *Gateway) InFlight() int64 { return g.inflight.Load() }
+
+// Close ends live streams (so a graceful shutdown is not held up by them)
+// and idle upstream connections.
+func (g *Gateway) Close() {
+	g.feed.close()
+	g.transport.CloseIdleConnections()
+}
+
+func (g *Gateway) routes() http.Handler {
+	r := chi.NewRouter()
+	r.Use(g.recoverer)
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		sendProblem(w, r, problem{Status: http.StatusNotFound, Code: codeNotFound, Title: "Not found",
+			Detail: "no such endpoint; resource names in paths are percent-encoded (inventory%2FSKU-001)"})
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		sendProblem(w, r, problem{Status: http.StatusMethodNotAllowed, Code: codeMethodNotAllowed, Title: "Method not allowed"})
+	})
+
+	r.HandleFunc(proxyPrefix+"*", g.serveProxy)
+	r.Get("/v1/rejections/stream", g.serveStream)
+	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	r.Get("/readyz", g.serveReady)
+	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(g.cfg.Registry, promhttp.HandlerOpts{Registry: g.cfg.Registry}))
+	if g.cfg.UI != nil {
+		r.Handle("/ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
+		r.Handle("/ui/*", g.cfg.UI)
+		r.Get("/", http.RedirectHandler("/ui/", http.StatusFound).ServeHTTP)
+	}
+
+	strict := api.NewStrictHandlerWithOptions(&control{svc: g.svc, obs: g.obs}, nil, api.StrictHTTPServerOptions{
+		RequestErrorHandlerFunc: g.requestErrorHandler,
+		ResponseErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
+			writeProblem(w, r, g.log, err)
+		},
+	})
+	api.HandlerWithOptions(strict, api.ChiServerOptions{
+		BaseRouter:       r,
+		Middlewares:      []api.MiddlewareFunc{g.controlBody},
+		ErrorHandlerFunc: g.paramErrorHandler,
+	})
+	return r
+}
+
+func (g *Gateway) serveReady(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := g.svc.Ping(ctx); err != nil {
+		writeProblem(w, r, g.log, tokens.Unavailable("ping", err))
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = io.WriteString(w, "ready\n")
+}
+
+// recoverer turns a panic into a 500 problem (the gateway never dies of
+// input), except http.ErrAbortHandler, which net/http handles itself.
+func (g *Gateway) recoverer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				g.log.Error("panic serving request", "method", r.Method, "path", r.URL.Path, "panic", v)
+				sendProblem(w, r, problem{Status: http.StatusInternalServerError, Code: codeInternalError, Title: "Internal error"})
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// slogErrorLog routes the reverse proxy's own messages to slog.
+func slogErrorLog(l *slog.Logger) *log.Logger {
+	return slog.NewLogLogger(l.Handler(), slog.LevelWarn)
+}

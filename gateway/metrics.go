@@ -1,0 +1,115 @@
+package gateway
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// Write outcomes, the label values of fencegw_writes_total.
+const (
+	outcomeForwarded       = "forwarded"
+	outcomeRejected        = "rejected"
+	outcomeUpstreamError   = "upstream_error"
+	outcomeUnknownUpstream = "unknown_upstream"
+	outcomeBadRequest      = "bad_request"
+	outcomeUnavailable     = "store_unavailable"
+)
+
+// metrics holds pre-resolved series so the write path does no label lookups.
+type metrics struct {
+	writes     map[string]prometheus.Counter
+	rejections map[string]prometheus.Counter
+	grants     map[string]prometheus.Counter
+	forwardDur prometheus.Observer
+	subs       prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer, inflight func() float64) *metrics {
+	writes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fencegw_writes_total",
+		Help: "Fenced writes by outcome: forwarded, rejected (stale/expired/released/unknown lease), upstream_error, unknown_upstream, bad_request, store_unavailable.",
+	}, []string{"outcome"})
+	rejections := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fencegw_rejections_total",
+		Help: "Refused writes by reason (the problem code).",
+	}, []string{"reason"})
+	grants := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fencegw_grants_total",
+		Help: "Lease acquisitions by result: granted, lease_held, fence_busy, store_unavailable, invalid.",
+	}, []string{"result"})
+	forwardDur := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "fencegw_forward_duration_seconds",
+		Help:    "Time from admission to the upstream's answer for forwarded writes (the shared lock is held that long).",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+	})
+	subs := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "fencegw_rejection_stream_subscribers",
+		Help: "Open live rejection streams.",
+	})
+	inflightGauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "fencegw_inflight_writes",
+		Help: "Writes admitted and not yet answered by the upstream.",
+	}, inflight)
+	reg.MustRegister(writes, rejections, grants, forwardDur, subs, inflightGauge)
+
+	m := &metrics{
+		writes:     map[string]prometheus.Counter{},
+		rejections: map[string]prometheus.Counter{},
+		grants:     map[string]prometheus.Counter{},
+		forwardDur: forwardDur,
+		subs:       subs,
+	}
+	for _, o := range []string{outcomeForwarded, outcomeRejected, outcomeUpstreamError, outcomeUnknownUpstream, outcomeBadRequest, outcomeUnavailable} {
+		m.writes[o] = writes.WithLabelValues(o)
+	}
+	for _, c := range []string{tokens.CodeStaleToken, tokens.CodeLeaseExpired, tokens.CodeLeaseReleased, tokens.CodeUnknownLease} {
+		m.rejections[c] = rejections.WithLabelValues(c)
+	}
+	for _, r := range []string{"granted", codeLeaseHeld, codeFenceBusy, codeStoreUnavailable, codeInvalidRequest, "other"} {
+		m.grants[r] = grants.WithLabelValues(r)
+	}
+	return m
+}
+
+func (m *metrics) write(outcome string) { m.writes[outcome].Inc() }
+
+// refused counts a write that Admit turned down.
+func (m *metrics) refused(err error) {
+	p, _ := problemFor(err)
+	if c, ok := m.rejections[p.Code]; ok {
+		c.Inc()
+		m.writes[outcomeRejected].Inc()
+		return
+	}
+	if errors.Is(err, tokens.ErrUnavailable) {
+		m.writes[outcomeUnavailable].Inc()
+		return
+	}
+	m.writes[outcomeBadRequest].Inc()
+}
+
+func (m *metrics) forwarded(f *forward, d time.Duration) {
+	if f.failed {
+		m.writes[outcomeUpstreamError].Inc()
+		return
+	}
+	m.writes[outcomeForwarded].Inc()
+	m.forwardDur.Observe(d.Seconds())
+}
+
+func (m *metrics) grant(err error) {
+	if err == nil {
+		m.grants["granted"].Inc()
+		return
+	}
+	p, _ := problemFor(err)
+	if c, ok := m.grants[p.Code]; ok {
+		c.Inc()
+		return
+	}
+	m.grants["other"].Inc()
+}

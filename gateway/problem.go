@@ -1,0 +1,194 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// Problem codes that do not come from the tokens package.
+const (
+	codeInvalidRequest       = "invalid_request"
+	codeNotFound             = "not_found"
+	codeLeaseHeld            = "lease_held"
+	codeLeaseLost            = "lease_lost"
+	codeMissingLease         = "missing_lease"
+	codeUnknownUpstream      = "unknown_upstream"
+	codeBodyTooLarge         = "body_too_large"
+	codeUnsupportedMedia     = "unsupported_media_type"
+	codeMethodNotAllowed     = "method_not_allowed"
+	codeFenceBusy            = "fence_busy"
+	codeStoreUnavailable     = "store_unavailable"
+	codeUpstreamUnreachable  = "upstream_unreachable"
+	codeUpstreamTimeout      = "upstream_timeout"
+	codeInternalError        = "internal_error"
+	problemTypePrefix        = "urn:fencegw:problem:"
+	problemContentType       = "application/problem+json"
+	defaultUnavailableRetry  = time.Second
+	maxProblemDetailRuneLike = 512
+)
+
+// problem is an RFC 9457 document with fencegw's extension members.
+type problem struct {
+	Type         string     `json:"type"`
+	Title        string     `json:"title"`
+	Status       int        `json:"status"`
+	Detail       string     `json:"detail,omitempty"`
+	Instance     string     `json:"instance,omitempty"`
+	Code         string     `json:"code"`
+	Field        string     `json:"field,omitempty"`
+	Resource     string     `json:"resource,omitempty"`
+	Token        *int64     `json:"token,omitempty"`
+	CurrentToken *int64     `json:"current_token,omitempty"`
+	Holder       string     `json:"holder,omitempty"`
+	ExpiresAt    *time.Time `json:"expires_at,omitempty"`
+
+	retryAfter time.Duration
+}
+
+// kinds maps each domain sentinel to its status and code: the one place
+// where domain errors become HTTP answers.
+var kinds = []struct {
+	err    error
+	status int
+	code   string
+	title  string
+}{
+	{tokens.ErrInvalid, http.StatusBadRequest, codeInvalidRequest, "Invalid request"},
+	{tokens.ErrNotFound, http.StatusNotFound, codeNotFound, "Not found"},
+	{tokens.ErrLeaseHeld, http.StatusConflict, codeLeaseHeld, "Lease held"},
+	{tokens.ErrLeaseLost, http.StatusConflict, codeLeaseLost, "Lease lost"},
+	{tokens.ErrStaleToken, http.StatusConflict, tokens.CodeStaleToken, "Stale fencing token"},
+	{tokens.ErrLeaseExpired, http.StatusConflict, tokens.CodeLeaseExpired, "Lease expired"},
+	{tokens.ErrLeaseReleased, http.StatusConflict, tokens.CodeLeaseReleased, "Lease released"},
+	{tokens.ErrUnknownLease, http.StatusForbidden, tokens.CodeUnknownLease, "Unknown lease"},
+	{tokens.ErrFenceBusy, http.StatusServiceUnavailable, codeFenceBusy, "Fence busy"},
+	{tokens.ErrUnavailable, http.StatusServiceUnavailable, codeStoreUnavailable, "Store unavailable"},
+}
+
+// problemFor turns any error into a problem. Errors the domain does not know
+// become 500 internal_error, and are the only ones worth logging.
+func problemFor(err error) (p problem, internal bool) {
+	p = problem{Status: http.StatusInternalServerError, Code: codeInternalError, Title: "Internal error"}
+	var maxBytes *http.MaxBytesError
+	switch {
+	case errors.As(err, &maxBytes):
+		p = problem{Status: http.StatusRequestEntityTooLarge, Code: codeBodyTooLarge, Title: "Body too large",
+			Detail: "the body exceeds the limit of " + strconv.FormatInt(maxBytes.Limit, 10) + " bytes"}
+		return p, false
+	case errors.Is(err, errRequest):
+		p = problem{Status: http.StatusBadRequest, Code: codeInvalidRequest, Title: "Invalid request"}
+	default:
+		found := false
+		for _, k := range kinds {
+			if errors.Is(err, k.err) {
+				p = problem{Status: k.status, Code: k.code, Title: k.title}
+				found = true
+				break
+			}
+		}
+		internal = !found
+	}
+	if e := tokens.Facts(err); e != nil {
+		p.Field = e.Field
+		p.Resource = e.Resource
+		p.Holder = e.Holder
+		if e.Token != 0 {
+			p.Token = &e.Token
+		}
+		if e.CurrentToken != 0 {
+			p.CurrentToken = &e.CurrentToken
+		}
+		if !e.ExpiresAt.IsZero() {
+			t := e.ExpiresAt.UTC()
+			p.ExpiresAt = &t
+		}
+		p.retryAfter = e.RetryAfter
+		p.Detail = detailOf(e)
+	} else if !internal {
+		p.Detail = err.Error()
+	}
+	if p.Status == http.StatusServiceUnavailable && p.retryAfter <= 0 {
+		p.retryAfter = defaultUnavailableRetry
+	}
+	if p.Code == codeLeaseHeld && p.retryAfter <= 0 {
+		p.retryAfter = time.Second
+	}
+	return p, internal
+}
+
+func detailOf(e *tokens.Error) string {
+	switch {
+	case e.Field != "" && e.Detail != "":
+		return e.Field + ": " + e.Detail
+	case e.Kind == tokens.ErrUnavailable:
+		return "the token store cannot be reached; nothing was forwarded or granted"
+	case e.Detail != "":
+		return e.Detail
+	}
+	switch e.Kind {
+	case tokens.ErrStaleToken:
+		return "token " + strconv.FormatInt(e.Token, 10) + " was superseded by token " + strconv.FormatInt(e.CurrentToken, 10) + "; the write was not forwarded"
+	case tokens.ErrLeaseExpired:
+		return "the lease expired; the write was not forwarded"
+	case tokens.ErrLeaseReleased:
+		return "the lease was released by its holder; the write was not forwarded"
+	case tokens.ErrUnknownLease:
+		return "no such lease was ever granted; the write was not forwarded"
+	case tokens.ErrLeaseHeld:
+		return "the resource is held by another lease"
+	case tokens.ErrLeaseLost:
+		return "the lease expired, was released or was superseded"
+	}
+	return ""
+}
+
+// errRequest marks malformed input found by the HTTP layer itself.
+var errRequest = errors.New("invalid request")
+
+func requestError(field, detail string) error {
+	return &tokens.Error{Kind: errRequest, Field: field, Detail: detail}
+}
+
+// writeProblem answers err as application/problem+json.
+func writeProblem(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+	p, internal := problemFor(err)
+	if internal {
+		log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		p.Detail = "" // don't leak internals
+	}
+	sendProblem(w, r, p)
+}
+
+func sendProblem(w http.ResponseWriter, r *http.Request, p problem) {
+	p.Type = problemTypePrefix + p.Code
+	if p.Instance == "" && r != nil {
+		p.Instance = r.URL.Path
+		if len(p.Instance) > maxProblemDetailRuneLike {
+			p.Instance = p.Instance[:maxProblemDetailRuneLike]
+		}
+	}
+	h := w.Header()
+	h.Set("Content-Type", problemContentType)
+	h.Set("Cache-Control", "no-store")
+	if p.retryAfter > 0 {
+		h.Set("Retry-After", retryAfterSeconds(p.retryAfter))
+	}
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// retryAfterSeconds renders a duration as whole seconds, rounded up, at least 1.
+func retryAfterSeconds(d time.Duration) string {
+	s := int64(math.Ceil(d.Seconds()))
+	if s < 1 {
+		s = 1
+	}
+	return strconv.FormatInt(s, 10)
+}

@@ -1,0 +1,210 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// Header names of the fencing protocol.
+const (
+	HeaderLease    = "Fencing-Lease"
+	HeaderToken    = "Fencing-Token"
+	HeaderResource = "Fencing-Resource"
+)
+
+const proxyPrefix = "/v1/proxy/"
+
+// forward is the state one fenced write shares between the handler and the
+// reverse proxy's hooks.
+type forward struct {
+	permit   *tokens.Permit
+	upstream *url.URL
+	path     string // unescaped path below the upstream's base
+	rawPath  string // its escaped form, as the client sent it
+	token    string
+	// wroteRequest is set once request headers reached the upstream: from
+	// then on, a failure leaves the outcome unknown.
+	wroteRequest atomic.Bool
+	unknown      bool
+	failed       bool
+}
+
+type forwardKey struct{}
+
+// newReverseProxy builds the one httputil.ReverseProxy all fenced writes go
+// through. Rewrite (not Director) so that a client cannot drop headers the
+// gateway adds via Connection (golang/go#53002).
+func (g *Gateway) newReverseProxy() *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			f := pr.In.Context().Value(forwardKey{}).(*forward)
+			pr.Out.URL.Path, pr.Out.URL.RawPath = f.path, f.rawPath
+			pr.SetURL(f.upstream)
+			pr.SetXForwarded()
+			h := pr.Out.Header
+			// The lease is a secret between worker and gateway; the token and
+			// resource are the gateway's word, never the client's.
+			h.Del(HeaderLease)
+			h.Del("Forwarded")
+			h[HeaderToken] = []string{f.token}
+			h[HeaderResource] = []string{f.permit.Lease.Resource}
+		},
+		Transport:    g.transport,
+		BufferPool:   newBufferPool(),
+		ErrorHandler: g.proxyError,
+		ErrorLog:     slogErrorLog(g.log),
+	}
+}
+
+// newTransport is tuned for many concurrent writes to a few upstreams.
+func newTransport() *http.Transport {
+	return &http.Transport{
+		Proxy:                 nil, // never an address from the environment
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   512,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   5 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
+}
+
+// serveProxy handles /v1/proxy/{upstream}/{path...}.
+func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
+	name, rawPath, ok := strings.Cut(strings.TrimPrefix(r.URL.EscapedPath(), proxyPrefix), "/")
+	rawPath = "/" + rawPath
+	if !ok {
+		rawPath = "/"
+	}
+	base, found := g.cfg.Upstreams[name]
+	if !found {
+		g.obs.write(outcomeUnknownUpstream)
+		sendProblem(w, r, problem{Status: http.StatusNotFound, Code: codeUnknownUpstream, Title: "Unknown upstream",
+			Detail: "no upstream named " + strconv.Quote(truncate(name, 64)) + " is configured"})
+		return
+	}
+	path, err := cleanProxyPath(rawPath)
+	if err != nil {
+		g.obs.write(outcomeBadRequest)
+		writeProblem(w, r, g.log, err)
+		return
+	}
+	leaseID := r.Header.Get(HeaderLease)
+	if leaseID == "" {
+		g.obs.write(outcomeBadRequest)
+		sendProblem(w, r, problem{Status: http.StatusBadRequest, Code: codeMissingLease, Title: "Missing lease",
+			Detail: "a fenced write needs a " + HeaderLease + " header"})
+		return
+	}
+	if r.ContentLength > g.cfg.MaxBody {
+		g.obs.write(outcomeBadRequest)
+		writeProblem(w, r, g.log, &http.MaxBytesError{Limit: g.cfg.MaxBody})
+		return
+	}
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = http.MaxBytesReader(w, r.Body, g.cfg.MaxBody)
+	}
+
+	permit, err := g.svc.Admit(r.Context(), leaseID, tokens.Write{Method: r.Method, Upstream: name, Path: truncate(path, 512)})
+	if err != nil {
+		g.obs.refused(err)
+		writeProblem(w, r, g.log, err)
+		return
+	}
+	f := &forward{permit: permit, upstream: base, path: path, rawPath: rawPath, token: strconv.FormatInt(permit.Lease.Token, 10)}
+	if f.rawPath == path {
+		f.rawPath = ""
+	}
+	g.inflight.Add(1)
+	start := time.Now()
+	// Done runs even if the proxy aborts the handler with a panic
+	// (http.ErrAbortHandler on a broken response copy): a leaked shared lock
+	// would block every future grant of the resource.
+	defer func() {
+		permit.Done(f.unknown)
+		g.inflight.Add(-1)
+		g.obs.forwarded(f, time.Since(start))
+	}()
+
+	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.ForwardTimeout)
+	defer cancel()
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteHeaders: func() { f.wroteRequest.Store(true) },
+	})
+	ctx = context.WithValue(ctx, forwardKey{}, f)
+	g.proxy.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// proxyError answers a forward that got no response from the upstream.
+func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	f := r.Context().Value(forwardKey{}).(*forward)
+	f.failed = true
+	var maxBytes *http.MaxBytesError
+	if errors.As(err, &maxBytes) {
+		// The body was cut short, so the upstream never got a complete request.
+		writeProblem(w, r, g.log, err)
+		return
+	}
+	// Once the request left, the upstream may act on it whatever we saw.
+	f.unknown = f.wroteRequest.Load()
+	timedOut := errors.Is(err, context.DeadlineExceeded) || errors.Is(r.Context().Err(), context.DeadlineExceeded)
+	if timedOut {
+		sendProblem(w, r, problem{Status: http.StatusGatewayTimeout, Code: codeUpstreamTimeout, Title: "Upstream timeout",
+			Detail: "the upstream did not answer within " + g.cfg.ForwardTimeout.String() + "; the outcome is unknown and the resource is closed to grants for the drain period",
+			Resource: f.permit.Lease.Resource})
+		return
+	}
+	detail := "the upstream could not be reached"
+	if f.unknown {
+		detail = "the connection to the upstream broke after the request was sent; the outcome is unknown and the resource is closed to grants for the drain period"
+	}
+	sendProblem(w, r, problem{Status: http.StatusBadGateway, Code: codeUpstreamUnreachable, Title: "Upstream unreachable",
+		Detail: detail, Resource: f.permit.Lease.Resource})
+}
+
+// cleanProxyPath unescapes the path below the upstream and refuses dot
+// segments, so that the path forwarded is the path that was checked.
+func cleanProxyPath(raw string) (string, error) {
+	path, err := url.PathUnescape(raw)
+	if err != nil {
+		return "", requestError("path", "is not a valid percent-encoded path")
+	}
+	for seg := range strings.SplitSeq(path, "/") {
+		if seg == "." || seg == ".." {
+			return "", requestError("path", "must not contain . or .. segments")
+		}
+	}
+	if strings.ContainsAny(path, "\x00\r\n") {
+		return "", requestError("path", "must not contain control characters")
+	}
+	return path, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+// bufferPool lends the reverse proxy 32 KiB copy buffers.
+type bufferPool struct{ p sync.Pool }
+
+func newBufferPool() *bufferPool {
+	return &bufferPool{p: sync.Pool{New: func() any { b := make([]byte, 32*1024); return &b }}}
+}
+
+func (b *bufferPool) Get() []byte  { return *(b.p.Get().(*[]byte)) }
+func (b *bufferPool) Put(v []byte) { b.p.Put(&v) }
