@@ -1,0 +1,289 @@
+package bolt
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// RecordRejection implements tokens.Store. It goes through the batch like
+// the mutations, so a storm of refused writes costs one fsync per batch,
+// not one per rejection.
+func (s *Store) RecordRejection(ctx context.Context, r tokens.Rejection) (tokens.Rejection, error) {
+	if err := s.enter(ctx); err != nil {
+		return tokens.Rejection{}, err
+	}
+	defer s.leave()
+	given := r.At
+	err := s.update("record rejection", func(tx *bbolt.Tx) error {
+		log := tx.Bucket(bucketRejections)
+		id, err := log.NextSequence()
+		if err != nil {
+			return err
+		}
+		r.ID, r.At = int64(id), given
+		if r.At.IsZero() {
+			r.At = s.now()
+		}
+		key := seqKey(id)
+		if err := log.Put(key, encodeRejection(&r)); err != nil {
+			return err
+		}
+		idx, err := tx.Bucket(bucketRejIndex).CreateBucketIfNotExists([]byte(r.Resource))
+		if err != nil {
+			return err
+		}
+		if err := idx.Put(key, nil); err != nil {
+			return err
+		}
+		return s.pruneRejections(tx, id)
+	})
+	if err != nil {
+		return tokens.Rejection{}, err
+	}
+	return r, nil
+}
+
+// pruneRejections keeps the log within MaxRejections. IDs come from the
+// bucket's sequence in the same transaction as the insert and only the
+// oldest are ever deleted, so the log is the contiguous range
+// [first, last] and its length is last-first+1. Checking every interval
+// inserts and pruning down to MaxRejections-interval+1 keeps it at or below
+// MaxRejections at every commit, at the cost of one cursor seek per
+// interval inserts.
+func (s *Store) pruneRejections(tx *bbolt.Tx, last uint64) error {
+	limit := uint64(s.opts.MaxRejections)
+	interval := min(max(limit/16, 1), 1024)
+	if last%interval != 0 {
+		return nil
+	}
+	target := limit - interval + 1 // entries to keep
+	log, index := tx.Bucket(bucketRejections), tx.Bucket(bucketRejIndex)
+	c := log.Cursor()
+	k, v := c.First()
+	type victim struct {
+		key      []byte
+		resource []byte
+	}
+	var victims []victim
+	for ; k != nil; k, v = c.Next() {
+		first, ok := keySeq(k)
+		if !ok || last-first+1 <= target {
+			break
+		}
+		r, err := decodeRejection(int64(first), v)
+		if err != nil {
+			// Drop it anyway: an unreadable entry would otherwise stay
+			// forever and stop retention. Its index entry, if any, is
+			// skipped by readers since the entry is gone.
+			victims = append(victims, victim{key: bytes.Clone(k)})
+			continue
+		}
+		victims = append(victims, victim{bytes.Clone(k), []byte(r.Resource)})
+	}
+	for _, vc := range victims {
+		if err := log.Delete(vc.key); err != nil {
+			return err
+		}
+		if vc.resource == nil {
+			continue
+		}
+		if b := index.Bucket(vc.resource); b != nil {
+			if err := b.Delete(vc.key); err != nil {
+				return err
+			}
+			if k, _ := b.Cursor().First(); k == nil {
+				if err := index.DeleteBucket(vc.resource); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// Rejections implements tokens.Store: newest first, Before exclusive, limit
+// defaulting to 100 and capped at 1000. A resource filter reads only that
+// resource's index. Since stops the scan at the first older entry: entries
+// are in recording order, and their times are the store's clock at
+// recording (unless the caller set At).
+func (s *Store) Rejections(ctx context.Context, q tokens.RejectionQuery) ([]tokens.Rejection, error) {
+	if err := s.enter(ctx); err != nil {
+		return nil, err
+	}
+	defer s.leave()
+	limit := clampLimit(q.Limit)
+	out := make([]tokens.Rejection, 0, min(limit, 16))
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		log := tx.Bucket(bucketRejections)
+		var c *bbolt.Cursor
+		if q.Resource != "" {
+			idx := tx.Bucket(bucketRejIndex).Bucket([]byte(q.Resource))
+			if idx == nil {
+				return nil
+			}
+			c = idx.Cursor()
+		} else {
+			c = log.Cursor()
+		}
+		var k []byte
+		if q.Before > 0 {
+			if k, _ = c.Seek(seqKey(uint64(q.Before))); k == nil {
+				k, _ = c.Last()
+			} else {
+				k, _ = c.Prev()
+			}
+		} else {
+			k, _ = c.Last()
+		}
+		for ; k != nil && len(out) < limit; k, _ = c.Prev() {
+			id, ok := keySeq(k)
+			if !ok {
+				return fmt.Errorf("rejection key %x: %w", k, errCorrupt)
+			}
+			if q.Before > 0 && id >= uint64(q.Before) {
+				continue
+			}
+			v := log.Get(k)
+			if v == nil {
+				continue // pruned
+			}
+			r, err := decodeRejection(int64(id), v)
+			if err != nil {
+				return fmt.Errorf("rejection %d: %w", id, err)
+			}
+			if !q.Since.IsZero() && r.At.Before(q.Since) {
+				break
+			}
+			out = append(out, r)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, tokens.Unavailable("list rejections", err)
+	}
+	return out, nil
+}
+
+// History implements tokens.Store: newest first, limit defaulting to 100
+// and capped at 1000. A resource without history has an empty one.
+func (s *Store) History(ctx context.Context, resource string, limit int) ([]tokens.Event, error) {
+	if err := s.enter(ctx); err != nil {
+		return nil, err
+	}
+	defer s.leave()
+	limit = clampLimit(limit)
+	var out []tokens.Event
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		b := tx.Bucket(bucketHistory).Bucket([]byte(resource))
+		if b == nil {
+			return nil
+		}
+		c := b.Cursor()
+		for k, v := c.Last(); k != nil && len(out) < limit; k, v = c.Prev() {
+			ev, err := decodeEvent(resource, v)
+			if err != nil {
+				return fmt.Errorf("history of %q: %w", resource, err)
+			}
+			out = append(out, ev)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, tokens.Unavailable("history", err)
+	}
+	return out, nil
+}
+
+// gcInterval is how often ended leases are garbage-collected.
+const gcInterval = time.Hour
+
+func (s *Store) gcLoop() {
+	defer close(s.gcDone)
+	t := time.NewTicker(gcInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stopGC:
+			return
+		case <-t.C:
+			if n, err := s.collectLeases(); err != nil {
+				s.log.Error("lease garbage collection failed", "err", err)
+			} else if n > 0 {
+				s.log.Info("garbage-collected ended leases", "leases", n)
+			}
+		}
+	}
+}
+
+// collectLeases deletes leases that are not their resource's current lease
+// and ended (expired or released) more than LeaseRetention ago. Such a lease
+// can never become live again; after collection its id is unknown
+// (ErrNotFound, so a late write under it is refused as unknown_lease rather
+// than stale_token). The current lease of a resource is always kept, since
+// Resource reports it.
+func (s *Store) collectLeases() (int, error) {
+	horizon := s.now().Add(-LeaseRetention)
+	var candidates []string
+	s.mu.RLock()
+	for id, l := range s.leases {
+		if ended(l).Before(horizon) {
+			if st := s.resources[l.Resource]; st == nil || st.current != id {
+				candidates = append(candidates, id)
+			}
+		}
+	}
+	s.mu.RUnlock()
+	total := 0
+	for len(candidates) > 0 {
+		chunk := candidates[:min(len(candidates), 1000)]
+		candidates = candidates[len(chunk):]
+		var deleted []string
+		if err := s.enter(context.Background()); err != nil {
+			return total, err
+		}
+		err := s.db.Update(func(tx *bbolt.Tx) error {
+			deleted = deleted[:0]
+			for _, id := range chunk {
+				// Re-check against the persisted state: the decision and
+				// the delete are one transaction.
+				l, err := getLease(tx, id)
+				if err != nil || l == nil || !ended(l).Before(horizon) {
+					continue
+				}
+				st, err := getResource(tx, l.Resource)
+				if err != nil || st.current == id {
+					continue
+				}
+				if err := tx.Bucket(bucketLeases).Delete([]byte(id)); err != nil {
+					return err
+				}
+				deleted = append(deleted, id)
+			}
+			return nil
+		})
+		s.leave()
+		if err != nil {
+			return total, tokens.Unavailable("collect leases", err)
+		}
+		s.mu.Lock()
+		for _, id := range deleted {
+			delete(s.leases, id)
+		}
+		s.mu.Unlock()
+		total += len(deleted)
+	}
+	return total, nil
+}
+
+func ended(l *tokens.Lease) time.Time {
+	if l.Released() && l.ReleasedAt.Before(l.ExpiresAt) {
+		return l.ReleasedAt
+	}
+	return l.ExpiresAt
+}

@@ -1,0 +1,347 @@
+package bolt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"github.com/fencegw/fencegw/storage/storagetest"
+	"github.com/fencegw/fencegw/tokens"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func openAt(t testing.TB, path string, opts Options) *Store {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = quiet
+	}
+	s, err := Open(path, opts)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func TestConformance(t *testing.T) {
+	storagetest.Run(t, storagetest.Harness{
+		Open: func(t *testing.T) tokens.Store {
+			return openAt(t, filepath.Join(t.TempDir(), "data", "fencegw.db"), Options{})
+		},
+		Reopen: func(t *testing.T, s tokens.Store) tokens.Store {
+			b := s.(*Store)
+			path := b.db.Path()
+			if err := b.Close(); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			return openAt(t, path, Options{})
+		},
+	})
+}
+
+func TestOpenCreatesDirectory(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "a", "b", "fencegw.db")
+	s := openAt(t, path, Options{})
+	if err := s.Ping(t.Context()); err != nil {
+		t.Fatalf("Ping: %v", err)
+	}
+}
+
+func TestClosedStoreIsUnavailable(t *testing.T) {
+	s := openAt(t, filepath.Join(t.TempDir(), "fencegw.db"), Options{})
+	l, err := s.Grant(t.Context(), tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", Holder: "h", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	ctx := t.Context()
+	checks := map[string]error{
+		"Ping":  s.Ping(ctx),
+		"Grant": second(s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r2", Holder: "h", TTL: time.Minute})),
+		"Renew": second(s.Renew(ctx, l.ID, 0)),
+		"Lease": second(s.Lease(ctx, l.ID)),
+		"Res":   second(s.Resource(ctx, "r")),
+		"Rej":   second(s.RecordRejection(ctx, tokens.Rejection{Resource: "r"})),
+		"Drain": s.Drain(ctx, "r", time.Second),
+	}
+	for name, err := range checks {
+		if !errors.Is(err, tokens.ErrUnavailable) {
+			t.Errorf("%s after Close: %v, want ErrUnavailable", name, err)
+		}
+	}
+}
+
+func second[T any](_ T, err error) error { return err }
+
+// TestStoreClock checks that expiry follows Options.Now, not the wall clock.
+func TestStoreClock(t *testing.T) {
+	var now atomic.Int64
+	now.Store(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	clock := func() time.Time { return time.Unix(0, now.Load()) }
+	s := openAt(t, filepath.Join(t.TempDir(), "fencegw.db"), Options{Now: clock})
+	ctx := t.Context()
+	a, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", Holder: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !a.ExpiresAt.Equal(clock().Add(time.Minute)) {
+		t.Fatalf("ExpiresAt = %v, want store clock + 1m", a.ExpiresAt)
+	}
+	now.Add(int64(59 * time.Second))
+	_, err = s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", Holder: "b", TTL: time.Minute})
+	if f := tokens.Facts(err); f == nil || !errors.Is(err, tokens.ErrLeaseHeld) || f.RetryAfter != time.Second {
+		t.Fatalf("Grant at +59s: %v, want ErrLeaseHeld with RetryAfter 1s", err)
+	}
+	if r, _ := s.Resource(ctx, "r"); !r.Now.Equal(clock()) {
+		t.Fatalf("Resource.Now = %v, want the store clock %v", r.Now, clock())
+	}
+	now.Add(int64(time.Second))
+	b, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", Holder: "b", TTL: time.Minute})
+	if err != nil || b.Token != 2 {
+		t.Fatalf("Grant at expiry = %+v, %v; want token 2", b, err)
+	}
+}
+
+// TestCacheCopies checks that callers cannot change the store's state
+// through what it returns.
+func TestCacheCopies(t *testing.T) {
+	s := openAt(t, filepath.Join(t.TempDir(), "fencegw.db"), Options{})
+	ctx := t.Context()
+	a, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", Holder: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, _ := s.Resource(ctx, "r")
+	r1.Lease.Holder = "mallory"
+	r1.Lease.ExpiresAt = time.Time{}
+	r2, _ := s.Resource(ctx, "r")
+	if r2.Lease == r1.Lease || r2.Lease.Holder != "a" || !r2.Lease.ExpiresAt.Equal(a.ExpiresAt) {
+		t.Fatalf("Resource shares its lease: %+v", r2.Lease)
+	}
+}
+
+func TestRetention(t *testing.T) {
+	const maxRej, maxHist = 40, 5
+	s := openAt(t, filepath.Join(t.TempDir(), "fencegw.db"), Options{MaxRejections: maxRej, MaxHistoryPerResource: maxHist})
+	ctx := t.Context()
+	var last tokens.Rejection
+	for i := range 100 {
+		r, err := s.RecordRejection(ctx, tokens.Rejection{Resource: fmt.Sprint("r", i%3), Code: tokens.CodeStaleToken})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = r
+		n := countRejections(t, s)
+		if n > maxRej {
+			t.Fatalf("after %d rejections the log holds %d, cap %d", i+1, n, maxRej)
+		}
+	}
+	list, err := s.Rejections(ctx, tokens.RejectionQuery{Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) < maxRej/2 || list[0].ID != last.ID {
+		t.Fatalf("after pruning %d rejections kept, newest %d; want the newest (%d) and at least %d", len(list), list[0].ID, last.ID, maxRej/2)
+	}
+	for _, name := range []string{"r0", "r1", "r2"} {
+		got, err := s.Rejections(ctx, tokens.RejectionQuery{Resource: name, Limit: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range got {
+			if r.Resource != name {
+				t.Fatalf("index of %s lists a rejection of %s", name, r.Resource)
+			}
+		}
+	}
+
+	l, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "h", Holder: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		if _, err := s.Renew(ctx, l.ID, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hist, err := s.History(ctx, "h", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hist) != maxHist || hist[0].Kind != tokens.EventRenewed {
+		t.Fatalf("history holds %d events (newest %v), want %d", len(hist), hist[0].Kind, maxHist)
+	}
+}
+
+func countRejections(t *testing.T, s *Store) int {
+	t.Helper()
+	n := 0
+	if err := s.db.View(func(tx *bbolt.Tx) error {
+		n = tx.Bucket(bucketRejections).Stats().KeyN
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestLeaseGC(t *testing.T) {
+	var now atomic.Int64
+	now.Store(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	clock := func() time.Time { return time.Unix(0, now.Load()) }
+	s := openAt(t, filepath.Join(t.TempDir(), "fencegw.db"), Options{Now: clock})
+	ctx := t.Context()
+	grant := func(holder string) tokens.Lease {
+		l, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", Holder: holder, TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	old := grant("old")
+	if _, err := s.Release(ctx, old.ID); err != nil {
+		t.Fatal(err)
+	}
+	cur := grant("cur")
+	now.Add(int64(LeaseRetention + 2*time.Minute))
+	n, err := s.collectLeases()
+	if err != nil || n != 1 {
+		t.Fatalf("collectLeases = %d, %v; want 1", n, err)
+	}
+	if _, err := s.Lease(ctx, old.ID); !errors.Is(err, tokens.ErrNotFound) {
+		t.Fatalf("collected lease: %v, want ErrNotFound", err)
+	}
+	if _, err := s.Lease(ctx, cur.ID); err != nil {
+		t.Fatalf("the current lease was collected: %v", err)
+	}
+	s2 := reopen(t, s, Options{Now: clock})
+	if _, err := s2.Lease(ctx, old.ID); !errors.Is(err, tokens.ErrNotFound) {
+		t.Fatalf("collected lease after reopen: %v, want ErrNotFound", err)
+	}
+}
+
+func reopen(t *testing.T, s *Store, opts Options) *Store {
+	t.Helper()
+	path := s.db.Path()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return openAt(t, path, opts)
+}
+
+// TestCorruptValues checks that unreadable records are errors, not panics.
+func TestCorruptValues(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name   string
+		bucket []byte
+		key    []byte
+		val    []byte
+		// check runs against the reopened store, if Open succeeded.
+		check func(*Store) error
+	}{
+		{"lease truncated", bucketLeases, []byte("fl_x"), []byte{codecVersion, 0x05, 'a'}, nil},
+		{"lease huge length", bucketLeases, []byte("fl_x"), []byte{codecVersion, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, nil},
+		{"resource bad version", bucketResources, []byte("r"), []byte{99, 1, 2}, nil},
+		{"resource empty", bucketResources, []byte("r"), []byte{}, nil},
+		{"rejection garbage", bucketRejections, seqKey(1), []byte{codecVersion, 0x80}, func(s *Store) error {
+			_, err := s.Rejections(ctx, tokens.RejectionQuery{})
+			return err
+		}},
+		{"event trailing bytes", nil, nil, nil, func(s *Store) error {
+			_, err := s.History(ctx, "h", 0)
+			return err
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "fencegw.db")
+			s := openAt(t, path, Options{})
+			if _, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "h", Holder: "a", TTL: time.Minute}); err != nil {
+				t.Fatal(err)
+			}
+			err := s.db.Update(func(tx *bbolt.Tx) error {
+				if tc.bucket == nil { // corrupt the history event of the grant
+					b := tx.Bucket(bucketHistory).Bucket([]byte("h"))
+					v := append([]byte(nil), b.Get(seqKey(1))...)
+					return b.Put(seqKey(1), append(v, 0))
+				}
+				return tx.Bucket(tc.bucket).Put(tc.key, tc.val)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			path = s.db.Path()
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			s2, err := Open(path, Options{Logger: quiet})
+			if tc.check == nil {
+				if !errors.Is(err, tokens.ErrUnavailable) || !errors.Is(err, errCorrupt) {
+					t.Fatalf("Open over a corrupt record: %v, want ErrUnavailable caused by a corrupt record", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Open: %v", err)
+			}
+			defer s2.Close()
+			if err := tc.check(s2); !errors.Is(err, tokens.ErrUnavailable) || !errors.Is(err, errCorrupt) {
+				t.Fatalf("reading a corrupt record: %v, want ErrUnavailable caused by a corrupt record", err)
+			}
+		})
+	}
+}
+
+// FuzzDecode checks that no input makes a decoder panic.
+func FuzzDecode(f *testing.F) {
+	l := tokens.Lease{Resource: "r", Holder: "h", Token: 3, TTL: time.Second, GrantedAt: time.Unix(1, 0), ExpiresAt: time.Unix(2, 0)}
+	f.Add(encodeLease(&l))
+	f.Add(encodeResource(&resState{token: 3, current: "fl_x"}))
+	f.Add(encodeRejection(&tokens.Rejection{Resource: "r", Code: "c"}))
+	f.Add(encodeEvent(&tokens.Event{Kind: tokens.EventGranted}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _ = decodeLease("id", b)
+		_, _ = decodeResource(b)
+		_, _ = decodeRejection(1, b)
+		_, _ = decodeEvent("r", b)
+	})
+}
+
+func TestCodecRoundTrip(t *testing.T) {
+	l := tokens.Lease{ID: "fl_x", Resource: "inventory/SKU-1", Holder: "wörker", Token: 1 << 40, TTL: 1500 * time.Millisecond,
+		GrantedAt: time.Unix(1700000000, 123), ExpiresAt: time.Unix(1700000001, 623), ReleasedAt: time.Unix(1700000000, 999)}
+	got, err := decodeLease(l.ID, encodeLease(&l))
+	if err != nil || got.Resource != l.Resource || got.Holder != l.Holder || got.Token != l.Token || got.TTL != l.TTL ||
+		!got.GrantedAt.Equal(l.GrantedAt) || !got.ExpiresAt.Equal(l.ExpiresAt) || !got.ReleasedAt.Equal(l.ReleasedAt) {
+		t.Fatalf("lease round trip = %+v, %v; want %+v", got, err, l)
+	}
+	l.ReleasedAt = time.Time{}
+	if got, _ := decodeLease(l.ID, encodeLease(&l)); !got.ReleasedAt.IsZero() {
+		t.Fatalf("zero ReleasedAt came back as %v", got.ReleasedAt)
+	}
+	r := tokens.Rejection{ID: 9, At: time.Unix(5, 6), Resource: "r", Code: "stale_token", Token: 1, CurrentToken: 2, Holder: "h",
+		LeaseHint: "fl_abc…", Method: "PUT", Upstream: "u", Path: "/p?q=1", LeaseEndedAt: time.Unix(4, 0)}
+	gotR, err := decodeRejection(9, encodeRejection(&r))
+	if err != nil || !gotR.At.Equal(r.At) || !gotR.LeaseEndedAt.Equal(r.LeaseEndedAt) {
+		t.Fatalf("rejection round trip = %+v, %v", gotR, err)
+	}
+	gotR.At, gotR.LeaseEndedAt, r.At, r.LeaseEndedAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+	if gotR != r {
+		t.Fatalf("rejection round trip = %+v, want %+v", gotR, r)
+	}
+}
