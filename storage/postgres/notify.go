@@ -1,0 +1,123 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// Live fan-out of rejections between replicas: each replica publishes the
+// rejections it records (NOTIFY) and every replica listens (LISTEN), so each
+// dashboard's live stream shows all of them. NOTIFY is transactional and
+// best effort: a listener that is reconnecting misses what was sent
+// meanwhile; the rejection log (Rejections) stays the record.
+
+// wireRejection is the NOTIFY payload (NOTIFY payloads must stay under 8000
+// bytes: long paths are cut).
+type wireRejection struct {
+	ID           int64     `json:"id"`
+	At           time.Time `json:"at"`
+	Resource     string    `json:"r"`
+	Code         string    `json:"c"`
+	Token        int64     `json:"t"`
+	CurrentToken int64     `json:"ct"`
+	Holder       string    `json:"h,omitempty"`
+	LeaseHint    string    `json:"lh,omitempty"`
+	Method       string    `json:"m,omitempty"`
+	Upstream     string    `json:"u,omitempty"`
+	Path         string    `json:"p,omitempty"`
+	LeaseEndedAt time.Time `json:"le,omitzero"`
+}
+
+const maxPayloadPath = 2048
+
+// encodeRejection is the JSON NOTIFY payload of a rejection.
+func encodeRejection(r tokens.Rejection) ([]byte, error) {
+	if len(r.Path) > maxPayloadPath {
+		r.Path = r.Path[:maxPayloadPath] + "…"
+	}
+	return json.Marshal(wireRejection(r))
+}
+
+// decodeRejection parses an encodeRejection payload.
+func decodeRejection(b []byte) (tokens.Rejection, error) {
+	var w wireRejection
+	err := json.Unmarshal(b, &w)
+	return tokens.Rejection(w), err
+}
+
+// PublishRejection sends r to every replica's ListenRejections.
+func (s *Store) PublishRejection(ctx context.Context, r tokens.Rejection) error {
+	payload, err := encodeRejection(r)
+	if err != nil {
+		return tokens.Unavailable("encode rejection", err)
+	}
+	_, err = s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", s.channel, string(payload))
+	return interpret("notify", err)
+}
+
+// ListenRejections calls fn for every published rejection, from every
+// replica, on a dedicated connection. It reconnects (with backoff, errors
+// logged) until ctx is done, and then returns ctx.Err(). fn runs on the
+// listening goroutine: it must not block.
+func (s *Store) ListenRejections(ctx context.Context, fn func(tokens.Rejection)) error {
+	return s.listen(ctx, fn, nil)
+}
+
+// listen is ListenRejections; ready (if set) is called each time LISTEN is
+// in effect, which tests use to publish without racing the subscription.
+func (s *Store) listen(ctx context.Context, fn func(tokens.Rejection), ready func()) error {
+	backoff := 100 * time.Millisecond
+	for {
+		err := s.listenOnce(ctx, fn, ready, func() { backoff = 100 * time.Millisecond })
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		s.log.Error("rejection listener: reconnecting", "err", err, "in", backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+func (s *Store) listenOnce(ctx context.Context, fn func(tokens.Rejection), ready, connected func()) error {
+	cfg := s.pool.Config().ConnConfig.Copy()
+	cfg.RuntimeParams["statement_timeout"] = "0"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize()); err != nil {
+		return err
+	}
+	connected()
+	if ready != nil {
+		ready()
+	}
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		r, err := decodeRejection([]byte(n.Payload))
+		if err != nil {
+			s.log.Error("rejection listener: bad payload", "err", err)
+			continue
+		}
+		fn(r)
+	}
+}

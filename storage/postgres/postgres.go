@@ -1,0 +1,228 @@
+// Package postgres implements tokens.Store and tokens.Locker on PostgreSQL
+// (pgx v5), for the "--postgres URL" storage mode: several gateways share one
+// database. Tokens, fences, leases, the lease history and the rejection log
+// live in tables; lease expiry is decided by the database's clock; the
+// per-resource shared/exclusive lock is a PostgreSQL advisory lock, so it
+// holds across replicas (see locker.go); rejections fan out to every replica
+// with LISTEN/NOTIFY (see notify.go).
+//
+// The package also serves as the durable ledger of the Redis mode
+// (storage/redis): GrantClaimed, RenewClaimed, ReleaseClaimed, LeaseAt and
+// RecordEvent are the operations that mode needs.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// Defaults for Options fields left zero.
+const (
+	// DefaultMaxConns bounds the query pool. Queries are short; a grant
+	// holds a connection for one transaction.
+	DefaultMaxConns = 16
+	// DefaultMaxLockConns bounds the lock pool: every in-flight write holds
+	// one connection (its shared advisory lock) for the whole forward, so
+	// this is the number of concurrent writes one gateway can have in flight.
+	DefaultMaxLockConns = 128
+	// DefaultStatementTimeout: no query of this package should take longer;
+	// a hung database must turn into 503s, not into hung requests.
+	DefaultStatementTimeout = 5 * time.Second
+	// DefaultLockTimeout bounds a wait for a row or advisory lock when the
+	// caller's context has no earlier deadline.
+	DefaultLockTimeout = 30 * time.Second
+)
+
+// Options configure a Store. The zero value is usable.
+type Options struct {
+	// MaxConns is the size of the query pool (0: DefaultMaxConns).
+	MaxConns int32
+	// MaxLockConns is the size of the separate pool whose connections hold
+	// advisory locks (0: DefaultMaxLockConns). It is separate so that
+	// in-flight writes holding locks can never starve the queries they need.
+	MaxLockConns int32
+	// StatementTimeout is set as statement_timeout on query connections
+	// (0: DefaultStatementTimeout).
+	StatementTimeout time.Duration
+	// LockTimeout is set as lock_timeout and bounds advisory lock waits
+	// whose context has no earlier deadline (0: DefaultLockTimeout).
+	LockTimeout time.Duration
+	// Schema, if set, is created if missing and used as search_path, so that
+	// tests (or several deployments) can share one database.
+	Schema string
+	// Logger receives errors that have no caller to return to (nil: slog.Default()).
+	Logger *slog.Logger
+}
+
+// Store is a tokens.Store and tokens.Locker backed by PostgreSQL. It is safe
+// for concurrent use by many goroutines and many replicas.
+type Store struct {
+	pool     *pgxpool.Pool // queries
+	lockPool *pgxpool.Pool // connections holding advisory locks
+	opts     Options
+	log      *slog.Logger
+	keySalt  string // the schema: advisory lock keys and channels are per schema
+	channel  string // NOTIFY channel for rejections
+}
+
+var (
+	_ tokens.Store  = (*Store)(nil)
+	_ tokens.Locker = (*Store)(nil)
+)
+
+// Open connects to url, applies the embedded migrations (serialised across
+// concurrently starting replicas by an advisory lock) and returns a Store.
+// Connection failures are tokens.ErrUnavailable.
+func Open(ctx context.Context, url string, opts Options) (*Store, error) {
+	if opts.MaxConns <= 0 {
+		opts.MaxConns = DefaultMaxConns
+	}
+	if opts.MaxLockConns <= 0 {
+		opts.MaxLockConns = DefaultMaxLockConns
+	}
+	if opts.StatementTimeout <= 0 {
+		opts.StatementTimeout = DefaultStatementTimeout
+	}
+	if opts.LockTimeout <= 0 {
+		opts.LockTimeout = DefaultLockTimeout
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, tokens.Invalid("postgres", "bad connection URL: "+err.Error())
+	}
+	params := cfg.ConnConfig.RuntimeParams
+	params["application_name"] = "fencegw"
+	params["lock_timeout"] = ms(opts.LockTimeout)
+	params["idle_in_transaction_session_timeout"] = ms(opts.StatementTimeout * 2)
+	params["timezone"] = "UTC"
+	if opts.Schema != "" {
+		params["search_path"] = pgx.Identifier{opts.Schema}.Sanitize()
+	}
+	lockCfg := cfg.Copy()
+	cfg.MaxConns = opts.MaxConns
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = ms(opts.StatementTimeout)
+	lockCfg.MaxConns = opts.MaxLockConns
+	lockCfg.MinConns = 0
+	// Lock waits are bounded per call by lock_timeout (from the caller's
+	// deadline); a statement_timeout would cut them at a fixed length.
+	lockCfg.ConnConfig.RuntimeParams["statement_timeout"] = "0"
+
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, tokens.Unavailable("postgres connect", err)
+	}
+	lockPool, err := pgxpool.NewWithConfig(ctx, lockCfg)
+	if err != nil {
+		pool.Close()
+		return nil, tokens.Unavailable("postgres connect", err)
+	}
+	s := &Store{
+		pool:     pool,
+		lockPool: lockPool,
+		opts:     opts,
+		log:      log,
+		keySalt:  opts.Schema,
+		channel:  channelName(opts.Schema),
+	}
+	if err := s.migrate(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close closes both pools. Locks still held are released by the database
+// with their sessions.
+func (s *Store) Close() {
+	s.pool.Close()
+	s.lockPool.Close()
+}
+
+// Ping reports whether the database answers.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.pool.Ping(ctx); err != nil {
+		return tokens.Unavailable("postgres ping", err)
+	}
+	return nil
+}
+
+// lockKey maps a name to a 64-bit advisory lock key (FNV-1a over the schema
+// and the name). A collision only makes two resources share a lock: slower,
+// never unsafe.
+func (s *Store) lockKey(kind, name string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte(kind))
+	h.Write([]byte{0})
+	h.Write([]byte(s.keySalt))
+	h.Write([]byte{0})
+	h.Write([]byte(name))
+	return int64(h.Sum64())
+}
+
+func ms(d time.Duration) string {
+	v := d.Milliseconds()
+	if v < 1 {
+		v = 1
+	}
+	return strconv.FormatInt(v, 10)
+}
+
+// SQLSTATEs this package tells apart.
+const (
+	codeLockNotAvailable = "55P03" // lock_timeout
+	codeQueryCanceled    = "57014" // statement_timeout or cancel request
+)
+
+// interpret translates a driver error into a tokens error: pgx.ErrNoRows is
+// ErrNotFound, a tokens error passes through, everything else (connection
+// loss, timeouts, constraint surprises) is ErrUnavailable, so the gateway
+// fails closed and no driver error leaks upward.
+func interpret(op string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, pgx.ErrNoRows):
+		return &tokens.Error{Kind: tokens.ErrNotFound, Detail: op}
+	case tokens.Facts(err) != nil:
+		return err
+	default:
+		return tokens.Unavailable("postgres "+op, err)
+	}
+}
+
+func isPgCode(err error, codes ...string) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	for _, c := range codes {
+		if pe.Code == c {
+			return true
+		}
+	}
+	return false
+}
+
+func channelName(schema string) string {
+	if schema == "" {
+		return "fencegw_rejections"
+	}
+	h := fnv.New64a()
+	h.Write([]byte(schema))
+	return fmt.Sprintf("fencegw_rejections_%x", h.Sum64())
+}

@@ -1,0 +1,478 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// Time in this file is the database's: each statement reads
+// clock_timestamp() once (after any row lock it waits for) and passes that
+// value on, so expiry is never judged by a gateway's or a worker's clock.
+
+const leaseCols = `l.id, l.resource, l.holder, l.token, l.ttl_ms, l.granted_at, l.expires_at, l.released_at`
+
+type leaseRow struct {
+	id, resource, holder string
+	token, ttlMS         int64
+	grantedAt, expiresAt time.Time
+	releasedAt           *time.Time
+}
+
+func (r *leaseRow) dest() []any {
+	return []any{&r.id, &r.resource, &r.holder, &r.token, &r.ttlMS, &r.grantedAt, &r.expiresAt, &r.releasedAt}
+}
+
+func (r *leaseRow) lease() tokens.Lease {
+	l := tokens.Lease{
+		ID:        r.id,
+		Resource:  r.resource,
+		Holder:    r.holder,
+		Token:     r.token,
+		TTL:       time.Duration(r.ttlMS) * time.Millisecond,
+		GrantedAt: r.grantedAt,
+		ExpiresAt: r.expiresAt,
+	}
+	if r.releasedAt != nil {
+		l.ReleasedAt = *r.releasedAt
+	}
+	return l
+}
+
+// Grant makes a new lease current with the next token (tokens.Store).
+//
+// One transaction: the resource's fences row is created if missing and
+// locked (INSERT ... ON CONFLICT DO UPDATE), the live-lease and drain checks
+// run against that locked row with the clock read after the lock, and the
+// token bump, the new lease, the superseding of the previous one and the
+// history event are written before COMMIT. The decision is taken in Go, but
+// under the row lock, so no other grant can interleave; and the token is
+// durable (committed) before Grant returns.
+func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Lease, error) {
+	return s.grant(ctx, req, true)
+}
+
+// GrantClaimed is Grant without the live-lease check, for a caller that has
+// already claimed the lease elsewhere (the Redis mode: SET NX decided that
+// the resource is free). The drain check, the token bump and the history
+// are as in Grant; a previous lease still recorded as current is superseded.
+func (s *Store) GrantClaimed(ctx context.Context, req tokens.GrantRequest) (tokens.Lease, error) {
+	return s.grant(ctx, req, false)
+}
+
+func (s *Store) grant(ctx context.Context, req tokens.GrantRequest, checkHeld bool) (tokens.Lease, error) {
+	if req.TTL.Milliseconds() <= 0 {
+		return tokens.Lease{}, tokens.Invalid("ttl_ms", "must be positive")
+	}
+	if req.LeaseID == "" {
+		return tokens.Lease{}, tokens.Invalid("lease_id", "must not be empty")
+	}
+	var lease tokens.Lease
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var (
+			token      int64
+			drainUntil *time.Time
+			now        time.Time
+			prevID     *string
+			prevHolder *string
+			prevToken  *int64
+			prevExp    *time.Time
+			prevRel    *time.Time
+		)
+		err := tx.QueryRow(ctx, `
+			WITH f AS (
+				INSERT INTO fences AS f (resource) VALUES ($1)
+				ON CONFLICT (resource) DO UPDATE SET token = f.token
+				RETURNING f.token, f.lease_id, f.drain_until, clock_timestamp() AS now
+			)
+			SELECT f.token, f.drain_until, f.now, l.id, l.holder, l.token, l.expires_at, l.released_at
+			FROM f LEFT JOIN leases l ON l.id = f.lease_id`, req.Resource,
+		).Scan(&token, &drainUntil, &now, &prevID, &prevHolder, &prevToken, &prevExp, &prevRel)
+		if err != nil {
+			return err
+		}
+		if checkHeld && prevID != nil && prevRel == nil && now.Before(*prevExp) {
+			return &tokens.Error{Kind: tokens.ErrLeaseHeld, Resource: req.Resource, Holder: *prevHolder,
+				CurrentToken: token, ExpiresAt: *prevExp, RetryAfter: prevExp.Sub(now)}
+		}
+		if drainUntil != nil && now.Before(*drainUntil) {
+			return &tokens.Error{Kind: tokens.ErrFenceBusy, Resource: req.Resource, CurrentToken: token,
+				Detail: "a forward whose outcome is unknown may still land", RetryAfter: drainUntil.Sub(now)}
+		}
+		lease = tokens.Lease{
+			ID:        req.LeaseID,
+			Resource:  req.Resource,
+			Holder:    req.Holder,
+			Token:     token + 1,
+			TTL:       time.Duration(req.TTL.Milliseconds()) * time.Millisecond,
+			GrantedAt: now,
+		}
+		lease.ExpiresAt = now.Add(lease.TTL)
+		b := &pgx.Batch{}
+		if prevID != nil {
+			b.Queue(`UPDATE leases SET superseded_at = $2 WHERE id = $1 AND superseded_at IS NULL`, *prevID, now)
+		}
+		b.Queue(`UPDATE fences SET token = $2, lease_id = $3 WHERE resource = $1`, req.Resource, lease.Token, lease.ID)
+		b.Queue(`INSERT INTO leases (id, resource, holder, token, ttl_ms, granted_at, expires_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+			lease.ID, lease.Resource, lease.Holder, lease.Token, lease.TTL.Milliseconds(), lease.GrantedAt, lease.ExpiresAt)
+		queueEvent(b, now, lease, tokens.EventGranted)
+		return tx.SendBatch(ctx, b).Close()
+	})
+	if err != nil {
+		return tokens.Lease{}, interpret("grant", err)
+	}
+	return lease, nil
+}
+
+func queueEvent(b *pgx.Batch, at time.Time, l tokens.Lease, kind tokens.EventKind) {
+	b.Queue(`INSERT INTO lease_events (at, resource, kind, token, holder, expires_at) VALUES ($1, $2, $3, $4, $5, $6)`,
+		at, l.Resource, string(kind), l.Token, l.Holder, l.ExpiresAt)
+}
+
+// Renew extends the current live lease to now+ttl (ttl 0: its last TTL)
+// with one conditional UPDATE; a refusal is told apart afterwards and
+// recorded in the history in the same transaction (tokens.Store).
+func (s *Store) Renew(ctx context.Context, leaseID string, ttl time.Duration) (tokens.Lease, error) {
+	return s.renew(ctx, leaseID, ttl, true)
+}
+
+// RenewClaimed is Renew without the expiry condition, for the Redis mode,
+// where Redis decides expiry (its compare-and-set renew succeeded): the lease
+// must still be current (unreleased, not superseded) here.
+func (s *Store) RenewClaimed(ctx context.Context, leaseID string, ttl time.Duration) (tokens.Lease, error) {
+	return s.renew(ctx, leaseID, ttl, false)
+}
+
+func (s *Store) renew(ctx context.Context, leaseID string, ttl time.Duration, checkExpiry bool) (tokens.Lease, error) {
+	var ttlMS *int64
+	if ttl != 0 {
+		v := ttl.Milliseconds()
+		if v <= 0 {
+			return tokens.Lease{}, tokens.Invalid("ttl_ms", "must be positive")
+		}
+		ttlMS = &v
+	}
+	var out tokens.Lease
+	var refusal error
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var r leaseRow
+		var now time.Time
+		err := tx.QueryRow(ctx, `
+			WITH c AS (SELECT clock_timestamp() AS now)
+			UPDATE leases l SET
+				ttl_ms = COALESCE($2, l.ttl_ms),
+				expires_at = c.now + COALESCE($2, l.ttl_ms) * interval '1 millisecond'
+			FROM c
+			WHERE l.id = $1 AND l.released_at IS NULL AND l.superseded_at IS NULL
+				AND (NOT $3 OR l.expires_at > c.now)
+			RETURNING `+leaseCols+`, c.now`, leaseID, ttlMS, checkExpiry,
+		).Scan(append(r.dest(), &now)...)
+		if err == nil {
+			out = r.lease()
+			b := &pgx.Batch{}
+			queueEvent(b, now, out, tokens.EventRenewed)
+			return tx.SendBatch(ctx, b).Close()
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		refusal, err = s.refuse(ctx, tx, leaseID, tokens.EventRenewRefused)
+		return err
+	})
+	if err != nil {
+		return tokens.Lease{}, interpret("renew", err)
+	}
+	if refusal != nil {
+		return tokens.Lease{}, refusal
+	}
+	return out, nil
+}
+
+// refuse explains why a conditional update matched nothing: ErrNotFound for
+// an unknown id, else ErrLeaseLost, recorded in the history as kind.
+func (s *Store) refuse(ctx context.Context, tx pgx.Tx, leaseID string, kind tokens.EventKind) (error, error) {
+	var r leaseRow
+	var current int64
+	var now time.Time
+	err := tx.QueryRow(ctx, `SELECT `+leaseCols+`, f.token, clock_timestamp()
+		FROM leases l JOIN fences f ON f.resource = l.resource WHERE l.id = $1`, leaseID,
+	).Scan(append(r.dest(), &current, &now)...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return &tokens.Error{Kind: tokens.ErrNotFound, Detail: "lease"}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	l := r.lease()
+	b := &pgx.Batch{}
+	queueEvent(b, now, l, kind)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, err
+	}
+	return lostError(l, current, now), nil
+}
+
+func lostError(l tokens.Lease, current int64, now time.Time) error {
+	detail := "expired"
+	switch {
+	case current > l.Token:
+		detail = "superseded by a newer grant"
+	case l.Released():
+		detail = "released"
+	case now.Before(l.ExpiresAt):
+		detail = "no longer current"
+	}
+	return &tokens.Error{Kind: tokens.ErrLeaseLost, Detail: detail, Resource: l.Resource, Token: l.Token,
+		CurrentToken: current, Holder: l.Holder, ExpiresAt: l.ExpiresAt}
+}
+
+// Release ends the current live lease (tokens.Store). Releasing again a
+// lease its holder released succeeds and changes nothing.
+func (s *Store) Release(ctx context.Context, leaseID string) (tokens.Lease, error) {
+	return s.release(ctx, leaseID, true)
+}
+
+// ReleaseClaimed is Release without the expiry condition, for the Redis
+// mode, whose compare-and-set delete already decided that the lease was live.
+func (s *Store) ReleaseClaimed(ctx context.Context, leaseID string) (tokens.Lease, error) {
+	return s.release(ctx, leaseID, false)
+}
+
+func (s *Store) release(ctx context.Context, leaseID string, checkExpiry bool) (tokens.Lease, error) {
+	var out tokens.Lease
+	var refusal error
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var r leaseRow
+		var now time.Time
+		err := tx.QueryRow(ctx, `
+			WITH c AS (SELECT clock_timestamp() AS now)
+			UPDATE leases l SET released_at = c.now
+			FROM c
+			WHERE l.id = $1 AND l.released_at IS NULL AND l.superseded_at IS NULL
+				AND (NOT $2 OR l.expires_at > c.now)
+			RETURNING `+leaseCols+`, c.now`, leaseID, checkExpiry,
+		).Scan(append(r.dest(), &now)...)
+		if err == nil {
+			out = r.lease()
+			b := &pgx.Batch{}
+			queueEvent(b, now, out, tokens.EventReleased)
+			return tx.SendBatch(ctx, b).Close()
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		// Already released by its holder: idempotent success, no event.
+		err = tx.QueryRow(ctx, `SELECT `+leaseCols+` FROM leases l WHERE l.id = $1 AND l.released_at IS NOT NULL`,
+			leaseID).Scan(r.dest()...)
+		if err == nil {
+			out = r.lease()
+			return nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		refusal, err = s.refuse(ctx, tx, leaseID, tokens.EventReleaseRefused)
+		return err
+	})
+	if err != nil {
+		return tokens.Lease{}, interpret("release", err)
+	}
+	if refusal != nil {
+		return tokens.Lease{}, refusal
+	}
+	return out, nil
+}
+
+// Lease returns a lease by id, or ErrNotFound (tokens.Store).
+func (s *Store) Lease(ctx context.Context, leaseID string) (tokens.Lease, error) {
+	l, _, err := s.LeaseAt(ctx, leaseID)
+	return l, err
+}
+
+// LeaseAt is Lease that also returns the database's clock at the read.
+func (s *Store) LeaseAt(ctx context.Context, leaseID string) (tokens.Lease, time.Time, error) {
+	var r leaseRow
+	var now time.Time
+	err := s.pool.QueryRow(ctx, `SELECT `+leaseCols+`, clock_timestamp() FROM leases l WHERE l.id = $1`, leaseID).
+		Scan(append(r.dest(), &now)...)
+	if err != nil {
+		return tokens.Lease{}, time.Time{}, interpret("lease", err)
+	}
+	return r.lease(), now, nil
+}
+
+// Resource returns the fence state with the database clock in Now, or
+// ErrNotFound if the resource was never granted (tokens.Store).
+func (s *Store) Resource(ctx context.Context, name string) (tokens.Resource, error) {
+	var (
+		res   tokens.Resource
+		drain *time.Time
+		id    *string
+		r     leaseRow
+		// the lease columns are NULL when fences.lease_id is
+		resource, holder *string
+		token, ttlMS     *int64
+		grantedAt, exp   *time.Time
+	)
+	err := s.pool.QueryRow(ctx, `
+		SELECT f.token, f.drain_until, clock_timestamp(),
+			l.id, l.resource, l.holder, l.token, l.ttl_ms, l.granted_at, l.expires_at, l.released_at
+		FROM fences f LEFT JOIN leases l ON l.id = f.lease_id
+		WHERE f.resource = $1 AND f.token > 0`, name,
+	).Scan(&res.Token, &drain, &res.Now, &id, &resource, &holder, &token, &ttlMS, &grantedAt, &exp, &r.releasedAt)
+	if err != nil {
+		return tokens.Resource{}, interpret("resource", err)
+	}
+	res.Name = name
+	if drain != nil && drain.After(res.Now) {
+		res.DrainUntil = *drain
+	}
+	if id != nil {
+		r.id, r.resource, r.holder, r.token, r.ttlMS, r.grantedAt, r.expiresAt = *id, *resource, *holder, *token, *ttlMS, *grantedAt, *exp
+		l := r.lease()
+		res.Lease = &l
+	}
+	return res, nil
+}
+
+// CurrentLeases returns up to limit live leases, soonest expiry first.
+func (s *Store) CurrentLeases(ctx context.Context, limit int) ([]tokens.Lease, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+leaseCols+` FROM leases l
+		WHERE l.released_at IS NULL AND l.superseded_at IS NULL AND l.expires_at > clock_timestamp()
+		ORDER BY l.expires_at LIMIT $1`, limit)
+	if err != nil {
+		return nil, interpret("current leases", err)
+	}
+	var r leaseRow
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (tokens.Lease, error) {
+		err := row.Scan(r.dest()...)
+		return r.lease(), err
+	})
+	if err != nil {
+		return nil, interpret("current leases", err)
+	}
+	return out, nil
+}
+
+// Drain keeps the resource closed to grants until now+d (database clock),
+// or longer if it already was.
+func (s *Store) Drain(ctx context.Context, resource string, d time.Duration) error {
+	_, err := s.pool.Exec(ctx, `UPDATE fences
+		SET drain_until = GREATEST(drain_until, clock_timestamp() + $2 * interval '1 millisecond')
+		WHERE resource = $1`, resource, d.Milliseconds())
+	return interpret("drain", err)
+}
+
+// RecordRejection appends to the rejection log, with the database clock as
+// its time.
+func (s *Store) RecordRejection(ctx context.Context, r tokens.Rejection) (tokens.Rejection, error) {
+	var ended *time.Time
+	if !r.LeaseEndedAt.IsZero() {
+		ended = &r.LeaseEndedAt
+	}
+	err := s.pool.QueryRow(ctx, `INSERT INTO rejections
+		(resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id, at`,
+		r.Resource, r.Code, r.Token, r.CurrentToken, r.Holder, r.LeaseHint, r.Method, r.Upstream, r.Path, ended,
+	).Scan(&r.ID, &r.At)
+	if err != nil {
+		return tokens.Rejection{}, interpret("record rejection", err)
+	}
+	return r, nil
+}
+
+// MaxRejections caps RejectionQuery.Limit (DESIGN.md: limit <= 1000).
+const MaxRejections = 1000
+
+// Rejections lists the log newest first.
+func (s *Store) Rejections(ctx context.Context, q tokens.RejectionQuery) ([]tokens.Rejection, error) {
+	var where []string
+	var args []any
+	arg := func(v any) string { args = append(args, v); return "$" + strconv.Itoa(len(args)) }
+	if q.Resource != "" {
+		where = append(where, "resource = "+arg(q.Resource))
+	}
+	if !q.Since.IsZero() {
+		where = append(where, "at >= "+arg(q.Since))
+	}
+	if q.Before > 0 {
+		where = append(where, "id < "+arg(q.Before))
+	}
+	limit := q.Limit
+	if limit <= 0 || limit > MaxRejections {
+		limit = MaxRejections
+	}
+	sql := `SELECT id, at, resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at
+		FROM rejections`
+	if len(where) > 0 {
+		sql += " WHERE " + strings.Join(where, " AND ")
+	}
+	sql += " ORDER BY id DESC LIMIT " + arg(limit)
+	rows, err := s.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, interpret("rejections", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (tokens.Rejection, error) {
+		var r tokens.Rejection
+		var ended *time.Time
+		err := row.Scan(&r.ID, &r.At, &r.Resource, &r.Code, &r.Token, &r.CurrentToken, &r.Holder, &r.LeaseHint,
+			&r.Method, &r.Upstream, &r.Path, &ended)
+		if ended != nil {
+			r.LeaseEndedAt = *ended
+		}
+		return r, err
+	})
+	if err != nil {
+		return nil, interpret("rejections", err)
+	}
+	return out, nil
+}
+
+// History lists a resource's lease events, newest first.
+func (s *Store) History(ctx context.Context, resource string, limit int) ([]tokens.Event, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := s.pool.Query(ctx, `SELECT at, resource, kind, token, holder, expires_at
+		FROM lease_events WHERE resource = $1 ORDER BY id DESC LIMIT $2`, resource, limit)
+	if err != nil {
+		return nil, interpret("history", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (tokens.Event, error) {
+		var e tokens.Event
+		var kind string
+		var exp *time.Time
+		err := row.Scan(&e.At, &e.Resource, &kind, &e.Token, &e.Holder, &exp)
+		e.Kind = tokens.EventKind(kind)
+		if exp != nil {
+			e.ExpiresAt = *exp
+		}
+		return e, err
+	})
+	if err != nil {
+		return nil, interpret("history", err)
+	}
+	return out, nil
+}
+
+// RecordEvent appends an event to a resource's lease history (the Redis
+// mode records the renewals and releases that Redis refused).
+func (s *Store) RecordEvent(ctx context.Context, e tokens.Event) error {
+	var exp *time.Time
+	if !e.ExpiresAt.IsZero() {
+		exp = &e.ExpiresAt
+	}
+	_, err := s.pool.Exec(ctx, `INSERT INTO lease_events (at, resource, kind, token, holder, expires_at)
+		VALUES (clock_timestamp(), $1, $2, $3, $4, $5)`, e.Resource, string(e.Kind), e.Token, e.Holder, exp)
+	return interpret("record event", err)
+}

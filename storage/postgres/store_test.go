@@ -1,0 +1,258 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencegw/fencegw/storage/postgres"
+	"github.com/fencegw/fencegw/storage/postgres/pgtest"
+	"github.com/fencegw/fencegw/tokens"
+)
+
+func grant(t *testing.T, s tokens.Store, resource string, ttl time.Duration) tokens.Lease {
+	t.Helper()
+	l, err := s.Grant(t.Context(), tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: resource, Holder: "w-" + resource, TTL: ttl})
+	if err != nil {
+		t.Fatalf("Grant(%s): %v", resource, err)
+	}
+	return l
+}
+
+func TestGrantRenewRelease(t *testing.T) {
+	t.Parallel()
+	s := pgtest.OpenFresh(t)
+	ctx := t.Context()
+
+	if _, err := s.Resource(ctx, "r"); !errors.Is(err, tokens.ErrNotFound) {
+		t.Fatalf("Resource of a new name: %v, want ErrNotFound", err)
+	}
+	l1 := grant(t, s, "r", time.Minute)
+	if l1.Token != 1 || l1.TTL != time.Minute || !l1.ExpiresAt.Equal(l1.GrantedAt.Add(time.Minute)) {
+		t.Fatalf("first lease %+v", l1)
+	}
+	_, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", Holder: "other", TTL: time.Minute})
+	f := tokens.Facts(err)
+	if !errors.Is(err, tokens.ErrLeaseHeld) || f.Holder != l1.Holder || f.CurrentToken != 1 || f.RetryAfter <= 0 || f.RetryAfter > time.Minute {
+		t.Fatalf("Grant of a held resource: %v %+v", err, f)
+	}
+	r, err := s.Resource(ctx, "r")
+	if err != nil || r.Token != 1 || r.Lease == nil || r.Lease.ID != l1.ID || r.Now.IsZero() || r.Holder(r.Now) == nil {
+		t.Fatalf("Resource: %+v %v", r, err)
+	}
+	renewed, err := s.Renew(ctx, l1.ID, 2*time.Minute)
+	if err != nil || renewed.TTL != 2*time.Minute || !renewed.ExpiresAt.After(l1.ExpiresAt) {
+		t.Fatalf("Renew: %+v %v", renewed, err)
+	}
+	again, err := s.Renew(ctx, l1.ID, 0) // reuses the last TTL
+	if err != nil || again.TTL != 2*time.Minute {
+		t.Fatalf("Renew(0): %+v %v", again, err)
+	}
+	rel, err := s.Release(ctx, l1.ID)
+	if err != nil || !rel.Released() {
+		t.Fatalf("Release: %+v %v", rel, err)
+	}
+	if rel2, err := s.Release(ctx, l1.ID); err != nil || !rel2.ReleasedAt.Equal(rel.ReleasedAt) {
+		t.Fatalf("second Release: %+v %v, want idempotent success", rel2, err)
+	}
+	if _, err := s.Renew(ctx, l1.ID, 0); !errors.Is(err, tokens.ErrLeaseLost) {
+		t.Fatalf("Renew after release: %v", err)
+	}
+	l2 := grant(t, s, "r", time.Minute)
+	if l2.Token != 2 {
+		t.Fatalf("second token %d", l2.Token)
+	}
+	if _, err := s.Release(ctx, "fl_nope"); !errors.Is(err, tokens.ErrNotFound) {
+		t.Fatalf("Release unknown: %v", err)
+	}
+	if _, err := s.Renew(ctx, "fl_nope", 0); !errors.Is(err, tokens.ErrNotFound) {
+		t.Fatalf("Renew unknown: %v", err)
+	}
+	if _, err := s.Lease(ctx, "fl_nope"); !errors.Is(err, tokens.ErrNotFound) {
+		t.Fatalf("Lease unknown: %v", err)
+	}
+	cur, err := s.CurrentLeases(ctx, 10)
+	if err != nil || len(cur) != 1 || cur[0].ID != l2.ID {
+		t.Fatalf("CurrentLeases: %+v %v", cur, err)
+	}
+	h, err := s.History(ctx, "r", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []tokens.EventKind
+	for _, e := range h {
+		kinds = append(kinds, e.Kind)
+	}
+	want := fmt.Sprint([]tokens.EventKind{tokens.EventGranted, tokens.EventRenewRefused, tokens.EventReleased, tokens.EventRenewed, tokens.EventRenewed, tokens.EventGranted})
+	if fmt.Sprint(kinds) != want {
+		t.Fatalf("history %v, want %v", kinds, want)
+	}
+}
+
+func TestExpiryByDatabaseClock(t *testing.T) {
+	t.Parallel()
+	s := pgtest.OpenFresh(t)
+	ctx := t.Context()
+	l1 := grant(t, s, "x", 100*time.Millisecond)
+	time.Sleep(150 * time.Millisecond)
+	if _, err := s.Renew(ctx, l1.ID, 0); !errors.Is(err, tokens.ErrLeaseLost) {
+		t.Fatalf("Renew of an expired lease: %v", err)
+	}
+	if _, err := s.Release(ctx, l1.ID); !errors.Is(err, tokens.ErrLeaseLost) {
+		t.Fatalf("Release of an expired lease: %v", err)
+	}
+	l2 := grant(t, s, "x", time.Minute)
+	if l2.Token != 2 {
+		t.Fatalf("token %d", l2.Token)
+	}
+	r, _ := s.Resource(ctx, "x")
+	if err := tokens.Judge(l1, r, r.Now); !errors.Is(err, tokens.ErrStaleToken) {
+		t.Fatalf("Judge(old): %v", err)
+	}
+	if err := tokens.Judge(l2, r, r.Now); err != nil {
+		t.Fatalf("Judge(current): %v", err)
+	}
+	if _, err := s.Release(ctx, l1.ID); !errors.Is(err, tokens.ErrLeaseLost) {
+		t.Fatalf("Release of a superseded lease: %v", err)
+	}
+}
+
+func TestDrainMakesGrantsBusy(t *testing.T) {
+	t.Parallel()
+	s := pgtest.OpenFresh(t)
+	ctx := t.Context()
+	l := grant(t, s, "d", time.Minute)
+	if err := s.Drain(ctx, "d", 300*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Release(ctx, l.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "d", TTL: time.Minute})
+	if f := tokens.Facts(err); !errors.Is(err, tokens.ErrFenceBusy) || f.RetryAfter <= 0 || f.RetryAfter > 300*time.Millisecond {
+		t.Fatalf("Grant while draining: %v", err)
+	}
+	time.Sleep(350 * time.Millisecond)
+	if l2 := grant(t, s, "d", time.Minute); l2.Token != 2 {
+		t.Fatalf("token after the drain: %d (a refused grant must not use up a token)", l2.Token)
+	}
+}
+
+func TestConcurrentGrantsIssueEachTokenOnce(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.NewSchema(t)
+	a := pgtest.Open(t, schema, postgres.Options{})
+	b := pgtest.Open(t, schema, postgres.Options{}) // a second replica
+	var mu sync.Mutex
+	seen := map[int64]bool{}
+	var wg sync.WaitGroup
+	for i := range 16 {
+		s := a
+		if i%2 == 1 {
+			s = b
+		}
+		wg.Go(func() {
+			for range 10 {
+				l, err := s.Grant(t.Context(), tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "hot", TTL: time.Minute})
+				if errors.Is(err, tokens.ErrLeaseHeld) {
+					continue
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				if seen[l.Token] {
+					t.Errorf("token %d issued twice", l.Token)
+				}
+				seen[l.Token] = true
+				mu.Unlock()
+				if _, err := s.Release(t.Context(), l.ID); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	r, err := a.Resource(t.Context(), "hot")
+	if err != nil || r.Token != int64(len(seen)) {
+		t.Fatalf("last token %d, %d grants succeeded (%v)", r.Token, len(seen), err)
+	}
+}
+
+func TestRejections(t *testing.T) {
+	t.Parallel()
+	s := pgtest.OpenFresh(t)
+	ctx := t.Context()
+	ended := time.Now().Add(-time.Second).UTC().Truncate(time.Microsecond)
+	var ids []int64
+	for i := range 5 {
+		res := "a"
+		if i%2 == 1 {
+			res = "b"
+		}
+		r, err := s.RecordRejection(ctx, tokens.Rejection{Resource: res, Code: tokens.CodeStaleToken, Token: int64(i), CurrentToken: 9,
+			Holder: "h", LeaseHint: "fl_abcdef…", Method: "PUT", Upstream: "up", Path: "/p", LeaseEndedAt: ended})
+		if err != nil || r.ID == 0 || r.At.IsZero() {
+			t.Fatalf("RecordRejection: %+v %v", r, err)
+		}
+		ids = append(ids, r.ID)
+	}
+	all, err := s.Rejections(ctx, tokens.RejectionQuery{Limit: 3})
+	if err != nil || len(all) != 3 || all[0].ID != ids[4] || !all[0].LeaseEndedAt.Equal(ended) || all[0].Path != "/p" {
+		t.Fatalf("first page: %+v %v", all, err)
+	}
+	next, err := s.Rejections(ctx, tokens.RejectionQuery{Before: all[2].ID, Limit: 3})
+	if err != nil || len(next) != 2 || next[1].ID != ids[0] {
+		t.Fatalf("second page: %+v %v", next, err)
+	}
+	bs, err := s.Rejections(ctx, tokens.RejectionQuery{Resource: "b"})
+	if err != nil || len(bs) != 2 {
+		t.Fatalf("resource b: %+v %v", bs, err)
+	}
+	none, err := s.Rejections(ctx, tokens.RejectionQuery{Since: time.Now().Add(time.Hour)})
+	if err != nil || len(none) != 0 {
+		t.Fatalf("since the future: %+v %v", none, err)
+	}
+}
+
+func TestConcurrentOpenMigratesOnce(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.NewSchema(t)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() { pgtest.Open(t, schema, postgres.Options{}) })
+	}
+	wg.Wait()
+	s := pgtest.Open(t, schema, postgres.Options{})
+	grant(t, s, "ok", time.Minute)
+}
+
+func TestUnreachableIsUnavailable(t *testing.T) {
+	t.Parallel()
+	s := pgtest.OpenFresh(t)
+	s.Close()
+	ctx := t.Context()
+	_, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", TTL: time.Minute})
+	if !errors.Is(err, tokens.ErrUnavailable) {
+		t.Fatalf("Grant on a closed store: %v", err)
+	}
+	if _, err := s.Resource(ctx, "r"); !errors.Is(err, tokens.ErrUnavailable) {
+		t.Fatalf("Resource on a closed store: %v", err)
+	}
+	if err := s.Ping(ctx); !errors.Is(err, tokens.ErrUnavailable) {
+		t.Fatalf("Ping on a closed store: %v", err)
+	}
+	if _, err := s.Shared(ctx, "r"); !errors.Is(err, tokens.ErrUnavailable) {
+		t.Fatalf("Shared on a closed store: %v", err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err = postgres.Open(cctx, "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=1", postgres.Options{})
+	if !errors.Is(err, tokens.ErrUnavailable) {
+		t.Fatalf("Open of an unreachable database: %v", err)
+	}
+}
