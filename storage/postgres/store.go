@@ -373,17 +373,21 @@ func (s *Store) Drain(ctx context.Context, resource string, d time.Duration) err
 	return interpret("drain", err)
 }
 
-// RecordRejection appends to the rejection log, with the database clock as
-// its time.
+// RecordRejection appends to the rejection log. Its time is r.At if set
+// (the gateway's moment of refusal), else the database clock.
 func (s *Store) RecordRejection(ctx context.Context, r tokens.Rejection) (tokens.Rejection, error) {
 	var ended *time.Time
 	if !r.LeaseEndedAt.IsZero() {
 		ended = &r.LeaseEndedAt
 	}
+	var at *time.Time
+	if !r.At.IsZero() {
+		at = &r.At
+	}
 	err := s.pool.QueryRow(ctx, `INSERT INTO rejections
-		(resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id, at`,
-		r.Resource, r.Code, r.Token, r.CurrentToken, r.Holder, r.LeaseHint, r.Method, r.Upstream, r.Path, ended,
+		(resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at, at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, COALESCE($11, clock_timestamp())) RETURNING id, at`,
+		r.Resource, r.Code, r.Token, r.CurrentToken, r.Holder, r.LeaseHint, r.Method, r.Upstream, r.Path, ended, at,
 	).Scan(&r.ID, &r.At)
 	if err != nil {
 		return tokens.Rejection{}, interpret("record rejection", err)
@@ -391,8 +395,12 @@ func (s *Store) RecordRejection(ctx context.Context, r tokens.Rejection) (tokens
 	return r, nil
 }
 
-// MaxRejections caps RejectionQuery.Limit (DESIGN.md: limit <= 1000).
-const MaxRejections = 1000
+// Rejection page sizes: RejectionQuery.Limit 0 means DefaultRejections, and
+// it is capped at MaxRejections (DESIGN.md: limit <= 1000).
+const (
+	DefaultRejections = 100
+	MaxRejections     = 1000
+)
 
 // Rejections lists the log newest first.
 func (s *Store) Rejections(ctx context.Context, q tokens.RejectionQuery) ([]tokens.Rejection, error) {
@@ -409,7 +417,10 @@ func (s *Store) Rejections(ctx context.Context, q tokens.RejectionQuery) ([]toke
 		where = append(where, "id < "+arg(q.Before))
 	}
 	limit := q.Limit
-	if limit <= 0 || limit > MaxRejections {
+	switch {
+	case limit <= 0:
+		limit = DefaultRejections
+	case limit > MaxRejections:
 		limit = MaxRejections
 	}
 	sql := `SELECT id, at, resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at

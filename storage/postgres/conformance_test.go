@@ -1,0 +1,37 @@
+package postgres_test
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/fencegw/fencegw/storage/postgres"
+	"github.com/fencegw/fencegw/storage/postgres/pgtest"
+	"github.com/fencegw/fencegw/storage/storagetest"
+	"github.com/fencegw/fencegw/tokens"
+)
+
+func TestConformance(t *testing.T) {
+	pgtest.Require(t)
+	var mu sync.Mutex
+	schemas := map[tokens.Store]string{}
+	schemaOf := func(s tokens.Store) string { mu.Lock(); defer mu.Unlock(); return schemas[s] }
+	storagetest.Run(t, storagetest.Harness{
+		Open: func(t *testing.T) tokens.Store {
+			schema := pgtest.NewSchema(t)
+			s := pgtest.Open(t, schema, postgres.Options{})
+			mu.Lock()
+			schemas[s] = schema
+			mu.Unlock()
+			return s
+		},
+		Reopen: func(t *testing.T, s tokens.Store) tokens.Store {
+			schema := schemaOf(s)
+			s.(*postgres.Store).Close()
+			re := pgtest.Open(t, schema, postgres.Options{})
+			mu.Lock()
+			schemas[re] = schema
+			mu.Unlock()
+			return re
+		},
+	})
+}
