@@ -3,7 +3,8 @@
 // before they reach the protected upstream.
 //
 //	fencegw                  serve on 127.0.0.1:8080 with ./fencegw-data
-//	fencegw serve [flags]    see `fencegw serve -h`
+//	fencegw serve [flags]    see `fencegw help`
+//	fencegw demo             replay the incident without and with the gateway
 package main
 
 import (
@@ -49,11 +50,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if cfg, err = parseServe(args, getenv); err == nil {
 			err = serve(ctx, cfg, stdout, nil)
 		}
+	case "demo":
+		err = runDemo(ctx, args, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)
 		return 0
 	default:
-		err = usageError("unknown command %q (want serve)", cmd)
+		err = usageError("unknown command %q (want serve or demo)", cmd)
 	}
 	switch {
 	case err == nil:
@@ -74,6 +77,7 @@ const usage = `fencegw — an HTTP fencing gateway
 
 usage:
   fencegw                      serve on 127.0.0.1:8080 with the embedded store in ./fencegw-data
+  fencegw demo [--exit]        replay the stale-write incident without and with the gateway
   fencegw serve [flags]
       --listen ADDR            address to serve on (127.0.0.1:8080)
       --data DIR               embedded store directory (fencegw-data)

@@ -1,0 +1,274 @@
+// Package e2e tests fencegw end to end: real HTTP servers, a real store,
+// real upstreams recording what actually reached them.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencegw/fencegw/gateway"
+	"github.com/fencegw/fencegw/storage/bolt"
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// arrival is one request as the upstream saw it.
+type arrival struct {
+	Seq      int
+	At       time.Time
+	Method   string
+	Path     string // escaped path with query
+	Host     string
+	Token    int64
+	Resource string
+	Header   http.Header
+	Body     string
+}
+
+// upstream is a protected service that records every request it received,
+// in arrival order. hold, if set, is called before answering (to keep a
+// write in flight).
+type upstream struct {
+	*httptest.Server
+	mu       sync.Mutex
+	arrivals []arrival
+	hold     func(a arrival)
+}
+
+func newUpstream(t *testing.T) *upstream {
+	t.Helper()
+	u := &upstream{}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		tok, _ := strconv.ParseInt(r.Header.Get(gateway.HeaderToken), 10, 64)
+		a := arrival{At: time.Now(), Method: r.Method, Path: r.URL.RequestURI(), Host: r.Host, Token: tok,
+			Resource: r.Header.Get(gateway.HeaderResource), Header: r.Header.Clone(), Body: string(body)}
+		u.mu.Lock()
+		a.Seq = len(u.arrivals)
+		u.arrivals = append(u.arrivals, a)
+		hold := u.hold
+		u.mu.Unlock()
+		if hold != nil {
+			hold(a)
+		}
+		w.Header().Set("Content-Type", "text/plain")
+		fmt.Fprintf(w, "ok %d", a.Seq)
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+func (u *upstream) setHold(h func(arrival)) {
+	u.mu.Lock()
+	u.hold = h
+	u.mu.Unlock()
+}
+
+func (u *upstream) seen() []arrival {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]arrival(nil), u.arrivals...)
+}
+
+// gw is one running gateway.
+type gw struct {
+	URL   string
+	store tokens.Store
+	srv   *httptest.Server
+	gate  *gateway.Gateway
+}
+
+type options struct {
+	forwardTimeout time.Duration
+	drainPeriod    time.Duration
+	grantWait      time.Duration
+	maxBody        int64
+	dir            string
+}
+
+// startEmbedded runs a gateway on a bbolt store in a temp dir, protecting
+// the given upstreams.
+func startEmbedded(t *testing.T, ups map[string]string, o options) *gw {
+	t.Helper()
+	if o.dir == "" {
+		o.dir = t.TempDir()
+	}
+	store, err := bolt.Open(o.dir+"/fencegw.db", bolt.Options{CrashDrain: o.drainPeriod})
+	if err != nil {
+		t.Fatalf("open store: %v", err)
+	}
+	return startWith(t, store, tokens.NewLocalLocker(), ups, o, func() { _ = store.Close() })
+}
+
+func startWith(t *testing.T, store tokens.Store, locker tokens.Locker, ups map[string]string, o options, closeStore func()) *gw {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	g := &gw{store: store}
+	svc := tokens.New(tokens.Config{
+		Store: store, Locker: locker, GrantWait: o.grantWait, DrainPeriod: o.drainPeriod, Logger: log,
+		OnRejection: func(r tokens.Rejection) {
+			if g.gate != nil {
+				g.gate.Publish(r)
+			}
+		},
+	})
+	targets := map[string]*url.URL{}
+	for name, raw := range ups {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		targets[name] = u
+	}
+	g.gate = gateway.New(svc, gateway.Config{Upstreams: targets, ForwardTimeout: o.forwardTimeout, MaxBody: o.maxBody, Logger: log})
+	g.srv = httptest.NewServer(g.gate)
+	g.URL = g.srv.URL
+	t.Cleanup(func() {
+		g.gate.Close()
+		g.srv.Close()
+		closeStore()
+	})
+	return g
+}
+
+// --- a tiny worker-side client, speaking the wire protocol directly ---
+
+type leaseJSON struct {
+	LeaseID   string    `json:"lease_id"`
+	Resource  string    `json:"resource"`
+	Holder    string    `json:"holder"`
+	Token     int64     `json:"token"`
+	TTLms     int64     `json:"ttl_ms"`
+	ExpiresAt time.Time `json:"expires_at"`
+	State     string    `json:"state"`
+}
+
+type problemJSON struct {
+	Type         string `json:"type"`
+	Status       int    `json:"status"`
+	Code         string `json:"code"`
+	Field        string `json:"field"`
+	Detail       string `json:"detail"`
+	Resource     string `json:"resource"`
+	Token        int64  `json:"token"`
+	CurrentToken int64  `json:"current_token"`
+	Holder       string `json:"holder"`
+}
+
+type answer struct {
+	Status  int
+	Header  http.Header
+	Body    []byte
+	Problem problemJSON
+}
+
+var httpClient = &http.Client{Timeout: 60 * time.Second}
+
+func do(t testing.TB, method, url string, body any, header ...string) answer {
+	t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = bytes.NewBufferString(b)
+	case []byte:
+		rd = bytes.NewReader(b)
+	default:
+		data, _ := json.Marshal(b)
+		rd = bytes.NewReader(data)
+	}
+	req, err := http.NewRequestWithContext(context.Background(), method, url, rd)
+	if err != nil {
+		t.Fatalf("request: %v", err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		if header[i+1] == "" {
+			req.Header.Del(header[i])
+			continue
+		}
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	a := answer{Status: resp.StatusCode, Header: resp.Header, Body: data}
+	if resp.Header.Get("Content-Type") == "application/problem+json" {
+		if err := json.Unmarshal(data, &a.Problem); err != nil {
+			t.Fatalf("problem body %q: %v", data, err)
+		}
+	}
+	return a
+}
+
+func acquire(t testing.TB, base, resource, holder string, ttl time.Duration) leaseJSON {
+	t.Helper()
+	a := do(t, "POST", base+"/v1/leases", map[string]any{"resource": resource, "holder": holder, "ttl_ms": ttl.Milliseconds()})
+	if a.Status != http.StatusCreated {
+		t.Fatalf("acquire %s for %s: %d %s", resource, holder, a.Status, a.Body)
+	}
+	var l leaseJSON
+	if err := json.Unmarshal(a.Body, &l); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func write(t testing.TB, base, upstreamName, path string, l leaseJSON, body string) answer {
+	t.Helper()
+	return do(t, "POST", base+"/v1/proxy/"+upstreamName+path, body, gateway.HeaderLease, l.LeaseID)
+}
+
+type rejectionsJSON struct {
+	Items []struct {
+		ID           int64  `json:"id"`
+		Resource     string `json:"resource"`
+		Code         string `json:"code"`
+		Token        int64  `json:"token"`
+		CurrentToken int64  `json:"current_token"`
+		Holder       string `json:"holder"`
+		Method       string `json:"method"`
+		Upstream     string `json:"upstream"`
+		Path         string `json:"path"`
+		LeaseHint    string `json:"lease_hint"`
+	} `json:"items"`
+	NextCursor string `json:"next_cursor"`
+}
+
+func rejections(t testing.TB, base, query string) rejectionsJSON {
+	t.Helper()
+	a := do(t, "GET", base+"/v1/rejections"+query, nil)
+	if a.Status != http.StatusOK {
+		t.Fatalf("rejections: %d %s", a.Status, a.Body)
+	}
+	var r rejectionsJSON
+	if err := json.Unmarshal(a.Body, &r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func wantProblem(t testing.TB, a answer, status int, code string) {
+	t.Helper()
+	if a.Status != status || a.Problem.Code != code {
+		t.Fatalf("got %d %s, want %d problem %q", a.Status, a.Body, status, code)
+	}
+	if ct := a.Header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("Content-Type %q, want application/problem+json", ct)
+	}
+}
