@@ -1,0 +1,422 @@
+// Command fencegw-load measures what the fencing gateway costs.
+//
+// By default it starts, on 127.0.0.1, an upstream that answers 200, a bare
+// httputil.ReverseProxy to it, and a fencegw gateway on the embedded store
+// in a temporary directory; then it drives each setup with the same small
+// POST from -concurrency workers and prints requests, req/s and latency
+// percentiles per setup, and the gateway's ratios to the bare proxy. The
+// setups are run in alternation (-rounds) so that background load on the
+// machine hits them alike.
+//
+// With -grants it measures lease grants per second instead: -acquirers
+// workers each acquiring leases on fresh resources through the HTTP API.
+//
+// With -gateway URL -upstream-name NAME it drives an existing gateway
+// instead (and, if given, -direct and -bare write URLs for comparison); it
+// acquires its leases on fencegw-load:* resources and releases them at the
+// end.
+//
+// Every run is bounded: -duration is capped, and every request times out.
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/fencegw/fencegw/bench"
+)
+
+// maxDuration bounds one invocation's measured time per setup.
+const maxDuration = 10 * time.Minute
+
+type options struct {
+	duration     time.Duration
+	warmup       time.Duration
+	rounds       int
+	concurrency  int
+	acquirers    int
+	resources    int
+	bodySize     int
+	grants       bool
+	setups       []string
+	gateway      string
+	upstreamName string
+	direct       string
+	bare         string
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "fencegw-load: "+err.Error())
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if o.grants {
+		err = runGrants(ctx, o, stdout)
+	} else {
+		err = runWrites(ctx, o, stdout)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "fencegw-load: "+err.Error())
+		return 1
+	}
+	return 0
+}
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("fencegw-load", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.DurationVar(&o.duration, "duration", 10*time.Second, "measured time per setup (split over -rounds), at most "+maxDuration.String())
+	fs.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured warm-up per setup")
+	fs.IntVar(&o.rounds, "rounds", 5, "alternate the setups this many times")
+	fs.IntVar(&o.concurrency, "concurrency", 32, "concurrent writers")
+	fs.IntVar(&o.acquirers, "acquirers", 64, "concurrent acquirers in -grants mode")
+	fs.IntVar(&o.resources, "resources", 1000, "leases (one per resource) the gateway-spread setup picks from")
+	fs.IntVar(&o.bodySize, "body-size", 256, "write body size in bytes")
+	fs.BoolVar(&o.grants, "grants", false, "measure lease grants per second instead of writes")
+	setups := fs.String("setups", "direct,bare-proxy,gateway,gateway-spread", "setups to drive, comma-separated")
+	fs.StringVar(&o.gateway, "gateway", "", "base URL of an existing gateway to drive instead of the embedded one")
+	fs.StringVar(&o.upstreamName, "upstream-name", "", "with -gateway: the upstream name writes go to (/v1/proxy/NAME/...)")
+	fs.StringVar(&o.direct, "direct", "", "with -gateway: full URL for the direct setup (POSTed to as is)")
+	fs.StringVar(&o.bare, "bare", "", "with -gateway: full URL for the bare-proxy setup (POSTed to as is)")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: fencegw-load [flags]\n\nStarts an upstream, a bare reverse proxy and an embedded gateway on 127.0.0.1\n(or drives -gateway URL) and compares them. Flags:")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	switch {
+	case o.duration <= 0 || o.duration > maxDuration:
+		return o, fmt.Errorf("-duration must be in (0, %s]", maxDuration)
+	case o.warmup < 0 || o.warmup > time.Minute:
+		return o, errors.New("-warmup must be in [0, 1m]")
+	case o.rounds < 1 || o.rounds > 100:
+		return o, errors.New("-rounds must be in [1, 100]")
+	case o.concurrency < 1 || o.concurrency > 4096:
+		return o, errors.New("-concurrency must be in [1, 4096]")
+	case o.acquirers < 1 || o.acquirers > 4096:
+		return o, errors.New("-acquirers must be in [1, 4096]")
+	case o.resources < 1 || o.resources > 100_000:
+		return o, errors.New("-resources must be in [1, 100000]")
+	case o.bodySize < 0 || o.bodySize > 10<<20:
+		return o, errors.New("-body-size must be in [0, 10MiB]")
+	case o.gateway != "" && o.upstreamName == "" && !o.grants:
+		return o, errors.New("-gateway needs -upstream-name")
+	case o.gateway == "" && (o.direct != "" || o.bare != "" || o.upstreamName != ""):
+		return o, errors.New("-direct, -bare and -upstream-name go with -gateway")
+	}
+	for _, s := range strings.Split(*setups, ",") {
+		switch s = strings.TrimSpace(s); s {
+		case "direct", "bare-proxy", "gateway", "gateway-spread":
+			o.setups = append(o.setups, s)
+		case "":
+		default:
+			return o, fmt.Errorf("-setups: unknown setup %q (direct, bare-proxy, gateway, gateway-spread)", s)
+		}
+	}
+	return o, nil
+}
+
+// env is what the tool drives: a gateway, and the targets of each setup.
+type env struct {
+	gateway  *url.URL
+	upstream string // the gateway's name for it
+	client   *http.Client
+	local    *bench.Upstream // nil when driving an existing deployment
+	targets  map[string]bench.Target
+	leases   []string // to release at the end (existing deployment only)
+	close    func()
+}
+
+// startLocal starts the three setups on loopback.
+func startLocal(conc int) (*env, error) {
+	up, err := bench.StartUpstream()
+	if err != nil {
+		return nil, err
+	}
+	bare, err := bench.Serve(bench.NewBareProxy(up.URL))
+	if err != nil {
+		_ = up.Close()
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "fencegw-load-")
+	if err != nil {
+		_ = up.Close()
+		_ = bare.Close()
+		return nil, err
+	}
+	gw, err := bench.StartGateway(dir, up.URL)
+	if err != nil {
+		_ = up.Close()
+		_ = bare.Close()
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	e := &env{
+		gateway:  gw.URL,
+		upstream: bench.UpstreamName,
+		client:   bench.NewClient(conc),
+		local:    up,
+		targets: map[string]bench.Target{
+			"direct":     bench.DirectTarget(up.URL),
+			"bare-proxy": bench.BareProxyTarget(bare.URL),
+		},
+	}
+	e.close = func() {
+		e.client.CloseIdleConnections()
+		_ = bare.Close()
+		_ = gw.Close()
+		_ = up.Close()
+		_ = os.RemoveAll(dir)
+	}
+	return e, nil
+}
+
+// startRemote drives an existing gateway (and optional direct/bare URLs).
+func startRemote(o options, conc int) (*env, error) {
+	base, err := url.Parse(strings.TrimSuffix(o.gateway, "/"))
+	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
+		return nil, fmt.Errorf("-gateway %q is not an http(s) URL", o.gateway)
+	}
+	e := &env{gateway: base, upstream: o.upstreamName, client: bench.NewClient(conc), targets: map[string]bench.Target{}}
+	for name, u := range map[string]string{"direct": o.direct, "bare-proxy": o.bare} {
+		if u == "" {
+			continue
+		}
+		if _, err := url.Parse(u); err != nil {
+			return nil, fmt.Errorf("-%s: %w", strings.TrimSuffix(name, "-proxy"), err)
+		}
+		e.targets[name] = bench.Target{Name: name, URL: u}
+	}
+	e.close = func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for _, id := range e.leases {
+			release(ctx, e.client, e.gateway, id)
+		}
+		e.client.CloseIdleConnections()
+	}
+	return e, nil
+}
+
+// release gives a lease back, best effort.
+func release(ctx context.Context, c *http.Client, base *url.URL, id string) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, base.String()+"/v1/leases/"+url.PathEscape(id), nil)
+	if err != nil {
+		return
+	}
+	if resp, err := c.Do(req); err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+	}
+}
+
+func runWrites(ctx context.Context, o options, out io.Writer) error {
+	var e *env
+	var err error
+	if o.gateway == "" {
+		e, err = startLocal(o.concurrency)
+	} else {
+		e, err = startRemote(o, o.concurrency)
+	}
+	if err != nil {
+		return err
+	}
+	defer e.close()
+
+	// Leases outlive the run: warm-up and measurement of every setup.
+	ttl := min(time.Hour, time.Duration(len(o.setups))*(o.duration+o.warmup)+time.Minute)
+	prefix := "fencegw-load:" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	var setups []string
+	for _, s := range o.setups {
+		switch s {
+		case "gateway", "gateway-spread":
+			n := 1
+			if s == "gateway-spread" {
+				n = o.resources
+			}
+			ids, err := bench.AcquireMany(ctx, e.client, e.gateway, prefix+":"+s, n, 64, ttl)
+			if err != nil {
+				return fmt.Errorf("acquire leases for %s: %w", s, err)
+			}
+			e.leases = append(e.leases, ids...)
+			e.targets[s] = bench.GatewayTarget(s, e.gateway, e.upstream, ids)
+		}
+		if _, ok := e.targets[s]; ok {
+			setups = append(setups, s)
+		}
+	}
+	if len(setups) == 0 {
+		return errors.New("no setup to drive")
+	}
+
+	body := bytes.Repeat([]byte("x"), o.bodySize)
+	op := func(t bench.Target) func(ctx context.Context, _, _ int) error {
+		return func(ctx context.Context, _, _ int) error {
+			_, err := bench.Write(ctx, e.client, t, body, rand.IntN(1<<30))
+			return err
+		}
+	}
+	fmt.Fprintf(out, "fencegw-load: %d writers, %d B bodies, %s per setup in %d rounds, GOMAXPROCS=%d (the load generator shares the CPUs with the servers)\n",
+		o.concurrency, o.bodySize, o.duration, o.rounds, runtime.GOMAXPROCS(0))
+	for _, s := range setups {
+		if o.warmup > 0 {
+			r := bench.RunFor(ctx, s, o.warmup, o.concurrency, op(e.targets[s]))
+			if r.Errors > 0 {
+				return fmt.Errorf("%s: warm-up: %d writes failed; first: %w", s, r.Errors, r.FirstErr)
+			}
+		}
+	}
+	var delivered int64
+	if e.local != nil {
+		delivered = e.local.Requests.Load()
+	}
+	results := make(map[string]*merged, len(setups))
+	for round := range o.rounds {
+		for _, s := range rotate(setups, round) {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			r := bench.RunFor(ctx, s, o.duration/time.Duration(o.rounds), o.concurrency, op(e.targets[s]))
+			if results[s] == nil {
+				results[s] = &merged{}
+			}
+			results[s].add(r)
+		}
+	}
+	if e.local != nil {
+		var sent int64
+		for _, m := range results {
+			sent += int64(m.requests)
+		}
+		if got := e.local.Requests.Load() - delivered; got != sent {
+			return fmt.Errorf("the upstream received %d writes, the clients saw %d answered: the setup is broken", got, sent)
+		}
+		if e.local.Leaked.Load() != 0 {
+			return errors.New("writes reached the upstream with the Fencing-Lease secret")
+		}
+	}
+	printWrites(out, setups, results)
+	for _, s := range setups {
+		if m := results[s]; m.errors > 0 {
+			return fmt.Errorf("%s: %d writes failed; first: %w", s, m.errors, m.firstErr)
+		}
+	}
+	return nil
+}
+
+// rotate starts round r at a different setup, so no setup always runs first.
+func rotate(s []string, r int) []string {
+	k := r % len(s)
+	return append(append([]string{}, s[k:]...), s[:k]...)
+}
+
+// merged accumulates one setup's rounds, keeping every latency.
+type merged struct {
+	requests, errors int
+	firstErr         error
+	elapsed          time.Duration
+	samples          []time.Duration
+}
+
+func (m *merged) add(r bench.Result) {
+	m.requests += r.Requests
+	m.errors += r.Errors
+	m.elapsed += r.Elapsed
+	m.samples = append(m.samples, r.Samples...)
+	if m.firstErr == nil {
+		m.firstErr = r.FirstErr
+	}
+}
+
+func us(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e3, 'f', 0, 64) }
+
+func printWrites(out io.Writer, setups []string, results map[string]*merged) {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "setup\trequests\terrors\treq/s\tp50 µs\tp90 µs\tp99 µs\tmax µs\t")
+	sums := map[string]bench.Summary{}
+	rates := map[string]float64{}
+	for _, s := range setups {
+		m := results[s]
+		sum := bench.Summarize(m.samples)
+		sums[s] = sum
+		rates[s] = float64(m.requests) / m.elapsed.Seconds()
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t\n", s, m.requests, m.errors, rates[s], us(sum.P50), us(sum.P90), us(sum.P99), us(sum.Max))
+	}
+	_ = tw.Flush()
+	base, ok := sums["bare-proxy"]
+	if !ok {
+		return
+	}
+	for _, s := range setups {
+		if !strings.HasPrefix(s, "gateway") {
+			continue
+		}
+		fmt.Fprintf(out, "%s / bare-proxy: throughput %.2f, added p50 %+.0f µs, added p99 %+.0f µs\n",
+			s, rates[s]/rates["bare-proxy"], float64(sums[s].P50-base.P50)/1e3, float64(sums[s].P99-base.P99)/1e3)
+	}
+}
+
+func runGrants(ctx context.Context, o options, out io.Writer) error {
+	var e *env
+	var err error
+	if o.gateway == "" {
+		e, err = startLocal(o.acquirers)
+	} else {
+		e, err = startRemote(o, o.acquirers)
+	}
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	prefix := "fencegw-load:grant:" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
+	var seq atomic.Int64
+	op := func(ctx context.Context, _, _ int) error {
+		// A short TTL: these leases are never written under.
+		_, err := bench.Acquire(ctx, e.client, e.gateway, prefix+strconv.FormatInt(seq.Add(1), 10), "fencegw-load", time.Second)
+		return err
+	}
+	fmt.Fprintf(out, "fencegw-load -grants: %d acquirers on fresh resources, %s, GOMAXPROCS=%d (the load generator shares the CPUs with the gateway)\n",
+		o.acquirers, o.duration, runtime.GOMAXPROCS(0))
+	if o.warmup > 0 {
+		bench.RunFor(ctx, "warm-up", o.warmup, o.acquirers, op)
+	}
+	r := bench.RunFor(ctx, "grants", o.duration, o.acquirers, op)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "setup\tgrants\terrors\tgrants/s\tp50 µs\tp90 µs\tp99 µs\tmax µs\t")
+	fmt.Fprintf(tw, "gateway\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t\n", r.Requests, r.Errors, r.PerSecond(), us(r.Latency.P50), us(r.Latency.P90), us(r.Latency.P99), us(r.Latency.Max))
+	_ = tw.Flush()
+	if r.Errors > 0 {
+		return fmt.Errorf("%d grants failed; first: %w", r.Errors, r.FirstErr)
+	}
+	return nil
+}
