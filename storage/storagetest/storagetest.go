@@ -757,6 +757,7 @@ func testConcurrency(t *testing.T, h Harness) {
 		mu      sync.Mutex
 		granted = map[string][]int64{} // per resource, in grant order
 		leases  = map[string]bool{}
+		held    = map[string]bool{} // per resource: a worker holds it
 	)
 	ctx := t.Context()
 	var wg sync.WaitGroup
@@ -783,11 +784,15 @@ func testConcurrency(t *testing.T, h Harness) {
 				// happen in grant order.
 				mu.Lock()
 				granted[name] = append(granted[name], l.Token)
-				dup := leases[l.ID]
-				leases[l.ID] = true
+				dup, overlap := leases[l.ID], held[name]
+				leases[l.ID], held[name] = true, true
 				mu.Unlock()
 				if dup {
 					errs <- fmt.Errorf("lease id granted twice")
+					return
+				}
+				if overlap {
+					errs <- fmt.Errorf("%s: token %d granted while another lease was held and unreleased", name, l.Token)
 					return
 				}
 				if n%2 == 0 {
@@ -796,6 +801,9 @@ func testConcurrency(t *testing.T, h Harness) {
 						return
 					}
 				}
+				mu.Lock()
+				held[name] = false // before Release: a grant may follow it at once
+				mu.Unlock()
 				if _, err := s.Release(ctx, l.ID); err != nil {
 					errs <- fmt.Errorf("Release of a held lease: %w", err)
 					return
