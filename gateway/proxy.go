@@ -162,7 +162,7 @@ func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	timedOut := errors.Is(err, context.DeadlineExceeded) || errors.Is(r.Context().Err(), context.DeadlineExceeded)
 	if timedOut {
 		sendProblem(w, r, problem{Status: http.StatusGatewayTimeout, Code: codeUpstreamTimeout, Title: "Upstream timeout",
-			Detail: "the upstream did not answer within " + g.cfg.ForwardTimeout.String() + "; the outcome is unknown and the resource is closed to grants for the drain period",
+			Detail:   "the upstream did not answer within " + g.cfg.ForwardTimeout.String() + "; the outcome is unknown and the resource is closed to grants for the drain period",
 			Resource: f.permit.Lease.Resource})
 		return
 	}
