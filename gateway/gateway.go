@@ -42,6 +42,10 @@ type Config struct {
 	// Registry receives the gateway's metrics and is served at /metrics.
 	// Nil: a fresh registry.
 	Registry *prometheus.Registry
+	// OnForwarded, if set, is told of every write the upstream answered
+	// (the dashboard's accepted-writes-per-token counts). It runs on the
+	// write path: it must be cheap and must not block.
+	OnForwarded func(resource string, token int64)
 	// UI, if set, is served under /ui/ (the dashboard).
 	UI     http.Handler
 	Logger *slog.Logger

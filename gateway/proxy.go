@@ -136,6 +136,9 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		permit.Done(f.unknown)
 		g.inflight.Add(-1)
 		g.obs.forwarded(f, time.Since(start))
+		if !f.failed && g.cfg.OnForwarded != nil {
+			g.cfg.OnForwarded(permit.Lease.Resource, permit.Lease.Token)
+		}
 	}()
 
 	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.ForwardTimeout)
