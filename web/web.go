@@ -1,27 +1,238 @@
 // Package web is fencegw's dashboard: server-rendered pages and their static
-// assets, embedded in the binary.
+// assets, embedded in the binary. No Node toolchain, no CDN: html/template
+// pages that work without JavaScript, inline SVG charts drawn on the server,
+// and one small hand-written script (static/app.js) for the live feed and
+// the lease countdowns.
+//
+// Routes, all under /ui/ (the gateway mounts the handler there):
+//
+//	GET /ui/                          overview and live feed (?range=15m|1h|24h&resource=&holder=&code=)
+//	GET /ui/resources/{resource}      a resource's timeline (the name percent-encoded)
+//	GET /ui/api/overview              the overview's aggregates as JSON (same query)
+//	GET /ui/api/resources/{resource}  the timeline as JSON
+//	GET /ui/static/{file}             CSS and JS
+//
+// Lease ids (the holders' secrets) and request bodies are never shown: the
+// pages see leases only as LeaseView and rejections only as recorded.
 package web
 
 import (
+	"bytes"
 	"embed"
+	"encoding/json"
+	"errors"
 	"html/template"
+	"io/fs"
+	"log/slog"
 	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/fencegw/fencegw/tokens"
 )
 
-//go:embed templates
-var templates embed.FS
+//go:embed templates static
+var assets embed.FS
 
-var pages = template.Must(template.ParseFS(templates, "templates/*.html"))
+var pages = template.Must(template.New("").Funcs(funcs).ParseFS(assets, "templates/*.html"))
 
-// Handler serves the dashboard under /ui/.
-func Handler() http.Handler {
+// csp allows only the dashboard's own files: no inline script, no inline
+// style, nothing from elsewhere.
+const csp = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; " +
+	"base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+
+// Handler serves the dashboard under /ui/ from src; counts (may be nil)
+// supplies accepted-write counts and totals since start.
+func Handler(src Source, counts *Counts) http.Handler {
+	h := &handler{src: src, counts: counts, log: slog.Default()}
+	static, _ := fs.Sub(assets, "static")
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /ui/{$}", h.overview)
+	mux.HandleFunc("GET /ui/resources/{name...}", h.resource)
+	mux.HandleFunc("GET /ui/api/overview", h.overviewJSON)
+	mux.HandleFunc("GET /ui/api/resources/{name...}", h.resourceJSON)
+	mux.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", cacheFor(http.FileServerFS(static))))
+	return secure(mux)
+}
+
+type handler struct {
+	src    Source
+	counts *Counts
+	log    *slog.Logger
+}
+
+func secure(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/ui/" {
-			http.NotFound(w, r)
-			return
-		}
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		w.Header().Set("Content-Security-Policy", "default-src 'self'")
-		_ = pages.ExecuteTemplate(w, "index.html", nil)
+		h := w.Header()
+		h.Set("Content-Security-Policy", csp)
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "same-origin")
+		h.Set("X-Frame-Options", "DENY")
+		next.ServeHTTP(w, r)
 	})
+}
+
+func cacheFor(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "public, max-age=300")
+		next.ServeHTTP(w, r)
+	})
+}
+
+func filterOf(r *http.Request) Filter {
+	q := r.URL.Query()
+	return Filter{Range: rangeOf(q.Get("range")), Resource: q.Get("resource"), Holder: q.Get("holder"), Code: q.Get("code")}
+}
+
+type overviewPage struct {
+	Title   string
+	Filter  Filter
+	Ranges  []Range
+	Reasons []string
+	Counted bool
+	Chart   chart
+	Overview
+	StreamURL string
+	AfterID   int64
+}
+
+func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
+	f := filterOf(r)
+	ov, err := overview(r.Context(), h.src, h.counts, f)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	p := overviewPage{Title: "Rejected stale writes", Filter: f, Ranges: ranges, Overview: ov, Counted: h.counts != nil,
+		Reasons: []string{tokens.CodeStaleToken, tokens.CodeLeaseExpired, tokens.CodeLeaseReleased, tokens.CodeUnknownLease},
+		Chart:   drawChart(ov, f.Range)}
+	// The feed goes live after the newest rejection the page already shows;
+	// the stream replays anything recorded in between.
+	newest, err := h.src.Rejections(r.Context(), tokens.RejectionQuery{Limit: 1})
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if len(newest) > 0 {
+		p.AfterID = newest[0].ID
+	}
+	p.StreamURL = streamURL(f)
+	h.render(w, r, "overview.html", p)
+}
+
+func (h *handler) overviewJSON(w http.ResponseWriter, r *http.Request) {
+	ov, err := overview(r.Context(), h.src, h.counts, filterOf(r))
+	if err != nil {
+		h.failJSON(w, r, err)
+		return
+	}
+	writeJSON(w, ov)
+}
+
+type resourcePage struct {
+	Title string
+	Timeline
+}
+
+func (h *handler) resource(w http.ResponseWriter, r *http.Request) {
+	if r.PathValue("name") == "" && r.URL.Query().Get("name") != "" {
+		// The "open a resource" form, without JavaScript.
+		http.Redirect(w, r, "/ui/resources/"+url.PathEscape(strings.TrimSpace(r.URL.Query().Get("name"))), http.StatusSeeOther)
+		return
+	}
+	tl, err := timeline(r.Context(), h.src, h.counts, r.PathValue("name"))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.render(w, r, "resource.html", resourcePage{Title: tl.Resource, Timeline: tl})
+}
+
+func (h *handler) resourceJSON(w http.ResponseWriter, r *http.Request) {
+	tl, err := timeline(r.Context(), h.src, h.counts, r.PathValue("name"))
+	if err != nil {
+		h.failJSON(w, r, err)
+		return
+	}
+	writeJSON(w, tl)
+}
+
+func (h *handler) render(w http.ResponseWriter, r *http.Request, name string, data any) {
+	var buf bytes.Buffer
+	if err := pages.ExecuteTemplate(&buf, name, data); err != nil {
+		h.log.Error("render dashboard page", "page", name, "err", err)
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = w.Write(buf.Bytes())
+}
+
+type errorPage struct {
+	Title   string
+	Status  int
+	Message string
+}
+
+func statusOf(err error) (int, string) {
+	switch {
+	case errors.Is(err, tokens.ErrNotFound):
+		return http.StatusNotFound, "No such resource: it was never granted."
+	case errors.Is(err, tokens.ErrInvalid):
+		return http.StatusBadRequest, err.Error()
+	case errors.Is(err, tokens.ErrUnavailable):
+		return http.StatusServiceUnavailable, "The store is unavailable; try again in a moment."
+	}
+	return http.StatusInternalServerError, "Internal error."
+}
+
+func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status, msg := statusOf(err)
+	if status >= 500 {
+		h.log.Error("dashboard", "path", r.URL.Path, "err", err)
+	}
+	var buf bytes.Buffer
+	if err := pages.ExecuteTemplate(&buf, "error.html", errorPage{Title: http.StatusText(status), Status: status, Message: msg}); err != nil {
+		http.Error(w, msg, status)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1")
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+func (h *handler) failJSON(w http.ResponseWriter, r *http.Request, err error) {
+	status, msg := statusOf(err)
+	if status >= 500 {
+		h.log.Error("dashboard api", "path", r.URL.Path, "err", err)
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"status": status, "title": http.StatusText(status), "detail": msg})
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func streamURL(f Filter) string {
+	var parts []string
+	for _, kv := range [][2]string{{"resource", f.Resource}, {"holder", f.Holder}, {"code", f.Code}} {
+		if kv[1] != "" {
+			parts = append(parts, kv[0]+"="+queryEscape(kv[1]))
+		}
+	}
+	u := "/v1/rejections/stream"
+	if len(parts) > 0 {
+		u += "?" + strings.Join(parts, "&")
+	}
+	return u
 }

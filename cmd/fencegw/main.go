@@ -114,7 +114,6 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 	}
 	defer backend.close()
 
-	var gw *gateway.Gateway
 	svc := tokens.New(tokens.Config{
 		Store:       backend.store,
 		Locker:      backend.locker,
@@ -123,16 +122,25 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 		Logger:      logger,
 		OnRejection: func(r tokens.Rejection) { backend.publish(r) },
 	})
-	gw = gateway.New(svc, gateway.Config{
+	// Accepted-write counts are this replica's own (kept in memory: the
+	// write path does not touch the store); rejections come from every
+	// replica through the backend's feed.
+	counts := web.NewCounts()
+	gw := gateway.New(svc, gateway.Config{
 		Upstreams:      cfg.Upstreams,
 		ForwardTimeout: cfg.ForwardTimeout,
 		MaxBody:        cfg.MaxBody,
 		Registry:       reg,
-		UI:             web.Handler(),
+		OnForwarded:    counts.Accepted,
+		UI:             web.Handler(svc, counts),
 		Logger:         logger,
 	})
 	defer gw.Close()
-	if err := backend.subscribe(ctx, gw.Publish); err != nil {
+	deliver := func(r tokens.Rejection) {
+		counts.Rejected(r)
+		gw.Publish(r)
+	}
+	if err := backend.subscribe(ctx, deliver); err != nil {
 		return err
 	}
 

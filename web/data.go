@@ -1,0 +1,376 @@
+package web
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// Source is what the dashboard reads. *tokens.Service satisfies it, in
+// every storage mode.
+type Source interface {
+	Rejections(ctx context.Context, q tokens.RejectionQuery) ([]tokens.Rejection, error)
+	History(ctx context.Context, resource string, limit int) ([]tokens.Event, error)
+	CurrentLeases(ctx context.Context, limit int) ([]tokens.Lease, error)
+	Resource(ctx context.Context, name string) (tokens.Resource, error)
+	Now() time.Time
+}
+
+var _ Source = (*tokens.Service)(nil)
+
+// Bounds of the dashboard's reads.
+const (
+	// scanMax bounds the rejections one overview aggregates: the newest
+	// scanMax in the range. The page says when it was cut.
+	scanMax  = 10_000
+	pageSize = 1000 // the stores' largest page
+	// feedRows is how many rejections the feed shows before live updates.
+	feedRows     = 100
+	leaseRows    = 100
+	topN         = 10
+	historyMax   = 1000
+	timelineRejs = 2000
+)
+
+// Range is one of the overview's selectable time ranges.
+type Range struct {
+	Key    string        `json:"key"`
+	Label  string        `json:"label"`
+	Span   time.Duration `json:"-"`
+	Bucket time.Duration `json:"-"`
+}
+
+var ranges = []Range{
+	{Key: "15m", Label: "15 min", Span: 15 * time.Minute, Bucket: 15 * time.Second},
+	{Key: "1h", Label: "1 h", Span: time.Hour, Bucket: time.Minute},
+	{Key: "24h", Label: "24 h", Span: 24 * time.Hour, Bucket: 30 * time.Minute},
+}
+
+func rangeOf(key string) Range {
+	for _, r := range ranges {
+		if r.Key == key {
+			return r
+		}
+	}
+	return ranges[1]
+}
+
+// Filter selects rejections; empty fields match everything.
+type Filter struct {
+	Range    Range
+	Resource string
+	Holder   string
+	Code     string
+}
+
+func (f Filter) match(r tokens.Rejection) bool {
+	return (f.Holder == "" || r.Holder == f.Holder) && (f.Code == "" || r.Code == f.Code)
+}
+
+// Count is a name and how many rejections it had.
+type Count struct {
+	Name  string `json:"name"`
+	Count int    `json:"count"`
+}
+
+// Bucket is one bar of the rejections-over-time chart.
+type Bucket struct {
+	Start time.Time `json:"start"`
+	Count int       `json:"count"`
+}
+
+// Overview is everything the overview page shows.
+type Overview struct {
+	Now       time.Time          `json:"now"`
+	Range     string             `json:"range"`
+	From      time.Time          `json:"from"`
+	Total     int                `json:"total"`     // rejections aggregated (in range, matching)
+	Scanned   int                `json:"scanned"`   // rejections read
+	Truncated bool               `json:"truncated"` // the scan stopped at scanMax
+	Oldest    time.Time          `json:"oldest_scanned,omitzero"`
+	Buckets   []Bucket           `json:"buckets"`
+	Codes     []Count            `json:"codes"`
+	Resources []Count            `json:"top_resources"`
+	Holders   []Count            `json:"top_holders"`
+	Recent    []tokens.Rejection `json:"-"`
+	Leases    []LeaseView        `json:"leases"`
+	Totals    Totals             `json:"totals"`
+}
+
+// overview aggregates the newest scanMax rejections in f's range.
+func overview(ctx context.Context, src Source, counts *Counts, f Filter) (Overview, error) {
+	now := src.Now()
+	ov := Overview{Now: now, Range: f.Range.Key, From: now.Add(-f.Range.Span), Totals: counts.Totals()}
+	n := int(f.Range.Span / f.Range.Bucket)
+	ov.Buckets = make([]Bucket, n)
+	// Align buckets to the bucket size so the bars do not jitter on reload.
+	end := now.Truncate(f.Range.Bucket).Add(f.Range.Bucket)
+	for i := range ov.Buckets {
+		ov.Buckets[i].Start = end.Add(-time.Duration(n-i) * f.Range.Bucket)
+	}
+	ov.From = ov.Buckets[0].Start
+	codes, resources, holders := map[string]int{}, map[string]int{}, map[string]int{}
+	q := tokens.RejectionQuery{Resource: f.Resource, Since: ov.From, Limit: pageSize}
+	for ov.Scanned < scanMax {
+		q.Limit = min(pageSize, scanMax-ov.Scanned)
+		page, err := src.Rejections(ctx, q)
+		if err != nil {
+			return Overview{}, err
+		}
+		for _, r := range page {
+			ov.Scanned++
+			ov.Oldest = r.At
+			if !f.match(r) {
+				continue
+			}
+			ov.Total++
+			if i := int(r.At.Sub(ov.From) / f.Range.Bucket); i >= 0 && i < n {
+				ov.Buckets[i].Count++
+			}
+			codes[r.Code]++
+			resources[r.Resource]++
+			holders[r.Holder]++
+			if len(ov.Recent) < feedRows {
+				ov.Recent = append(ov.Recent, r)
+			}
+		}
+		if len(page) < q.Limit {
+			break
+		}
+		q.Before = page[len(page)-1].ID
+		if ov.Scanned >= scanMax {
+			// One more look tells whether the range holds more.
+			q.Limit = 1
+			more, err := src.Rejections(ctx, q)
+			if err != nil {
+				return Overview{}, err
+			}
+			ov.Truncated = len(more) > 0
+		}
+	}
+	ov.Codes = top(codes, len(codes))
+	ov.Resources = top(resources, topN)
+	ov.Holders = top(holders, topN)
+	leases, err := src.CurrentLeases(ctx, leaseRows)
+	if err != nil {
+		return Overview{}, err
+	}
+	for _, l := range leases {
+		ov.Leases = append(ov.Leases, leaseView(l, now))
+	}
+	return ov, nil
+}
+
+func top(m map[string]int, n int) []Count {
+	out := make([]Count, 0, len(m))
+	for k, v := range m {
+		out = append(out, Count{Name: k, Count: v})
+	}
+	slices.SortFunc(out, func(a, b Count) int { return cmp.Or(cmp.Compare(b.Count, a.Count), strings.Compare(a.Name, b.Name)) })
+	if len(out) > n {
+		out = out[:n]
+	}
+	return out
+}
+
+// StepKind names a row of a resource's timeline.
+type StepKind string
+
+// Timeline step kinds.
+const (
+	StepGranted        StepKind = "granted"
+	StepRenewed        StepKind = "renewed"
+	StepReleased       StepKind = "released"
+	StepExpired        StepKind = "expired"
+	StepRenewRefused   StepKind = "renew_refused"
+	StepReleaseRefused StepKind = "release_refused"
+	StepRejected       StepKind = "rejected"
+)
+
+// Step is one row of a resource's timeline, oldest first.
+type Step struct {
+	At     time.Time `json:"at"`
+	Kind   StepKind  `json:"kind"`
+	Token  int64     `json:"token"`
+	Holder string    `json:"holder"`
+	// Granted, renewed: until when.
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	// Granted: writes forwarded under this token (since the gateway started).
+	Accepted *uint64 `json:"accepted_writes,omitempty"`
+	// Rejected: the refused write(s). Consecutive refusals of the same
+	// token, holder, reason and target are one step with Count > 1,
+	// from At to Last.
+	Count        int       `json:"count,omitempty"`
+	Last         time.Time `json:"last,omitzero"`
+	Code         string    `json:"code,omitempty"`
+	CurrentToken int64     `json:"current_token,omitempty"`
+	Method       string    `json:"method,omitempty"`
+	Upstream     string    `json:"upstream,omitempty"`
+	Path         string    `json:"path,omitempty"`
+	LeaseEndedAt time.Time `json:"lease_ended_at,omitzero"`
+}
+
+// Timeline is a resource's story.
+type Timeline struct {
+	Resource string           `json:"resource"`
+	Now      time.Time        `json:"now"`
+	Token    int64            `json:"token"`
+	Current  *LeaseView       `json:"current,omitempty"`
+	State    string           `json:"state"`
+	Steps    []Step           `json:"steps"`
+	Accepted map[int64]uint64 `json:"-"`
+	// RejectionsFrom: rejections before this time were not read (the
+	// newest timelineRejs only); zero if all were.
+	RejectionsFrom time.Time `json:"rejections_from,omitzero"`
+	HistoryFrom    time.Time `json:"history_from,omitzero"`
+}
+
+// timeline builds the story of one resource from its lease history and its
+// rejections. Expiries are not events in the history: a lease that was not
+// released or renewed past its ExpiresAt, and was followed by a later
+// grant (or by nothing, with ExpiresAt in the past), expired at ExpiresAt.
+func timeline(ctx context.Context, src Source, counts *Counts, name string) (Timeline, error) {
+	res, err := src.Resource(ctx, name)
+	if err != nil {
+		return Timeline{}, err
+	}
+	now := res.Now
+	if now.IsZero() {
+		now = src.Now()
+	}
+	tl := Timeline{Resource: name, Now: now, Token: res.Token, Accepted: counts.Tokens(name), State: "free"}
+	if h := res.Holder(now); h != nil {
+		v := leaseView(*h, now)
+		tl.Current, tl.State = &v, "held"
+	} else if res.DrainUntil.After(now) {
+		tl.State = "draining"
+	}
+	events, err := src.History(ctx, name, historyMax)
+	if err != nil {
+		return Timeline{}, err
+	}
+	if len(events) == historyMax {
+		tl.HistoryFrom = events[len(events)-1].At
+	}
+	slices.Reverse(events) // oldest first
+	// The end of each grant: the last expiry it was given, unless released.
+	type grantEnd struct {
+		holder    string
+		expiresAt time.Time
+		released  bool
+	}
+	ends := map[int64]*grantEnd{}
+	var order []int64
+	for _, ev := range events {
+		step := Step{At: ev.At, Kind: StepKind(ev.Kind), Token: ev.Token, Holder: ev.Holder}
+		switch ev.Kind {
+		case tokens.EventGranted:
+			step.ExpiresAt = ev.ExpiresAt
+			if n, ok := tl.Accepted[ev.Token]; ok {
+				step.Accepted = &n
+			} else if counts != nil {
+				zero := uint64(0)
+				step.Accepted = &zero
+			}
+			ends[ev.Token] = &grantEnd{holder: ev.Holder, expiresAt: ev.ExpiresAt}
+			order = append(order, ev.Token)
+		case tokens.EventRenewed:
+			step.ExpiresAt = ev.ExpiresAt
+			if e := ends[ev.Token]; e != nil {
+				e.expiresAt = ev.ExpiresAt
+			}
+		case tokens.EventReleased:
+			if e := ends[ev.Token]; e != nil {
+				e.released = true
+			}
+		}
+		tl.Steps = append(tl.Steps, step)
+	}
+	for i, tok := range order {
+		e := ends[tok]
+		if e.released || e.expiresAt.IsZero() {
+			continue
+		}
+		ended := !now.Before(e.expiresAt) // nothing later, and its time ran out
+		if i+1 < len(order) {
+			// Superseded: it expired first only if the next grant came after.
+			var next time.Time
+			for _, s := range tl.Steps {
+				if s.Kind == StepGranted && s.Token == order[i+1] {
+					next = s.At
+					break
+				}
+			}
+			ended = !next.Before(e.expiresAt)
+		}
+		if ended {
+			tl.Steps = append(tl.Steps, Step{At: e.expiresAt, Kind: StepExpired, Token: tok, Holder: e.holder})
+		}
+	}
+
+	rejs, err := src.Rejections(ctx, tokens.RejectionQuery{Resource: name, Limit: pageSize})
+	if err != nil {
+		return Timeline{}, err
+	}
+	for len(rejs) < timelineRejs && len(rejs)%pageSize == 0 && len(rejs) > 0 {
+		more, err := src.Rejections(ctx, tokens.RejectionQuery{Resource: name, Before: rejs[len(rejs)-1].ID, Limit: pageSize})
+		if err != nil {
+			return Timeline{}, err
+		}
+		rejs = append(rejs, more...)
+		if len(more) < pageSize {
+			break
+		}
+	}
+	if len(rejs) >= timelineRejs {
+		tl.RejectionsFrom = rejs[len(rejs)-1].At
+	}
+	slices.Reverse(rejs)
+	var run *Step
+	var runs []Step
+	for _, r := range rejs {
+		if run != nil && run.Token == r.Token && run.Holder == r.Holder && run.Code == r.Code &&
+			run.Method == r.Method && run.Upstream == r.Upstream && run.Path == r.Path && run.CurrentToken == r.CurrentToken {
+			run.Count++
+			run.Last = r.At
+			continue
+		}
+		if run != nil {
+			runs = append(runs, *run)
+		}
+		run = &Step{At: r.At, Kind: StepRejected, Token: r.Token, Holder: r.Holder, Count: 1, Code: r.Code,
+			CurrentToken: r.CurrentToken, Method: r.Method, Upstream: r.Upstream, Path: r.Path, LeaseEndedAt: r.LeaseEndedAt}
+	}
+	if run != nil {
+		runs = append(runs, *run)
+	}
+	tl.Steps = append(tl.Steps, runs...)
+	// Time order; at equal times the story order: a grant ends the previous
+	// lease's story before a rejection of it is told.
+	rank := map[StepKind]int{StepExpired: 0, StepReleased: 1, StepGranted: 2, StepRenewed: 3, StepRenewRefused: 4, StepReleaseRefused: 5, StepRejected: 6}
+	slices.SortStableFunc(tl.Steps, func(a, b Step) int {
+		return cmp.Or(a.At.Compare(b.At), cmp.Compare(rank[a.Kind], rank[b.Kind]))
+	})
+	return tl, nil
+}
+
+// LeaseView is a lease as the dashboard shows it: never its id, which is
+// the holder's secret.
+type LeaseView struct {
+	Resource  string        `json:"resource"`
+	Holder    string        `json:"holder"`
+	Token     int64         `json:"token"`
+	GrantedAt time.Time     `json:"granted_at"`
+	ExpiresAt time.Time     `json:"expires_at"`
+	Remaining time.Duration `json:"-"`
+	TTLms     int64         `json:"ttl_ms"`
+}
+
+func leaseView(l tokens.Lease, now time.Time) LeaseView {
+	rem := l.Remaining(now)
+	return LeaseView{Resource: l.Resource, Holder: l.Holder, Token: l.Token, GrantedAt: l.GrantedAt, ExpiresAt: l.ExpiresAt, Remaining: rem, TTLms: rem.Milliseconds()}
+}

@@ -1,0 +1,133 @@
+// fencegw dashboard: lease TTL countdowns and the live feed of rejected
+// writes. Everything from clients is put in the page with textContent,
+// never as HTML. The pages work without this script; it only keeps them
+// current.
+(function () {
+  'use strict';
+
+  var MAX_ROWS = 500; // the feed keeps at most this many rows in the DOM
+
+  function human(ms) {
+    if (ms < 1000) return Math.round(ms) + ' ms';
+    if (ms < 60000) return (ms / 1000).toFixed(1) + ' s';
+    var s = Math.floor(ms / 1000);
+    if (s < 3600) return Math.floor(s / 60) + ' min ' + (s % 60) + ' s';
+    return Math.floor(s / 3600) + ' h ' + Math.floor((s % 3600) / 60) + ' min';
+  }
+
+  function clock(iso) {
+    return new Date(iso).toISOString().substring(11, 23);
+  }
+
+  // The server's clock minus ours, so countdowns follow the gateway's time.
+  function skewOf(el) {
+    var now = el && el.getAttribute('data-now');
+    return now ? Date.parse(now) - Date.now() : 0;
+  }
+
+  function countdowns() {
+    var skew = skewOf(document.getElementById('leases'));
+    var cells = document.querySelectorAll('[data-expires]');
+    if (!cells.length) return;
+    function tick() {
+      var now = Date.now() + skew;
+      for (var i = 0; i < cells.length; i++) {
+        var left = Date.parse(cells[i].getAttribute('data-expires')) - now;
+        cells[i].textContent = left > 0 ? human(left) : 'expired';
+        cells[i].classList.toggle('bad', left <= 0);
+      }
+    }
+    tick();
+    setInterval(tick, 200);
+  }
+
+  function el(tag, cls, text) {
+    var e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+
+  function cell(tr, child) {
+    var td = el('td');
+    if (typeof child === 'string') td.textContent = child; else td.appendChild(child);
+    tr.appendChild(td);
+    return td;
+  }
+
+  function rejectionRow(r) {
+    var tr = el('tr', 'new');
+    tr.setAttribute('data-id', String(r.id));
+    cell(tr, clock(r.at));
+    if (r.resource) {
+      var a = el('a', '', r.resource);
+      a.href = '/ui/resources/' + encodeURIComponent(r.resource);
+      cell(tr, a);
+    } else {
+      cell(tr, el('span', 'muted', '—'));
+    }
+    cell(tr, el('code', '', r.method + ' ' + r.upstream + r.path));
+    var tok = cell(tr, el('span', 'stale', String(r.token)));
+    tok.className = 'n';
+    tok.appendChild(document.createTextNode(' '));
+    tok.appendChild(el('span', 'muted', 'vs'));
+    tok.appendChild(document.createTextNode(' ' + r.current_token));
+    cell(tr, r.holder);
+    cell(tr, el('span', 'code ' + r.code, r.code));
+    if (r.lease_ended_at) {
+      cell(tr, human(Date.parse(r.at) - Date.parse(r.lease_ended_at)));
+    } else {
+      cell(tr, el('span', 'muted', '—'));
+    }
+    return tr;
+  }
+
+  function summaryRow(s) {
+    var tr = el('tr', 'summary new');
+    var parts = [];
+    for (var code in s.codes || {}) parts.push(code + ': ' + s.codes[code]);
+    var text = s.count + ' more rejections' + (parts.length ? ' (' + parts.join(', ') + ')' : '');
+    if (s.count) text += ', ' + clock(s.from) + '–' + clock(s.to);
+    if (s.gap) text += (s.count ? '; ' : '') + 'more were missed while disconnected than can be replayed: see the rejection log';
+    var td = cell(tr, text);
+    td.colSpan = 7;
+    return tr;
+  }
+
+  function feed() {
+    var table = document.getElementById('feed');
+    var status = document.getElementById('feed-status');
+    if (!table || !window.EventSource) return;
+    var body = table.tBodies[0];
+    var url = table.getAttribute('data-stream');
+    var after = table.getAttribute('data-after');
+    if (after && after !== '0') url += (url.indexOf('?') < 0 ? '?' : '&') + 'after=' + encodeURIComponent(after);
+
+    function add(tr) {
+      var empty = body.querySelector('tr.empty');
+      if (empty) empty.remove();
+      body.insertBefore(tr, body.firstChild);
+      while (body.rows.length > MAX_ROWS) body.deleteRow(body.rows.length - 1);
+      setTimeout(function () { tr.classList.remove('new'); }, 1600);
+    }
+    function say(text, live) {
+      if (!status) return;
+      status.textContent = text;
+      status.classList.toggle('live', !!live);
+    }
+
+    // EventSource reconnects by itself and sends Last-Event-ID, so the
+    // server replays what was missed.
+    var es = new EventSource(url);
+    es.onopen = function () { say('live', true); };
+    es.onerror = function () { say(es.readyState === EventSource.CLOSED ? 'disconnected: reload' : 'reconnecting…', false); };
+    es.addEventListener('rejection', function (e) { add(rejectionRow(JSON.parse(e.data))); });
+    es.addEventListener('summary', function (e) { add(summaryRow(JSON.parse(e.data))); });
+  }
+
+  function start() {
+    countdowns();
+    feed();
+  }
+  if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', start); else start();
+})();

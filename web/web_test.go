@@ -1,0 +1,240 @@
+package web
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// fakeSource is an in-memory Source.
+type fakeSource struct {
+	now     time.Time
+	rejs    []tokens.Rejection // oldest first; IDs increasing
+	events  []tokens.Event     // oldest first
+	leases  []tokens.Lease
+	res     map[string]tokens.Resource
+	calls   int
+	callsMu sync.Mutex
+}
+
+func (f *fakeSource) Now() time.Time { return f.now }
+
+func (f *fakeSource) Rejections(_ context.Context, q tokens.RejectionQuery) ([]tokens.Rejection, error) {
+	f.callsMu.Lock()
+	f.calls++
+	f.callsMu.Unlock()
+	var out []tokens.Rejection
+	for i := len(f.rejs) - 1; i >= 0 && len(out) < q.Limit; i-- {
+		r := f.rejs[i]
+		if (q.Resource != "" && r.Resource != q.Resource) || (q.Before > 0 && r.ID >= q.Before) {
+			continue
+		}
+		if !q.Since.IsZero() && r.At.Before(q.Since) {
+			break
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func (f *fakeSource) History(_ context.Context, resource string, limit int) ([]tokens.Event, error) {
+	var out []tokens.Event
+	for i := len(f.events) - 1; i >= 0 && len(out) < limit; i-- {
+		if f.events[i].Resource == resource {
+			out = append(out, f.events[i])
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeSource) CurrentLeases(context.Context, int) ([]tokens.Lease, error) { return f.leases, nil }
+
+func (f *fakeSource) Resource(_ context.Context, name string) (tokens.Resource, error) {
+	if err := tokens.DefaultLimits.ValidateResource(name); err != nil {
+		return tokens.Resource{}, err
+	}
+	r, ok := f.res[name]
+	if !ok {
+		return tokens.Resource{}, &tokens.Error{Kind: tokens.ErrNotFound}
+	}
+	return r, nil
+}
+
+func get(t *testing.T, h http.Handler, path string) (*http.Response, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+	body, _ := io.ReadAll(rec.Result().Body)
+	return rec.Result(), string(body)
+}
+
+// incident is the classic story on resource stmt:acct:88213.
+func incident() *fakeSource {
+	t0 := time.Date(2026, 3, 1, 0, 41, 0, 0, time.UTC)
+	now := t0.Add(time.Minute)
+	const res = "stmt:acct:88213"
+	l34 := tokens.Lease{ID: "fl_secretsecretsecret34", Resource: res, Holder: "worker-5", Token: 34, GrantedAt: t0.Add(40 * time.Second), ExpiresAt: now.Add(20 * time.Second)}
+	return &fakeSource{
+		now: now,
+		events: []tokens.Event{
+			{At: t0, Resource: res, Kind: tokens.EventGranted, Token: 33, Holder: "worker-3", ExpiresAt: t0.Add(27 * time.Second)},
+			{At: t0.Add(10 * time.Second), Resource: res, Kind: tokens.EventRenewed, Token: 33, Holder: "worker-3", ExpiresAt: t0.Add(37 * time.Second)},
+			{At: t0.Add(40 * time.Second), Resource: res, Kind: tokens.EventGranted, Token: 34, Holder: "worker-5", ExpiresAt: l34.ExpiresAt},
+		},
+		rejs: []tokens.Rejection{
+			{ID: 1, At: t0.Add(52 * time.Second), Resource: res, Code: tokens.CodeStaleToken, Token: 33, CurrentToken: 34, Holder: "<script>alert(1)</script>", Method: "POST", Upstream: "statements", Path: "/lines", LeaseEndedAt: t0.Add(37 * time.Second)},
+			{ID: 2, At: t0.Add(53 * time.Second), Resource: res, Code: tokens.CodeStaleToken, Token: 33, CurrentToken: 34, Holder: "<script>alert(1)</script>", Method: "POST", Upstream: "statements", Path: "/lines", LeaseEndedAt: t0.Add(37 * time.Second)},
+		},
+		leases: []tokens.Lease{l34},
+		res:    map[string]tokens.Resource{res: {Name: res, Token: 34, Lease: &l34, Now: now}},
+	}
+}
+
+func TestOverviewEscapesAndHidesSecrets(t *testing.T) {
+	src := incident()
+	counts := NewCounts()
+	counts.Accepted("stmt:acct:88213", 34)
+	h := Handler(src, counts)
+	resp, body := get(t, h, "/ui/?range=15m")
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") || strings.Contains(csp, "unsafe-inline") {
+		t.Fatalf("CSP %q", csp)
+	}
+	if strings.Contains(body, "<script>alert") || !strings.Contains(body, "&lt;script&gt;alert(1)&lt;/script&gt;") {
+		t.Fatalf("holder not escaped:\n%s", body)
+	}
+	if strings.Contains(body, "fl_secret") {
+		t.Fatal("a lease id reached the page")
+	}
+	if strings.Contains(body, "<script>") && !strings.Contains(body, `<script src="/ui/static/app.js" defer></script>`) {
+		t.Fatal("inline script on the page")
+	}
+	for _, want := range []string{`href="/ui/resources/stmt:acct:88213"`, ">2</b>", "stale_token", "worker-5", `data-stream="/v1/rejections/stream"`, `data-after="2"`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("overview lacks %q", want)
+		}
+	}
+	_, js := get(t, h, "/ui/api/overview?range=15m")
+	if strings.Contains(js, "fl_secret") || !strings.Contains(js, `"total":2`) {
+		t.Fatalf("overview JSON: %s", js)
+	}
+}
+
+func TestTimelineTellsTheStoryInOrder(t *testing.T) {
+	h := Handler(incident(), NewCounts())
+	resp, body := get(t, h, "/ui/resources/stmt%3Aacct%3A88213")
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	want := []string{"acquired token <b>33</b>", "renewed token 33", "00:41:37.000", "<b>expired</b>", "acquired token <b>34</b>", "00:41:52.000", "<b class=\"bad\">rejected</b>", "15.0 s after its lease ended", "×2 until 00:41:53.000"}
+	at := 0
+	for _, w := range want {
+		i := strings.Index(body[at:], w)
+		if i < 0 {
+			t.Fatalf("timeline lacks %q after offset %d:\n%s", w, at, body)
+		}
+		at += i
+	}
+	if strings.Contains(body, "<script>alert") {
+		t.Fatal("holder not escaped")
+	}
+	if resp, _ := get(t, h, "/ui/resources/nope"); resp.StatusCode != 404 {
+		t.Fatalf("unknown resource: %d", resp.StatusCode)
+	}
+	if resp, _ := get(t, h, "/ui/resources/%3Cscript%3E"); resp.StatusCode != 400 {
+		t.Fatalf("invalid resource: %d", resp.StatusCode)
+	}
+	_, js := get(t, h, "/ui/api/resources/stmt:acct:88213")
+	kinds := []string{}
+	for _, k := range []string{`"kind":"granted"`, `"kind":"renewed"`, `"kind":"expired"`, `"kind":"granted"`, `"kind":"rejected"`} {
+		kinds = append(kinds, k)
+	}
+	at = 0
+	for _, k := range kinds {
+		i := strings.Index(js[at:], k)
+		if i < 0 {
+			t.Fatalf("timeline JSON lacks %s in order: %s", k, js)
+		}
+		at += i + len(k)
+	}
+	if strings.Contains(js, "fl_secret") {
+		t.Fatal("lease id in JSON")
+	}
+}
+
+func TestOverviewScanIsBounded(t *testing.T) {
+	src := &fakeSource{now: time.Date(2026, 3, 1, 1, 0, 0, 0, time.UTC)}
+	for i := range scanMax + 500 {
+		src.rejs = append(src.rejs, tokens.Rejection{ID: int64(i + 1), At: src.now.Add(-time.Minute + time.Duration(i)*time.Millisecond), Resource: "r", Code: tokens.CodeStaleToken, Holder: "w"})
+	}
+	_, body := get(t, Handler(src, nil), "/ui/?range=15m")
+	if !strings.Contains(body, `id="truncated"`) || !strings.Contains(body, ">10000</b>") {
+		t.Fatal("no truncation notice")
+	}
+	if src.calls > scanMax/pageSize+3 {
+		t.Fatalf("%d store reads for one overview", src.calls)
+	}
+}
+
+func TestStaticAndGoto(t *testing.T) {
+	h := Handler(incident(), nil)
+	resp, body := get(t, h, "/ui/static/app.js")
+	if resp.StatusCode != 200 || !strings.Contains(body, "EventSource") {
+		t.Fatalf("app.js: %d", resp.StatusCode)
+	}
+	resp, _ = get(t, h, "/ui/resources/?name=inventory/SKU-001")
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/ui/resources/inventory%2FSKU-001" {
+		t.Fatalf("goto: %d %q", resp.StatusCode, resp.Header.Get("Location"))
+	}
+}
+
+func TestCounts(t *testing.T) {
+	c := NewCounts()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for tok := int64(1); tok <= 12; tok++ {
+				for range 100 {
+					c.Accepted("a", tok)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	got := c.Tokens("a")
+	keys := slices.Sorted(func(yield func(int64) bool) {
+		for k := range got {
+			if !yield(k) {
+				return
+			}
+		}
+	})
+	if len(keys) != tokensPerResource || keys[len(keys)-1] != 12 {
+		t.Fatalf("tokens kept: %v", keys)
+	}
+	if c.Totals().Accepted != 8*12*100 {
+		t.Fatalf("total %d", c.Totals().Accepted)
+	}
+	var nilCounts *Counts
+	nilCounts.Accepted("a", 1)
+	nilCounts.Rejected(tokens.Rejection{})
+}
+
+func BenchmarkCountsAccepted(b *testing.B) {
+	c := NewCounts()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			c.Accepted("inventory/SKU-001", 42)
+		}
+	})
+}
