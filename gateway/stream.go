@@ -69,26 +69,45 @@ const (
 	streamBuffer    = 1024
 	streamHeartbeat = 15 * time.Second
 	streamReplayMax = 1000
+	// streamRate is the most events per second one client gets; past it,
+	// rejections are folded into "summary" events. A storm of thousands of
+	// stale writes a second must not flood a browser tab.
+	streamRate = 20
+	// streamBurst is how many events may go out back to back after a quiet
+	// period.
+	streamBurst = 20
 )
 
 // serveStream is GET /v1/rejections/stream: Server-Sent Events, one
 // "rejection" event per refused write, replaying what a reconnecting client
-// missed (Last-Event-ID) before going live.
+// missed (Last-Event-ID, or ?after= for the first connection) before going
+// live. Filters: ?resource=, ?holder=, ?code= (exact matches).
+//
+// Each client gets at most streamRate events a second. Past that, the
+// rejections it would have got are counted into one "summary" event whose
+// id is the last rejection it covers. Every rejection matching the filters
+// is therefore either sent or counted, in id order, and a client that
+// reconnects with the last id it saw resumes exactly after it.
 func (g *Gateway) serveStream(w http.ResponseWriter, r *http.Request) {
 	flusher, ok := w.(http.Flusher)
 	if !ok {
 		writeProblem(w, r, g.log, errStreamUnsupported)
 		return
 	}
-	resource := r.URL.Query().Get("resource")
+	q := r.URL.Query()
+	filter := streamFilter{resource: q.Get("resource"), holder: q.Get("holder"), code: q.Get("code")}
 	var lastID int64
-	if v := r.Header.Get("Last-Event-ID"); v != "" {
-		id, err := strconv.ParseInt(v, 10, 64)
+	for _, c := range []struct{ name, value string }{{"Last-Event-ID", r.Header.Get("Last-Event-ID")}, {"after", q.Get("after")}} {
+		if c.value == "" {
+			continue
+		}
+		id, err := strconv.ParseInt(c.value, 10, 64)
 		if err != nil || id < 0 {
-			writeProblem(w, r, g.log, requestError("Last-Event-ID", "must be an event id sent by this stream"))
+			writeProblem(w, r, g.log, requestError(c.name, "must be an event id sent by this stream"))
 			return
 		}
 		lastID = id
+		break // a reconnect's Last-Event-ID wins over the first connection's ?after=
 	}
 	// Subscribe before reading the backlog so nothing falls between the two.
 	live, unsubscribe := g.feed.subscribe(streamBuffer)
@@ -103,26 +122,43 @@ func (g *Gateway) serveStream(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write([]byte("retry: 1000\n\n"))
 
+	out := newThrottle(w, time.Now)
 	replayed := map[int64]struct{}{}
 	if lastID > 0 {
-		backlog, err := g.svc.Rejections(r.Context(), tokens.RejectionQuery{Resource: resource, Limit: streamReplayMax})
+		backlog, err := g.svc.Rejections(r.Context(), tokens.RejectionQuery{Resource: filter.resource, Limit: streamReplayMax})
 		if err != nil {
 			g.log.Warn("stream replay failed", "err", err)
 			return // the client reconnects and tries again
 		}
+		if n := len(backlog); n == streamReplayMax && backlog[n-1].ID > lastID+1 {
+			// More was missed than one replay holds: say so rather than
+			// pretend the replay is complete.
+			out.pending.Gap = true
+		}
 		for i := len(backlog) - 1; i >= 0; i-- {
-			if backlog[i].ID > lastID {
-				replayed[backlog[i].ID] = struct{}{}
-				if writeEvent(w, backlog[i]) != nil {
-					return
-				}
+			rej := backlog[i]
+			if rej.ID <= lastID {
+				continue
 			}
+			replayed[rej.ID] = struct{}{}
+			if !filter.match(rej) {
+				continue
+			}
+			if out.rejection(rej) != nil {
+				return
+			}
+		}
+		if out.summary(true) != nil {
+			return
 		}
 	}
 	flusher.Flush()
 
 	heartbeat := time.NewTicker(streamHeartbeat)
 	defer heartbeat.Stop()
+	// summaryDue fires when a pending summary may go out; nil while none is
+	// pending.
+	var summaryDue <-chan time.Time
 	for {
 		select {
 		case <-r.Context().Done():
@@ -132,36 +168,139 @@ func (g *Gateway) serveStream(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			flusher.Flush()
+		case <-summaryDue:
+			summaryDue = nil
+			if out.summary(false) != nil {
+				return
+			}
+			flusher.Flush()
 		case rej, ok := <-live:
 			if !ok {
 				return
 			}
-			if _, dup := replayed[rej.ID]; dup || (resource != "" && rej.Resource != resource) {
-				continue
-			}
-			if writeEvent(w, rej) != nil {
-				return
-			}
 			// Coalesce a burst into one flush.
-			for drained := false; !drained; {
+			for {
+				if _, dup := replayed[rej.ID]; !dup && filter.match(rej) {
+					if out.rejection(rej) != nil {
+						return
+					}
+				}
 				select {
-				case more, ok := <-live:
+				case rej, ok = <-live:
 					if !ok {
+						_ = out.summary(true)
 						flusher.Flush()
 						return
 					}
-					if resource == "" || more.Resource == resource {
-						if writeEvent(w, more) != nil {
-							return
-						}
-					}
+					continue
 				default:
-					drained = true
 				}
+				break
 			}
 			flusher.Flush()
 		}
+		if out.pending.Count > 0 && summaryDue == nil {
+			summaryDue = time.After(out.untilToken())
+		}
 	}
+}
+
+// streamFilter selects the rejections a client asked for.
+type streamFilter struct{ resource, holder, code string }
+
+func (f streamFilter) match(r tokens.Rejection) bool {
+	return (f.resource == "" || r.Resource == f.resource) &&
+		(f.holder == "" || r.Holder == f.holder) &&
+		(f.code == "" || r.Code == f.code)
+}
+
+// streamSummary stands for rejections a client was not sent one by one.
+type streamSummary struct {
+	Count   int            `json:"count"`
+	FirstID int64          `json:"first_id"`
+	LastID  int64          `json:"last_id"`
+	From    time.Time      `json:"from"`
+	To      time.Time      `json:"to"`
+	Codes   map[string]int `json:"codes"`
+	// Gap: the client missed more than one replay holds; the rejection log
+	// (GET /v1/rejections) has the rest.
+	Gap bool `json:"gap,omitempty"`
+}
+
+// throttle writes a client's events with a token bucket of streamBurst
+// events refilled at streamRate a second. While a summary is pending every
+// rejection joins it, so ids go out in order.
+type throttle struct {
+	w       http.ResponseWriter
+	now     func() time.Time
+	tokens  float64
+	last    time.Time
+	pending streamSummary
+}
+
+func newThrottle(w http.ResponseWriter, now func() time.Time) *throttle {
+	return &throttle{w: w, now: now, tokens: streamBurst, last: now()}
+}
+
+func (t *throttle) refill() {
+	now := t.now()
+	t.tokens = min(streamBurst, t.tokens+now.Sub(t.last).Seconds()*streamRate)
+	t.last = now
+}
+
+// untilToken is how long until the bucket holds one event.
+func (t *throttle) untilToken() time.Duration {
+	t.refill()
+	if t.tokens >= 1 {
+		return 0
+	}
+	return time.Duration((1 - t.tokens) / streamRate * float64(time.Second))
+}
+
+// rejection sends r, or counts it into the pending summary.
+func (t *throttle) rejection(r tokens.Rejection) error {
+	t.refill()
+	if t.pending.Count == 0 && !t.pending.Gap && t.tokens >= 1 {
+		t.tokens--
+		return writeEvent(t.w, r)
+	}
+	p := &t.pending
+	if p.Count == 0 {
+		p.FirstID, p.From, p.Codes = r.ID, r.At, map[string]int{}
+	}
+	p.Count++
+	p.LastID, p.To = r.ID, r.At
+	p.Codes[r.Code]++
+	return nil
+}
+
+// summary sends the pending summary if there is one and the bucket allows
+// (or force).
+func (t *throttle) summary(force bool) error {
+	if t.pending.Count == 0 && !t.pending.Gap {
+		return nil
+	}
+	t.refill()
+	if !force && t.tokens < 1 {
+		return nil
+	}
+	t.tokens--
+	data, err := json.Marshal(t.pending)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 0, len(data)+64)
+	if t.pending.Count > 0 {
+		buf = append(buf, "id: "...)
+		buf = strconv.AppendInt(buf, t.pending.LastID, 10)
+		buf = append(buf, '\n')
+	}
+	buf = append(buf, "event: summary\ndata: "...)
+	buf = append(buf, data...)
+	buf = append(buf, "\n\n"...)
+	t.pending = streamSummary{}
+	_, err = t.w.Write(buf)
+	return err
 }
 
 var errStreamUnsupported = &tokens.Error{Kind: errRequest, Detail: "streaming is not supported on this connection"}

@@ -1,0 +1,213 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencegw/fencegw/storage/bolt"
+	"github.com/fencegw/fencegw/tokens"
+)
+
+type sseEvent struct {
+	ID, Event, Data string
+}
+
+// streamOf connects to the stream and sends its events on a channel until
+// ctx ends.
+func streamOf(t *testing.T, ctx context.Context, url, lastID string) <-chan sseEvent {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("stream: %d %s", resp.StatusCode, b)
+	}
+	out := make(chan sseEvent, 4096)
+	go func() {
+		defer close(out)
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		var ev sseEvent
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case line == "":
+				if ev.Event != "" {
+					out <- ev
+				}
+				ev = sseEvent{}
+			case strings.HasPrefix(line, "id: "):
+				ev.ID = line[4:]
+			case strings.HasPrefix(line, "event: "):
+				ev.Event = line[7:]
+			case strings.HasPrefix(line, "data: "):
+				ev.Data = line[6:]
+			}
+		}
+	}()
+	return out
+}
+
+func newStreamGateway(t *testing.T) (*Gateway, *bolt.Store, string) {
+	t.Helper()
+	store, err := bolt.Open(t.TempDir()+"/fencegw.db", bolt.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	svc := tokens.New(tokens.Config{Store: store, Locker: tokens.NewLocalLocker(), Logger: log})
+	g := New(svc, Config{Logger: log})
+	srv := httptest.NewServer(g)
+	t.Cleanup(func() {
+		g.Close()
+		srv.Close()
+		_ = store.Close()
+	})
+	return g, store, srv.URL
+}
+
+// tally follows a stream and checks that every rejection id in (after,
+// want] is delivered exactly once, one by one or inside a summary, in
+// order.
+type tally struct {
+	events, summaries, covered int
+	last                       int64
+}
+
+func (tl *tally) add(t *testing.T, ev sseEvent) {
+	t.Helper()
+	id, _ := strconv.ParseInt(ev.ID, 10, 64)
+	switch ev.Event {
+	case "rejection":
+		if id <= tl.last {
+			t.Fatalf("rejection %d after %d", id, tl.last)
+		}
+		tl.events++
+		tl.covered++
+		tl.last = id
+	case "summary":
+		var s streamSummary
+		if err := json.Unmarshal([]byte(ev.Data), &s); err != nil {
+			t.Fatal(err)
+		}
+		if s.FirstID <= tl.last || s.LastID != id || s.Count < 1 {
+			t.Fatalf("summary %+v (id %s) after %d", s, ev.ID, tl.last)
+		}
+		tl.summaries++
+		tl.covered += s.Count
+		tl.last = id
+	}
+}
+
+func TestStreamThrottlesAStormWithoutLosingCount(t *testing.T) {
+	g, _, url := newStreamGateway(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	events := streamOf(t, ctx, url+"/v1/rejections/stream", "")
+	time.Sleep(50 * time.Millisecond) // let the subscription start
+
+	const storm = 5000
+	start := time.Now()
+	go func() {
+		for i := 1; i <= storm; i++ {
+			g.Publish(tokens.Rejection{ID: int64(i), At: time.Now(), Resource: "r", Code: tokens.CodeStaleToken, Holder: "w"})
+			if i%500 == 0 {
+				time.Sleep(100 * time.Millisecond) // a storm over ~1 s
+			}
+		}
+	}()
+	var tl tally
+	for tl.last < storm {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				t.Fatalf("stream ended after %d", tl.last)
+			}
+			tl.add(t, ev)
+		case <-ctx.Done():
+			t.Fatalf("stream stalled at %d (%+v)", tl.last, tl)
+		}
+	}
+	elapsed := time.Since(start)
+	if tl.covered != storm {
+		t.Fatalf("covered %d of %d rejections", tl.covered, storm)
+	}
+	sent := tl.events + tl.summaries
+	if limit := streamBurst + int(elapsed.Seconds()*streamRate) + 2; sent > limit {
+		t.Fatalf("%d events in %v, want at most %d", sent, elapsed, limit)
+	}
+	t.Logf("%d rejections in %v: %d events + %d summaries", storm, elapsed.Round(time.Millisecond), tl.events, tl.summaries)
+}
+
+func TestStreamReplayAfterLastEventIDIsExactAndFiltered(t *testing.T) {
+	_, store, url := newStreamGateway(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const n = 300
+	for i := range n {
+		res := "a"
+		if i%3 == 0 {
+			res = "b"
+		}
+		if _, err := store.RecordRejection(ctx, tokens.Rejection{Resource: res, Code: tokens.CodeStaleToken, Holder: "w", Token: 1, CurrentToken: 2}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Everything after id 100, throttled: 20 events, then one summary.
+	var tl tally
+	tl.last = 100
+	events := streamOf(t, ctx, url+"/v1/rejections/stream", "100")
+	for tl.last < n {
+		tl.add(t, <-events)
+	}
+	if tl.covered != n-100 || tl.events != streamBurst || tl.summaries != 1 {
+		t.Fatalf("replay: %+v", tl)
+	}
+
+	// ?after= for a first connection; Last-Event-ID wins on a reconnect.
+	for _, c := range []struct{ query, header string }{{"?resource=b&after=250", ""}, {"?resource=b&after=1", "250"}} {
+		tl = tally{last: 250}
+		events = streamOf(t, ctx, url+"/v1/rejections/stream"+c.query, c.header)
+		want := 0
+		for i := 251; i <= n; i++ {
+			if (i-1)%3 == 0 {
+				want++
+			}
+		}
+		for tl.covered < want {
+			tl.add(t, <-events)
+		}
+		if tl.covered != want || tl.summaries != 0 {
+			t.Fatalf("%s %s: %+v, want %d", c.query, c.header, tl, want)
+		}
+	}
+}
+
+func TestStreamRejectsABadLastEventID(t *testing.T) {
+	_, _, url := newStreamGateway(t)
+	for _, u := range []string{"/v1/rejections/stream?after=x", "/v1/rejections/stream?after=-1"} {
+		resp, err := http.Get(url + u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 400 {
+			t.Fatalf("%s: %d", u, resp.StatusCode)
+		}
+	}
+}
