@@ -40,6 +40,8 @@ func human(d time.Duration) string {
 	switch {
 	case d < time.Second:
 		return strconv.FormatInt(d.Milliseconds(), 10) + " ms"
+	case d < time.Minute && d%time.Second == 0:
+		return strconv.Itoa(int(d.Seconds())) + " s"
 	case d < time.Minute:
 		return strconv.FormatFloat(d.Seconds(), 'f', 1, 64) + " s"
 	case d < time.Hour:

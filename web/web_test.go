@@ -55,7 +55,9 @@ func (f *fakeSource) History(_ context.Context, resource string, limit int) ([]t
 	return out, nil
 }
 
-func (f *fakeSource) CurrentLeases(context.Context, int) ([]tokens.Lease, error) { return f.leases, nil }
+func (f *fakeSource) CurrentLeases(context.Context, int) ([]tokens.Lease, error) {
+	return f.leases, nil
+}
 
 func (f *fakeSource) Resource(_ context.Context, name string) (tokens.Resource, error) {
 	if err := tokens.DefaultLimits.ValidateResource(name); err != nil {
@@ -136,7 +138,7 @@ func TestTimelineTellsTheStoryInOrder(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d: %s", resp.StatusCode, body)
 	}
-	want := []string{"acquired token <b>33</b>", "renewed token 33", "00:41:37.000", "<b>expired</b>", "acquired token <b>34</b>", "00:41:52.000", "<b class=\"bad\">rejected</b>", "15.0 s after its lease ended", "×2 until 00:41:53.000"}
+	want := []string{"acquired token <b>33</b>", "renewed token 33", "00:41:37.000", "<b>expired</b>", "acquired token <b>34</b>", "00:41:52.000", "<b class=\"bad\">rejected</b>", "15 s after its lease ended", "×2 until 00:41:53.000"}
 	at := 0
 	for _, w := range want {
 		i := strings.Index(body[at:], w)

@@ -1,0 +1,483 @@
+package e2e
+
+// Browser tests of the dashboard in real headless Chromium, and the storm
+// measurement (FENCEGW_STORM=1).
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/chromedp"
+
+	"github.com/fencegw/fencegw/gateway"
+	"github.com/fencegw/fencegw/storage/bolt"
+	"github.com/fencegw/fencegw/tokens"
+	"github.com/fencegw/fencegw/web"
+)
+
+// dash is a gateway on the embedded store with the dashboard mounted, wired
+// as cmd/fencegw wires it (accepted-write counts, rejection totals).
+type dash struct {
+	URL    string
+	gate   *gateway.Gateway
+	counts *web.Counts
+}
+
+func startDashboard(t testing.TB, ups map[string]string) *dash {
+	t.Helper()
+	store, err := bolt.Open(filepath.Join(t.TempDir(), "fencegw.db"), bolt.Options{})
+	if err != nil {
+		t.Fatalf("open store: %v", err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	d := &dash{counts: web.NewCounts()}
+	svc := tokens.New(tokens.Config{Store: store, Locker: tokens.NewLocalLocker(), Logger: log,
+		OnRejection: func(r tokens.Rejection) {
+			d.counts.Rejected(r)
+			d.gate.Publish(r)
+		}})
+	targets := map[string]*url.URL{}
+	for name, raw := range ups {
+		u, _ := url.Parse(raw)
+		targets[name] = u
+	}
+	d.gate = gateway.New(svc, gateway.Config{Upstreams: targets, Logger: log,
+		OnForwarded: d.counts.Accepted, UI: web.Handler(svc, d.counts)})
+	srv := httptest.NewServer(d.gate)
+	d.URL = srv.URL
+	t.Cleanup(func() {
+		d.gate.Close()
+		srv.Close()
+		_ = store.Close()
+	})
+	return d
+}
+
+const chromiumPath = "/usr/bin/chromium"
+
+// browser starts headless Chromium and returns a tab's context and a
+// counter of JavaScript dialogs (alert, confirm, prompt) the pages opened.
+// Without Chromium the test is skipped, except under CI=true, where it
+// fails.
+func browser(t *testing.T) (context.Context, *atomic.Int32) {
+	t.Helper()
+	path := chromiumPath
+	if _, err := os.Stat(path); err != nil {
+		if p, err := exec.LookPath("chromium"); err == nil {
+			path = p
+		} else if os.Getenv("CI") == "true" {
+			t.Fatalf("chromium is required under CI=true: %v", err)
+		} else {
+			t.Skipf("chromium not installed (%v); set CI=true to make this a failure", err)
+		}
+	}
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(path),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.WindowSize(1280, 900),
+		chromedp.UserDataDir(t.TempDir()),
+	)
+	ctx, cancel := chromedp.NewContext(alloc)
+	t.Cleanup(func() {
+		cancel()
+		cancelAlloc()
+	})
+	// The first Run starts the browser; it must not carry a timeout.
+	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	var dialogs atomic.Int32
+	events := chromedp.Events(ctx, page.JavascriptDialogOpening)
+	go func() {
+		for _, err := range events {
+			if err != nil {
+				return
+			}
+			dialogs.Add(1)
+			_, _ = chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: false})
+		}
+	}()
+	return ctx, &dialogs
+}
+
+// within runs steps with a deadline, failing the test on error.
+func within(t *testing.T, ctx context.Context, d time.Duration, what string, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	c, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	if err := chromedp.Do(c, steps...); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+func eval[T any](t *testing.T, ctx context.Context, js string) T {
+	t.Helper()
+	c, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(c, chromedp.Evaluate[T](js))
+	if err != nil {
+		t.Fatalf("evaluate %s: %v", js, err)
+	}
+	return v
+}
+
+// screenshot saves a full-page PNG as a test artifact (FENCEGW_ARTIFACTS or
+// a temp dir) and, with FENCEGW_UPDATE_SCREENSHOTS=1, as docName under
+// docs/screenshots/.
+func screenshot(t *testing.T, ctx context.Context, name, docName string) {
+	t.Helper()
+	c, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	png, err := chromedp.Run(c, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot %s: %v", name, err)
+	}
+	dir := os.Getenv("FENCEGW_ARTIFACTS")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, t.Name()+"-"+name+".png")
+	if err := os.WriteFile(out, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s", out)
+	if docName != "" && os.Getenv("FENCEGW_UPDATE_SCREENSHOTS") == "1" {
+		doc := filepath.Join("..", "docs", "screenshots", docName)
+		if err := os.MkdirAll(filepath.Dir(doc), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(doc, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("updated %s", doc)
+	}
+}
+
+// waitLive waits until the overview's feed is connected to the stream.
+func waitLive(t *testing.T, ctx context.Context) {
+	t.Helper()
+	within(t, ctx, 10*time.Second, "feed goes live",
+		chromedp.Poll[chromedp.Void](`document.getElementById('feed-status').textContent === 'live'`, chromedp.WithPollingInterval(20*time.Millisecond)))
+}
+
+// feedRowWith waits until a feed row's text contains s and returns how
+// long that took.
+func feedRowWith(t *testing.T, ctx context.Context, s string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	js := fmt.Sprintf(`Array.from(document.querySelectorAll('#feed tbody tr[data-id]')).some(tr => tr.textContent.includes(%q))`, s)
+	within(t, ctx, 10*time.Second, "feed row with "+s,
+		chromedp.Poll[chromedp.Void](js, chromedp.WithPollingInterval(10*time.Millisecond)))
+	return time.Since(start)
+}
+
+func TestBrowserIncidentLiveFeedAndTimeline(t *testing.T) {
+	ctx, dialogs := browser(t)
+	up := newUpstream(t)
+	d := startDashboard(t, map[string]string{"statements": up.URL})
+	const res = "stmt:acct:88213"
+
+	// worker-3 acquires, writes, then stalls past its TTL; worker-5 takes over.
+	w3 := acquire(t, d.URL, res, "worker-3", 400*time.Millisecond)
+	for i := range 3 {
+		if a := write(t, d.URL, "statements", "/accounts/88213/lines", w3, fmt.Sprintf(`{"line":%d}`, i)); a.Status != 200 {
+			t.Fatalf("worker-3 write: %d %s", a.Status, a.Body)
+		}
+	}
+	time.Sleep(600 * time.Millisecond)
+	w5 := acquire(t, d.URL, res, "worker-5", time.Hour)
+	for i := range 2 {
+		if a := write(t, d.URL, "statements", "/accounts/88213/lines", w5, fmt.Sprintf(`{"line":%d}`, 10+i)); a.Status != 200 {
+			t.Fatalf("worker-5 write: %d %s", a.Status, a.Body)
+		}
+	}
+
+	// Some background for the screenshots: a released lease written after
+	// release, an expired one, a small burst of stale writes.
+	inv := acquire(t, d.URL, "inventory/SKU-001", "restock-7", time.Minute)
+	do(t, "DELETE", d.URL+"/v1/leases/"+inv.LeaseID, nil)
+	wantProblem(t, write(t, d.URL, "statements", "/inventory/SKU-001", inv, `{"qty":3}`), 409, "lease_released")
+	inv2 := acquire(t, d.URL, "inventory/SKU-001", "restock-8", 30*time.Minute)
+	write(t, d.URL, "statements", "/inventory/SKU-001", inv2, `{"qty":5}`)
+	inx := acquire(t, d.URL, "invoice:2291", "billing-2", 200*time.Millisecond)
+	time.Sleep(300 * time.Millisecond)
+	wantProblem(t, write(t, d.URL, "statements", "/invoices/2291/charge", inx, `{}`), 409, "lease_expired")
+
+	within(t, ctx, 15*time.Second, "open overview", chromedp.Navigate(d.URL+"/ui/?range=15m"))
+	waitLive(t, ctx)
+	if n := eval[int](t, ctx, `document.querySelectorAll('#feed tbody tr[data-id]').length`); n != 2 {
+		t.Fatalf("feed shows %d rows before the incident, want 2", n)
+	}
+
+	// worker-3 wakes up and writes: 409, and the open page shows it.
+	stale := write(t, d.URL, "statements", "/accounts/88213/lines", w3, `{"line":99}`)
+	wantProblem(t, stale, 409, "stale_token")
+	took := feedRowWith(t, ctx, "worker-3")
+	t.Logf("the stale write appeared in the live feed %v after its 409", took.Round(time.Millisecond))
+	row := eval[string](t, ctx, `document.querySelector('#feed tbody tr[data-id]').textContent`)
+	for _, want := range []string{res, "POST statements/accounts/88213/lines", "1 vs 2", "worker-3", "stale_token"} {
+		if !strings.Contains(row, want) {
+			t.Errorf("feed row %q lacks %q", row, want)
+		}
+	}
+	for range 40 { // a burst, for the chart
+		write(t, d.URL, "statements", "/accounts/88213/lines", w3, `{"line":100}`)
+	}
+	if n := eval[int](t, ctx, `document.querySelectorAll('#leases [data-expires]').length`); n != 2 {
+		t.Errorf("leases with a countdown: %d, want 2", n)
+	}
+	// The countdown runs: read it twice.
+	ttl1 := eval[string](t, ctx, `document.querySelector('#leases [data-expires]').textContent`)
+	time.Sleep(1200 * time.Millisecond)
+	ttl2 := eval[string](t, ctx, `document.querySelector('#leases [data-expires]').textContent`)
+	if ttl1 == ttl2 {
+		t.Errorf("TTL countdown did not move: %q", ttl1)
+	}
+	within(t, ctx, 15*time.Second, "reload overview", chromedp.Navigate(d.URL+"/ui/?range=15m"))
+	waitLive(t, ctx)
+	screenshot(t, ctx, "overview", "overview.png")
+	within(t, ctx, 10*time.Second, "phone width", chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile))
+	screenshot(t, ctx, "overview-phone", "")
+	if w := eval[int](t, ctx, `document.documentElement.scrollWidth`); w > 420 {
+		t.Errorf("overview is %d px wide at phone width", w)
+	}
+	within(t, ctx, 10*time.Second, "laptop width", chromedp.EmulateViewport(1280, 900))
+
+	// The resource page tells the story in order.
+	within(t, ctx, 15*time.Second, "open resource", chromedp.Navigate(d.URL+"/ui/resources/"+url.PathEscape(res)))
+	steps := eval[[]string](t, ctx, `Array.from(document.querySelectorAll('#timeline li')).map(li => li.textContent.replace(/\s+/g, ' ').trim())`)
+	want := []string{
+		"worker-3 acquired token 1",
+		"token 1 of worker-3 expired",
+		"worker-5 acquired token 2",
+		"worker-3 wrote POST statements/accounts/88213/lines with token 1: rejected stale_token, current token 2",
+	}
+	at := 0
+	for _, w := range want {
+		i := slices.IndexFunc(steps[at:], func(s string) bool { return strings.Contains(s, w) })
+		if i < 0 {
+			t.Fatalf("timeline lacks %q after step %d:\n%s", w, at, strings.Join(steps, "\n"))
+		}
+		at += i + 1
+	}
+	if !strings.Contains(steps[0], "3 writes accepted") {
+		t.Errorf("grant of token 1 does not show its 3 accepted writes: %q", steps[0])
+	}
+	if !strings.Contains(steps[len(steps)-1], "×41") {
+		t.Errorf("the burst is not folded into one step: %q", steps[len(steps)-1])
+	}
+	screenshot(t, ctx, "resource", "resource.png")
+	if n := dialogs.Load(); n != 0 {
+		t.Fatalf("%d JavaScript dialogs opened", n)
+	}
+}
+
+func TestBrowserNamesFromClientsRenderAsText(t *testing.T) {
+	ctx, dialogs := browser(t)
+	up := newUpstream(t)
+	d := startDashboard(t, map[string]string{"up": up.URL})
+	const evil = `<script>alert("holder")</script><img src=x onerror=alert(2)>`
+	const res = "inventory/SKU-9" // names cannot hold markup; the path and the holder can
+
+	old := acquire(t, d.URL, res, evil, 200*time.Millisecond)
+	time.Sleep(300 * time.Millisecond)
+	acquire(t, d.URL, res, "fresh", time.Hour)
+
+	within(t, ctx, 15*time.Second, "open overview", chromedp.Navigate(d.URL+"/ui/"))
+	waitLive(t, ctx)
+	// Live: the row is built by app.js.
+	a := do(t, "POST", d.URL+"/v1/proxy/up/x/%3Cscript%3Ealert(3)%3C%2Fscript%3E", "{}", gateway.HeaderLease, old.LeaseID)
+	wantProblem(t, a, 409, "stale_token")
+	feedRowWith(t, ctx, evil)
+	if !strings.Contains(eval[string](t, ctx, `document.querySelector('#feed tbody tr[data-id]').textContent`), `<script>alert(3)</script>`) {
+		t.Error("the path is not shown as text")
+	}
+	markup := `document.querySelectorAll('main script, main img, main b img').length`
+	if n := eval[int](t, ctx, markup); n != 0 {
+		t.Fatalf("%d elements injected by the live feed", n)
+	}
+	// Server-rendered: the overview (also filtered by the evil holder, which
+	// lands in an input's value), the resource page, a markup resource URL.
+	for _, path := range []string{
+		"/ui/",
+		"/ui/?holder=" + url.QueryEscape(evil),
+		"/ui/resources/" + url.PathEscape(res),
+		"/ui/resources/%3Cscript%3Ealert(4)%3C%2Fscript%3E",
+	} {
+		within(t, ctx, 15*time.Second, "open "+path, chromedp.Navigate(d.URL+path))
+		if n := eval[int](t, ctx, markup); n != 0 {
+			t.Fatalf("%s: %d injected elements", path, n)
+		}
+		body := eval[string](t, ctx, `document.body.textContent`)
+		if path != "/ui/resources/%3Cscript%3Ealert(4)%3C%2Fscript%3E" && !strings.Contains(body, evil) {
+			t.Errorf("%s does not show the holder as text", path)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // a dialog would have opened by now
+	if n := dialogs.Load(); n != 0 {
+		t.Fatalf("%d JavaScript dialogs opened", n)
+	}
+	screenshot(t, ctx, "escaped", "")
+}
+
+// TestStormLatency measures the current holder's write latency with and
+// without a concurrent storm of stale writes to the same resource, while
+// three dashboard clients follow the stream. It asserts nothing about
+// timing; run it with FENCEGW_STORM=1 (FENCEGW_STORM_SECONDS per phase,
+// default 3) and read the log.
+func TestStormLatency(t *testing.T) {
+	if os.Getenv("FENCEGW_STORM") != "1" {
+		t.Skip("set FENCEGW_STORM=1 to measure")
+	}
+	phase := 3 * time.Second
+	if v := os.Getenv("FENCEGW_STORM_SECONDS"); v != "" {
+		s, err := time.ParseDuration(v + "s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		phase = s
+	}
+	up := newUpstream(t)
+	d := startDashboard(t, map[string]string{"up": up.URL})
+	const res = "stmt:hot"
+	old := acquire(t, d.URL, res, "worker-old", 100*time.Millisecond)
+	time.Sleep(150 * time.Millisecond)
+	cur := acquire(t, d.URL, res, "worker-current", time.Hour)
+
+	// Dashboard clients following the stream, reading as fast as it sends.
+	streamCtx, stopStreams := context.WithCancel(context.Background())
+	defer stopStreams()
+	var streamed atomic.Int64
+	for range 3 {
+		req, _ := http.NewRequestWithContext(streamCtx, "GET", d.URL+"/v1/rejections/stream", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			defer resp.Body.Close()
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := resp.Body.Read(buf)
+				streamed.Add(int64(strings.Count(string(buf[:n]), "\nevent: ")))
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+
+	holder := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+	measure := func() []time.Duration {
+		var lat []time.Duration
+		for end := time.Now().Add(phase); time.Now().Before(end); {
+			req, _ := http.NewRequest("POST", d.URL+"/v1/proxy/up/lines", strings.NewReader(`{"line":1}`))
+			req.Header.Set(gateway.HeaderLease, cur.LeaseID)
+			start := time.Now()
+			resp, err := holder.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("holder write: %d", resp.StatusCode)
+			}
+			lat = append(lat, time.Since(start))
+		}
+		return lat
+	}
+	report := func(name string, lat []time.Duration, storm int64) {
+		slices.Sort(lat)
+		var sum time.Duration
+		for _, l := range lat {
+			sum += l
+		}
+		q := func(p float64) time.Duration { return lat[int(p*float64(len(lat)-1))] }
+		t.Logf("%-22s holder writes %6d (%5.0f/s)  mean %-9v p50 %-9v p90 %-9v p99 %-9v  stale writes %6.0f/s",
+			name, len(lat), float64(len(lat))/phase.Seconds(), (sum / time.Duration(len(lat))).Round(time.Microsecond),
+			q(.5).Round(time.Microsecond), q(.9).Round(time.Microsecond), q(.99).Round(time.Microsecond), float64(storm)/phase.Seconds())
+	}
+	storm := func(rate int) (stop func() int64) {
+		ctx, cancel := context.WithCancel(context.Background())
+		var sent atomic.Int64
+		var wg sync.WaitGroup
+		client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, MaxConnsPerHost: 64}}
+		workers := 16
+		for w := range workers {
+			wg.Go(func() {
+				var tick *time.Ticker
+				if rate > 0 {
+					tick = time.NewTicker(time.Duration(workers) * time.Second / time.Duration(rate))
+					defer tick.Stop()
+				}
+				for i := 0; ; i++ {
+					if tick != nil {
+						select {
+						case <-ctx.Done():
+							return
+						case <-tick.C:
+						}
+					} else if ctx.Err() != nil {
+						return
+					}
+					req, _ := http.NewRequestWithContext(ctx, "POST", fmt.Sprintf("%s/v1/proxy/up/lines/%d/%d", d.URL, w, i), strings.NewReader(`{}`))
+					req.Header.Set(gateway.HeaderLease, old.LeaseID)
+					resp, err := client.Do(req)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode == 409 {
+						sent.Add(1)
+					}
+				}
+			})
+		}
+		return func() int64 { cancel(); wg.Wait(); return sent.Load() }
+	}
+
+	measure() // warm up
+	base := measure()
+	report("no storm", base, 0)
+	for _, rate := range []int{1000, 3000, 0} {
+		stop := storm(rate)
+		time.Sleep(200 * time.Millisecond)
+		lat := measure()
+		n := stop()
+		name := fmt.Sprintf("storm %d/s", rate)
+		if rate == 0 {
+			name = "storm unpaced"
+		}
+		report(name, lat, n)
+		time.Sleep(300 * time.Millisecond)
+	}
+	t.Logf("stream events received by 3 dashboard clients: %d in total", streamed.Load())
+}
