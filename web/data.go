@@ -98,13 +98,18 @@ type Overview struct {
 	Holders   []Count            `json:"top_holders"`
 	Recent    []tokens.Rejection `json:"-"`
 	Leases    []LeaseView        `json:"leases"`
-	Totals    Totals             `json:"totals"`
+	// Totals since the gateway started; nil without Counts.
+	Totals *Totals `json:"totals,omitempty"`
 }
 
 // overview aggregates the newest scanMax rejections in f's range.
 func overview(ctx context.Context, src Source, counts *Counts, f Filter) (Overview, error) {
 	now := src.Now()
-	ov := Overview{Now: now, Range: f.Range.Key, From: now.Add(-f.Range.Span), Totals: counts.Totals()}
+	ov := Overview{Now: now, Range: f.Range.Key, From: now.Add(-f.Range.Span)}
+	if counts != nil {
+		t := counts.Totals()
+		ov.Totals = &t
+	}
 	n := int(f.Range.Span / f.Range.Bucket)
 	ov.Buckets = make([]Bucket, n)
 	// Align buckets to the bucket size so the bars do not jitter on reload.

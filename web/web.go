@@ -175,20 +175,20 @@ type errorPage struct {
 	Message string
 }
 
-func statusOf(err error) (int, string) {
+func statusOf(err error) (status int, code, msg string) {
 	switch {
 	case errors.Is(err, tokens.ErrNotFound):
-		return http.StatusNotFound, "No such resource: it was never granted."
+		return http.StatusNotFound, "not_found", "No such resource: it was never granted."
 	case errors.Is(err, tokens.ErrInvalid):
-		return http.StatusBadRequest, err.Error()
+		return http.StatusBadRequest, "invalid_request", err.Error()
 	case errors.Is(err, tokens.ErrUnavailable):
-		return http.StatusServiceUnavailable, "The store is unavailable; try again in a moment."
+		return http.StatusServiceUnavailable, "store_unavailable", "The store is unavailable; try again in a moment."
 	}
-	return http.StatusInternalServerError, "Internal error."
+	return http.StatusInternalServerError, "internal_error", "Internal error."
 }
 
 func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
-	status, msg := statusOf(err)
+	status, _, msg := statusOf(err)
 	if status >= 500 {
 		h.log.Error("dashboard", "path", r.URL.Path, "err", err)
 	}
@@ -207,14 +207,18 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 func (h *handler) failJSON(w http.ResponseWriter, r *http.Request, err error) {
-	status, msg := statusOf(err)
+	status, code, msg := statusOf(err)
 	if status >= 500 {
 		h.log.Error("dashboard api", "path", r.URL.Path, "err", err)
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.Header().Set("Cache-Control", "no-store")
+	if status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1")
+	}
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"status": status, "title": http.StatusText(status), "detail": msg})
+	_ = json.NewEncoder(w).Encode(map[string]any{"type": "urn:fencegw:problem:" + code, "title": http.StatusText(status),
+		"status": status, "code": code, "detail": msg})
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
