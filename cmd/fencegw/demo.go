@@ -172,17 +172,22 @@ func startDemo(listen string, stderr io.Writer) (d *demo, err error) {
 		return nil, fmt.Errorf("open embedded store: %w", err)
 	}
 	var gw *gateway.Gateway
+	counts := web.NewCounts()
 	svc := tokens.New(tokens.Config{
-		Store:       d.store,
-		Locker:      tokens.NewLocalLocker(),
-		Logger:      logger,
-		OnRejection: func(r tokens.Rejection) { gw.Publish(r) },
+		Store:  d.store,
+		Locker: tokens.NewLocalLocker(),
+		Logger: logger,
+		OnRejection: func(r tokens.Rejection) {
+			counts.Rejected(r)
+			gw.Publish(r)
+		},
 	})
 	upURL, _ := url.Parse("http://" + d.upAddr)
 	gw = gateway.New(svc, gateway.Config{
-		Upstreams: map[string]*url.URL{demoUpstream: upURL},
-		UI:        web.Handler(),
-		Logger:    logger,
+		Upstreams:   map[string]*url.URL{demoUpstream: upURL},
+		OnForwarded: counts.Accepted,
+		UI:          web.Handler(svc, counts),
+		Logger:      logger,
 	})
 	d.gw = gw
 	gwLn, err := net.Listen("tcp", listen)

@@ -34,12 +34,16 @@ func (s *Store) RecordRejection(ctx context.Context, r tokens.Rejection) (tokens
 		if err := log.Put(key, encodeRejection(&r)); err != nil {
 			return err
 		}
-		idx, err := tx.Bucket(bucketRejIndex).CreateBucketIfNotExists([]byte(r.Resource))
-		if err != nil {
-			return err
-		}
-		if err := idx.Put(key, nil); err != nil {
-			return err
+		// A write with an unknown lease has no resource, and bbolt has no
+		// bucket with an empty name: such entries are only in the main log.
+		if r.Resource != "" {
+			idx, err := tx.Bucket(bucketRejIndex).CreateBucketIfNotExists([]byte(r.Resource))
+			if err != nil {
+				return err
+			}
+			if err := idx.Put(key, nil); err != nil {
+				return err
+			}
 		}
 		return s.pruneRejections(tx, id)
 	})

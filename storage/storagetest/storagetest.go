@@ -70,6 +70,7 @@ func Run(t *testing.T, h Harness) {
 		{"RejectionsSince", testRejectionsSince},
 		{"RejectionsLimit", testRejectionsLimit},
 		{"RejectionAtKept", testRejectionAtKept},
+		{"RejectionUnknownLease", testRejectionUnknownLease},
 		{"History", testHistory},
 		{"Concurrency", testConcurrency},
 		{"Restart", testRestart},
@@ -692,6 +693,25 @@ func testRejectionAtKept(t *testing.T, h Harness) {
 	}
 	if list := rejections(t, s, tokens.RejectionQuery{Resource: name}); len(list) != 1 || !near(list[0].At, r.At) {
 		t.Fatalf("listed %+v, want one rejection at %v", list, r.At)
+	}
+}
+
+// A write with a lease id that was never granted has no resource; it is
+// still recorded and listed.
+func testRejectionUnknownLease(t *testing.T, h Harness) {
+	s := h.Open(t)
+	r := rejection("", 0)
+	r.Code = tokens.CodeUnknownLease
+	r.Path = resourceName(t, "/forged")
+	got := record(t, s, r)
+	found := false
+	for _, it := range rejections(t, s, tokens.RejectionQuery{Limit: 1000}) {
+		if it.ID == got.ID && it.Path == r.Path && it.Resource == "" {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("rejection without a resource not listed")
 	}
 }
 
