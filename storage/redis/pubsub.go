@@ -1,0 +1,98 @@
+package redis
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// Live fan-out of rejections over Redis pub/sub: every replica publishes the
+// rejections it records and every replica subscribes, so each dashboard's
+// live stream shows all of them. Pub/sub is best effort (a subscriber that
+// is reconnecting misses messages); the Ledger's rejection log is the record.
+
+type wireRejection struct {
+	ID           int64     `json:"id"`
+	At           time.Time `json:"at"`
+	Resource     string    `json:"r"`
+	Code         string    `json:"c"`
+	Token        int64     `json:"t"`
+	CurrentToken int64     `json:"ct"`
+	Holder       string    `json:"h,omitempty"`
+	LeaseHint    string    `json:"lh,omitempty"`
+	Method       string    `json:"m,omitempty"`
+	Upstream     string    `json:"u,omitempty"`
+	Path         string    `json:"p,omitempty"`
+	LeaseEndedAt time.Time `json:"le,omitzero"`
+}
+
+const maxPayloadPath = 2048
+
+func (s *Store) channel() string { return s.prefix + "rejections" }
+
+// PublishRejection sends r to every replica's ListenRejections.
+func (s *Store) PublishRejection(ctx context.Context, r tokens.Rejection) error {
+	if len(r.Path) > maxPayloadPath {
+		r.Path = r.Path[:maxPayloadPath] + "…"
+	}
+	payload, err := json.Marshal(wireRejection(r))
+	if err != nil {
+		return unavailable("encode rejection", err)
+	}
+	if err := s.rdb.Publish(ctx, s.channel(), payload).Err(); err != nil {
+		return unavailable("publish", err)
+	}
+	return nil
+}
+
+// ListenRejections calls fn for every published rejection, from every
+// replica. The subscription reconnects by itself (go-redis resubscribes
+// after a broken connection) until ctx is done; it then returns ctx.Err().
+// fn runs on the listening goroutine: it must not block.
+func (s *Store) ListenRejections(ctx context.Context, fn func(tokens.Rejection)) error {
+	return s.listen(ctx, fn, nil)
+}
+
+func (s *Store) listen(ctx context.Context, fn func(tokens.Rejection), ready func()) error {
+	sub := s.rdb.Subscribe(ctx, s.channel())
+	defer sub.Close()
+	// Receive blocks in a network read that ignores ctx: closing the
+	// subscription is what ends it.
+	stop := context.AfterFunc(ctx, func() { _ = sub.Close() })
+	defer stop()
+	for {
+		msg, err := sub.Receive(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			// go-redis reconnects on the next Receive; don't spin.
+			s.log.Error("rejection subscriber: reconnecting", "err", err)
+			t := time.NewTimer(200 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+			}
+			continue
+		}
+		switch m := msg.(type) {
+		case *goredis.Subscription:
+			if ready != nil && m.Kind == "subscribe" {
+				ready() // (again) subscribed: publishes from now on arrive
+			}
+		case *goredis.Message:
+			var w wireRejection
+			if err := json.Unmarshal([]byte(m.Payload), &w); err != nil {
+				s.log.Error("rejection subscriber: bad payload", "err", err)
+				continue
+			}
+			fn(tokens.Rejection(w))
+		}
+	}
+}

@@ -1,0 +1,271 @@
+package redis_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/fencegw/fencegw/storage/postgres"
+	"github.com/fencegw/fencegw/storage/postgres/pgtest"
+	"github.com/fencegw/fencegw/storage/redis"
+	"github.com/fencegw/fencegw/storage/storagetest"
+	"github.com/fencegw/fencegw/tokens"
+)
+
+func redisURL() string {
+	if u := os.Getenv("FENCEGW_TEST_REDIS"); u != "" {
+		return u
+	}
+	return "redis://127.0.0.1:6379/0"
+}
+
+// client connects to the test Redis (db overrides the URL's database if
+// >= 0). Missing Redis skips the test, or fails it under CI=true.
+func client(t testing.TB, db int) *goredis.Client {
+	t.Helper()
+	opt, err := goredis.ParseURL(redisURL())
+	if err != nil {
+		t.Fatalf("FENCEGW_TEST_REDIS: %v", err)
+	}
+	if db >= 0 {
+		opt.DB = db
+	}
+	c := goredis.NewClient(opt)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		c.Close()
+		msg := "Redis unreachable at " + redisURL() + " (set FENCEGW_TEST_REDIS, or run scripts/test-services.sh): " + err.Error()
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func prefix(t testing.TB) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "fencegw_test_" + hex.EncodeToString(b[:]) + ":"
+}
+
+type env struct {
+	schema, prefix string
+	rdb            *goredis.Client
+	ledger         *postgres.Store
+	store          *redis.Store
+}
+
+func open(t *testing.T, db int) *env {
+	t.Helper()
+	e := &env{rdb: client(t, db), schema: pgtest.NewSchema(t), prefix: prefix(t)}
+	e.reopen(t)
+	return e
+}
+
+func (e *env) reopen(t *testing.T) {
+	e.ledger = pgtest.Open(t, e.schema, postgres.Options{})
+	e.store = redis.New(e.rdb, e.ledger, redis.Options{Prefix: e.prefix})
+}
+
+func TestConformance(t *testing.T) {
+	client(t, -1)
+	pgtest.Require(t)
+	var mu sync.Mutex
+	envs := map[tokens.Store]*env{}
+	storagetest.Run(t, storagetest.Harness{
+		Open: func(t *testing.T) tokens.Store {
+			e := open(t, -1)
+			mu.Lock()
+			envs[e.store] = e
+			mu.Unlock()
+			return e.store
+		},
+		Reopen: func(t *testing.T, s tokens.Store) tokens.Store {
+			mu.Lock()
+			old := envs[s]
+			mu.Unlock()
+			old.ledger.Close()
+			e := &env{rdb: old.rdb, schema: old.schema, prefix: old.prefix}
+			e.reopen(t)
+			mu.Lock()
+			envs[e.store] = e
+			mu.Unlock()
+			return e.store
+		},
+	})
+}
+
+func grant(t *testing.T, s tokens.Store, resource string, ttl time.Duration) tokens.Lease {
+	t.Helper()
+	l, err := s.Grant(t.Context(), tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: resource, Holder: "h", TTL: ttl})
+	if err != nil {
+		t.Fatalf("Grant: %v", err)
+	}
+	return l
+}
+
+func judge(t *testing.T, s tokens.Store, l tokens.Lease) error {
+	t.Helper()
+	r, err := s.Resource(t.Context(), l.Resource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tokens.Judge(l, r, r.Now)
+}
+
+// Losing every Redis key mid-lease costs only efficiency: the holder's lease
+// ends, the next grant gets a larger PostgreSQL token, the old one is fenced.
+// (FLUSHDB on a database of its own, so that parallel tests keep their keys.)
+func TestRedisLossFencesTheOldLease(t *testing.T) {
+	t.Parallel()
+	e := open(t, 15)
+	ctx := t.Context()
+	old := grant(t, e.store, "acct:1", time.Minute)
+	if err := judge(t, e.store, old); err != nil {
+		t.Fatalf("Judge before the loss: %v", err)
+	}
+	if err := e.rdb.FlushDB(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := judge(t, e.store, old); !errors.Is(err, tokens.ErrLeaseExpired) {
+		t.Fatalf("Judge after the loss: %v, want ErrLeaseExpired", err)
+	}
+	next := grant(t, e.store, "acct:1", time.Minute)
+	if next.Token <= old.Token {
+		t.Fatalf("token after the loss %d, old %d", next.Token, old.Token)
+	}
+	if err := judge(t, e.store, old); !errors.Is(err, tokens.ErrStaleToken) {
+		t.Fatalf("Judge(old) after the next grant: %v, want ErrStaleToken", err)
+	}
+	if err := judge(t, e.store, next); err != nil {
+		t.Fatalf("Judge(next): %v", err)
+	}
+	if _, err := e.store.Renew(ctx, old.ID, 0); !errors.Is(err, tokens.ErrLeaseLost) {
+		t.Fatalf("Renew(old): %v", err)
+	}
+	if _, err := e.store.Release(ctx, old.ID); !errors.Is(err, tokens.ErrLeaseLost) {
+		t.Fatalf("Release(old): %v", err)
+	}
+	if id, _ := e.rdb.Get(ctx, e.store.LeaseKey("acct:1")).Result(); id != next.ID {
+		t.Fatalf("claim %q after the old lease's release, want the new lease's", id)
+	}
+}
+
+// A superseded lease id can neither delete nor extend its successor's claim,
+// even when Redis hands the old claim back (a failover to a stale replica).
+func TestCompareAndSetProtectsTheSuccessor(t *testing.T) {
+	t.Parallel()
+	e := open(t, -1)
+	ctx := t.Context()
+	key := e.store.LeaseKey("inv/1")
+	old := grant(t, e.store, "inv/1", 150*time.Millisecond)
+	time.Sleep(200 * time.Millisecond)
+	next := grant(t, e.store, "inv/1", time.Minute)
+	pttl := e.rdb.PTTL(ctx, key).Val()
+	if _, err := e.store.Release(ctx, old.ID); !errors.Is(err, tokens.ErrLeaseLost) {
+		t.Fatalf("Release(old): %v", err)
+	}
+	if _, err := e.store.Renew(ctx, old.ID, time.Hour); !errors.Is(err, tokens.ErrLeaseLost) {
+		t.Fatalf("Renew(old): %v", err)
+	}
+	if id := e.rdb.Get(ctx, key).Val(); id != next.ID {
+		t.Fatalf("claim %q, want the successor's", id)
+	}
+	if p := e.rdb.PTTL(ctx, key).Val(); p > pttl {
+		t.Fatalf("successor's claim extended from %v to %v", pttl, p)
+	}
+
+	// Stale claim restored: Redis says old, the ledger says next.
+	if err := e.rdb.Set(ctx, key, old.ID, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := judge(t, e.store, old); !errors.Is(err, tokens.ErrStaleToken) {
+		t.Fatalf("Judge(old) with its claim restored: %v, want ErrStaleToken", err)
+	}
+	if err := judge(t, e.store, next); !errors.Is(err, tokens.ErrLeaseExpired) {
+		t.Fatalf("Judge(next) without its claim: %v, want ErrLeaseExpired", err)
+	}
+	if _, err := e.store.Renew(ctx, old.ID, 0); !errors.Is(err, tokens.ErrLeaseLost) {
+		t.Fatalf("Renew(old) with its claim restored: %v", err)
+	}
+	if n := e.rdb.Exists(ctx, key).Val(); n != 0 {
+		t.Fatalf("the worthless restored claim was kept")
+	}
+	third := grant(t, e.store, "inv/1", time.Minute)
+	if third.Token != next.Token+1 {
+		t.Fatalf("token %d after %d", third.Token, next.Token)
+	}
+}
+
+func TestRedisDownIsUnavailable(t *testing.T) {
+	t.Parallel()
+	pgtest.Require(t)
+	ledger := pgtest.OpenFresh(t)
+	dead := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1", DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	defer dead.Close()
+	s := redis.New(dead, ledger, redis.Options{Prefix: prefix(t)})
+	ctx := t.Context()
+	if _, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", TTL: time.Minute}); !errors.Is(err, tokens.ErrUnavailable) {
+		t.Fatalf("Grant: %v", err)
+	}
+	if err := s.Ping(ctx); !errors.Is(err, tokens.ErrUnavailable) {
+		t.Fatalf("Ping: %v", err)
+	}
+	// A lease granted while Redis was up cannot be judged without it.
+	l, err := ledger.GrantClaimed(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Resource(ctx, "r"); !errors.Is(err, tokens.ErrUnavailable) {
+		t.Fatalf("Resource: %v", err)
+	}
+	if _, err := s.Renew(ctx, l.ID, 0); !errors.Is(err, tokens.ErrUnavailable) {
+		t.Fatalf("Renew: %v", err)
+	}
+}
+
+func TestRejectionFanOut(t *testing.T) {
+	t.Parallel()
+	a := open(t, -1)
+	b := redis.New(a.rdb, a.ledger, redis.Options{Prefix: a.prefix}) // a second replica
+	ctx, cancel := context.WithCancel(t.Context())
+	got := make(chan tokens.Rejection, 1)
+	ready := make(chan struct{})
+	var once sync.Once
+	done := make(chan error, 1)
+	go func() {
+		done <- b.ListenReady(ctx, func(r tokens.Rejection) { got <- r }, func() { once.Do(func() { close(ready) }) })
+	}()
+	<-ready
+	want := tokens.Rejection{ID: 3, At: time.Now().UTC().Truncate(time.Microsecond), Resource: "r", Code: tokens.CodeLeaseExpired,
+		Token: 4, CurrentToken: 4, LeaseHint: "fl_abcdef…", Method: "POST", Upstream: "u", Path: "/y"}
+	if err := a.store.PublishRejection(ctx, want); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-got:
+		if !r.At.Equal(want.At) {
+			t.Fatalf("at %v, want %v", r.At, want.At)
+		}
+		r.At = want.At
+		if r != want {
+			t.Fatalf("got %+v, want %+v", r, want)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no rejection arrived")
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("ListenRejections returned %v", err)
+	}
+}
