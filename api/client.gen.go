@@ -92,15 +92,26 @@ type ClientInterface interface {
 
 	// Healthz Liveness
 	//
+	// Answers `ok` while the process serves HTTP; checks no store.
+	//
 	// Corresponds with GET /healthz (the `Healthz` operationId).
 	Healthz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// Metrics Prometheus metrics
 	//
+	// Counters and gauges of the `fencegw_` family (grants by outcome,
+	// writes by outcome, rejections by reason, forward duration, in-flight
+	// writes, stream subscribers, ...) in the Prometheus text exposition
+	// format, for scraping.
+	//
 	// Corresponds with GET /metrics (the `Metrics` operationId).
 	Metrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// Readyz Readiness (stores reachable)
+	//
+	// Answers `ready` when every store the gateway uses (the bbolt file, or
+	// PostgreSQL and Redis) answers a ping within 2 s, else
+	// `503 store_unavailable`.
 	//
 	// Corresponds with GET /readyz (the `Readyz` operationId).
 	Readyz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -189,11 +200,18 @@ type ClientInterface interface {
 
 	// GetResource Current token, holder and expiry of a resource
 	//
+	// The last granted token of the resource, whether a live lease holds it
+	// now, the latest lease's holder and expiry, and `drain_until` while
+	// grants wait out a write whose outcome is unknown. `404 not_found` if
+	// no lease was ever granted for it.
+	//
 	// Corresponds with GET /v1/resources/{resource} (the `GetResource` operationId).
 	GetResource(ctx context.Context, resource ResourceName, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 // Healthz Liveness
+//
+// Answers `ok` while the process serves HTTP; checks no store.
 //
 // Corresponds with GET /healthz (the `Healthz` operationId).
 func (c *Client) Healthz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -210,6 +228,11 @@ func (c *Client) Healthz(ctx context.Context, reqEditors ...RequestEditorFn) (*h
 
 // Metrics Prometheus metrics
 //
+// Counters and gauges of the `fencegw_` family (grants by outcome,
+// writes by outcome, rejections by reason, forward duration, in-flight
+// writes, stream subscribers, ...) in the Prometheus text exposition
+// format, for scraping.
+//
 // Corresponds with GET /metrics (the `Metrics` operationId).
 func (c *Client) Metrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewMetricsRequest(c.Server)
@@ -224,6 +247,10 @@ func (c *Client) Metrics(ctx context.Context, reqEditors ...RequestEditorFn) (*h
 }
 
 // Readyz Readiness (stores reachable)
+//
+// Answers `ready` when every store the gateway uses (the bbolt file, or
+// PostgreSQL and Redis) answers a ping within 2 s, else
+// `503 store_unavailable`.
 //
 // Corresponds with GET /readyz (the `Readyz` operationId).
 func (c *Client) Readyz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -391,6 +418,11 @@ func (c *Client) ListRejections(ctx context.Context, params *ListRejectionsParam
 }
 
 // GetResource Current token, holder and expiry of a resource
+//
+// The last granted token of the resource, whether a live lease holds it
+// now, the latest lease's holder and expiry, and `drain_until` while
+// grants wait out a write whose outcome is unknown. `404 not_found` if
+// no lease was ever granted for it.
 //
 // Corresponds with GET /v1/resources/{resource} (the `GetResource` operationId).
 func (c *Client) GetResource(ctx context.Context, resource ResourceName, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -811,6 +843,8 @@ type ClientWithResponsesInterface interface {
 
 	// HealthzWithResponse Liveness
 	//
+	// Answers `ok` while the process serves HTTP; checks no store.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /healthz (the `Healthz` operationId).
@@ -818,12 +852,21 @@ type ClientWithResponsesInterface interface {
 
 	// MetricsWithResponse Prometheus metrics
 	//
+	// Counters and gauges of the `fencegw_` family (grants by outcome,
+	// writes by outcome, rejections by reason, forward duration, in-flight
+	// writes, stream subscribers, ...) in the Prometheus text exposition
+	// format, for scraping.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /metrics (the `Metrics` operationId).
 	MetricsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*MetricsResponse, error)
 
 	// ReadyzWithResponse Readiness (stores reachable)
+	//
+	// Answers `ready` when every store the gateway uses (the bbolt file, or
+	// PostgreSQL and Redis) answers a ping within 2 s, else
+	// `503 store_unavailable`.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -919,6 +962,11 @@ type ClientWithResponsesInterface interface {
 	ListRejectionsWithResponse(ctx context.Context, params *ListRejectionsParams, reqEditors ...RequestEditorFn) (*ListRejectionsResponse, error)
 
 	// GetResourceWithResponse Current token, holder and expiry of a resource
+	//
+	// The last granted token of the resource, whether a live lease holds it
+	// now, the latest lease's holder and expiry, and `drain_until` while
+	// grants wait out a write whose outcome is unknown. `404 not_found` if
+	// no lease was ever granted for it.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -1479,6 +1527,8 @@ func (r GetResourceResponse) ContentType() string {
 
 // HealthzWithResponse Liveness
 //
+// Answers `ok` while the process serves HTTP; checks no store.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /healthz (the `Healthz` operationId).
@@ -1492,6 +1542,11 @@ func (c *ClientWithResponses) HealthzWithResponse(ctx context.Context, reqEditor
 
 // MetricsWithResponse Prometheus metrics
 //
+// Counters and gauges of the `fencegw_` family (grants by outcome,
+// writes by outcome, rejections by reason, forward duration, in-flight
+// writes, stream subscribers, ...) in the Prometheus text exposition
+// format, for scraping.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /metrics (the `Metrics` operationId).
@@ -1504,6 +1559,10 @@ func (c *ClientWithResponses) MetricsWithResponse(ctx context.Context, reqEditor
 }
 
 // ReadyzWithResponse Readiness (stores reachable)
+//
+// Answers `ready` when every store the gateway uses (the bbolt file, or
+// PostgreSQL and Redis) answers a ping within 2 s, else
+// `503 store_unavailable`.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -1647,6 +1706,11 @@ func (c *ClientWithResponses) ListRejectionsWithResponse(ctx context.Context, pa
 }
 
 // GetResourceWithResponse Current token, holder and expiry of a resource
+//
+// The last granted token of the resource, whether a live lease holds it
+// now, the latest lease's holder and expiry, and `drain_until` while
+// grants wait out a write whose outcome is unknown. `404 not_found` if
+// no lease was ever granted for it.
 //
 // Returns a wrapper object for the known response body format(s).
 //
