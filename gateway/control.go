@@ -28,19 +28,12 @@ func (c *control) AcquireLease(ctx context.Context, req api.AcquireLeaseRequestO
 		return nil, requestError("body", "a JSON object is required")
 	}
 	b := req.Body
-	in := tokens.AcquireRequest{Resource: b.Resource, TTL: time.Duration(b.TtlMs) * time.Millisecond}
-	if b.TtlMs > int64(time.Hour/time.Millisecond)*1000 || b.TtlMs < 0 { // avoid overflow before validation
-		in.TTL = -1
-	}
+	in := tokens.AcquireRequest{Resource: b.Resource, TTL: millis(b.TtlMs)}
 	if b.Holder != nil {
 		in.Holder = *b.Holder
 	}
 	if b.WaitMs != nil {
-		if *b.WaitMs < 0 || *b.WaitMs > int64(time.Hour/time.Millisecond) {
-			in.Wait = -1
-		} else {
-			in.Wait = time.Duration(*b.WaitMs) * time.Millisecond
-		}
+		in.Wait = millis(*b.WaitMs)
 	}
 	lease, err := c.svc.Acquire(ctx, in)
 	c.obs.grant(err)
@@ -72,13 +65,11 @@ func (c *control) GetLease(ctx context.Context, req api.GetLeaseRequestObject) (
 }
 
 func (c *control) RenewLease(ctx context.Context, req api.RenewLeaseRequestObject) (api.RenewLeaseResponseObject, error) {
-	var ttl time.Duration
+	var ttl time.Duration // 0: the lease's own TTL
 	if req.Body != nil && req.Body.TtlMs != nil {
-		ms := *req.Body.TtlMs
-		if ms <= 0 || ms > int64(24*time.Hour/time.Millisecond) {
-			return nil, tokens.Invalid("ttl_ms", "must be between "+strconv.FormatInt(c.svc.Limits().MinTTL.Milliseconds(), 10)+" and "+strconv.FormatInt(c.svc.Limits().MaxTTL.Milliseconds(), 10))
+		if ttl = millis(*req.Body.TtlMs); ttl == 0 {
+			ttl = -1 // an explicit 0 is out of range, not "default"
 		}
-		ttl = time.Duration(ms) * time.Millisecond
 	}
 	lease, err := c.svc.Renew(ctx, req.LeaseId, ttl)
 	if err != nil {
@@ -166,6 +157,20 @@ func (c *control) ListRejections(ctx context.Context, req api.ListRejectionsRequ
 		out.Items = append(out.Items, rejectionJSON(r))
 	}
 	return api.ListRejections200JSONResponse(out), nil
+}
+
+// millis converts client milliseconds to a Duration without overflow:
+// values beyond any limit map to an out-of-range duration the Service
+// refuses with a message naming the field.
+func millis(ms int64) time.Duration {
+	const maxMs = int64(365 * 24 * time.Hour / time.Millisecond)
+	switch {
+	case ms < 0:
+		return -1
+	case ms > maxMs:
+		return time.Duration(maxMs) * time.Millisecond
+	}
+	return time.Duration(ms) * time.Millisecond
 }
 
 func clockOf(svc *tokens.Service, r tokens.Resource) time.Time {
