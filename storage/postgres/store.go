@@ -85,17 +85,26 @@ func (s *Store) grant(ctx context.Context, req tokens.GrantRequest, checkHeld bo
 			prevExp    *time.Time
 			prevRel    *time.Time
 		)
+		// Statement 1 locks the fence row (waiting for a concurrent grant to
+		// commit) and returns its latest version. The lease is read by a
+		// second statement on purpose: under READ COMMITTED a statement's
+		// snapshot is taken before it waits, so a join in statement 1 would
+		// not see the lease that the grant we waited for just inserted, and
+		// would take a live lease for a free resource.
 		err := tx.QueryRow(ctx, `
-			WITH f AS (
-				INSERT INTO fences AS f (resource) VALUES ($1)
-				ON CONFLICT (resource) DO UPDATE SET token = f.token
-				RETURNING f.token, f.lease_id, f.drain_until, clock_timestamp() AS now
-			)
-			SELECT f.token, f.drain_until, f.now, l.id, l.holder, l.token, l.expires_at, l.released_at
-			FROM f LEFT JOIN leases l ON l.id = f.lease_id`, req.Resource,
-		).Scan(&token, &drainUntil, &now, &prevID, &prevHolder, &prevToken, &prevExp, &prevRel)
+			INSERT INTO fences AS f (resource) VALUES ($1)
+			ON CONFLICT (resource) DO UPDATE SET token = f.token
+			RETURNING f.token, f.lease_id, f.drain_until, clock_timestamp()`, req.Resource,
+		).Scan(&token, &prevID, &drainUntil, &now)
 		if err != nil {
 			return err
+		}
+		if prevID != nil {
+			err = tx.QueryRow(ctx, `SELECT holder, token, expires_at, released_at FROM leases WHERE id = $1`, *prevID).
+				Scan(&prevHolder, &prevToken, &prevExp, &prevRel)
+			if err != nil {
+				return err
+			}
 		}
 		if checkHeld && prevID != nil && prevRel == nil && now.Before(*prevExp) {
 			return &tokens.Error{Kind: tokens.ErrLeaseHeld, Resource: req.Resource, Holder: *prevHolder,
