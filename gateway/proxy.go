@@ -164,6 +164,9 @@ func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	f.unknown = f.wroteRequest.Load()
 	timedOut := errors.Is(err, context.DeadlineExceeded) || errors.Is(r.Context().Err(), context.DeadlineExceeded)
 	if timedOut {
+		if breakUnlockOnTimeout {
+			f.unknown = false // no drain: the lock is released at once
+		}
 		sendProblem(w, r, problem{Status: http.StatusGatewayTimeout, Code: codeUpstreamTimeout, Title: "Upstream timeout",
 			Detail:   "the upstream did not answer within " + g.cfg.ForwardTimeout.String() + "; the outcome is unknown and the resource is closed to grants for the drain period",
 			Resource: f.permit.Lease.Resource})

@@ -308,6 +308,13 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 		}
 		return nil, err
 	}
+	if breakHighestSeen {
+		if refusal := judgeHighestSeen(lease); refusal != nil {
+			unlock()
+			return nil, s.reject(ctx, refusal, lease, state, w)
+		}
+		return &Permit{Lease: lease, svc: s, unlock: unlock, started: time.Now()}, nil
+	}
 	if refusal := Judge(lease, state, s.clock(state)); refusal != nil {
 		unlock()
 		return nil, s.reject(ctx, refusal, lease, state, w)

@@ -158,6 +158,9 @@ func decodeResource(b []byte) (resState, error) {
 	d := newDecoder("resource", b)
 	var r resState
 	r.token = d.int()
+	if breakFloatTokens {
+		r.token = int64(float64(r.token))
+	}
 	r.current = d.str()
 	r.drainUntil = d.time()
 	return r, d.finish("resource")

@@ -1,0 +1,52 @@
+//go:build fencegw_break_not_durable
+
+package bolt
+
+import (
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// Deliberately broken: a grant is decided on the cache, made visible and
+// returned at once (so writes under it are forwarded), and committed to the
+// file only a little later. A crash in between loses a token that a worker
+// already holds and used.
+const breakNotDurable = true
+
+func (s *Store) grantBeforeDurable(req tokens.GrantRequest) (tokens.Lease, error) {
+	now := s.now()
+	s.mu.Lock()
+	var cur resState
+	if st := s.resources[req.Resource]; st != nil {
+		cur = *st
+	}
+	if h := s.leases[cur.current]; h != nil && h.Token == cur.token && h.Live(now) {
+		s.mu.Unlock()
+		return tokens.Lease{}, &tokens.Error{Kind: tokens.ErrLeaseHeld, Resource: req.Resource, Holder: h.Holder,
+			CurrentToken: cur.token, ExpiresAt: h.ExpiresAt, RetryAfter: h.Remaining(now)}
+	}
+	if now.Before(cur.drainUntil) {
+		s.mu.Unlock()
+		return tokens.Lease{}, &tokens.Error{Kind: tokens.ErrFenceBusy, Resource: req.Resource, CurrentToken: cur.token,
+			RetryAfter: cur.drainUntil.Sub(now)}
+	}
+	lease := tokens.Lease{ID: req.LeaseID, Resource: req.Resource, Holder: req.Holder, Token: cur.token + 1,
+		TTL: req.TTL, GrantedAt: now, ExpiresAt: now.Add(req.TTL)}
+	st := resState{token: lease.Token, current: lease.ID, drainUntil: cur.drainUntil}
+	s.leases[lease.ID] = &lease
+	s.resources[req.Resource] = &st
+	s.mu.Unlock()
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		_ = s.update("grant", func(tx *bbolt.Tx) error {
+			if err := putLease(tx, &lease); err != nil {
+				return err
+			}
+			return putResource(tx, req.Resource, &st)
+		})
+	}()
+	return lease, nil
+}

@@ -1,0 +1,259 @@
+package torture
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Rules the checker applies; a Violation names one.
+const (
+	// RuleTokenOrder: per resource, tokens never go down in arrival order.
+	RuleTokenOrder = "token-order"
+	// RuleStaleApplied: no write applied whose token was below a grant of
+	// its resource that had already returned.
+	RuleStaleApplied = "stale-applied"
+	// RuleExactlyOnce: every 2xx write applied exactly once, and no write
+	// applied twice.
+	RuleExactlyOnce = "exactly-once"
+	// RuleRejectedApplied: no refused write (4xx, 503) reached the upstream.
+	RuleRejectedApplied = "rejected-applied"
+	// RuleDuplicateToken: no token granted twice for a resource.
+	RuleDuplicateToken = "duplicate-token"
+	// RuleStoreDown: nothing forwarded while the token or lease store was down.
+	RuleStoreDown = "store-down"
+	// RuleTokenMismatch: the upstream got the token of the lease the write
+	// was sent under, not another one.
+	RuleTokenMismatch = "token-mismatch"
+)
+
+// Rules lists every rule, in report order.
+var Rules = []string{RuleTokenOrder, RuleStaleApplied, RuleExactlyOnce, RuleRejectedApplied, RuleDuplicateToken, RuleStoreDown, RuleTokenMismatch}
+
+// maxExamples bounds the violations kept per rule; all are counted.
+const maxExamples = 10
+
+// Violation is one broken guarantee.
+type Violation struct {
+	Rule   string `json:"rule"`
+	Detail string `json:"detail"`
+}
+
+// Stats are the figures of a run.
+type Stats struct {
+	Grants          int            `json:"grants"`
+	Writes          int            `json:"writes"`
+	OK              int            `json:"ok"`               // 2xx
+	StaleRejected   int            `json:"stale_rejected"`   // 409 stale_token, lease_expired, lease_released
+	StaleAttempts   int            `json:"stale_attempts"`   // refused as stale, or sent after the worker's TTL ran out
+	Unavailable     int            `json:"unavailable"`      // 503
+	UnknownOutcome  int            `json:"unknown_outcome"`  // 502, 504, no answer
+	OtherRefused    int            `json:"other_refused"`    // other 4xx
+	Arrivals        int            `json:"arrivals"`         // at the upstream
+	Applied         int            `json:"applied"`          // acted on by the upstream
+	Faults          map[string]int `json:"faults"`           // by kind
+	ViolationCounts map[string]int `json:"violation_counts"` // by rule
+}
+
+// Report is the checker's verdict.
+type Report struct {
+	Stats      Stats       `json:"stats"`
+	Violations []Violation `json:"violations"` // up to maxExamples per rule
+	// Void, if set, says why the run proves nothing: no fault, no stale
+	// write attempted, or no write accepted.
+	Void string `json:"void,omitempty"`
+}
+
+// ViolationCount is the number of violations found, examples or not.
+func (r Report) ViolationCount() int {
+	n := 0
+	for _, c := range r.Stats.ViolationCounts {
+		n += c
+	}
+	return n
+}
+
+// OK reports whether the run passed: no violation and not void.
+func (r Report) OK() bool { return r.ViolationCount() == 0 && r.Void == "" }
+
+// String is a human summary.
+func (r Report) String() string {
+	var b strings.Builder
+	s := r.Stats
+	fmt.Fprintf(&b, "grants %d, writes %d: %d ok, %d stale rejected (%d stale attempts), %d unavailable, %d unknown outcome, %d other refused\n",
+		s.Grants, s.Writes, s.OK, s.StaleRejected, s.StaleAttempts, s.Unavailable, s.UnknownOutcome, s.OtherRefused)
+	fmt.Fprintf(&b, "upstream: %d arrivals, %d applied\n", s.Arrivals, s.Applied)
+	kinds := make([]string, 0, len(s.Faults))
+	for k := range s.Faults {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	b.WriteString("faults:")
+	for _, k := range kinds {
+		fmt.Fprintf(&b, " %s=%d", k, s.Faults[k])
+	}
+	b.WriteString("\n")
+	fmt.Fprintf(&b, "violations: %d", r.ViolationCount())
+	for _, rule := range Rules {
+		if n := s.ViolationCounts[rule]; n > 0 {
+			fmt.Fprintf(&b, " %s=%d", rule, n)
+		}
+	}
+	b.WriteString("\n")
+	for _, v := range r.Violations {
+		fmt.Fprintf(&b, "  %s: %s\n", v.Rule, v.Detail)
+	}
+	switch {
+	case r.Void != "":
+		fmt.Fprintf(&b, "VOID: %s\n", r.Void)
+	case r.OK():
+		b.WriteString("PASS\n")
+	default:
+		b.WriteString("FAIL\n")
+	}
+	return b.String()
+}
+
+// staleCodes are the refusals of a write whose lease is no longer current.
+var staleCodes = map[string]bool{"stale_token": true, "lease_expired": true, "lease_released": true}
+
+// Check applies every rule to h.
+func Check(h History) Report {
+	r := Report{Stats: Stats{Faults: map[string]int{}, ViolationCounts: map[string]int{}}}
+	st := &r.Stats
+	flag := func(rule, format string, args ...any) {
+		st.ViolationCounts[rule]++
+		if st.ViolationCounts[rule] <= maxExamples {
+			r.Violations = append(r.Violations, Violation{Rule: rule, Detail: fmt.Sprintf(format, args...)})
+		}
+	}
+	for _, f := range h.Faults {
+		st.Faults[f.Kind]++
+	}
+	st.Grants, st.Writes, st.Arrivals = len(h.Grants), len(h.Writes), len(h.Arrivals)
+
+	// No token granted twice.
+	granted := map[string]map[int64]string{}
+	for _, g := range h.Grants {
+		m := granted[g.Resource]
+		if m == nil {
+			m = map[int64]string{}
+			granted[g.Resource] = m
+		}
+		if prev, dup := m[g.Token]; dup {
+			flag(RuleDuplicateToken, "%s: token %d granted to %s and again to %s", g.Resource, g.Token, prev, g.Holder)
+		}
+		m[g.Token] = g.Holder
+	}
+
+	writes := make(map[string]*Write, len(h.Writes))
+	for i := range h.Writes {
+		writes[h.Writes[i].ID] = &h.Writes[i]
+	}
+
+	// Arrival order, arrival counts, the token the upstream got.
+	arrivals := slices.Clone(h.Arrivals)
+	slices.SortFunc(arrivals, func(a, b Arrival) int { return cmp.Compare(a.Seq, b.Seq) })
+	last := map[string]Arrival{}
+	arrived, applied := map[string]int{}, map[string]int{}
+	for _, a := range arrivals {
+		if prev, ok := last[a.Resource]; ok && a.Token < prev.Token {
+			flag(RuleTokenOrder, "%s: write %s with token %d arrived after write %s with token %d", a.Resource, a.ID, a.Token, prev.ID, prev.Token)
+		}
+		if prev, ok := last[a.Resource]; !ok || a.Token >= prev.Token {
+			last[a.Resource] = a
+		}
+		arrived[a.ID]++
+		if !a.Applied.IsZero() {
+			applied[a.ID]++
+			st.Applied++
+			if applied[a.ID] == 2 {
+				flag(RuleExactlyOnce, "write %s applied more than once", a.ID)
+			}
+		}
+		if w := writes[a.ID]; w != nil && w.Token != a.Token {
+			flag(RuleTokenMismatch, "write %s sent under token %d reached the upstream with token %d", a.ID, w.Token, a.Token)
+		}
+		for _, f := range h.Faults {
+			if !f.DownFrom.IsZero() && a.Arrived.After(f.DownFrom) && a.Arrived.Before(f.DownTo) {
+				flag(RuleStoreDown, "write %s (%s, token %d) arrived %v into a %s outage", a.ID, a.Resource, a.Token, a.Arrived.Sub(f.DownFrom).Round(time.Millisecond), f.Kind)
+			}
+		}
+	}
+
+	// What the workers saw against what arrived.
+	for _, w := range h.Writes {
+		switch {
+		case w.Status >= 200 && w.Status < 300:
+			st.OK++
+			if applied[w.ID] != 1 {
+				flag(RuleExactlyOnce, "write %s answered %d but applied %d times", w.ID, w.Status, applied[w.ID])
+			}
+		case w.Status == 409 && staleCodes[w.Code]:
+			st.StaleRejected++
+		case w.Status == 503:
+			st.Unavailable++
+		case w.Status == 0 || w.Status == 502 || w.Status == 504:
+			st.UnknownOutcome++ // may or may not have landed: at most once (above)
+		default:
+			st.OtherRefused++
+		}
+		if w.Late || (w.Status == 409 && staleCodes[w.Code]) {
+			st.StaleAttempts++
+		}
+		if (w.Status >= 400 && w.Status < 500) || w.Status == 503 {
+			if arrived[w.ID] > 0 {
+				flag(RuleRejectedApplied, "write %s (%s, token %d) refused with %d %s but reached the upstream", w.ID, w.Resource, w.Token, w.Status, w.Code)
+			}
+		}
+	}
+
+	// No write applied after a grant of a larger token had returned. Per
+	// resource, grants by return time with the running maximum token.
+	type mark struct {
+		at  time.Time
+		max int64
+	}
+	marks := map[string][]mark{}
+	byRes := map[string][]Grant{}
+	for _, g := range h.Grants {
+		byRes[g.Resource] = append(byRes[g.Resource], g)
+	}
+	for res, gs := range byRes {
+		slices.SortFunc(gs, func(a, b Grant) int { return a.Returned.Compare(b.Returned) })
+		ms := make([]mark, len(gs))
+		var hi int64
+		for i, g := range gs {
+			hi = max(hi, g.Token)
+			ms[i] = mark{g.Returned, hi}
+		}
+		marks[res] = ms
+	}
+	for _, a := range arrivals {
+		if a.Applied.IsZero() {
+			continue
+		}
+		token := a.Token
+		if w := writes[a.ID]; w != nil {
+			token = w.Token // the lease it was sent under, whatever the header said
+		}
+		ms := marks[a.Resource]
+		i := sort.Search(len(ms), func(i int) bool { return !ms[i].at.Before(a.Applied) }) // grants returned before Applied: ms[:i]
+		if i > 0 && ms[i-1].max > token {
+			flag(RuleStaleApplied, "%s: write %s of token %d applied after a grant of token %d had returned", a.Resource, a.ID, token, ms[i-1].max)
+		}
+	}
+
+	switch {
+	case len(h.Faults) == 0:
+		r.Void = "no fault was injected"
+	case st.OK == 0:
+		r.Void = "no write was accepted"
+	case st.StaleAttempts == 0:
+		r.Void = "no stale write was attempted"
+	}
+	return r
+}

@@ -1,0 +1,138 @@
+package torture
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+
+func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+
+// good is a small correct history: holder A (token 1) writes, stalls, B
+// (token 2) takes over, A's late write is refused, B writes; a fault.
+func good() History {
+	return History{
+		Grants: []Grant{
+			{Resource: "r", Token: 1, Holder: "A", Returned: at(0)},
+			{Resource: "r", Token: 2, Holder: "B", Returned: at(500)},
+		},
+		Writes: []Write{
+			{ID: "a1", Resource: "r", Token: 1, Status: 200, Sent: at(10), Returned: at(20)},
+			{ID: "a2", Resource: "r", Token: 1, Status: 409, Code: "stale_token", Sent: at(600), Returned: at(601), Late: true},
+			{ID: "b1", Resource: "r", Token: 2, Status: 200, Sent: at(700), Returned: at(710)},
+			{ID: "b2", Resource: "r", Token: 2, Status: 504, Code: "upstream_timeout", Sent: at(720), Returned: at(1020)},
+		},
+		Arrivals: []Arrival{
+			{Seq: 1, Resource: "r", Token: 1, ID: "a1", Arrived: at(11), Applied: at(12)},
+			{Seq: 2, Resource: "r", Token: 2, ID: "b1", Arrived: at(701), Applied: at(702)},
+			{Seq: 3, Resource: "r", Token: 2, ID: "b2", Arrived: at(721), Applied: at(1400)},
+		},
+		Faults: []Fault{{Kind: "kill-gateway", Start: at(300), End: at(400)}},
+	}
+}
+
+func TestCheckGoodHistoryPasses(t *testing.T) {
+	r := Check(good())
+	if !r.OK() {
+		t.Fatalf("good history failed:\n%s", r)
+	}
+	if r.Stats.OK != 2 || r.Stats.StaleRejected != 1 || r.Stats.UnknownOutcome != 1 || r.Stats.Applied != 3 {
+		t.Errorf("stats: %+v", r.Stats)
+	}
+}
+
+// Each bad history breaks exactly one rule.
+func TestCheckCatchesEachRule(t *testing.T) {
+	cases := []struct {
+		rule  string
+		break_ func(h *History)
+	}{
+		{RuleTokenOrder, func(h *History) {
+			// a token-1 write arrives after a token-2 one (it was sent
+			// before the grant, so it is not stale-applied by the clock).
+			h.Grants[1].Returned = at(2000)
+			h.Writes = append(h.Writes, Write{ID: "a3", Resource: "r", Token: 1, Status: 200, Sent: at(720), Returned: at(730)})
+			h.Arrivals = append(h.Arrivals, Arrival{Seq: 4, Resource: "r", Token: 1, ID: "a3", Arrived: at(725), Applied: at(726)})
+			h.Writes[2].Token, h.Arrivals[1].Token = 2, 2
+		}},
+		{RuleStaleApplied, func(h *History) {
+			// a token-1 write applied after grant 2 returned, arriving in
+			// order (before any token-2 write).
+			h.Writes = append(h.Writes, Write{ID: "a3", Resource: "r", Token: 1, Status: 504, Sent: at(100), Returned: at(400)})
+			h.Arrivals = append(h.Arrivals, Arrival{Seq: 0, Resource: "r", Token: 1, ID: "a3", Arrived: at(101), Applied: at(550)})
+		}},
+		{RuleExactlyOnce, func(h *History) {
+			// a 200 write that never arrived.
+			h.Writes = append(h.Writes, Write{ID: "b3", Resource: "r", Token: 2, Status: 200, Sent: at(800), Returned: at(810)})
+		}},
+		{RuleExactlyOnce, func(h *History) {
+			// a write applied twice (a retry the gateway should not make).
+			h.Arrivals = append(h.Arrivals, Arrival{Seq: 4, Resource: "r", Token: 2, ID: "b1", Arrived: at(1500), Applied: at(1501)})
+		}},
+		{RuleRejectedApplied, func(h *History) {
+			// a 503 write that reached the upstream.
+			h.Writes = append(h.Writes, Write{ID: "b3", Resource: "r", Token: 2, Status: 503, Code: "store_unavailable", Sent: at(800), Returned: at(810)})
+			h.Arrivals = append(h.Arrivals, Arrival{Seq: 4, Resource: "r", Token: 2, ID: "b3", Arrived: at(805)})
+		}},
+		{RuleDuplicateToken, func(h *History) {
+			h.Grants = append(h.Grants, Grant{Resource: "r", Token: 2, Holder: "C", Returned: at(1600)})
+		}},
+		{RuleStoreDown, func(h *History) {
+			h.Faults = append(h.Faults, Fault{Kind: "restart-postgres", Start: at(650), End: at(900), DownFrom: at(690), DownTo: at(800)})
+		}},
+		{RuleTokenMismatch, func(h *History) {
+			// the upstream got another token than the write's lease has.
+			h.Arrivals[2].Token = 3
+			h.Grants = append(h.Grants, Grant{Resource: "r", Token: 3, Holder: "C", Returned: at(5000)})
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.rule, func(t *testing.T) {
+			h := good()
+			c.break_(&h)
+			r := Check(h)
+			if r.OK() {
+				t.Fatalf("bad history passed:\n%s", r)
+			}
+			for rule, n := range r.Stats.ViolationCounts {
+				if rule != c.rule && n > 0 {
+					t.Errorf("also flagged %s (%d): the case should break one rule\n%s", rule, n, r)
+				}
+			}
+			if r.Stats.ViolationCounts[c.rule] == 0 {
+				t.Errorf("%s not flagged:\n%s", c.rule, r)
+			}
+		})
+	}
+}
+
+func TestCheckVoidRuns(t *testing.T) {
+	cases := map[string]func(h *History){
+		"no fault": func(h *History) { h.Faults = nil },
+		"no stale": func(h *History) {
+			h.Writes = append(h.Writes[:1], h.Writes[2:]...)
+		},
+		"no accepted write": func(h *History) {
+			h.Writes = h.Writes[1:2]
+			h.Arrivals = nil
+		},
+	}
+	for name, mutate := range cases {
+		t.Run(name, func(t *testing.T) {
+			h := good()
+			mutate(&h)
+			r := Check(h)
+			if r.ViolationCount() != 0 {
+				t.Fatalf("unexpected violations:\n%s", r)
+			}
+			if r.Void == "" || r.OK() {
+				t.Fatalf("run should be void:\n%s", r)
+			}
+			if !strings.Contains(r.String(), "VOID") {
+				t.Errorf("summary does not say VOID:\n%s", r)
+			}
+		})
+	}
+}

@@ -1,0 +1,62 @@
+// Package torture is fencegw's fault-injection torture: worker processes
+// that take leases with short TTLs and write through the gateway, a
+// recording upstream that logs what actually arrived, a nemesis that kills,
+// pauses and restarts the gateway and its stores and delays or drops
+// upstream answers, and a checker that compares the upstream's ground truth
+// with what every client saw. cmd/fencegw-torture runs it.
+package torture
+
+import "time"
+
+// Grant is a lease as the worker that got it saw it.
+type Grant struct {
+	Resource string    `json:"r"`
+	Token    int64     `json:"t"`
+	Holder   string    `json:"h"`
+	Returned time.Time `json:"at"` // when the worker had the answer
+}
+
+// Write is one fenced write as the worker that sent it saw it.
+type Write struct {
+	ID       string    `json:"id"`
+	Resource string    `json:"r"`
+	Token    int64     `json:"t"` // the token of the lease it was sent under
+	Status   int       `json:"s"` // 0: no answer (connection failed or timed out)
+	Code     string    `json:"c,omitempty"`
+	Sent     time.Time `json:"sent"`
+	Returned time.Time `json:"ret"`
+	// Late is set if the worker sent it after its lease's TTL had run out by
+	// its own clock: a stale-write attempt, whatever the gateway answered.
+	Late bool `json:"late,omitempty"`
+}
+
+// Arrival is a request the upstream received: the ground truth.
+type Arrival struct {
+	Seq      int64     `json:"seq"` // arrival order at the upstream
+	Resource string    `json:"r"`   // Fencing-Resource
+	Token    int64     `json:"t"`   // Fencing-Token
+	ID       string    `json:"id"`  // the write id, from the body
+	Arrived  time.Time `json:"arr"`
+	// Applied is when the upstream acted on it; zero if it dropped the
+	// connection without acting.
+	Applied time.Time `json:"app,omitzero"`
+}
+
+// Fault is one nemesis action.
+type Fault struct {
+	Kind  string    `json:"kind"`
+	Start time.Time `json:"start"`
+	End   time.Time `json:"end"`
+	// DownFrom..DownTo, if set, is a window in which the token or lease
+	// store was certainly unreachable: nothing may be forwarded in it.
+	DownFrom time.Time `json:"down_from,omitzero"`
+	DownTo   time.Time `json:"down_to,omitzero"`
+}
+
+// History is everything a run recorded.
+type History struct {
+	Grants   []Grant   `json:"grants"`
+	Writes   []Write   `json:"writes"`
+	Arrivals []Arrival `json:"arrivals"`
+	Faults   []Fault   `json:"faults"`
+}
