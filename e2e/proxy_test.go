@@ -198,7 +198,11 @@ func TestUpstreamUnreachable(t *testing.T) {
 	ln.Close()
 	g := startEmbedded(t, map[string]string{"dead": dead}, options{grantWait: 200 * time.Millisecond})
 	l := acquire(t, g.URL, "dead-upstream", "A", 5*time.Second)
-	wantProblem(t, write(t, g.URL, "dead", "/x", l, "x"), http.StatusBadGateway, "upstream_unreachable")
+	bad := write(t, g.URL, "dead", "/x", l, "x")
+	wantProblem(t, bad, http.StatusBadGateway, "upstream_unreachable")
+	if !strings.Contains(string(bad.Body), `"instance":"/v1/proxy/dead/x"`) {
+		t.Fatalf("instance should be the client's path: %s", bad.Body)
+	}
 	do(t, "DELETE", g.URL+"/v1/leases/"+l.LeaseID, nil)
 	if b := do(t, "POST", g.URL+"/v1/leases", map[string]any{"resource": "dead-upstream", "holder": "B", "ttl_ms": 1000}); b.Status != http.StatusCreated {
 		t.Fatalf("grant after a refused connection: %d %s", b.Status, b.Body)

@@ -34,6 +34,7 @@ type forward struct {
 	path     string // unescaped path below the upstream's base
 	rawPath  string // its escaped form, as the client sent it
 	token    string
+	instance string // the client's request path, for problem documents
 	// wroteRequest is set once request headers reached the upstream: from
 	// then on, a failure leaves the outcome unknown.
 	wroteRequest atomic.Bool
@@ -123,7 +124,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, g.log, err)
 		return
 	}
-	f := &forward{permit: permit, upstream: base, path: path, rawPath: rawPath, token: strconv.FormatInt(permit.Lease.Token, 10)}
+	f := &forward{permit: permit, upstream: base, path: path, rawPath: rawPath, token: strconv.FormatInt(permit.Lease.Token, 10), instance: r.URL.Path}
 	if f.rawPath == path {
 		f.rawPath = ""
 	}
@@ -150,14 +151,17 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	g.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
 
-// proxyError answers a forward that got no response from the upstream.
+// proxyError answers a forward that got no response from the upstream. r
+// is the outbound request, so the problem's instance is taken from f.
 func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	f := r.Context().Value(forwardKey{}).(*forward)
 	f.failed = true
 	var maxBytes *http.MaxBytesError
 	if errors.As(err, &maxBytes) {
 		// The body was cut short, so the upstream never got a complete request.
-		writeProblem(w, r, g.log, err)
+		p, _ := problemFor(err)
+		p.Instance = f.instance
+		sendProblem(w, r, p)
 		return
 	}
 	// Once the request left, the upstream may act on it whatever we saw.
@@ -167,7 +171,7 @@ func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 		if breakUnlockOnTimeout {
 			f.unknown = false // no drain: the lock is released at once
 		}
-		sendProblem(w, r, problem{Status: http.StatusGatewayTimeout, Code: codeUpstreamTimeout, Title: "Upstream timeout",
+		sendProblem(w, r, problem{Status: http.StatusGatewayTimeout, Code: codeUpstreamTimeout, Title: "Upstream timeout", Instance: f.instance,
 			Detail:   "the upstream did not answer within " + g.cfg.ForwardTimeout.String() + "; the outcome is unknown and the resource is closed to grants for the drain period",
 			Resource: f.permit.Lease.Resource})
 		return
@@ -176,7 +180,7 @@ func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	if f.unknown {
 		detail = "the connection to the upstream broke after the request was sent; the outcome is unknown and the resource is closed to grants for the drain period"
 	}
-	sendProblem(w, r, problem{Status: http.StatusBadGateway, Code: codeUpstreamUnreachable, Title: "Upstream unreachable",
+	sendProblem(w, r, problem{Status: http.StatusBadGateway, Code: codeUpstreamUnreachable, Title: "Upstream unreachable", Instance: f.instance,
 		Detail: detail, Resource: f.permit.Lease.Resource})
 }
 

@@ -27,6 +27,11 @@ type config struct {
 	GrantWait      time.Duration
 	MaxBody        int64
 	LogLevel       string
+
+	PGMaxConns         int32
+	PGLockConns        int32
+	PGStatementTimeout time.Duration
+	PGLockTimeout      time.Duration
 }
 
 // errUsage marks a bad flag or config value: exit code 2.
@@ -125,6 +130,10 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 	fs.DurationVar(&cfg.GrantWait, "grant-wait", cfg.GrantWait, "how long a grant waits for in-flight writes before 503 fence_busy")
 	fs.Var(byteSize{&cfg.MaxBody}, "max-body", "largest fenced write body (like 10MiB)")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
+	pgMax := fs.Int("pg-max-conns", 0, "PostgreSQL query pool size (default 16)")
+	pgLock := fs.Int("pg-lock-conns", 0, "PostgreSQL lock pool size: the most concurrent writes per replica (default 128)")
+	fs.DurationVar(&cfg.PGStatementTimeout, "pg-statement-timeout", 0, "PostgreSQL statement_timeout (default 5s)")
+	fs.DurationVar(&cfg.PGLockTimeout, "pg-lock-timeout", 0, "bound on an advisory lock wait without an earlier deadline (default 30s)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return cfg, flagHelp
@@ -170,6 +179,10 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 		return cfg, envErr
 	}
 	cfg.Upstreams = ups.m
+	if *pgMax < 0 || *pgMax > 10000 || *pgLock < 0 || *pgLock > 10000 {
+		return cfg, usageError("--pg-max-conns and --pg-lock-conns must be between 1 and 10000")
+	}
+	cfg.PGMaxConns, cfg.PGLockConns = int32(*pgMax), int32(*pgLock)
 	if cfg.DrainPeriod == 0 {
 		cfg.DrainPeriod = cfg.ForwardTimeout
 	}

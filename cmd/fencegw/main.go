@@ -89,6 +89,10 @@ usage:
       --grant-wait D           how long a grant waits for in-flight writes (10s)
       --max-body SIZE          largest fenced write body (10MiB)
       --log-level LEVEL        debug, info, warn, error (info)
+      --pg-max-conns N         PostgreSQL query pool (16)
+      --pg-lock-conns N        PostgreSQL lock pool = most concurrent writes per replica (128)
+      --pg-statement-timeout D PostgreSQL statement_timeout (5s)
+      --pg-lock-timeout D      bound on an advisory lock wait (30s)
   Every flag can come from the environment as FENCEGW_<FLAG>; FENCEGW_UPSTREAMS takes a comma-separated list.`
 
 var flagHelp = errors.New("help requested")

@@ -1,0 +1,71 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/fencegw/fencegw/storage/postgres"
+	"github.com/fencegw/fencegw/storage/postgres/pgtest"
+	"github.com/fencegw/fencegw/storage/redis"
+)
+
+// Three replicas sharing one PostgreSQL schema (and, in the second mode,
+// one Redis key prefix): every story runs with workers spread across them.
+const replicas = 3
+
+func init() {
+	modes = append(modes,
+		mode{name: "postgres", start: startPostgres},
+		mode{name: "postgres-redis", start: startPostgresRedis},
+	)
+}
+
+func startPostgres(t *testing.T, ups map[string]string, o options) []*gw {
+	pgtest.Require(t)
+	schema := pgtest.NewSchema(t)
+	var gws []*gw
+	for range replicas {
+		st := pgtest.Open(t, schema, postgres.Options{})
+		gws = append(gws, startWith(t, st, st, ups, o, func() {}))
+	}
+	return gws
+}
+
+func startPostgresRedis(t *testing.T, ups map[string]string, o options) []*gw {
+	pgtest.Require(t)
+	rdb := requireRedis(t)
+	schema := pgtest.NewSchema(t)
+	prefix := fmt.Sprintf("fencegw-e2e:%s:", schema)
+	var gws []*gw
+	for range replicas {
+		pg := pgtest.Open(t, schema, postgres.Options{})
+		rs := redis.New(rdb, pg, redis.Options{Prefix: prefix})
+		gws = append(gws, startWith(t, rs, pg, ups, o, func() {}))
+	}
+	return gws
+}
+
+func requireRedis(t *testing.T) *goredis.Client {
+	t.Helper()
+	url := os.Getenv("FENCEGW_TEST_REDIS")
+	if url == "" {
+		url = "redis://127.0.0.1:6379/0"
+	}
+	opt, err := goredis.ParseURL(url)
+	if err != nil {
+		t.Fatalf("FENCEGW_TEST_REDIS: %v", err)
+	}
+	rdb := goredis.NewClient(opt)
+	t.Cleanup(func() { _ = rdb.Close() })
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("Redis at %s is required under CI: %v", url, err)
+		}
+		t.Skipf("Redis at %s unreachable: %v", url, err)
+	}
+	return rdb
+}
