@@ -46,7 +46,7 @@ func TestCheckGoodHistoryPasses(t *testing.T) {
 // Each bad history breaks exactly one rule.
 func TestCheckCatchesEachRule(t *testing.T) {
 	cases := []struct {
-		rule  string
+		rule   string
 		break_ func(h *History)
 	}{
 		{RuleTokenOrder, func(h *History) {

@@ -1,0 +1,161 @@
+package torture
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+)
+
+// nemesis injects one fault at a time, cycling through cfg.Faults in a
+// shuffled order so that every kind happens, and records each.
+type nemesis struct {
+	cfg      Config
+	up       *Upstream
+	replicas []*Replica
+	workers  []*workerProc
+	pg       *Postgres
+	rd       *Redis
+	logf     func(format string, args ...any)
+	rng      *rand.Rand
+	faults   []Fault
+}
+
+func (n *nemesis) sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// between returns a duration in [lo, hi).
+func (n *nemesis) between(lo, hi time.Duration) time.Duration {
+	if hi <= lo {
+		return lo
+	}
+	return lo + time.Duration(n.rng.Int64N(int64(hi-lo)))
+}
+
+// pastTTL is a pause long enough for leases to expire and be re-granted.
+func (n *nemesis) pastTTL() time.Duration { return n.between(2*n.cfg.TTL, 5*n.cfg.TTL) }
+
+func (n *nemesis) run(ctx context.Context) {
+	var queue []string
+	n.sleep(ctx, n.cfg.FaultGap/2) // let the workers get going
+	for ctx.Err() == nil {
+		if len(queue) == 0 {
+			queue = append([]string(nil), n.cfg.Faults...)
+			n.rng.Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
+		}
+		kind := queue[0]
+		queue = queue[1:]
+		// A fault that has begun runs to its end even if the run's time is
+		// up: it always leaves every process and service running.
+		f := Fault{Kind: kind, Start: now()}
+		if err := n.inject(context.WithoutCancel(ctx), &f); err != nil {
+			n.logf("fault %s failed: %v", kind, err)
+			n.heal()
+			continue
+		}
+		f.End = now()
+		n.faults = append(n.faults, f)
+		n.sleep(ctx, n.between(n.cfg.FaultGap/2, n.cfg.FaultGap))
+	}
+	n.heal()
+}
+
+// heal resumes everything and restarts what is down.
+func (n *nemesis) heal() {
+	n.up.Misbehave(Misbehaviour{})
+	n.up.StopInWrite(nil)
+	for _, w := range n.workers {
+		w.resume()
+	}
+	for _, r := range n.replicas {
+		r.Resume()
+		if !r.Alive() {
+			if err := r.Start(); err != nil {
+				n.logf("restart gateway %d: %v", r.Index, err)
+			}
+		}
+	}
+}
+
+func (n *nemesis) inject(ctx context.Context, f *Fault) error {
+	cfg := n.cfg
+	r := n.replicas[n.rng.IntN(len(n.replicas))]
+	switch f.Kind {
+	case FaultKillGateway:
+		r.Kill()
+		n.sleep(ctx, n.between(100*time.Millisecond, 500*time.Millisecond))
+		return r.Start()
+	case FaultPauseGateway:
+		r.Pause()
+		n.sleep(ctx, n.pastTTL())
+		r.Resume()
+	case FaultStopInWrite:
+		stopped := make(chan *Replica, 1)
+		n.up.StopInWrite(func(i int) {
+			if i >= 0 && i < len(n.replicas) {
+				n.replicas[i].Pause()
+				stopped <- n.replicas[i]
+			}
+		})
+		select {
+		case r := <-stopped:
+			n.sleep(ctx, n.pastTTL())
+			r.Resume()
+		case <-time.After(5 * time.Second):
+			n.up.StopInWrite(nil)
+			select { // armed a moment too late
+			case r := <-stopped:
+				r.Resume()
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	case FaultPauseWorker:
+		if len(n.workers) == 0 {
+			return nil // in-process workers stall by sleeping instead
+		}
+		w := n.workers[n.rng.IntN(len(n.workers))]
+		w.pause()
+		n.sleep(ctx, n.pastTTL())
+		w.resume()
+	case FaultSlowUpstream:
+		// Delays past the forward timeout but short enough that the write
+		// lands within the drain period the gateway starts at its timeout.
+		n.up.Misbehave(Misbehaviour{SlowPermille: 300, DelayMin: cfg.ForwardTimeout + 50*time.Millisecond,
+			DelayMax: cfg.DrainPeriod - 100*time.Millisecond})
+		n.sleep(ctx, n.between(time.Second, 2*time.Second))
+		n.up.Misbehave(Misbehaviour{})
+	case FaultDropUpstream:
+		n.up.Misbehave(Misbehaviour{DropPermille: 200})
+		n.sleep(ctx, n.between(500*time.Millisecond, 1500*time.Millisecond))
+		n.up.Misbehave(Misbehaviour{})
+	case FaultRestartPostgres:
+		if err := n.pg.Stop(ctx); err != nil {
+			return err
+		}
+		f.DownFrom = now().Add(100 * time.Millisecond) // writes admitted just before may still be on the wire
+		n.sleep(ctx, n.between(300*time.Millisecond, time.Second))
+		f.DownTo = now()
+		if err := n.pg.Start(ctx); err != nil {
+			return err
+		}
+	case FaultRestartRedis:
+		if err := n.rd.FlushAll(ctx); err != nil {
+			return err
+		}
+		if err := n.rd.Shutdown(ctx); err != nil {
+			return err
+		}
+		f.DownFrom = now().Add(100 * time.Millisecond)
+		n.sleep(ctx, n.between(200*time.Millisecond, 700*time.Millisecond))
+		f.DownTo = now()
+		if err := n.rd.Start(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,197 @@
+package torture
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// WorkerConfig configures one worker process (or one in-process group).
+type WorkerConfig struct {
+	Name       string        `json:"name"`       // unique in the run: prefixes holders and write ids
+	Gateways   []string      `json:"gateways"`   // base URLs of the replicas
+	Upstream   string        `json:"upstream"`   // the upstream's name in the gateway
+	Resources  []string      `json:"resources"`  // names to contend for
+	Goroutines int           `json:"goroutines"` // concurrent workers
+	TTL        time.Duration `json:"ttl"`
+	Wait       time.Duration `json:"wait"` // wait_ms of an acquire
+	// StallPermille of the writes are preceded by a sleep past the TTL (a
+	// pause that is not a process stop, for in-process workers).
+	StallPermille int           `json:"stall_permille"`
+	Timeout       time.Duration `json:"timeout"` // per HTTP request
+	Seed          uint64        `json:"seed"`
+}
+
+// Recorder receives a worker's observations; it must be safe for
+// concurrent use.
+type Recorder interface {
+	Grant(Grant)
+	Write(Write)
+}
+
+// RunWorkers runs cfg.Goroutines workers until ctx ends.
+func RunWorkers(ctx context.Context, cfg WorkerConfig, rec Recorder) {
+	transport := &http.Transport{Proxy: nil, MaxIdleConnsPerHost: cfg.Goroutines * 2, IdleConnTimeout: 30 * time.Second}
+	defer transport.CloseIdleConnections()
+	client := &http.Client{Transport: transport, Timeout: cfg.Timeout}
+	var wg sync.WaitGroup
+	for g := range cfg.Goroutines {
+		wg.Go(func() {
+			w := &worker{cfg: cfg, client: client, rec: rec, holder: fmt.Sprintf("%s.%d", cfg.Name, g),
+				rng: rand.New(rand.NewPCG(cfg.Seed, uint64(g)))}
+			w.run(ctx)
+		})
+	}
+	wg.Wait()
+}
+
+type worker struct {
+	cfg    WorkerConfig
+	client *http.Client
+	rec    Recorder
+	holder string
+	rng    *rand.Rand
+	seq    int
+}
+
+type answer struct {
+	status int
+	code   string
+	body   []byte
+}
+
+func (w *worker) do(ctx context.Context, method, url string, body []byte, header ...string) answer {
+	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
+	if err != nil {
+		return answer{}
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := w.client.Do(req)
+	if err != nil {
+		return answer{}
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	a := answer{status: resp.StatusCode, body: b}
+	if resp.StatusCode >= 300 {
+		var p struct {
+			Code string `json:"code"`
+		}
+		_ = json.Unmarshal(b, &p)
+		a.code = p.Code
+	}
+	return a
+}
+
+func (w *worker) sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+func (w *worker) run(ctx context.Context) {
+	cfg := w.cfg
+	for ctx.Err() == nil {
+		res := cfg.Resources[w.rng.IntN(len(cfg.Resources))]
+		gi := w.rng.IntN(len(cfg.Gateways))
+		req, _ := json.Marshal(map[string]any{"resource": res, "holder": w.holder, "ttl_ms": cfg.TTL.Milliseconds(), "wait_ms": cfg.Wait.Milliseconds()})
+		a := w.do(ctx, "POST", cfg.Gateways[gi]+"/v1/leases", req, "Content-Type", "application/json")
+		if a.status != http.StatusCreated {
+			w.sleep(ctx, time.Duration(5+w.rng.IntN(30))*time.Millisecond)
+			continue
+		}
+		granted := time.Now() // monotonic: the worker's own view of its TTL
+		var lease struct {
+			LeaseID string `json:"lease_id"`
+			Token   int64  `json:"token"`
+		}
+		if err := json.Unmarshal(a.body, &lease); err != nil || lease.LeaseID == "" {
+			continue
+		}
+		w.rec.Grant(Grant{Resource: res, Token: lease.Token, Holder: w.holder, Returned: now()})
+		release := w.rng.IntN(2) == 0
+	writes:
+		for range 1 + w.rng.IntN(4) {
+			switch p := w.rng.IntN(1000); {
+			case p < cfg.StallPermille:
+				w.sleep(ctx, cfg.TTL+time.Duration(w.rng.Int64N(int64(cfg.TTL)))) // stall past the TTL
+			case p < 400:
+				w.sleep(ctx, time.Duration(w.rng.Int64N(int64(cfg.TTL/3))))
+			}
+			if ctx.Err() != nil {
+				break
+			}
+			w.seq++
+			id := w.holder + "." + strconv.Itoa(w.seq)
+			gi := w.rng.IntN(len(cfg.Gateways))
+			late := time.Since(granted) >= cfg.TTL
+			sent := now()
+			a := w.do(context.WithoutCancel(ctx), "POST", cfg.Gateways[gi]+"/v1/proxy/"+cfg.Upstream+"/w/"+url.PathEscape(res), []byte(id),
+				"Fencing-Lease", lease.LeaseID, "Content-Type", "text/plain", HeaderReplica, strconv.Itoa(gi))
+			w.rec.Write(Write{ID: id, Resource: res, Token: lease.Token, Status: a.status, Code: a.code, Sent: sent, Returned: now(), Late: late})
+			switch {
+			case a.status >= 200 && a.status < 300:
+			case a.status == 0 || a.status == 502 || a.status == 504:
+				release = true // outcome unknown: give the resource up
+				break writes
+			default:
+				release = false
+				break writes
+			}
+		}
+		if release && ctx.Err() == nil {
+			w.do(ctx, "DELETE", cfg.Gateways[w.rng.IntN(len(cfg.Gateways))]+"/v1/leases/"+lease.LeaseID, nil)
+		}
+	}
+}
+
+// memRecorder collects observations in memory.
+type memRecorder struct {
+	mu     sync.Mutex
+	grants []Grant
+	writes []Write
+}
+
+func (m *memRecorder) Grant(g Grant) { m.mu.Lock(); m.grants = append(m.grants, g); m.mu.Unlock() }
+func (m *memRecorder) Write(w Write) { m.mu.Lock(); m.writes = append(m.writes, w); m.mu.Unlock() }
+
+// record is one line of a worker process's output.
+type record struct {
+	Grant *Grant `json:"g,omitempty"`
+	Write *Write `json:"w,omitempty"`
+}
+
+// LineRecorder writes observations as JSON lines (a worker process's
+// stdout, read by the parent).
+type LineRecorder struct {
+	mu  sync.Mutex
+	enc *json.Encoder
+}
+
+// NewLineRecorder writes to w.
+func NewLineRecorder(w io.Writer) *LineRecorder { return &LineRecorder{enc: json.NewEncoder(w)} }
+
+// Grant implements Recorder.
+func (l *LineRecorder) Grant(g Grant) { l.put(record{Grant: &g}) }
+
+// Write implements Recorder.
+func (l *LineRecorder) Write(w Write) { l.put(record{Write: &w}) }
+
+func (l *LineRecorder) put(r record) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_ = l.enc.Encode(r)
+}
