@@ -133,7 +133,15 @@ func (n *nemesis) inject(ctx context.Context, f *Fault) error {
 		n.up.Misbehave(Misbehaviour{DropPermille: 200})
 		n.sleep(ctx, n.between(500*time.Millisecond, 1500*time.Millisecond))
 		n.up.Misbehave(Misbehaviour{})
-	case FaultRestartPostgres:
+	case FaultRestartPostgres, FaultRestartPostgresInWrite:
+		if f.Kind == FaultRestartPostgresInWrite {
+			// Every write from now on lands late; the gateway times out
+			// while PostgreSQL is going down.
+			n.up.Misbehave(Misbehaviour{SlowPermille: 1000, DelayMin: cfg.DrainPeriod - 200*time.Millisecond,
+				DelayMax: cfg.DrainPeriod - 100*time.Millisecond})
+			defer n.up.Misbehave(Misbehaviour{})
+			n.sleep(ctx, cfg.ForwardTimeout/2)
+		}
 		if err := n.pg.Stop(ctx); err != nil {
 			return err
 		}

@@ -35,13 +35,17 @@ const (
 	FaultDropUpstream    = "drop-upstream"    // connections closed instead of answers, half after applying
 	FaultRestartPostgres = "restart-postgres" // stop and start the PostgreSQL cluster
 	FaultRestartRedis    = "restart-redis"    // FLUSHALL, shutdown nosave, start
+	// FaultRestartPostgresInWrite stops PostgreSQL while writes are held
+	// past the forward timeout by the upstream: their drain periods must
+	// survive the store being down when they time out.
+	FaultRestartPostgresInWrite = "restart-postgres-in-write"
 )
 
 // DefaultFaults are the fault kinds used in each mode.
 var DefaultFaults = map[string][]string{
 	ModeEmbedded: {FaultKillGateway, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream},
-	ModePostgres: {FaultKillGateway, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres},
-	ModeRedis:    {FaultKillGateway, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres, FaultRestartRedis},
+	ModePostgres: {FaultKillGateway, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres, FaultRestartPostgresInWrite},
+	ModeRedis:    {FaultKillGateway, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres, FaultRestartPostgresInWrite, FaultRestartRedis},
 }
 
 // DefaultTokenBase puts every resource's tokens just above 2^53, where a

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Short fault-injection torture for CI (issue 6): about a minute per storage
+# mode against the normal build, then each deliberately broken build, which
+# the checker must catch. Fails if a mode fails or is void, or if a broken
+# build passes.
+#
+#   scripts/torture-ci.sh                     all modes (needs PostgreSQL and Redis: scripts/test-services.sh)
+#   MODES=embedded scripts/torture-ci.sh      embedded only
+#   DURATION=30s BREAK_DURATION=20s scripts/torture-ci.sh
+#
+# Writes a JSON report per run to $OUT (default: a temporary directory).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-60s}
+BREAK_DURATION=${BREAK_DURATION:-30s}
+MODES=${MODES:-"embedded postgres redis"}
+BREAKS=${BREAKS:-"highest_seen not_durable unlock_on_timeout float_tokens"}
+OUT=${OUT:-$(mktemp -d /tmp/fencegw-torture-ci.XXXXXX)}
+mkdir -p "$OUT/bin"
+
+echo "== build"
+go build -o "$OUT/bin/fencegw-torture" ./cmd/fencegw-torture
+go build -o "$OUT/bin/fencegw" ./cmd/fencegw
+for b in $BREAKS; do
+	go build -tags "fencegw_break_$b" -o "$OUT/bin/fencegw-break-$b" ./cmd/fencegw
+done
+
+failed=()
+for m in $MODES; do
+	echo "== $m mode, $DURATION"
+	if ! "$OUT/bin/fencegw-torture" --quiet --mode "$m" --duration "$DURATION" \
+		--gateway-bin "$OUT/bin/fencegw" --json "$OUT/$m.json" --dir "$OUT/run-$m"; then
+		failed+=("$m")
+	fi
+done
+
+# Broken builds run in embedded mode: every failpoint lives on its path
+# (tokens, gateway, storage/bolt).
+for b in $BREAKS; do
+	echo "== broken build fencegw_break_$b, $BREAK_DURATION (must be caught)"
+	if ! "$OUT/bin/fencegw-torture" --quiet --mode embedded --duration "$BREAK_DURATION" --expect-violations \
+		--gateway-bin "$OUT/bin/fencegw-break-$b" --json "$OUT/break-$b.json" --dir "$OUT/run-break-$b"; then
+		failed+=("break_$b (not caught)")
+	fi
+done
+
+echo "reports in $OUT"
+if ((${#failed[@]})); then
+	echo "FAILED: ${failed[*]}"
+	exit 1
+fi
+echo "torture: all modes passed, all broken builds caught"
