@@ -1,0 +1,388 @@
+package modes_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	mrand "math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/fencegw/fencegw/bench"
+	"github.com/fencegw/fencegw/gateway"
+	"github.com/fencegw/fencegw/storage/bolt"
+	"github.com/fencegw/fencegw/storage/postgres"
+	"github.com/fencegw/fencegw/storage/postgres/pgtest"
+	fgredis "github.com/fencegw/fencegw/storage/redis"
+	"github.com/fencegw/fencegw/tokens"
+)
+
+var (
+	conc      = flag.Int("modes.clients", 16, "concurrent clients (spread grants, all writes, raw rates)")
+	resources = flag.Int("modes.resources", 1000, "resources in the spread runs")
+	bodySize  = flag.Int("modes.body", 256, "write body size in bytes")
+)
+
+var modeNames = []string{"embedded", "postgres", "postgres-redis"}
+
+// env is one gateway (in process, served on loopback) in one storage mode,
+// forwarding to a counting upstream.
+type env struct {
+	mode   string
+	up     *bench.Upstream
+	base   *url.URL
+	client *http.Client
+	body   []byte
+}
+
+func start(tb testing.TB, mode string) *env {
+	tb.Helper()
+	log := slog.New(slog.DiscardHandler)
+	var (
+		store  tokens.Store
+		locker tokens.Locker
+	)
+	switch mode {
+	case "embedded":
+		st, err := bolt.Open(filepath.Join(tb.TempDir(), "fencegw.db"), bolt.Options{Logger: log})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { _ = st.Close() })
+		store, locker = st, tokens.NewLocalLocker()
+	case "postgres", "postgres-redis":
+		schema := pgtest.NewSchema(tb)
+		pg := pgtest.Open(tb, schema, postgres.Options{Logger: log})
+		store, locker = pg, pg
+		if mode == "postgres-redis" {
+			rdb := requireRedis(tb)
+			prefix := "fencegw-bench:" + schema + ":"
+			tb.Cleanup(func() { deletePrefix(rdb, prefix) })
+			store = fgredis.New(rdb, pg, fgredis.Options{Prefix: prefix, Logger: log})
+		}
+	default:
+		tb.Fatalf("unknown mode %q", mode)
+	}
+	up, err := bench.StartUpstream()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = up.Close() })
+	svc := tokens.New(tokens.Config{Store: store, Locker: locker, Logger: log})
+	gw := gateway.New(svc, gateway.Config{Upstreams: map[string]*url.URL{bench.UpstreamName: up.URL}, Logger: log})
+	srv, err := bench.Serve(gw)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		_ = srv.Close()
+		gw.Close()
+	})
+	c := bench.NewClient(max(*conc, 64))
+	tb.Cleanup(c.CloseIdleConnections)
+	return &env{mode: mode, up: up, base: srv.URL, client: c, body: bytes.Repeat([]byte("x"), *bodySize)}
+}
+
+func redisURL() string {
+	if u := os.Getenv("FENCEGW_TEST_REDIS"); u != "" {
+		return u
+	}
+	return "redis://127.0.0.1:6379/0"
+}
+
+func requireRedis(tb testing.TB) *goredis.Client {
+	tb.Helper()
+	opt, err := goredis.ParseURL(redisURL())
+	if err != nil {
+		tb.Fatalf("FENCEGW_TEST_REDIS: %v", err)
+	}
+	opt.PoolSize = 128
+	rdb := goredis.NewClient(opt)
+	tb.Cleanup(func() { _ = rdb.Close() })
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		if os.Getenv("CI") == "true" {
+			tb.Fatalf("Redis at %s is required under CI: %v", redisURL(), err)
+		}
+		tb.Skipf("Redis at %s unreachable: %v", redisURL(), err)
+	}
+	return rdb
+}
+
+// deletePrefix removes this run's keys (never FLUSHALL: Redis is shared).
+func deletePrefix(rdb *goredis.Client, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	var keys []string
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+		if len(keys) == 500 {
+			rdb.Del(ctx, keys...)
+			keys = keys[:0]
+		}
+	}
+	if len(keys) > 0 {
+		rdb.Del(ctx, keys...)
+	}
+}
+
+// grantCycle acquires resource (waiting up to 5 s if it is held) and
+// releases it; it returns the grant's latency (the release is not timed).
+func (e *env) grantCycle(ctx context.Context, resource string) (time.Duration, error) {
+	payload, _ := json.Marshal(map[string]any{"resource": resource, "holder": "bench", "ttl_ms": 60000, "wait_ms": 5000})
+	t0 := time.Now()
+	resp, err := e.do(ctx, http.MethodPost, e.base.String()+"/v1/leases", payload)
+	took := time.Since(t0)
+	if err != nil {
+		return 0, err
+	}
+	var l struct {
+		LeaseID string `json:"lease_id"`
+		Token   int64  `json:"token"`
+	}
+	if resp.code != http.StatusCreated || json.Unmarshal(resp.body, &l) != nil || l.Token < 1 {
+		return 0, &bench.StatusError{Status: resp.code, Body: string(resp.body)}
+	}
+	resp, err = e.do(ctx, http.MethodDelete, e.base.String()+"/v1/leases/"+l.LeaseID, nil)
+	if err != nil {
+		return 0, err
+	}
+	if resp.code != http.StatusNoContent {
+		return 0, &bench.StatusError{Status: resp.code, Body: string(resp.body)}
+	}
+	return took, nil
+}
+
+type reply struct {
+	code int
+	body []byte
+}
+
+func (e *env) do(ctx context.Context, method, u string, body []byte) (reply, error) {
+	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
+	if err != nil {
+		return reply{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := e.client.Do(req)
+	if err != nil {
+		return reply{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return reply{resp.StatusCode, b}, err
+}
+
+// leases takes n leases (one per resource prefix-i), valid for an hour.
+func (e *env) leases(tb testing.TB, prefix string, n int) []string {
+	tb.Helper()
+	ids, err := bench.AcquireMany(context.Background(), e.client, e.base, prefix+"-"+runID(), n, 16, time.Hour)
+	if err != nil {
+		first, _, _ := strings.Cut(err.Error(), "\n")
+		tb.Fatalf("take %d leases: %s", n, first)
+	}
+	return ids
+}
+
+func runID() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// measure runs op n times from workers goroutines and reports throughput
+// and latency percentiles. op returns the latency to record (0: time the
+// whole call).
+func measure(b *testing.B, workers int, unit string, op func(ctx context.Context, i int) (time.Duration, error)) {
+	ctx := context.Background()
+	var (
+		next     atomic.Int64
+		rec      bench.Recorder
+		failed   atomic.Int64
+		firstErr error
+		errOnce  sync.Once
+		wg       sync.WaitGroup
+	)
+	n := int64(b.N)
+	b.ResetTimer()
+	start := time.Now()
+	for range workers {
+		wg.Go(func() {
+			lat := make([]time.Duration, 0, 1024)
+			for {
+				i := next.Add(1) - 1
+				if i >= n {
+					break
+				}
+				t0 := time.Now()
+				took, err := op(ctx, int(i))
+				if err != nil {
+					failed.Add(1)
+					errOnce.Do(func() { firstErr = err })
+					continue
+				}
+				if took == 0 {
+					took = time.Since(t0)
+				}
+				lat = append(lat, took)
+			}
+			rec.Add(lat)
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	if f := failed.Load(); f > 0 {
+		b.Fatalf("%d of %d operations failed; first: %v", f, n, firstErr)
+	}
+	s := rec.Summary()
+	b.ReportMetric(float64(n)/elapsed.Seconds(), unit+"/s")
+	b.ReportMetric(float64(s.P50.Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(s.P99.Microseconds())/1000, "p99-ms")
+}
+
+// BenchmarkGrant: a grant is POST /v1/leases (timed) followed by DELETE
+// (not timed). hot: one resource changing hands as fast as one client can
+// take and give it back (grants of one resource are serial by nature);
+// spread: -modes.clients clients on random resources out of
+// -modes.resources.
+func BenchmarkGrant(b *testing.B) {
+	for _, mode := range modeNames {
+		b.Run(mode, func(b *testing.B) {
+			e := start(b, mode)
+			id := runID()
+			b.Run("hot", func(b *testing.B) {
+				measure(b, 1, "grants", func(ctx context.Context, _ int) (time.Duration, error) {
+					return e.grantCycle(ctx, "hot-"+id)
+				})
+			})
+			b.Run("spread", func(b *testing.B) {
+				measure(b, *conc, "grants", func(ctx context.Context, _ int) (time.Duration, error) {
+					return e.grantCycle(ctx, "spread-"+id+"-"+strconv.Itoa(mrand.IntN(*resources)))
+				})
+			})
+		})
+	}
+}
+
+// BenchmarkWrite: fenced writes (POST through /v1/proxy/...) from
+// -modes.clients clients. hot: every write under one lease on one resource
+// (all share its lock); spread: each write under one of -modes.resources
+// leases on as many resources, picked at random.
+func BenchmarkWrite(b *testing.B) {
+	for _, mode := range modeNames {
+		b.Run(mode, func(b *testing.B) {
+			e := start(b, mode)
+			hot := bench.GatewayTarget("hot", e.base, bench.UpstreamName, e.leases(b, "whot", 1))
+			spread := bench.GatewayTarget("spread", e.base, bench.UpstreamName, e.leases(b, "wspread", *resources))
+			for _, tg := range []bench.Target{hot, spread} {
+				b.Run(tg.Name, func(b *testing.B) {
+					before := e.up.Requests.Load()
+					measure(b, *conc, "writes", func(ctx context.Context, _ int) (time.Duration, error) {
+						_, err := bench.Write(ctx, e.client, tg, e.body, mrand.IntN(len(tg.Leases)))
+						return 0, err
+					})
+					if got := e.up.Requests.Load() - before; got != int64(b.N) || e.up.Leaked.Load() != 0 {
+						b.Fatalf("upstream got %d writes for %d answered (leaked leases: %d)", got, b.N, e.up.Leaked.Load())
+					}
+				})
+			}
+		})
+	}
+}
+
+// BenchmarkRaw: the operations underneath, from Go on the same machine.
+// postgres-update: UPDATE t SET n = n + 1 WHERE id = 1 on a one-row table
+// (autocommit, one transaction each); redis-setnx: SET key v NX PX 60000 on
+// -modes.resources keys (most already set, as for a held lease).
+func BenchmarkRaw(b *testing.B) {
+	b.Run("postgres-update", func(b *testing.B) {
+		schema := pgtest.NewSchema(b)
+		cfg, err := pgxpool.ParseConfig(pgtest.URL())
+		if err != nil {
+			b.Fatal(err)
+		}
+		cfg.MaxConns = int32(*conc)
+		cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize()
+		ctx := context.Background()
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer pool.Close()
+		if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()+
+			"; CREATE TABLE t (id int PRIMARY KEY, n bigint NOT NULL); INSERT INTO t VALUES (1, 0)"); err != nil {
+			b.Fatal(err)
+		}
+		measure(b, *conc, "updates", func(ctx context.Context, _ int) (time.Duration, error) {
+			_, err := pool.Exec(ctx, "UPDATE t SET n = n + 1 WHERE id = 1")
+			return 0, err
+		})
+	})
+	b.Run("redis-setnx", func(b *testing.B) {
+		rdb := requireRedis(b)
+		prefix := "fencegw-bench-raw:" + runID() + ":"
+		defer deletePrefix(rdb, prefix)
+		measure(b, *conc, "sets", func(ctx context.Context, _ int) (time.Duration, error) {
+			err := rdb.SetArgs(ctx, prefix+strconv.Itoa(mrand.IntN(*resources)), "v", goredis.SetArgs{Mode: "NX", TTL: time.Minute}).Err()
+			if errors.Is(err, goredis.Nil) { // NX refused: the key is held
+				err = nil
+			}
+			return 0, err
+		})
+	})
+}
+
+// TestModes is the quick sanity check run without -bench: in every mode a
+// few grants (hot and spread) and fenced writes go through, each write
+// reaches the upstream once with its Fencing-Token and never the lease.
+func TestModes(t *testing.T) {
+	for _, mode := range modeNames {
+		t.Run(mode, func(t *testing.T) {
+			e := start(t, mode)
+			ctx := context.Background()
+			id := runID()
+			for i := range 5 {
+				if _, err := e.grantCycle(ctx, "hot-"+id); err != nil {
+					t.Fatalf("hot grant %d: %v", i, err)
+				}
+				if _, err := e.grantCycle(ctx, fmt.Sprintf("spread-%s-%d", id, i)); err != nil {
+					t.Fatalf("spread grant %d: %v", i, err)
+				}
+			}
+			tg := bench.GatewayTarget("spread", e.base, bench.UpstreamName, e.leases(t, "w", 10))
+			var wg sync.WaitGroup
+			errs := make([]error, 40)
+			for i := range 40 {
+				wg.Go(func() { _, errs[i] = bench.Write(ctx, e.client, tg, e.body, i) })
+			}
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			if e.up.Requests.Load() != 40 || e.up.Fenced.Load() != 40 || e.up.Leaked.Load() != 0 {
+				t.Fatalf("upstream: %d requests, %d fenced, %d leaked; want 40, 40, 0",
+					e.up.Requests.Load(), e.up.Fenced.Load(), e.up.Leaked.Load())
+			}
+		})
+	}
+}
