@@ -124,9 +124,10 @@ func (n *nemesis) inject(ctx context.Context, f *Fault) error {
 		w.resume()
 	case FaultSlowUpstream:
 		// Delays past the forward timeout but short enough that the write
-		// lands within the drain period the gateway starts at its timeout.
+		// lands within the drain period the gateway starts at its timeout
+		// (with 300ms to spare for a CPU-starved upstream).
 		n.up.Misbehave(Misbehaviour{SlowPermille: 300, DelayMin: cfg.ForwardTimeout + 50*time.Millisecond,
-			DelayMax: cfg.DrainPeriod - 100*time.Millisecond})
+			DelayMax: cfg.DrainPeriod - 300*time.Millisecond})
 		n.sleep(ctx, n.between(time.Second, 2*time.Second))
 		n.up.Misbehave(Misbehaviour{})
 	case FaultDropUpstream:
@@ -137,8 +138,8 @@ func (n *nemesis) inject(ctx context.Context, f *Fault) error {
 		if f.Kind == FaultRestartPostgresInWrite {
 			// Every write from now on lands late; the gateway times out
 			// while PostgreSQL is going down.
-			n.up.Misbehave(Misbehaviour{SlowPermille: 1000, DelayMin: cfg.DrainPeriod - 200*time.Millisecond,
-				DelayMax: cfg.DrainPeriod - 100*time.Millisecond})
+			n.up.Misbehave(Misbehaviour{SlowPermille: 1000, DelayMin: cfg.DrainPeriod - 400*time.Millisecond,
+				DelayMax: cfg.DrainPeriod - 300*time.Millisecond})
 			defer n.up.Misbehave(Misbehaviour{})
 			n.sleep(ctx, cfg.ForwardTimeout/2)
 		}

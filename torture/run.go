@@ -66,6 +66,7 @@ type Config struct {
 	WorkerGroups  int
 	Goroutines    int // per group
 	Resources     int
+	MaxWrites     int // writes per lease, 1..MaxWrites
 	TTL           time.Duration
 	// ForwardTimeout and DrainPeriod are passed to the gateway; upstream
 	// delays lie between them, so a correct gateway is never blamed for a
@@ -113,8 +114,8 @@ func (c *Config) defaults() error {
 	def(&c.DrainPeriod, time.Second)
 	def(&c.GrantWait, 2*time.Second)
 	def(&c.FaultGap, 1500*time.Millisecond)
-	if c.DrainPeriod < c.ForwardTimeout+200*time.Millisecond {
-		return errors.New("the drain period must exceed the forward timeout by 200ms: upstream delays lie between them")
+	if c.DrainPeriod < c.ForwardTimeout+400*time.Millisecond {
+		return errors.New("the drain period must exceed the forward timeout by 400ms: upstream delays lie between them")
 	}
 	if c.WorkerGroups <= 0 {
 		c.WorkerGroups = 4
@@ -124,6 +125,9 @@ func (c *Config) defaults() error {
 	}
 	if c.Resources <= 0 {
 		c.Resources = 6
+	}
+	if c.MaxWrites <= 0 {
+		c.MaxWrites = 6
 	}
 	if len(c.Faults) == 0 {
 		c.Faults = DefaultFaults[c.Mode]
@@ -260,7 +264,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	for g := range cfg.WorkerGroups {
 		wc := WorkerConfig{Name: fmt.Sprintf("%s-w%d", nonce, g), Gateways: urls, Upstream: "rec", Resources: resources,
 			Goroutines: cfg.Goroutines, TTL: cfg.TTL, Wait: cfg.TTL, Timeout: cfg.ForwardTimeout + cfg.DrainPeriod + 3*time.Second,
-			Seed: cfg.Seed + uint64(g)}
+			MaxWrites: cfg.MaxWrites, Seed: cfg.Seed + uint64(g)}
 		if len(cfg.WorkerCommand) == 0 {
 			wc.StallPermille = 60
 			workers.Go(func() { RunWorkers(workCtx, wc, rec) })

@@ -26,7 +26,8 @@ type WorkerConfig struct {
 	// StallPermille of the writes are preceded by a sleep past the TTL (a
 	// pause that is not a process stop, for in-process workers).
 	StallPermille int           `json:"stall_permille"`
-	Timeout       time.Duration `json:"timeout"` // per HTTP request
+	Timeout       time.Duration `json:"timeout"`    // per HTTP request
+	MaxWrites     int           `json:"max_writes"` // writes per lease: 1..MaxWrites
 	Seed          uint64        `json:"seed"`
 }
 
@@ -124,11 +125,11 @@ func (w *worker) run(ctx context.Context) {
 		w.rec.Grant(Grant{Resource: res, Token: lease.Token, Holder: w.holder, Returned: now()})
 		release := w.rng.IntN(2) == 0
 	writes:
-		for range 1 + w.rng.IntN(4) {
+		for range 1 + w.rng.IntN(max(cfg.MaxWrites, 1)) {
 			switch p := w.rng.IntN(1000); {
 			case p < cfg.StallPermille:
 				w.sleep(ctx, cfg.TTL+time.Duration(w.rng.Int64N(int64(cfg.TTL)))) // stall past the TTL
-			case p < 400:
+			case p < 250:
 				w.sleep(ctx, time.Duration(w.rng.Int64N(int64(cfg.TTL/3))))
 			}
 			if ctx.Err() != nil {

@@ -68,6 +68,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.Goroutines, "goroutines", 4, "workers per process")
 	fs.BoolVar(&inProcess, "in-process", false, "run workers as goroutines of this process (no worker pauses)")
 	fs.IntVar(&cfg.Resources, "resources", 6, "resources to contend for")
+	fs.IntVar(&cfg.MaxWrites, "writes-per-lease", 6, "writes per lease, 1 to this many")
 	fs.DurationVar(&cfg.TTL, "ttl", 300*time.Millisecond, "lease TTL")
 	fs.DurationVar(&cfg.ForwardTimeout, "forward-timeout", 300*time.Millisecond, "the gateway's --forward-timeout")
 	fs.DurationVar(&cfg.DrainPeriod, "drain-period", time.Second, "the gateway's --drain-period")
