@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -190,6 +191,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	if cfg.Mode == ModeRedis {
 		rd = &Redis{}
+		if u, err := url.Parse(cfg.Redis); err == nil && u.Port() != "" {
+			rd.Port = u.Port()
+		}
 		defer func() {
 			if err := rd.Ensure(context.WithoutCancel(ctx)); err != nil {
 				logf("could not restart Redis: %v", err)

@@ -54,6 +54,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		jsonPath  string
 		expectBad bool
 		quiet     bool
+		history   bool
 		inProcess bool
 		seed      uint64
 	)
@@ -83,6 +84,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&jsonPath, "json", "", "write the report as JSON to this file")
 	fs.BoolVar(&expectBad, "expect-violations", false, "succeed only if the checker finds violations (for deliberately broken builds)")
 	fs.BoolVar(&quiet, "quiet", false, "no progress lines")
+	fs.BoolVar(&history, "history", false, "write the whole history to DIR/history.json even if the run passed (it is always written on failure)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -139,8 +141,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "fencegw-torture: logs in", dir)
 		return 3
 	}
-	if b, jerr := json.MarshalIndent(res, "", " "); jerr == nil {
-		_ = os.WriteFile(filepath.Join(dir, "history.json"), b, 0o644)
+	if history || !res.Report.OK() {
+		if b, jerr := json.Marshal(res); jerr == nil {
+			_ = os.WriteFile(filepath.Join(dir, "history.json"), b, 0o644)
+		}
 	}
 	if jsonPath != "" {
 		b, _ := json.MarshalIndent(struct {
