@@ -45,6 +45,20 @@ for b in $BREAKS; do
 	fi
 done
 
+# Open finding (docs/reliability.md): a write in flight while PostgreSQL
+# restarts loses its shared lock, and its drain period if it times out
+# during the outage, so a new grant can return before it lands. The default
+# 300ms forward timeout is shorter than a restart here, so the runs above do
+# not reach it; this one does. Off until fixed: PG_OUTAGE_IN_WRITE=1.
+if [[ ${PG_OUTAGE_IN_WRITE:-0} == 1 ]]; then
+	echo "== postgres mode, writes in flight across a PostgreSQL restart, $DURATION"
+	if ! "$OUT/bin/fencegw-torture" --quiet --mode postgres --duration "$DURATION" \
+		--forward-timeout 5s --drain-period 6s --faults restart-postgres-in-write,pause-worker \
+		--gateway-bin "$OUT/bin/fencegw" --json "$OUT/postgres-outage-in-write.json" --dir "$OUT/run-postgres-outage-in-write"; then
+		failed+=("postgres-outage-in-write")
+	fi
+fi
+
 echo "reports in $OUT"
 if ((${#failed[@]})); then
 	echo "FAILED: ${failed[*]}"

@@ -2,9 +2,13 @@ package torture
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"time"
 )
+
+// errNotApplicable: the fault cannot happen in this run (it is not counted).
+var errNotApplicable = errors.New("fault not applicable")
 
 // nemesis injects one fault at a time, cycling through cfg.Faults in a
 // shuffled order so that every kind happens, and records each.
@@ -53,7 +57,12 @@ func (n *nemesis) run(ctx context.Context) {
 		// A fault that has begun runs to its end even if the run's time is
 		// up: it always leaves every process and service running.
 		f := Fault{Kind: kind, Start: now()}
-		if err := n.inject(context.WithoutCancel(ctx), &f); err != nil {
+		err := n.inject(context.WithoutCancel(ctx), &f)
+		if errors.Is(err, errNotApplicable) {
+			n.sleep(ctx, 50*time.Millisecond)
+			continue
+		}
+		if err != nil {
 			n.logf("fault %s failed: %v", kind, err)
 			n.heal()
 			continue
@@ -116,7 +125,7 @@ func (n *nemesis) inject(ctx context.Context, f *Fault) error {
 		}
 	case FaultPauseWorker:
 		if len(n.workers) == 0 {
-			return nil // in-process workers stall by sleeping instead
+			return errNotApplicable // in-process workers stall by sleeping instead
 		}
 		w := n.workers[n.rng.IntN(len(n.workers))]
 		w.pause()
