@@ -14,7 +14,8 @@ const (
 	// RuleTokenOrder: per resource, tokens never go down in arrival order.
 	RuleTokenOrder = "token-order"
 	// RuleStaleApplied: no write applied whose token was below a grant of
-	// its resource that had already returned.
+	// its resource that had already returned (for a write whose outcome was
+	// unknown: returned within a drain period of its sending).
 	RuleStaleApplied = "stale-applied"
 	// RuleExactlyOnce: every 2xx write applied exactly once, and no write
 	// applied twice.
@@ -120,6 +121,9 @@ func (r Report) String() string {
 // staleCodes are the refusals of a write whose lease is no longer current.
 var staleCodes = map[string]bool{"stale_token": true, "lease_expired": true, "lease_released": true}
 
+// unknownOutcome: the write may or may not have landed.
+func unknownOutcome(status int) bool { return status == 0 || status == 502 || status == 504 }
+
 // Check applies every rule to h.
 func Check(h History) Report {
 	r := Report{Stats: Stats{Faults: map[string]int{}, ViolationCounts: map[string]int{}}}
@@ -196,7 +200,7 @@ func Check(h History) Report {
 			st.StaleRejected++
 		case w.Status == 503:
 			st.Unavailable++
-		case w.Status == 0 || w.Status == 502 || w.Status == 504:
+		case unknownOutcome(w.Status):
 			st.UnknownOutcome++ // may or may not have landed: at most once (above)
 		default:
 			st.OtherRefused++
@@ -236,12 +240,21 @@ func Check(h History) Report {
 		if a.Applied.IsZero() {
 			continue
 		}
-		token := a.Token
+		token, deadline := a.Token, a.Applied
 		if w := writes[a.ID]; w != nil {
 			token = w.Token // the lease it was sent under, whatever the header said
+			// An unknown outcome starts a drain period no earlier than the
+			// write was sent: the gateway is at fault only for a grant that
+			// returned before that drain could have ended. Later, the write
+			// landed after the bound the gateway was configured with.
+			if h.DrainPeriod > 0 && unknownOutcome(w.Status) {
+				if end := w.Sent.Add(h.DrainPeriod); end.Before(deadline) {
+					deadline = end
+				}
+			}
 		}
 		ms := marks[a.Resource]
-		i := sort.Search(len(ms), func(i int) bool { return !ms[i].at.Before(a.Applied) }) // grants returned before Applied: ms[:i]
+		i := sort.Search(len(ms), func(i int) bool { return !ms[i].at.Before(deadline) }) // grants returned before the deadline: ms[:i]
 		if i > 0 && ms[i-1].max > token {
 			flag(RuleStaleApplied, "%s: write %s of token %d applied after a grant of token %d had returned", a.Resource, a.ID, token, ms[i-1].max)
 		}

@@ -136,3 +136,28 @@ func TestCheckVoidRuns(t *testing.T) {
 		})
 	}
 }
+
+// A write with an unknown outcome that lands after the drain period the
+// gateway promised is the upstream's lateness, not a violation; one that
+// lands after a grant that returned within that period is.
+func TestCheckUnknownOutcomeAndDrain(t *testing.T) {
+	late := func(grantAt int) History {
+		h := good()
+		h.DrainPeriod = time.Second
+		// b2 (token 2, 504) was sent at 720 and lands at 1900.
+		h.Arrivals[2].Applied = at(1900)
+		h.Grants = append(h.Grants, Grant{Resource: "r", Token: 3, Holder: "C", Returned: at(grantAt)})
+		return h
+	}
+	if r := Check(late(1800)); !r.OK() {
+		t.Errorf("grant after the drain (sent 720 + 1s) blamed on the gateway:\n%s", r)
+	}
+	if r := Check(late(1500)); r.Stats.ViolationCounts[RuleStaleApplied] != 1 {
+		t.Errorf("grant inside the drain not flagged:\n%s", r)
+	}
+	h := late(1800)
+	h.DrainPeriod = 0 // strict
+	if r := Check(h); r.Stats.ViolationCounts[RuleStaleApplied] != 1 {
+		t.Errorf("strict check did not flag:\n%s", r)
+	}
+}

@@ -59,4 +59,8 @@ type History struct {
 	Writes   []Write   `json:"writes"`
 	Arrivals []Arrival `json:"arrivals"`
 	Faults   []Fault   `json:"faults"`
+	// DrainPeriod is the gateway's --drain-period. A write whose outcome
+	// was unknown may land up to a drain period after it was sent without
+	// the gateway being at fault; zero holds such writes to the strict rule.
+	DrainPeriod time.Duration `json:"drain_period"`
 }

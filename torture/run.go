@@ -298,7 +298,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	res := &Result{Config: cfg}
 	rec.mu.Lock()
-	res.History = History{Grants: rec.grants, Writes: rec.writes, Arrivals: up.Arrivals(), Faults: n.faults}
+	res.History = History{Grants: rec.grants, Writes: rec.writes, Arrivals: up.Arrivals(), Faults: n.faults, DrainPeriod: cfg.DrainPeriod}
 	rec.mu.Unlock()
 	res.Report = Check(res.History)
 	if ctx.Err() != nil {

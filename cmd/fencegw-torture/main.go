@@ -7,6 +7,7 @@
 //	fencegw-torture --mode embedded --duration 1m
 //	fencegw-torture --mode redis --gateway-bin ./fencegw --duration 30m
 //	fencegw-torture --build-tags fencegw_break_highest_seen --expect-violations
+//	fencegw-torture check [--drain-period D] DIR/history.json   (check a saved history again)
 //
 // Exit status: 0 the run passed (or, with --expect-violations, the checker
 // found violations); 1 it failed or was void; 2 bad flags; 3 the harness
@@ -38,6 +39,9 @@ func main() {
 			os.Exit(1)
 		}
 		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "check" {
+		os.Exit(recheck(os.Args[2:], os.Stdout, os.Stderr))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
@@ -183,4 +187,36 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	default:
 		return 1
 	}
+}
+
+// recheck runs the checker on a saved history (DIR/history.json).
+func recheck(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	drain := fs.Duration("drain-period", 0, "the gateway's drain period, if the history does not record it")
+	if err := fs.Parse(args); err != nil || fs.NArg() != 1 {
+		fmt.Fprintln(stderr, "usage: fencegw-torture check [--drain-period D] history.json")
+		return 2
+	}
+	b, err := os.ReadFile(fs.Arg(0))
+	if err != nil {
+		fmt.Fprintln(stderr, "fencegw-torture:", err)
+		return 3
+	}
+	var saved struct {
+		History torture.History `json:"history"`
+	}
+	if err := json.Unmarshal(b, &saved); err != nil {
+		fmt.Fprintln(stderr, "fencegw-torture:", err)
+		return 3
+	}
+	if *drain > 0 {
+		saved.History.DrainPeriod = *drain
+	}
+	r := torture.Check(saved.History)
+	fmt.Fprint(stdout, r)
+	if !r.OK() {
+		return 1
+	}
+	return 0
 }
