@@ -189,6 +189,21 @@ type ClientInterface interface {
 	// Corresponds with POST /v1/leases/{lease_id}/renew (the `RenewLease` operationId).
 	RenewLease(ctx context.Context, leaseId LeaseID, body RenewLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// RevokeLease Revoke a lease (admin)
+	//
+	// Ends a lease on an administrator's order, whoever holds it: from the
+	// moment this call returns, writes under the lease are refused with
+	// `409 lease_released`, and it can no longer be renewed or released.
+	// Writes admitted before may still be finishing. The token does not
+	// change (nothing can lower a fence or reset a counter); the next grant
+	// gets the next token. The lease history records a `revoked` event
+	// naming the administrator. Revoking an already released lease succeeds
+	// again without change; an expired or superseded lease gets `409
+	// lease_lost`. Needs the `admin` role when authentication is on.
+	//
+	// Corresponds with POST /v1/leases/{lease_id}/revoke (the `RevokeLease` operationId).
+	RevokeLease(ctx context.Context, leaseId LeaseID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListRejections The rejection log, newest first
 	//
 	// Refused writes (every reason, `unknown_lease` included), newest first.
@@ -388,6 +403,31 @@ func (c *Client) RenewLeaseWithBody(ctx context.Context, leaseId LeaseID, conten
 // Corresponds with POST /v1/leases/{lease_id}/renew (the `RenewLease` operationId).
 func (c *Client) RenewLease(ctx context.Context, leaseId LeaseID, body RenewLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewRenewLeaseRequest(c.Server, leaseId, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// RevokeLease Revoke a lease (admin)
+//
+// Ends a lease on an administrator's order, whoever holds it: from the
+// moment this call returns, writes under the lease are refused with
+// `409 lease_released`, and it can no longer be renewed or released.
+// Writes admitted before may still be finishing. The token does not
+// change (nothing can lower a fence or reset a counter); the next grant
+// gets the next token. The lease history records a `revoked` event
+// naming the administrator. Revoking an already released lease succeeds
+// again without change; an expired or superseded lease gets `409
+// lease_lost`. Needs the `admin` role when authentication is on.
+//
+// Corresponds with POST /v1/leases/{lease_id}/revoke (the `RevokeLease` operationId).
+func (c *Client) RevokeLease(ctx context.Context, leaseId LeaseID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRevokeLeaseRequest(c.Server, leaseId)
 	if err != nil {
 		return nil, err
 	}
@@ -673,6 +713,40 @@ func NewRenewLeaseRequestWithBody(server string, leaseId LeaseID, contentType st
 	return req, nil
 }
 
+// NewRevokeLeaseRequest constructs an http.Request for the RevokeLease method
+func NewRevokeLeaseRequest(server string, leaseId LeaseID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "lease_id", leaseId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/leases/%s/revoke", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewListRejectionsRequest constructs an http.Request for the ListRejections method
 func NewListRejectionsRequest(server string, params *ListRejectionsParams) (*http.Request, error) {
 	var err error
@@ -950,6 +1024,23 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /v1/leases/{lease_id}/renew (the `RenewLease` operationId).
 	RenewLeaseWithResponse(ctx context.Context, leaseId LeaseID, body RenewLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*RenewLeaseResponse, error)
 
+	// RevokeLeaseWithResponse Revoke a lease (admin)
+	//
+	// Ends a lease on an administrator's order, whoever holds it: from the
+	// moment this call returns, writes under the lease are refused with
+	// `409 lease_released`, and it can no longer be renewed or released.
+	// Writes admitted before may still be finishing. The token does not
+	// change (nothing can lower a fence or reset a counter); the next grant
+	// gets the next token. The lease history records a `revoked` event
+	// naming the administrator. Revoking an already released lease succeeds
+	// again without change; an expired or superseded lease gets `409
+	// lease_lost`. Needs the `admin` role when authentication is on.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/leases/{lease_id}/revoke (the `RevokeLease` operationId).
+	RevokeLeaseWithResponse(ctx context.Context, leaseId LeaseID, reqEditors ...RequestEditorFn) (*RevokeLeaseResponse, error)
+
 	// ListRejectionsWithResponse The rejection log, newest first
 	//
 	// Refused writes (every reason, `unknown_lease` included), newest first.
@@ -1008,9 +1099,44 @@ func (r HealthzResponse) ContentType() string {
 	return ""
 }
 
+// MetricsResponse401Headers the declared response headers of an HTTP 401 response for Metrics
+type MetricsResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// MetricsResponse429Headers the declared response headers of an HTTP 429 response for Metrics
+type MetricsResponse429Headers struct {
+	RetryAfter *int
+}
+
 type MetricsResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *MetricsResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *MetricsResponse429Headers
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r MetricsResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r MetricsResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r MetricsResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
 }
 
 // GetBody returns the raw response body bytes
@@ -1090,8 +1216,18 @@ func (r ReadyzResponse) ContentType() string {
 	return ""
 }
 
+// AcquireLeaseResponse401Headers the declared response headers of an HTTP 401 response for AcquireLease
+type AcquireLeaseResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
 // AcquireLeaseResponse409Headers the declared response headers of an HTTP 409 response for AcquireLease
 type AcquireLeaseResponse409Headers struct {
+	RetryAfter *int
+}
+
+// AcquireLeaseResponse429Headers the declared response headers of an HTTP 429 response for AcquireLease
+type AcquireLeaseResponse429Headers struct {
 	RetryAfter *int
 }
 
@@ -1107,16 +1243,26 @@ type AcquireLeaseResponse struct {
 	JSON201 *Lease
 	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationproblemJSON400 *InvalidRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationproblemJSON409 *LeaseHeld
 	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
 	ApplicationproblemJSON413 *BodyTooLarge
 	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
 	ApplicationproblemJSON415 *UnsupportedMediaType
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *Unavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *AcquireLeaseResponse401Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *AcquireLeaseResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *AcquireLeaseResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *AcquireLeaseResponse503Headers
 }
@@ -1129,6 +1275,16 @@ func (r AcquireLeaseResponse) GetJSON201() *Lease {
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
 func (r AcquireLeaseResponse) GetApplicationproblemJSON400() *InvalidRequest {
 	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r AcquireLeaseResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r AcquireLeaseResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
@@ -1144,6 +1300,11 @@ func (r AcquireLeaseResponse) GetApplicationproblemJSON413() *BodyTooLarge {
 // GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
 func (r AcquireLeaseResponse) GetApplicationproblemJSON415() *UnsupportedMediaType {
 	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r AcquireLeaseResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -1180,6 +1341,16 @@ func (r AcquireLeaseResponse) ContentType() string {
 	return ""
 }
 
+// ReleaseLeaseResponse401Headers the declared response headers of an HTTP 401 response for ReleaseLease
+type ReleaseLeaseResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// ReleaseLeaseResponse429Headers the declared response headers of an HTTP 429 response for ReleaseLease
+type ReleaseLeaseResponse429Headers struct {
+	RetryAfter *int
+}
+
 // ReleaseLeaseResponse503Headers the declared response headers of an HTTP 503 response for ReleaseLease
 type ReleaseLeaseResponse503Headers struct {
 	RetryAfter *int
@@ -1188,14 +1359,34 @@ type ReleaseLeaseResponse503Headers struct {
 type ReleaseLeaseResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationproblemJSON409 *LeaseLost
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *Unavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ReleaseLeaseResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ReleaseLeaseResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *ReleaseLeaseResponse503Headers
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ReleaseLeaseResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ReleaseLeaseResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
@@ -1206,6 +1397,11 @@ func (r ReleaseLeaseResponse) GetApplicationproblemJSON404() *NotFound {
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
 func (r ReleaseLeaseResponse) GetApplicationproblemJSON409() *LeaseLost {
 	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ReleaseLeaseResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -1242,6 +1438,16 @@ func (r ReleaseLeaseResponse) ContentType() string {
 	return ""
 }
 
+// GetLeaseResponse401Headers the declared response headers of an HTTP 401 response for GetLease
+type GetLeaseResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// GetLeaseResponse429Headers the declared response headers of an HTTP 429 response for GetLease
+type GetLeaseResponse429Headers struct {
+	RetryAfter *int
+}
+
 // GetLeaseResponse503Headers the declared response headers of an HTTP 503 response for GetLease
 type GetLeaseResponse503Headers struct {
 	RetryAfter *int
@@ -1252,10 +1458,20 @@ type GetLeaseResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Lease
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *Unavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetLeaseResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetLeaseResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *GetLeaseResponse503Headers
 }
@@ -1265,9 +1481,24 @@ func (r GetLeaseResponse) GetJSON200() *Lease {
 	return r.JSON200
 }
 
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetLeaseResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetLeaseResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r GetLeaseResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetLeaseResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -1304,6 +1535,16 @@ func (r GetLeaseResponse) ContentType() string {
 	return ""
 }
 
+// RenewLeaseResponse401Headers the declared response headers of an HTTP 401 response for RenewLease
+type RenewLeaseResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// RenewLeaseResponse429Headers the declared response headers of an HTTP 429 response for RenewLease
+type RenewLeaseResponse429Headers struct {
+	RetryAfter *int
+}
+
 // RenewLeaseResponse503Headers the declared response headers of an HTTP 503 response for RenewLease
 type RenewLeaseResponse503Headers struct {
 	RetryAfter *int
@@ -1316,6 +1557,10 @@ type RenewLeaseResponse struct {
 	JSON200 *Lease
 	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationproblemJSON400 *InvalidRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
@@ -1324,8 +1569,14 @@ type RenewLeaseResponse struct {
 	ApplicationproblemJSON413 *BodyTooLarge
 	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
 	ApplicationproblemJSON415 *UnsupportedMediaType
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *Unavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *RenewLeaseResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *RenewLeaseResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *RenewLeaseResponse503Headers
 }
@@ -1338,6 +1589,16 @@ func (r RenewLeaseResponse) GetJSON200() *Lease {
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
 func (r RenewLeaseResponse) GetApplicationproblemJSON400() *InvalidRequest {
 	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r RenewLeaseResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r RenewLeaseResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
@@ -1358,6 +1619,11 @@ func (r RenewLeaseResponse) GetApplicationproblemJSON413() *BodyTooLarge {
 // GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
 func (r RenewLeaseResponse) GetApplicationproblemJSON415() *UnsupportedMediaType {
 	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r RenewLeaseResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -1394,6 +1660,120 @@ func (r RenewLeaseResponse) ContentType() string {
 	return ""
 }
 
+// RevokeLeaseResponse401Headers the declared response headers of an HTTP 401 response for RevokeLease
+type RevokeLeaseResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// RevokeLeaseResponse429Headers the declared response headers of an HTTP 429 response for RevokeLease
+type RevokeLeaseResponse429Headers struct {
+	RetryAfter *int
+}
+
+// RevokeLeaseResponse503Headers the declared response headers of an HTTP 503 response for RevokeLease
+type RevokeLeaseResponse503Headers struct {
+	RetryAfter *int
+}
+
+type RevokeLeaseResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Lease
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *LeaseLost
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *Unavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *RevokeLeaseResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *RevokeLeaseResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *RevokeLeaseResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r RevokeLeaseResponse) GetJSON200() *Lease {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r RevokeLeaseResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r RevokeLeaseResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r RevokeLeaseResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r RevokeLeaseResponse) GetApplicationproblemJSON409() *LeaseLost {
+	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r RevokeLeaseResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r RevokeLeaseResponse) GetApplicationproblemJSON503() *Unavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r RevokeLeaseResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r RevokeLeaseResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r RevokeLeaseResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r RevokeLeaseResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListRejectionsResponse401Headers the declared response headers of an HTTP 401 response for ListRejections
+type ListRejectionsResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// ListRejectionsResponse429Headers the declared response headers of an HTTP 429 response for ListRejections
+type ListRejectionsResponse429Headers struct {
+	RetryAfter *int
+}
+
 // ListRejectionsResponse503Headers the declared response headers of an HTTP 503 response for ListRejections
 type ListRejectionsResponse503Headers struct {
 	RetryAfter *int
@@ -1406,8 +1786,18 @@ type ListRejectionsResponse struct {
 	JSON200 *RejectionList
 	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationproblemJSON400 *InvalidRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *Unavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListRejectionsResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListRejectionsResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *ListRejectionsResponse503Headers
 }
@@ -1420,6 +1810,21 @@ func (r ListRejectionsResponse) GetJSON200() *RejectionList {
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
 func (r ListRejectionsResponse) GetApplicationproblemJSON400() *InvalidRequest {
 	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListRejectionsResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ListRejectionsResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ListRejectionsResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -1456,6 +1861,16 @@ func (r ListRejectionsResponse) ContentType() string {
 	return ""
 }
 
+// GetResourceResponse401Headers the declared response headers of an HTTP 401 response for GetResource
+type GetResourceResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// GetResourceResponse429Headers the declared response headers of an HTTP 429 response for GetResource
+type GetResourceResponse429Headers struct {
+	RetryAfter *int
+}
+
 // GetResourceResponse503Headers the declared response headers of an HTTP 503 response for GetResource
 type GetResourceResponse503Headers struct {
 	RetryAfter *int
@@ -1468,10 +1883,20 @@ type GetResourceResponse struct {
 	JSON200 *ResourceState
 	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationproblemJSON400 *InvalidRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *Unavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetResourceResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetResourceResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *GetResourceResponse503Headers
 }
@@ -1486,9 +1911,24 @@ func (r GetResourceResponse) GetApplicationproblemJSON400() *InvalidRequest {
 	return r.ApplicationproblemJSON400
 }
 
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetResourceResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetResourceResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r GetResourceResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetResourceResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -1688,6 +2128,29 @@ func (c *ClientWithResponses) RenewLeaseWithResponse(ctx context.Context, leaseI
 	return ParseRenewLeaseResponse(rsp)
 }
 
+// RevokeLeaseWithResponse Revoke a lease (admin)
+//
+// Ends a lease on an administrator's order, whoever holds it: from the
+// moment this call returns, writes under the lease are refused with
+// `409 lease_released`, and it can no longer be renewed or released.
+// Writes admitted before may still be finishing. The token does not
+// change (nothing can lower a fence or reset a counter); the next grant
+// gets the next token. The lease history records a `revoked` event
+// naming the administrator. Revoking an already released lease succeeds
+// again without change; an expired or superseded lease gets `409
+// lease_lost`. Needs the `admin` role when authentication is on.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/leases/{lease_id}/revoke (the `RevokeLease` operationId).
+func (c *ClientWithResponses) RevokeLeaseWithResponse(ctx context.Context, leaseId LeaseID, reqEditors ...RequestEditorFn) (*RevokeLeaseResponse, error) {
+	rsp, err := c.RevokeLease(ctx, leaseId, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRevokeLeaseResponse(rsp)
+}
+
 // ListRejectionsWithResponse The rejection log, newest first
 //
 // Refused writes (every reason, `unknown_lease` included), newest first.
@@ -1750,6 +2213,53 @@ func ParseMetricsResponse(rsp *http.Response) (*MetricsResponse, error) {
 	response := &MetricsResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers MetricsResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers MetricsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	}
 
 	return response, nil
@@ -1822,6 +2332,20 @@ func ParseAcquireLeaseResponse(rsp *http.Response) (*AcquireLeaseResponse, error
 		}
 		response.ApplicationproblemJSON400 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
 		var dest LeaseHeld
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -1843,6 +2367,13 @@ func ParseAcquireLeaseResponse(rsp *http.Response) (*AcquireLeaseResponse, error
 		}
 		response.ApplicationproblemJSON415 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest Unavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -1853,6 +2384,16 @@ func ParseAcquireLeaseResponse(rsp *http.Response) (*AcquireLeaseResponse, error
 	}
 
 	switch {
+	case rsp.StatusCode == 401:
+		var headers AcquireLeaseResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
 	case rsp.StatusCode == 409:
 		var headers AcquireLeaseResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -1863,6 +2404,16 @@ func ParseAcquireLeaseResponse(rsp *http.Response) (*AcquireLeaseResponse, error
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers AcquireLeaseResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers AcquireLeaseResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -1895,6 +2446,20 @@ func ParseReleaseLeaseResponse(rsp *http.Response) (*ReleaseLeaseResponse, error
 	case rsp.StatusCode == 204:
 		break // No content-type
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
 		var dest NotFound
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -1909,6 +2474,13 @@ func ParseReleaseLeaseResponse(rsp *http.Response) (*ReleaseLeaseResponse, error
 		}
 		response.ApplicationproblemJSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest Unavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -1919,6 +2491,26 @@ func ParseReleaseLeaseResponse(rsp *http.Response) (*ReleaseLeaseResponse, error
 	}
 
 	switch {
+	case rsp.StatusCode == 401:
+		var headers ReleaseLeaseResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers ReleaseLeaseResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers ReleaseLeaseResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -1955,12 +2547,33 @@ func ParseGetLeaseResponse(rsp *http.Response) (*GetLeaseResponse, error) {
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
 		var dest NotFound
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
 		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest Unavailable
@@ -1972,6 +2585,26 @@ func ParseGetLeaseResponse(rsp *http.Response) (*GetLeaseResponse, error) {
 	}
 
 	switch {
+	case rsp.StatusCode == 401:
+		var headers GetLeaseResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetLeaseResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetLeaseResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -2015,6 +2648,20 @@ func ParseRenewLeaseResponse(rsp *http.Response) (*RenewLeaseResponse, error) {
 		}
 		response.ApplicationproblemJSON400 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
 		var dest NotFound
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -2043,6 +2690,13 @@ func ParseRenewLeaseResponse(rsp *http.Response) (*RenewLeaseResponse, error) {
 		}
 		response.ApplicationproblemJSON415 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest Unavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -2053,8 +2707,129 @@ func ParseRenewLeaseResponse(rsp *http.Response) (*RenewLeaseResponse, error) {
 	}
 
 	switch {
+	case rsp.StatusCode == 401:
+		var headers RenewLeaseResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers RenewLeaseResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers RenewLeaseResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseRevokeLeaseResponse parses an HTTP response from a RevokeLeaseWithResponse call
+func ParseRevokeLeaseResponse(rsp *http.Response) (*RevokeLeaseResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &RevokeLeaseResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Lease
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest LeaseLost
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers RevokeLeaseResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers RevokeLeaseResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers RevokeLeaseResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -2096,6 +2871,27 @@ func ParseListRejectionsResponse(rsp *http.Response) (*ListRejectionsResponse, e
 		}
 		response.ApplicationproblemJSON400 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest Unavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -2106,6 +2902,26 @@ func ParseListRejectionsResponse(rsp *http.Response) (*ListRejectionsResponse, e
 	}
 
 	switch {
+	case rsp.StatusCode == 401:
+		var headers ListRejectionsResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListRejectionsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers ListRejectionsResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -2149,12 +2965,33 @@ func ParseGetResourceResponse(rsp *http.Response) (*GetResourceResponse, error) 
 		}
 		response.ApplicationproblemJSON400 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
 		var dest NotFound
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
 		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest Unavailable
@@ -2166,6 +3003,26 @@ func ParseGetResourceResponse(rsp *http.Response) (*GetResourceResponse, error) 
 	}
 
 	switch {
+	case rsp.StatusCode == 401:
+		var headers GetResourceResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetResourceResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetResourceResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {

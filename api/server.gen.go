@@ -51,17 +51,22 @@ func (e LeaseState) Valid() bool {
 const (
 	ProblemCodeBodyTooLarge         ProblemCode = "body_too_large"
 	ProblemCodeFenceBusy            ProblemCode = "fence_busy"
+	ProblemCodeForbidden            ProblemCode = "forbidden"
 	ProblemCodeInternalError        ProblemCode = "internal_error"
 	ProblemCodeInvalidRequest       ProblemCode = "invalid_request"
 	ProblemCodeLeaseExpired         ProblemCode = "lease_expired"
 	ProblemCodeLeaseHeld            ProblemCode = "lease_held"
 	ProblemCodeLeaseLost            ProblemCode = "lease_lost"
+	ProblemCodeLeaseNotOwned        ProblemCode = "lease_not_owned"
 	ProblemCodeLeaseReleased        ProblemCode = "lease_released"
 	ProblemCodeMethodNotAllowed     ProblemCode = "method_not_allowed"
 	ProblemCodeMissingLease         ProblemCode = "missing_lease"
 	ProblemCodeNotFound             ProblemCode = "not_found"
+	ProblemCodeRateLimited          ProblemCode = "rate_limited"
 	ProblemCodeStaleToken           ProblemCode = "stale_token"
 	ProblemCodeStoreUnavailable     ProblemCode = "store_unavailable"
+	ProblemCodeTooManyLeases        ProblemCode = "too_many_leases"
+	ProblemCodeUnauthorized         ProblemCode = "unauthorized"
 	ProblemCodeUnknownLease         ProblemCode = "unknown_lease"
 	ProblemCodeUnknownUpstream      ProblemCode = "unknown_upstream"
 	ProblemCodeUnsupportedMediaType ProblemCode = "unsupported_media_type"
@@ -76,6 +81,8 @@ func (e ProblemCode) Valid() bool {
 		return true
 	case ProblemCodeFenceBusy:
 		return true
+	case ProblemCodeForbidden:
+		return true
 	case ProblemCodeInternalError:
 		return true
 	case ProblemCodeInvalidRequest:
@@ -86,6 +93,8 @@ func (e ProblemCode) Valid() bool {
 		return true
 	case ProblemCodeLeaseLost:
 		return true
+	case ProblemCodeLeaseNotOwned:
+		return true
 	case ProblemCodeLeaseReleased:
 		return true
 	case ProblemCodeMethodNotAllowed:
@@ -94,9 +103,15 @@ func (e ProblemCode) Valid() bool {
 		return true
 	case ProblemCodeNotFound:
 		return true
+	case ProblemCodeRateLimited:
+		return true
 	case ProblemCodeStaleToken:
 		return true
 	case ProblemCodeStoreUnavailable:
+		return true
+	case ProblemCodeTooManyLeases:
+		return true
+	case ProblemCodeUnauthorized:
 		return true
 	case ProblemCodeUnknownLease:
 		return true
@@ -116,6 +131,7 @@ func (e ProblemCode) Valid() bool {
 // Defines values for RejectionCode.
 const (
 	RejectionCodeLeaseExpired  RejectionCode = "lease_expired"
+	RejectionCodeLeaseNotOwned RejectionCode = "lease_not_owned"
 	RejectionCodeLeaseReleased RejectionCode = "lease_released"
 	RejectionCodeStaleToken    RejectionCode = "stale_token"
 	RejectionCodeUnknownLease  RejectionCode = "unknown_lease"
@@ -125,6 +141,8 @@ const (
 func (e RejectionCode) Valid() bool {
 	switch e {
 	case RejectionCodeLeaseExpired:
+		return true
+	case RejectionCodeLeaseNotOwned:
 		return true
 	case RejectionCodeLeaseReleased:
 		return true
@@ -309,6 +327,9 @@ type Upstream = string
 // BodyTooLarge An RFC 9457 problem document.
 type BodyTooLarge = Problem
 
+// Forbidden An RFC 9457 problem document.
+type Forbidden = Problem
+
 // InvalidRequest An RFC 9457 problem document.
 type InvalidRequest = Problem
 
@@ -320,6 +341,12 @@ type LeaseLost = Problem
 
 // NotFound An RFC 9457 problem document.
 type NotFound = Problem
+
+// TooManyRequests An RFC 9457 problem document.
+type TooManyRequests = Problem
+
+// Unauthorized An RFC 9457 problem document.
+type Unauthorized = Problem
 
 // Unavailable An RFC 9457 problem document.
 type Unavailable = Problem
@@ -362,6 +389,9 @@ type ServerInterface interface {
 	// RenewLease Extend a lease
 	// (POST /v1/leases/{lease_id}/renew)
 	RenewLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID)
+	// RevokeLease Revoke a lease (admin)
+	// (POST /v1/leases/{lease_id}/revoke)
+	RevokeLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID)
 	// ListRejections The rejection log, newest first
 	// (GET /v1/rejections)
 	ListRejections(w http.ResponseWriter, r *http.Request, params ListRejectionsParams)
@@ -395,6 +425,12 @@ func (_ Unimplemented) GetLease(w http.ResponseWriter, r *http.Request, leaseId 
 // RenewLease Extend a lease
 // (POST /v1/leases/{lease_id}/renew)
 func (_ Unimplemented) RenewLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// RevokeLease Revoke a lease (admin)
+// (POST /v1/leases/{lease_id}/revoke)
+func (_ Unimplemented) RevokeLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -502,6 +538,32 @@ func (siw *ServerInterfaceWrapper) RenewLease(w http.ResponseWriter, r *http.Req
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.RenewLease(w, r, leaseId)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// RevokeLease operation middleware
+func (siw *ServerInterfaceWrapper) RevokeLease(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "lease_id" -------------
+	var leaseId LeaseID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "lease_id", chi.URLParam(r, "lease_id"), &leaseId, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "lease_id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.RevokeLease(w, r, leaseId)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -735,6 +797,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Post(options.BaseURL+"/v1/leases/{lease_id}/renew", wrapper.RenewLease)
 	})
 	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/leases/{lease_id}/revoke", wrapper.RevokeLease)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v1/resources/{resource}", wrapper.GetResource)
 	})
 	r.Group(func(r chi.Router) {
@@ -745,6 +810,8 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 }
 
 type BodyTooLargeApplicationProblemPlusJSONResponse Problem
+
+type ForbiddenApplicationProblemPlusJSONResponse Problem
 
 type InvalidRequestApplicationProblemPlusJSONResponse Problem
 
@@ -760,6 +827,24 @@ type LeaseHeldApplicationProblemPlusJSONResponse struct {
 type LeaseLostApplicationProblemPlusJSONResponse Problem
 
 type NotFoundApplicationProblemPlusJSONResponse Problem
+
+type TooManyRequestsResponseHeaders struct {
+	RetryAfter *int
+}
+type TooManyRequestsApplicationProblemPlusJSONResponse struct {
+	Body Problem
+
+	Headers TooManyRequestsResponseHeaders
+}
+
+type UnauthorizedResponseHeaders struct {
+	WWWAuthenticate *string
+}
+type UnauthorizedApplicationProblemPlusJSONResponse struct {
+	Body Problem
+
+	Headers UnauthorizedResponseHeaders
+}
 
 type UnavailableResponseHeaders struct {
 	RetryAfter *int
@@ -806,6 +891,41 @@ func (response AcquireLease400ApplicationProblemPlusJSONResponse) VisitAcquireLe
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type AcquireLease401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response AcquireLease401ApplicationProblemPlusJSONResponse) VisitAcquireLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type AcquireLease403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response AcquireLease403ApplicationProblemPlusJSONResponse) VisitAcquireLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -861,6 +981,25 @@ func (response AcquireLease415ApplicationProblemPlusJSONResponse) VisitAcquireLe
 	return err
 }
 
+type AcquireLease429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response AcquireLease429ApplicationProblemPlusJSONResponse) VisitAcquireLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type AcquireLease503ApplicationProblemPlusJSONResponse struct {
 	UnavailableApplicationProblemPlusJSONResponse
 }
@@ -896,6 +1035,41 @@ func (response ReleaseLease204Response) VisitReleaseLeaseResponse(w http.Respons
 	return nil
 }
 
+type ReleaseLease401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ReleaseLease401ApplicationProblemPlusJSONResponse) VisitReleaseLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseLease403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response ReleaseLease403ApplicationProblemPlusJSONResponse) VisitReleaseLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type ReleaseLease404ApplicationProblemPlusJSONResponse struct {
 	NotFoundApplicationProblemPlusJSONResponse
 }
@@ -924,6 +1098,25 @@ func (response ReleaseLease409ApplicationProblemPlusJSONResponse) VisitReleaseLe
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseLease429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response ReleaseLease429ApplicationProblemPlusJSONResponse) VisitReleaseLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -969,6 +1162,41 @@ func (response GetLease200JSONResponse) VisitGetLeaseResponse(w http.ResponseWri
 	return err
 }
 
+type GetLease401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetLease401ApplicationProblemPlusJSONResponse) VisitGetLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetLease403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response GetLease403ApplicationProblemPlusJSONResponse) VisitGetLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetLease404ApplicationProblemPlusJSONResponse struct {
 	NotFoundApplicationProblemPlusJSONResponse
 }
@@ -981,6 +1209,25 @@ func (response GetLease404ApplicationProblemPlusJSONResponse) VisitGetLeaseRespo
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetLease429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response GetLease429ApplicationProblemPlusJSONResponse) VisitGetLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -1039,6 +1286,41 @@ func (response RenewLease400ApplicationProblemPlusJSONResponse) VisitRenewLeaseR
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RenewLease401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response RenewLease401ApplicationProblemPlusJSONResponse) VisitRenewLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RenewLease403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response RenewLease403ApplicationProblemPlusJSONResponse) VisitRenewLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -1107,11 +1389,157 @@ func (response RenewLease415ApplicationProblemPlusJSONResponse) VisitRenewLeaseR
 	return err
 }
 
+type RenewLease429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response RenewLease429ApplicationProblemPlusJSONResponse) VisitRenewLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type RenewLease503ApplicationProblemPlusJSONResponse struct {
 	UnavailableApplicationProblemPlusJSONResponse
 }
 
 func (response RenewLease503ApplicationProblemPlusJSONResponse) VisitRenewLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeLeaseRequestObject struct {
+	LeaseId LeaseID `json:"lease_id"`
+}
+
+type RevokeLeaseResponseObject interface {
+	VisitRevokeLeaseResponse(w http.ResponseWriter) error
+}
+
+type RevokeLease200JSONResponse Lease
+
+func (response RevokeLease200JSONResponse) VisitRevokeLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeLease401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response RevokeLease401ApplicationProblemPlusJSONResponse) VisitRevokeLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeLease403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response RevokeLease403ApplicationProblemPlusJSONResponse) VisitRevokeLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeLease404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response RevokeLease404ApplicationProblemPlusJSONResponse) VisitRevokeLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeLease409ApplicationProblemPlusJSONResponse struct {
+	LeaseLostApplicationProblemPlusJSONResponse
+}
+
+func (response RevokeLease409ApplicationProblemPlusJSONResponse) VisitRevokeLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeLease429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response RevokeLease429ApplicationProblemPlusJSONResponse) VisitRevokeLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeLease503ApplicationProblemPlusJSONResponse struct {
+	UnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response RevokeLease503ApplicationProblemPlusJSONResponse) VisitRevokeLeaseResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -1160,6 +1588,60 @@ func (response ListRejections400ApplicationProblemPlusJSONResponse) VisitListRej
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListRejections401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListRejections401ApplicationProblemPlusJSONResponse) VisitListRejectionsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListRejections403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response ListRejections403ApplicationProblemPlusJSONResponse) VisitListRejectionsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListRejections429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response ListRejections429ApplicationProblemPlusJSONResponse) VisitListRejectionsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -1221,6 +1703,41 @@ func (response GetResource400ApplicationProblemPlusJSONResponse) VisitGetResourc
 	return err
 }
 
+type GetResource401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetResource401ApplicationProblemPlusJSONResponse) VisitGetResourceResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetResource403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response GetResource403ApplicationProblemPlusJSONResponse) VisitGetResourceResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetResource404ApplicationProblemPlusJSONResponse struct {
 	NotFoundApplicationProblemPlusJSONResponse
 }
@@ -1233,6 +1750,25 @@ func (response GetResource404ApplicationProblemPlusJSONResponse) VisitGetResourc
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetResource429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response GetResource429ApplicationProblemPlusJSONResponse) VisitGetResourceResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -1270,6 +1806,9 @@ type StrictServerInterface interface {
 	// RenewLease Extend a lease
 	// (POST /v1/leases/{lease_id}/renew)
 	RenewLease(ctx context.Context, request RenewLeaseRequestObject) (RenewLeaseResponseObject, error)
+	// RevokeLease Revoke a lease (admin)
+	// (POST /v1/leases/{lease_id}/revoke)
+	RevokeLease(ctx context.Context, request RevokeLeaseRequestObject) (RevokeLeaseResponseObject, error)
 	// ListRejections The rejection log, newest first
 	// (GET /v1/rejections)
 	ListRejections(ctx context.Context, request ListRejectionsRequestObject) (ListRejectionsResponseObject, error)
@@ -1436,6 +1975,32 @@ func (sh *strictHandler) RenewLease(w http.ResponseWriter, r *http.Request, leas
 	}
 }
 
+// RevokeLease operation middleware
+func (sh *strictHandler) RevokeLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID) {
+	var request RevokeLeaseRequestObject
+
+	request.LeaseId = leaseId
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.RevokeLease(ctx, request.(RevokeLeaseRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "RevokeLease")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(RevokeLeaseResponseObject); ok {
+		if err := validResponse.VisitRevokeLeaseResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // ListRejections operation middleware
 func (sh *strictHandler) ListRejections(w http.ResponseWriter, r *http.Request, params ListRejectionsParams) {
 	var request ListRejectionsRequestObject
@@ -1493,87 +2058,105 @@ func (sh *strictHandler) GetResource(w http.ResponseWriter, r *http.Request, res
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"5Fz9bhs5kn+VQt8exp5tffkrSQcHbGYu2cmtNxM4DgaY0Zya7i6pOW6RGpJtRTEE7DvcO9yD7ZMcWGR/",
-	"SS1ZjrML3F3+sqQmWVWsj199dO6DRM4XUqAwOojugwxZior+vEKjVq+mBpX9lKJOFF8YLkUQBR8wkSLV",
-	"YCQsGTdwg1OpEJRdwsUMjpaZzBG0eywEJQuRYgrFIgRmIEemDYyO+0EY6CTDObNHzLng82IeRKMwMKsF",
-	"BlHAhcEZqmC9XofBgik2R+PJe4Mi4WJ2iUzjNoHXGZ2u0B2GwFOwJChYZjzJwGQIS8UNAtcwZylaUrhd",
-	"6SQQhIFgc0uCP6fnDgoDhb8XXGEaREYV2KTf06yN4mIWWIppzdt/P4w8haZQAlO4WQFL6BBaX1G2YCar",
-	"6aJ1E57uJWnOPl2imJksiEYnz0Mr4upz2EHweyU/rd7bczpJthTYO7cHojYgBQmyWGijkM3haM5WkEhh",
-	"GBegc6Yz1Mc76PefHiPOj/6cbuLsviCnwERNUCLFlM8KhSksuckg7vWq3969+uvrf/t4dRnvILB88FFE",
-	"ru3DeiGFRtLS72S6upbykqkZaakVDgpj/2SLRc4TZjkYLJS8yXH+x9+0Zec+wE9svsj9itSecCPT1cRI",
-	"OclpqzBI0TCeB1Fgb8D+CvgpQbRGmSHkfM6NlcbF+fnpBdysDGpiUxsmErvh4G40IB2y32vDTKGD6Gx0",
-	"GgaGG3s00Q5GSiiP9MwWSkRTFAnOlpEnPNogb92U0R8UToMo+JdB7WoG7lc9eO/WO8m17zRu7xlHsIfT",
-	"o4sz+Av/DqZSkQIqmUPC8lyHMBrCX/l31qpSnLIiN/QQGb9VznUYvBV3LOfpldPqJ10Td1tNvIW07snk",
-	"k7mOYF5o6zDhBs0SUcBoOAQmUji9GNp/QRhMOeZptaJ5PcNhfT2eaqiP2nM/m3R9lQva2NTfUOkcyLHm",
-	"U6nmmL6EmJiKyUo1LDNGDyyVFDO6A3J1PxDfTxC/c4qZ3SYMkkIpFGZi5C2KIDo92zAahVoWKqEQYJeQ",
-	"4xXSZKicVw7CAD8tuEI9YSaIgpPhyUVvNOqdDq+Hw+hsFJ09+zkIg0zmNmJEwVKqW1S98z2GVp5JPmNu",
-	"IpYkJnr+/GR02rrmF/U1k2DAs7Tnhhusf5XLrfeLo0osjlXImAYGOb9DH758ICi5sx51E0n0KijRRZF/",
-	"etAAHesqgl7KJ1ql4yWXZCX71EIXC1QaUx+FQeASFcwUE+YLleF0lzIMpvnkbHmuP5/kF7e/n6bPVr+f",
-	"rJa/XYiT27NPvz9Tp/MTNlAocPkEtfEsl6yeHqBBtOQrapDdz3sGpytOimkIS6ZBIX2ZgnXJTEN9AeQV",
-	"3knzxkLHJ92+kGYypV0aNy0k6CLJKkP/4jtqXcBZfQHvpA007tQ9Qq+J+yoyr7aLI2ixaAVcm6cFU4Ld",
-	"MZ6zm/wLgAmZNbEyuSn0yn7SxXzO1CqIglfOYCgzwNQhCClmFHa56E1zPsuMD8BBGNyxvGheV2PbJ/rR",
-	"82EDzVgcj+C33XMhjeOtfLWRCidFW1g1rxZ4knUBPQgJE0JSeFfIkgzTDga3t3wYmLVY+UBHtTfYw9H2",
-	"eaQ5T1e2rY29ne8VCBxNGc8hyaXGNBrbXzObMlrrn0q1ZCp17oCUCNPj0H6I62ux4WhLw8Zip4pZFGyp",
-	"Wii847LQnjypgEGqbKayQMVl2h+Lrxa2PgpdLBZSGUz/iiln13Q7T/BhRb3hZG53nNCFNxxaC/WCYbcI",
-	"zSNo60MSgPNazxpcAB0K/tA9yraD0K+ib917xxF08B5vMh/3g1rr6X5fuSS7AfsXSi5QGe78WxnKN5PN",
-	"VzBViD2LbCFnN5iT2mXFnAlNSN5qW8p0diOZSvsEHPx9NlHBZm6+kUo2fdx+kV35597ZvHUdlmnDFt0O",
-	"EqSFIqEAFzDnec6rIs0cmaZU+WZFLMyYwSVbWQYsr4R6uDAXZ454V6vxWUvYqN5QkrJRvwkDa6sVWZSH",
-	"BdFw84p/kEsXK8rC0pTMlNC5C2NGwg0mco50Cftpu9igrIOudTO5/6UWeSXFX6s18uY3TEyVq2zrSxMe",
-	"3tdkpcxgz/B5w3DqO/ZO7lFrar3s1Kut56tKUWfZhH79RvtyVB8+oEiBG2Aa4lbtK3YlFLxDtXKu9SUI",
-	"+wlyOQNu2op+GHLq0HmHBx8lkC81FOv0HlxEvH+gJ9cVku4S5NQJy4WXECx5iclXwEWikGn70wJrEGaf",
-	"YMrYr5mBUUt6FqhvqfW2Se0y9CucMy7szt5m+Bw3zd3e7w6DfwmLnAl32ytZKJBLAXMppJGCJzZyJ7ct",
-	"cl+8ePH8AII3bK1VwKzMzit3KemwLoI0TKWVipX3uNNSP5TXvBFOfCIYRy6TLT13Scw3GnJmUBsHNl5C",
-	"7DOXOAJuNFxfX4JiYixkYWhxiWRc0mjxjCf5JcSlXvu1Po+ush9uXo5FXCc/hHEaySfgJ66NdhAFhXVm",
-	"v5SJbCUNJ0m3o5VKtVtDNLXRlIF2O7wJuHrzPbw4O38GPqpDKpNijoJsvO30HD7Z6g8YCwdDmLMk4wJ7",
-	"CllqvwFUiip0ruBecrJdNWvmbK2iTiuV14blOCk1xf1Uy8J9bkhkzrU1w0mZ8xXiVsil2PrcqPxulV13",
-	"ArE5mkymE0s4y3O5pBNbuUwX7i+PmhSC8PHm19Z0ZWEIuRlUguUTEmHnlW5UNu4P8SElfrzf3u5L4pkv",
-	"XW7qwxsL4TfLhSGZm5xOUaTWbmhtf3/E2/qpBrT3+wPD1o8l5L3v8qwOAXeseoxsjUf9m/Dx49VbEGxO",
-	"wYISE2dk9vEO9jfcZgnBicKKi9AZYpcPvEL7F3eZRdt4H3OzpaGXNvtI22vb2kHaux1iG67ZP+2TuWWG",
-	"otHTc5WlaaEx7USI21e1T8PSA6/by0CkFXxpc/BTSaSPyhW5CVOKY1pWxspaWCm9Fgt778h7Si5Ml9rp",
-	"TCpj0+Ap/1QmxWX3MfRQjogqe7cWD3Yd41xdp7AWvne41xTbhL2eL8yKgH7cUpK48+w92uHz+uleGR8N",
-	"gU/BH3R8oHYUjcbjfuskOEOgpIFpyHRqRNNW9Abk8XINm61HEuhes77kXckrNzhv/7EfGZc+onJbAVOK",
-	"rexngZ/MJCmUlh3J8HumCUvG7oGYLtKK3a6CI2LtGBZshi+B3Whrsr5ZkDNt6IeHfZ7joVsKApc7M/hd",
-	"APkdLkFVILnMiF9WDULTyIuury+/Sga87qS+kZBsUTn6+9/+6+TcN2+tXsevej8D632GYe8F9GECEfwJ",
-	"BtCL26kXF3cojFSrwYe/fOwNh6N2seHk/GJzEGDBjAUXQRT85y+vej+z3udh70V/Ev1p0Pv1j3/oMsOS",
-	"8gpbtwVPdbVJIYyDFm2+/mwRrXb5PT1i5S3giJXe2yYeTJRGCrIwlPDP2Qq04XkOORPp8eFusQ1kdjll",
-	"h/WbPQptPbF3yoeflnUioJ8ypA5aq21mLV+3kg4Qctmwhxspc2SiHaG2PZ9PJ0rX1+Ck/zXz5T2+l4zZ",
-	"pzvOER/oWh/OYSl79ayVUZ94C4F8uZCGCkQHHbin3lN6Y99p3VX+WRPonMptkn0pFLi22vvD9fX7qiZQ",
-	"ltLgJ6rT6HLAxzGincqXFYOxaJQMWlUFDVMl581cnRJPjS515eVYAxgJbCwWShpMDM1d+aGXb781mZLF",
-	"LPv2W5t0tra6RVzolphdRF2gGotKQe2BTOil5YIwYHmmG7A5G76A76WY5jwxcTkXZjJcufq//XMsSnL6",
-	"8JqqSR6r1RNZChOpUkz7YzEWr23Co4EprBPTeFf5PK5yVU8Rs1TaZHQstrLR2EbmuMr8pywxVgDMUOl8",
-	"BUdxyXYcQkzSiMOxiFsR3P7kDND+Vfsa+8kNPRz3IW40E2LLIRcOZ43FA0NyJIJXhXWRxjMcta4tYxqE",
-	"FGQj3Giq1hxl1O2yj6GFV2Nh5KKX4x3mEGtMCsXNytJ1VQjgFJIZLBS/Y8ZGbrOU6tY6vxvMON33WLAG",
-	"CWJmk5ZPqz682qgfQlyWdYhLUia2YDc85w7kjQXJl56KQIp81SyIJEwA9bxdu9KjUxPSFZF9eSXRY2H1",
-	"gaVzbqyC00Z031tu4hsNPLXy3ihnumJKzhMUrprr575eLViSYe+kP7RITOVBFGTGLHQ0GCyXyz6jn/tS",
-	"zQZ+rR5cvv3+9bsPr2lNnT2WDiEIgztU2gf1/tA9JBco2IIHUXDaH/ZPPdQjTzjIkOUm+xxE9+swGMzR",
-	"OgbtP1nlXZU/FXzAFnwg71DdcVy2vy11Vw/uyz/XFKobc5S/7EuzaFgntPafoDA9FNZc0h3jcg1Xuntc",
-	"7vBos/7VclK3qCzdfgykE020gqiRlUm6xMJ587j0CD5TEOhG25xSCmBiVcUw77kcmmWm7p1DnWpwTdjR",
-	"ehL3uN2Ha2pD+XFOHVbexRXySCe0r6I7pXebMWuFCUbOQza3cMrNrOsofa2DQVyA73S60dbtLudYZOwO",
-	"YcoF1xmmffiJnLTvxcTePvOcwJje020Zi6lCfNlItC16U4WlrjDUL/AxgSJAY3jIhmgt52ilTXjHCgnL",
-	"CG4v53x4Co32rl1wWA93LI62urheThWWzKTGCkFyXWV+XoQ3uUxuHUV0P84pWChLnvZtah1CYxjXazdq",
-	"851MV3tauh2t3K7RoL1zDCU2Grn8ouqgDQ/upm60ONdt/GOtc3Ng9WQ4ehxXhwxFNbtc28+c7hycqjtX",
-	"B/aTHhwLsb/UdfPmXFRT1gfL1+lER6/6ulZx8jnWurYjJKNWmy4B8zoMzobDXWdW1zTYmFelZS8eXlaP",
-	"WNoVo9OHV7Sml2nR+cOLOmcf1mFwPjw9ZHFzSiVsThV5xMy8ayIc2obH9kbZTFfNJR38um5FkcF9Kfu1",
-	"CyQ5dnWGrtDDctNdc3SZFbjHqIFXlZuY9YV6LDyeYTmF67rRo4vEjS6zmfVZRzzF+UJaUzuuwBRtMxYb",
-	"1cDGaGJzpsbve9RwuzRxdxwBN2PhqnrWd9ukZGWdMOaEiRwTHe7Oc1+7u5Z3ONsprtQr8NnDt1yN9T1K",
-	"dS/9ZOITFcmTW15al9KEwQxNF6MuHtf1xdKAybW8rHEG1/umKdry/jOaHbIe/l/3xI0WZacz/pqO+Mu0",
-	"84m69lboBSZmv65t4PGus+pHBuU7RRsAueHa/NTwNtI/eOdwB9Z+/cmgSPf7RYsZhVzCH2trOPJ1VY9t",
-	"G5XV4z78SOB2Yw+bB5J7E7jENAIm6rHh0ueNhVRNr2h92wxNC4GSK+x2cgKXT0Z0XwYaWjXr9fY7Q1/Z",
-	"8M9P/v9CMK9ALQ/whQDrHx7W/tchMucN9vk276GoVjS4L6t+68H9gpls/XgPVb0AuA4ffLZ+lfGAh1sv",
-	"k1aeVZVdMTLLHZCgUbnUcIS+nsm0FOFmQxO4SPIipZlmq5fawJQrbZPONzLP5RLiRq8ttp50wWYINyy5",
-	"tcm+4XPsw6Vv2bqKqAN4OpNLMRZUUQyrN7BuZMpRu0e6nOAl1+aq5jHcXxkiR12LxKXkVKutX/qhutDv",
-	"BapVZ2HoiwpB4UOEMEPD3JT3E0VXb76H09PTF05gO8jSXGzQdEh7Z5ua9/aGNP+88yB6QbF1UDX/So3C",
-	"qpE42ugidnUvusp1baXZrJSUHdYu0nxTd98Lrb8+NTj5/vMvbtpkV3iqXo1oDpV0vKnV+XpVGkSjZ9vz",
-	"F7swcHNKogpqf//bf9cd+Ch4/+OH67L7HgUDilvUVBhQKBvkXDz8HkojttUTBEG9F3mmLkqH0fC0IZXN",
-	"ObUNuQwbYinFcbHN5ufPLzaZ/Nji8bbQjY5xg7OalWGLk6rRTJCxNSYQjC6CRwCi5ihDRyj/UaDzhGWH",
-	"U86eEsyfGPccsPAkW1ra3rwRCBsBpAqG9XeDaqik+qm7YN8Zebq7rqWE6inj5e7GMxUI5DLc6hp/UzVk",
-	"bIJL8HLlCtlxo7MfwzLjOY7FrNHQp2HYB4qvfQvRz6B+Vw341FLiiVsyVx+vOKO3ejpLs39Gc9XsO/yj",
-	"02fX23ddja7Xfg9yB2c11L14PnpM3tCcudiJeKu0jGrqrjTxT4W+TzSv75vN53BbEen/eIBm576yNm8+",
-	"XVn1Y7tccBRX7u1fT954vxi7Fma8NWITHzv1/Kc0xqy4UN11s0YvH/k5ppxrgwJYmirUboSoHFKgDeJW",
-	"hzMaDEYnz/rD/rA/ip4Pnw/JrXvpbo0TunJsCNyVOELft7X3VDZufRWVVdMJ7WGG/sZ/ZuLiYfeLFV6P",
-	"23ff3xbyrj1yObNrW4MGurW+8tTbG/zkwH39dqKRwJr/t0g1XuH62VM38JAwpVau5LGziExK42lw/e2e",
-	"fzF2m4wfqCtsBc1SCz+cZH13uMFL5SJ3CeM/Pvz4rmztt95V+8bBRYLU8aDggxiOSFHKKuZYNJ+VSwEZ",
-	"E2mOKqQxHGon+nfxXr1/e9xKVkT1X1WMRTMzAbZYIFMtUVSn2GTsfwIAAP//",
+	"5Fz9cts4kn8VFG+vYs9SX/7IJHJt1Xrmkp3cZjKpxKlUTZQzIbIlYU0BGgC0oqRcte9w73APtk9y1Q2Q",
+	"BCVKlmPPzn74L0sigEajv/sHfolSNV8oCdKaaPglmgHPQNO/b8Dq1fnEgsZPGZhUi4UVSkbD6C2kSmaG",
+	"WcWWXFg2honSwDQOEXLKDpYzlQMz7rGYaVXIDDJWLGLGLcuBG8sGh90ojkw6gznHJeZCinkxj4aDOLKr",
+	"BUTDSEgLU9DRzc1NHC245nOwnrznIFMhpy+BG9gk8GJGq2twiwETGUMSNFvORDpjdgZsqYUFJgyb8wyQ",
+	"FIEjHQeiOJJ8jiT4dTpuoTjS8EshNGTR0OoCQvo9zcZqIacRUkxjXvzXfuRpsIWWkLHxivGUFqHxFWUL",
+	"bmc1XTTuUmQ7SZrzTy9BTu0sGg6OnsTI4upz3ELwa60+rV7jOq0kIwV45rggGMuUJEYWC2M18Dk7mPMV",
+	"S5W0XEhmcm5mYA630O8/3YWd7/w67cThvExNGJc1QamSEzEtNGRsKeyMJZ1O9dur8x+f/eHdm5fJFgLL",
+	"B+9E5A0+bBZKGiAp/U5lqwulXnI9JSlF5oC0+C9fLHKRctxBb6HVOIf57/9icDtfIvjE54vcj8hwhbHK",
+	"VpdWqcucpoqjDCwXeTSM8ATwVwafUgBUyhmwXMyFRW48Pj09fszGKwuGtmkslylO2Lse9EiG8HtjuS1M",
+	"NDwZHMeRFRaXJtqZVYqVS/rNFloOJyBTmC6HnvDhGnk3IY9+p2ESDaP/6NWmpud+Nb3XbrzjXPNMk+ac",
+	"yZDt2OnB4xP2Z/EdmyhNAqhVzlKe5yZmgz77UXyHWpXBhBe5pYdI+VE4b+LoudJjkWUg73VCk2qW4HCu",
+	"YMVGkYaF0taMIoYKIpVlhUFraVShU2CjyNi5HfI0tcMnT44Gx6Non7PqB2f1PFh8xzHVND7ICVXT+cO5",
+	"gtUjwzSafqXr/S00TMQnMCxTtHme52qJA0YSz+iMJc6YSWUv1VJC5qdzpnHJTWkPnW2Uys5A42LdEW3k",
+	"hbzmucjeOKt0r0MUbqpLb+Eaembzy7kZsnlh0OGxMdglgGSDfp9xmbHjx338i+JoIiDPqhGNI+vXR+ap",
+	"ZvVSOw5una4HOb61ST3XS+NOjjGfKD2H7IwltKmErKxhyxmnB5ZaySnpELmqH2jf92C/k4MZThNHaaE1",
+	"SHtp1RWq5vHJmtGr5EsYhkNC4ci9t4ZPC6HBXHIbDaOj/tHjzmDQOe5f9PvDk8Hw5NufoziaqRw9/jBa",
+	"Kn0FunO6Q/nKNcnmN3S2ccxP62MmxjC/pR0nHGz9QQ63ni8ZVmxxW2UzVCmWi+tSx7wjL3eHHnE9EuxU",
+	"oWAbRf7pXhA03lQR0Et1T610e8kVackusTDFArSBzFsKJmEJmk01l/YrheF4mzD0JvnlyfLUfD7KH1/9",
+	"cpx9u/rlaLX8y2N5dHXy6Zdv9fH8iPc0SFjeQ2z8lsutHu8hQTTkASUI52vYY8fFLCbDrIG+zNDe4+f6",
+	"AMgqvFL2OYb+9zp9dAsTmiU4aamYKdJZpehffUaNAzipD+CVwkDBrbqD6TVxD8LzarpkyBpbDB0qsfZC",
+	"qR+5XHmnZ+7FYc0tXFIgBdlm9OI1YTCK0NKqa9BMWMNwEEaYp/3SZZjeXjHmUSDmF0qxOZeraord3G4Q",
+	"+iAMD2eso5jmRr1DxEfPWIIRKZJ86XaWDEdSWLKshnHjdlObVvpOWAz8uoysI+NoHlkSWNUEA5mHMrnv",
+	"JC/sTGnxGe6nd0U4USAVnLnA5fz1i5JXZYLEDs79EFqEfQdcgz7cK5od1FLxrrnyDoFo0PggAhHOiJ6z",
+	"sDOQ1nON5EJSuBeGSinXWoBBjT1//WIkkStKM+7iI6YkbBzw+/fvO+f13NtKGEgwuERnyi0s+YrxNIWF",
+	"NezAMfeMfceNSCmpwccybmZjxXVGiXd1qpF7mmng+fwPo8gzkjKNHemsk6drLnI+zr8ig6W90lqX48Ks",
+	"8JMp5nOuV9EwOneemUpIkLlUE/mFWxGyM8nFdGZ9phbF0TXPi0bCVU97z4DttJFK4bTMT7srl6qXRzYZ",
+	"qzRcFk1m1XvF0yQ3zuhBlnKJqdAYhYinM5Lz9Q1uTnm7HjW28paWak6wY0eb65EA3F+nNib2lnYnQ9jB",
+	"hIucpbkykA1H+OtMyCmFGROll1xnLu4gIYLsMMYPSX0sqL0bEjaSW0UMnRlStdBwLVRhPHmkyJnmQrIF",
+	"aKGyhzXWplgslLaQ/QiZ4Bd0Ovcy2tWEl3Oc8ZIOPDDfjfIIs/wKWLgETb1Ppeg0tNfVoowWZX7RnZa7",
+	"ldAHsuFtcydD1rL3ZH3zSTeqpZ7O99xVH4L6wkKrBWgrnH0rc4Z1C37OJhqggyk0y/kYchK7WTHn0lQ+",
+	"pLLXTXMdpB/rRdw1Ix3auN0se+Ofe8XnxGhfn9ig2+UeWaG9z5NsLvJcVNX8OXBT+GpM4JlwA7hXSq+E",
+	"tI9PHPGuqO/LI3FQ5qdqyFqhP45QVyuyqGAXDfvrR/yDWjpfUXYgJqSmVAZw8bJVbAypmgMdwm7aHq9R",
+	"1kLXTVgF/lCzvOLix2qMGv8FUlsVRTblJcxDv9RkZdxCx4p5oDj1GXsjd6cxtVy2ytXG81VLoTUWoV8f",
+	"Gd+36LK3IDOMbLlhSaNJkrhaO1yDXjnTesYkfmK5mjJhm4K+X4rWIvMu8bwTQ75WUdDo3TqI9v6Wnryp",
+	"UvY2Rk4cs5x7iRmSl9p8xYRMNXCDPy2gzvbwCa4tfs0tGzS4d3zcItabKrVN0d/AnAuJM3udEXNYV3fK",
+	"adoV/owtci7daa9UoZlaSjZXUlklRYqeO71qkPv06dMnexC8pmuNTleldl64S07HdbU1UJVGzac8x62a",
+	"+ta2BuKJrzglQ5fX1dG/I+aRYTm3mAfQymcs8SWSZEj548XFS6a5HElVWBpcRjKuOoXxjCf5jCWlXPux",
+	"vmBXlVmEPRvJpK6yUIwTVLkYfBLGGheigERj9qGsmFXccJx0MyJXqtkC1tRKUzraTfcm2Zvn37OnJ6ff",
+	"Mu/VWabSYg6SdLxp9Fx8stFIthgOxmzO05mQ0NHAM/yGgdbUynGd2XInm+X5sDjUqB43aobG8hwuS0lx",
+	"P9W8cJ8DjsyFQTW8LItLhbySaimrz2vtCnqikbGGvaC14spa+SCYPWg4bnT7toZ1c7AzlREt1FZxy4eZ",
+	"UVsWUS51WUiKtte/RkOgCktxoAUteX5JB9IqIGsF2S/7WKQyGv2yOd3XeEffcVmXrueYEKx3OWJSXjWZ",
+	"gMxQC2lsd7f/3PipDo+/7HYzGz+WAfSXNjvt4umWUXfhrfU5xHow+u7NCyb5nFwPpTlOZfHxlu2vGeEy",
+	"oCcKq13ETq3bLOobwP+Ey1OapuAuJ1uajdIC3FGTb9PcveR504UHpt8/7ZPF5QxkAC5xJfJJYSBrjUA3",
+	"D2+XzGV7CoDnisyq8Ki5g/clkd7rV+S6OlZWlvjLon7Jz8YWdp6at8RC2jZBNDOlre8Kl0l3CYOJfahI",
+	"RJUgIow325Zxxq+VWQsPYtmpnE3Cns0XdkWJRNIQm6R17R3S4esGk508PugzMWF+ocM9paMIEDC79ZXC",
+	"JQp6gpiJlKmOmJqCHoRUnq9xiIEhhu5U9JeiLTkWFubNf3ZH3qXVqAxZxLXmK/ws4ZO9TAttVEuy/Zob",
+	"ilUT90BSFURxFDugrR2yBZ/CGeNjgyrru545N5Z+uN0Kuj20c0HCcmuFYFsA/gqWTFdBeJlxn1VIFRvk",
+	"XRcXLx8kw75ppT5IeDaoHPztr/97dOpRRCjXyXnnZ8Y7n1m/85R12SUbsj+yHuskzdROyGuQVulV7+2f",
+	"33X6/UGzmHF0+ngdkbbgFsONaBj9z4fzzs+887nfedq9HP6x1/n4+9+1qWFJeRW7NxlPdbvLQloXbDT3",
+	"9SeMmI2rH9AjyG/JDnhpvTGx4bJUUqYKSwWFOV8xY0Wes5zL7HB/s9gMbbYZZZdLhM1Wg5bYG+X9V5u1",
+	"xkTvZ0BQgEb/33WvGqAKqZaBPoyVyoHLpofatHw+XSlNX7CT7kPm4ztsLymzT6ecId7TtN6eI1N27LdW",
+	"en3aW8zIlktlqQC114I76kmlNfaQkW3lJYwlIS20sKu3rk3kqsXiz7BqTdbKft1Eq3mYxj8yrNPB9KUz",
+	"ETmwg8SXatkUZOcKVkmN0yVRoEZSvaWZtQsK6ctCZuv6GIqPtVoa0KY0vNWIM8blihUGNOGLXIReksud",
+	"YC64MUvlyqQ1LdyIdJ2UG4rPJ2qTiHJjwqBa/3Bx8boqxpQ1TPaeCmQV5Kzs4pItKEs1IxnUahrlHLPB",
+	"Xcr4DbiagSiBh8wqxkdyoZWF1BIy2sNSv/nGzrQqprNvvsFsvzHVFcDCNOTPhRoL0CNZaS4uyKVZ4i4o",
+	"XC7XdBDYk/5T9r2Sk1ykNimR23YGK9d4cbi8kpwue0ZlPB/E1phpDanSGWTdkRzJZ5gbGsY11BWBZFvf",
+	"IqmKBJ4ijlSOc4hHcqMMkGDIklQllwlPLTKAW+pZrNhBUm47iVlC3EjikUwaoQ3+5CwT/lcbYfzkYG2H",
+	"3WY/HncopAtAR/IWGDux4HyzTzzB8C4H02zfCuPqeQEkudK9pDuS7/FLYWNfP015nrNxYVnSmwHP7eyz",
+	"40bSQx6tPidMEhSWV/odMwpuuBnJpNGNH/p2PBsV/f5xegUr+gcSdqB0vNlARg7wUmljr4cjWSoimkJS",
+	"Ieo/H3bZM5Qe1FgHL9MqhyFLrgUskaMHSO+w8i8mHkmnWrH3Oz7woyIx6QwJYNykKWZzQCU0hzFLXC07",
+	"GckDnhtVamzMCHUVl2kLTUaan5WoX2oU8mwuZMLcWA3X6goO45HEp9HBjz20mNxIRXaHUOYloLXLzsvE",
+	"xbAxCgc+6zEkI+nktISuCjsMsas4CR4Umg5hDRMZm4I1qJ/HnjUBILZRNxRBAxRJ8OUqStcIcIDT42Qj",
+	"mZz0B6wBaYj90TQQuiXsJYQnO0JqiC8OJGBDGy6GJSdHT1kDTEPiPZJNnAtD8VYozqHYYzDS6C6UiGCR",
+	"kSqS3CmZozos+Fjkwq7iyiiUmjWGXMmpA2iwhRbXSJcEi2LiCqK5SEG6jowH+Z8veDqDzlG3j9mOzr0T",
+	"McNeb7lcdjn93FV62vNjTe/li++fvXr7jMbUNZvSt0RxdA3a+MC523cPqQVIvhDRMDru9rvHPp0ih12q",
+	"dTT8chNHPS/e/pPTcf+hED2+ED3kPypV89tKr3pfyn9vKBwOLs182FXK8J53AToFaTsg0fJmW+5GBOHK",
+	"9rsR+0d0Nx9xJ3WbGen2mNHWiL0RqFpVWXeXvLuIKSmdi8/GJbh7DJr0UlLEUcaJ3gk6C8htDbRjdTov",
+	"DOVn6JTc4ziPMM5Au7s7JpBJKsaTTBhvyV1o7CbjmHymMKxB8OUUjMTcQcS823aphpDMoxXcPaZNpMJI",
+	"zvg1sImQwszQMpArSXw/NXFxAy6F35gdHdORnGiAs6CYhRmSLpC6wlLPz4cXFEwESGMMg42aA3Kbcgpk",
+	"EpRRMh7Oaf+YBRANHLAfDmMkDzaQGJ5PVb42UwaqLE2YqrriWTjOVXrlKKLzcUYB00Xyjy8yNAjBzSsv",
+	"3WDsdypb7YBltMAx2nDEO7FIZf4xcDl81QXv742IWIMp3DRzDNTO9dtJR/3B3Xa1D4I67FRvPnO8FWVd",
+	"d5/37AnfCu3CX+reVwiiDnm9N3+dTLTgTS5qEV+66K3Nj3Fql5syKb2Jo5N+f9ua1TH11i630LDB7cPe",
+	"rQEjT/rHtw96Hl4POuk/vX1Efe0DRwz2WKNxI44Gne6zmxaYFA4+2oPGdaT0TRyd7sONdw0gXBwCF31u",
+	"6MMWl3E1E0EUOD41Vf/aRB9vGk6u96UUjRvn53Joaz6/AZ+A2va2gyuuMPcYYQSqijNHU21G0hdleE7R",
+	"RN1LNkXqrtHxKZrUA5HBfKHQEhzWgS1OM5JrDYHgmkUI2/PzHgRegW4PHA6ZsCPpCvvoWjBdWaGPgJyC",
+	"PreJFmvsd19b44bxOtnKrqz7d1WUk9tHVDch7qRZL/1ljt9Izt+UGVR1zWJDpuNoCrbtHFw0U3dASvNH",
+	"hvmsjtKE2YUna4rDn8BuEYX+v7ofC0Aara7sId3YP7by/Daq8EKaBaR2tyqsJVtta9WP9Mq3A6xlP4Fj",
+	"8PfHNtO4vWeOtyRSzz5ZkNlur4IJgVRL9vtaWQ98Y8onLkFr6rDLfqLMZW2OlEvnHCQsIRsyLusLZKXH",
+	"GEmlQ5+CnqGshTQcSbuLkLC8d7j+dRFho+l3s3n7/4Ht0unRv2987QWoYaD+saPnXz8o+HcJt52x2mV6",
+	"dxjQa3UFv4oFJWxsfX+aS0YVZWGs5lbpR4YpnYGO2XKmKPJ1TVZhh1WPaCTnak5tnM1Kkq+F1MUeH0bR",
+	"a3Z8M8YVWGsjWYFHYx9ukfmV7loV6MAQu+qvj5VH8r1bDDdgg4JY3egel3UlIadhVSxTdO3NjmQ643IK",
+	"7KAsUuPKuVpSeYYKPr7gDOhDU1VIC/rwrEZokFkbSbL71ZcuV2ZVZMJmwlhF/ahUaTqAxB1xljC4Bpwh",
+	"gLg1DgSTpGt1RTmS3MyG3PxlTjSSLila+nK1291Z4L5Y02e54ZXXKiv4zm2xV9XrSsq2A5XgqcDWdsOw",
+	"3dHhPv8l498Ayt9CTf/nfZ1RAPz79UJkL2//DKHyP0+eiSytrOkB6cjhDkO/0OrTqvel7FLf9L4suJ3d",
+	"3N3OV6+UuolvfbZ+OdYeDzdeT1ZF+FWXk9R2S+YcdNoNOwDff+dGyXgdmciETPMio8uPaNeNZROhje2O",
+	"5HNFb9lJAtBcghH9gk+BjXl6xYQkSEuXvfTYS9fBd2UaM1NLOZLUAY+rVt9YZXTPGR9ps1EvhbFv6j3G",
+	"u9tPlDDULHF1f8IW1K8hoebTLwXoVWv36au6TfFthHBLtz6puUAUvXn+PTs+Pn7qGLaFLCPkGk374LQ2",
+	"qXmNJ2TE560LUYe1sVB1UY4QfxUicLAGB2yDIbX1BJtCs96OKaGSbaR5dOauO+Uf7+u8PJD0gwOSb0uT",
+	"qjvUIV685d0xrS98yaLh4NtNIPU2VxnCnSun97e//l8NpR1Gr396e1HCaIdRj1wWgWB65MV6uZC3X1gP",
+	"vFoNBY7qucgytVHaH/aPA66sw+LX+NIP2FKy4/HmNj9/frq+yXeNPV4VJoB+Bjurt9Jv7KRCjFLg3cD7",
+	"RoPH0R0S8xCT3OLIf5LgLGEJVVTTf4ak8rdxzxfr+Jymswn8dODfKl9df9erwOvVT+2ghVbH2I7uLA+w",
+	"vi253A5wpS6EWsYb6NRH1U07zJsoOvYAkyRAECdsORM5jOQ0AA7Tpb5bGtBdzAlOWP1yHyYmSEnwhjty",
+	"uuXO6O0Ere3pP4F9E2Ivfu0kwGGIHbKj7T1pe1mrkzoGf/xkcJfyWojt3hqOV9VLl2aSNfyXrBD9Ntr/",
+	"fQg1jTf1hN65ykIAc2UMvHa31cbvCkRiB0nlHP7z6Ln3KoT4Gclk46ZBcui05++CXQqQ2Lg38sEehv3h",
+	"I0VYDWj0h4/o3Azo63ZmEODRXwDJhbEgGc8yDcbdvShBzDRB0oCtDXu9wdG33X633x0Mn/Sf9MmN+vPY",
+	"QISXcEnhWhseN0knW0Iny1dYVejlJti5u/Y6Yhd/tN9494rZlJbu5rFsmyNXUxzbACKbxvjK9WxO4Otb",
+	"9WtjrKIqVPV24Ap+TfArMXGA6JRrvXKFuq2tdxIzT4NDmXb8G4s2yfiBoH7IaJ5huOc46yF/wV4qm7+N",
+	"Gf/99qdXbAwzsf4SkUcuPKcUJukVopewAxKUsrk6kuGzainZjMssBx0T8JMwYv4lKeevXxw2kkNZvax0",
+	"JMNMkPHFArhusKJaBZPf/w8AAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -35,6 +35,12 @@ func (c *control) AcquireLease(ctx context.Context, req api.AcquireLeaseRequestO
 	if b.WaitMs != nil {
 		in.Wait = millis(*b.WaitMs)
 	}
+	if p := principalFrom(ctx); p != nil {
+		in.Owner = p.Name
+		if err := c.checkAcquire(ctx, p, in); err != nil {
+			return nil, err
+		}
+	}
 	lease, err := c.svc.Acquire(ctx, in)
 	c.obs.grant(err)
 	if err != nil {
@@ -43,9 +49,51 @@ func (c *control) AcquireLease(ctx context.Context, req api.AcquireLeaseRequestO
 	return api.AcquireLease201JSONResponse(leaseJSON(lease, tokens.StateCurrent, lease.TTL)), nil
 }
 
+// checkAcquire applies the key's resource prefixes and caps.
+func (c *control) checkAcquire(ctx context.Context, p *Principal, in tokens.AcquireRequest) error {
+	if err := mayUse(ctx, in.Resource); err != nil {
+		return err
+	}
+	if err := checkTTL(p, in.TTL); err != nil {
+		return err
+	}
+	if p.MaxLeases <= 0 {
+		return nil
+	}
+	live, err := c.svc.CurrentLeases(ctx, maxLeasesCounted)
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, l := range live {
+		if l.Owner == p.Name {
+			n++
+		}
+	}
+	if n >= p.MaxLeases {
+		return &tokens.Error{Kind: errTooManyLeases, RetryAfter: time.Second,
+			Detail: "key " + strconv.Quote(p.Name) + " holds " + strconv.Itoa(n) + " live leases, its cap"}
+	}
+	return nil
+}
+
+// maxLeasesCounted bounds the live leases read to enforce a key's cap; a
+// cap must not exceed it (auth refuses larger ones).
+const maxLeasesCounted = 1000
+
+func checkTTL(p *Principal, ttl time.Duration) error {
+	if p.MaxTTL > 0 && ttl > p.MaxTTL {
+		return tokens.Invalid("ttl_ms", "must be at most "+strconv.FormatInt(p.MaxTTL.Milliseconds(), 10)+" for key "+strconv.Quote(p.Name))
+	}
+	return nil
+}
+
 func (c *control) GetLease(ctx context.Context, req api.GetLeaseRequestObject) (api.GetLeaseResponseObject, error) {
 	lease, err := c.svc.Lease(ctx, req.LeaseId)
 	if err != nil {
+		return nil, err
+	}
+	if err := mayUse(ctx, lease.Resource); err != nil {
 		return nil, err
 	}
 	res, err := c.svc.Resource(ctx, lease.Resource)
@@ -71,7 +119,12 @@ func (c *control) RenewLease(ctx context.Context, req api.RenewLeaseRequestObjec
 			ttl = -1 // an explicit 0 is out of range, not "default"
 		}
 	}
-	lease, err := c.svc.Renew(ctx, req.LeaseId, ttl)
+	if p := principalFrom(ctx); p != nil {
+		if err := checkTTL(p, ttl); err != nil {
+			return nil, err
+		}
+	}
+	lease, err := c.svc.Renew(ctx, req.LeaseId, ttl, principalName(ctx))
 	if err != nil {
 		return nil, err
 	}
@@ -79,13 +132,42 @@ func (c *control) RenewLease(ctx context.Context, req api.RenewLeaseRequestObjec
 }
 
 func (c *control) ReleaseLease(ctx context.Context, req api.ReleaseLeaseRequestObject) (api.ReleaseLeaseResponseObject, error) {
-	if _, err := c.svc.Release(ctx, req.LeaseId); err != nil {
+	if _, err := c.svc.Release(ctx, req.LeaseId, principalName(ctx)); err != nil {
 		return nil, err
 	}
 	return api.ReleaseLease204Response{}, nil
 }
 
+// anonymousAdmin names the revoker in the lease history when the gateway
+// runs without authentication.
+const anonymousAdmin = "(no authentication)"
+
+func (c *control) RevokeLease(ctx context.Context, req api.RevokeLeaseRequestObject) (api.RevokeLeaseResponseObject, error) {
+	by := anonymousAdmin
+	if p := principalFrom(ctx); p != nil {
+		if p.Role < RoleAdmin {
+			return nil, &tokens.Error{Kind: errForbidden, Detail: "revoking needs the admin role"}
+		}
+		lease, err := c.svc.Lease(ctx, req.LeaseId)
+		if err != nil {
+			return nil, err
+		}
+		if err := mayUse(ctx, lease.Resource); err != nil {
+			return nil, err
+		}
+		by = p.Name
+	}
+	lease, err := c.svc.Revoke(ctx, req.LeaseId, by)
+	if err != nil {
+		return nil, err
+	}
+	return api.RevokeLease200JSONResponse(leaseJSON(lease, tokens.StateReleased, 0)), nil
+}
+
 func (c *control) GetResource(ctx context.Context, req api.GetResourceRequestObject) (api.GetResourceResponseObject, error) {
+	if err := mayUse(ctx, req.Resource); err != nil {
+		return nil, err
+	}
 	res, err := c.svc.Resource(ctx, req.Resource)
 	if err != nil {
 		return nil, err
@@ -291,6 +373,7 @@ func (g *Gateway) controlBody(next http.Handler) http.Handler {
 				return
 			}
 			r.Body = http.MaxBytesReader(w, r.Body, g.cfg.MaxControlBody)
+			defer limitBody(w, r, g.cfg.BodyTimeout)()
 		}
 		next.ServeHTTP(w, r)
 	})

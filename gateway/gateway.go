@@ -27,6 +27,7 @@ const (
 	DefaultForwardTimeout = 30 * time.Second
 	DefaultMaxBody        = 10 << 20
 	DefaultMaxControlBody = 64 << 10
+	DefaultBodyTimeout    = 30 * time.Second
 )
 
 // Config configures a Gateway. Zero fields take the defaults.
@@ -39,6 +40,10 @@ type Config struct {
 	ForwardTimeout time.Duration
 	MaxBody        int64 // fenced write bodies
 	MaxControlBody int64 // control call bodies
+	// BodyTimeout bounds reading one request body, so that a slow client
+	// is cut off (default DefaultBodyTimeout). Responses of fenced writes
+	// must be taken within ForwardTimeout+BodyTimeout.
+	BodyTimeout time.Duration
 	// Registry receives the gateway's metrics and is served at /metrics.
 	// Nil: a fresh registry.
 	Registry *prometheus.Registry
@@ -47,8 +52,17 @@ type Config struct {
 	// write path: it must be cheap and must not block.
 	OnForwarded func(resource string, token int64)
 	// UI, if set, is served under /ui/ (the dashboard).
-	UI     http.Handler
-	Logger *slog.Logger
+	UI http.Handler
+	// Auth, if set, authenticates every call but /healthz and /readyz (API
+	// keys with roles and resource prefixes), binds leases to the key that
+	// acquired them and keeps the client's Authorization from the
+	// upstream. Nil: no authentication, as before.
+	Auth Authenticator
+	// UpstreamHeaders are added to every write forwarded to the named
+	// upstream, replacing any the client sent (the upstream's credentials,
+	// which workers then never hold).
+	UpstreamHeaders map[string]http.Header
+	Logger          *slog.Logger
 }
 
 // Gateway is the HTTP face of a tokens.Service.
@@ -74,6 +88,9 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	}
 	if cfg.MaxControlBody <= 0 {
 		cfg.MaxControlBody = DefaultMaxControlBody
+	}
+	if cfg.BodyTimeout <= 0 {
+		cfg.BodyTimeout = DefaultBodyTimeout
 	}
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
@@ -108,6 +125,9 @@ func (g *Gateway) Close() {
 func (g *Gateway) routes() http.Handler {
 	r := chi.NewRouter()
 	r.Use(g.recoverer)
+	if g.cfg.Auth != nil {
+		r.Use(g.authenticate)
+	}
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		sendProblem(w, r, problem{Status: http.StatusNotFound, Code: codeNotFound, Title: "Not found",
 			Detail: "no such endpoint; resource names in paths are percent-encoded (inventory%2FSKU-001)"})

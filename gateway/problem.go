@@ -28,6 +28,10 @@ const (
 	codeUpstreamUnreachable  = "upstream_unreachable"
 	codeUpstreamTimeout      = "upstream_timeout"
 	codeInternalError        = "internal_error"
+	codeUnauthorized         = "unauthorized"
+	codeForbidden            = "forbidden"
+	codeRateLimited          = "rate_limited"
+	codeTooManyLeases        = "too_many_leases"
 	problemTypePrefix        = "urn:fencegw:problem:"
 	problemContentType       = "application/problem+json"
 	defaultUnavailableRetry  = time.Second
@@ -68,6 +72,11 @@ var kinds = []struct {
 	{tokens.ErrLeaseExpired, http.StatusConflict, tokens.CodeLeaseExpired, "Lease expired"},
 	{tokens.ErrLeaseReleased, http.StatusConflict, tokens.CodeLeaseReleased, "Lease released"},
 	{tokens.ErrUnknownLease, http.StatusForbidden, tokens.CodeUnknownLease, "Unknown lease"},
+	{tokens.ErrNotOwner, http.StatusForbidden, tokens.CodeNotOwner, "Lease not owned"},
+	{ErrUnauthenticated, http.StatusUnauthorized, codeUnauthorized, "Unauthorized"},
+	{errForbidden, http.StatusForbidden, codeForbidden, "Forbidden"},
+	{errRateLimited, http.StatusTooManyRequests, codeRateLimited, "Too many requests"},
+	{errTooManyLeases, http.StatusTooManyRequests, codeTooManyLeases, "Too many leases"},
 	{tokens.ErrFenceBusy, http.StatusServiceUnavailable, codeFenceBusy, "Fence busy"},
 	{tokens.ErrUnavailable, http.StatusServiceUnavailable, codeStoreUnavailable, "Store unavailable"},
 }
@@ -117,7 +126,7 @@ func problemFor(err error) (p problem, internal bool) {
 	if p.Status == http.StatusServiceUnavailable && p.retryAfter <= 0 {
 		p.retryAfter = defaultUnavailableRetry
 	}
-	if p.Code == codeLeaseHeld && p.retryAfter <= 0 {
+	if (p.Code == codeLeaseHeld || p.Status == http.StatusTooManyRequests) && p.retryAfter <= 0 {
 		p.retryAfter = time.Second
 	}
 	return p, internal
@@ -141,6 +150,8 @@ func detailOf(e *tokens.Error) string {
 		return "the lease was released by its holder; the write was not forwarded"
 	case tokens.ErrUnknownLease:
 		return "no such lease was ever granted; the write was not forwarded"
+	case tokens.ErrNotOwner:
+		return "the lease was acquired by another key; nothing was forwarded or changed"
 	case tokens.ErrLeaseHeld:
 		return "the resource is held by another lease"
 	case tokens.ErrLeaseLost:

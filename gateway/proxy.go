@@ -30,6 +30,7 @@ const proxyPrefix = "/v1/proxy/"
 // reverse proxy's hooks.
 type forward struct {
 	permit   *tokens.Permit
+	name     string // the upstream's name
 	upstream *url.URL
 	path     string // unescaped path below the upstream's base
 	rawPath  string // its escaped form, as the client sent it
@@ -53,14 +54,28 @@ func (g *Gateway) newReverseProxy() *httputil.ReverseProxy {
 			f := pr.In.Context().Value(forwardKey{}).(*forward)
 			pr.Out.URL.Path, pr.Out.URL.RawPath = f.path, f.rawPath
 			pr.SetURL(f.upstream)
-			pr.SetXForwarded()
 			h := pr.Out.Header
-			// The lease is a secret between worker and gateway; the token and
-			// resource are the gateway's word, never the client's.
-			h.Del(HeaderLease)
-			h.Del("Forwarded")
+			// The lease is a secret between worker and gateway; the token,
+			// the resource and the forwarding facts are the gateway's word,
+			// never the client's: every client-sent Fencing-*, Forwarded,
+			// X-Forwarded-* and X-Real-Ip is dropped before the gateway's own
+			// are set.
+			for k := range h {
+				if strings.HasPrefix(k, "Fencing-") || strings.HasPrefix(k, "X-Forwarded-") || k == "Forwarded" || k == "X-Real-Ip" {
+					delete(h, k)
+				}
+			}
+			pr.SetXForwarded()
 			h[HeaderToken] = []string{f.token}
 			h[HeaderResource] = []string{f.permit.Lease.Resource}
+			// With authentication the client's Authorization is its key at
+			// the gateway, not a credential for the upstream.
+			if g.cfg.Auth != nil {
+				h.Del("Authorization")
+			}
+			for k, v := range g.cfg.UpstreamHeaders[f.name] {
+				h[k] = v
+			}
 		},
 		Transport:    g.transport,
 		BufferPool:   newBufferPool(),
@@ -117,14 +132,26 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = http.MaxBytesReader(w, r.Body, g.cfg.MaxBody)
 	}
+	defer limitBody(w, r, g.cfg.BodyTimeout)()
+	// A client that does not take its answer must not hold the resource's
+	// shared lock (and so its grants) for longer than this.
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(g.cfg.ForwardTimeout + g.cfg.BodyTimeout))
 
-	permit, err := g.svc.Admit(r.Context(), leaseID, tokens.Write{Method: r.Method, Upstream: name, Path: truncate(path, 512)})
+	permit, err := g.svc.Admit(r.Context(), leaseID, tokens.Write{Method: r.Method, Upstream: name, Path: truncate(path, 512),
+		Principal: principalName(r.Context())})
+	if err == nil {
+		// The owner acquired it within its prefixes; this catches a key
+		// whose prefixes were narrowed since.
+		if err = mayUse(r.Context(), permit.Lease.Resource); err != nil {
+			permit.Done(false)
+		}
+	}
 	if err != nil {
 		g.obs.refused(err)
 		writeProblem(w, r, g.log, err)
 		return
 	}
-	f := &forward{permit: permit, upstream: base, path: path, rawPath: rawPath, token: strconv.FormatInt(permit.Lease.Token, 10), instance: r.URL.Path}
+	f := &forward{permit: permit, name: name, upstream: base, path: path, rawPath: rawPath, token: strconv.FormatInt(permit.Lease.Token, 10), instance: r.URL.Path}
 	if f.rawPath == path {
 		f.rawPath = ""
 	}

@@ -26,6 +26,9 @@ var (
 	ErrLeaseReleased = errors.New("lease released")
 	// ErrUnknownLease: a write naming a lease id that was never granted.
 	ErrUnknownLease = errors.New("unknown lease")
+	// ErrNotOwner: a write, renewal or release by a principal other than
+	// the one that acquired the lease. Nothing is forwarded or changed.
+	ErrNotOwner = errors.New("lease not owned by the caller")
 	// ErrFenceBusy: a grant waited too long for in-flight writes or a drain period.
 	ErrFenceBusy = errors.New("fence busy")
 	// ErrUnavailable: the store that holds tokens cannot be reached; fail closed.

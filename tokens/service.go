@@ -110,7 +110,10 @@ func (s *Service) Now() time.Time { return s.now() }
 type AcquireRequest struct {
 	Resource string
 	Holder   string
-	TTL      time.Duration
+	// Owner is the authenticated principal asking ("" without
+	// authentication); the lease is bound to it.
+	Owner string
+	TTL   time.Duration
 	// Wait is how long to wait for a held lease to become free.
 	Wait time.Duration
 }
@@ -126,7 +129,7 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (Lease, error
 	start := time.Now() // monotonic; waits are the gateway's own business
 	waitUntil := start.Add(req.Wait)
 	fenceUntil := start.Add(max(s.grantWait, req.Wait))
-	grant := GrantRequest{LeaseID: NewLeaseID(), Resource: req.Resource, Holder: req.Holder, TTL: req.TTL}
+	grant := GrantRequest{LeaseID: NewLeaseID(), Resource: req.Resource, Holder: req.Holder, Owner: req.Owner, TTL: req.TTL}
 	for {
 		lease, err := s.grantOnce(ctx, grant, fenceUntil)
 		if err == nil {
@@ -216,19 +219,62 @@ func (s *Service) clock(r Resource) time.Time {
 	return s.now()
 }
 
-// Renew extends a current lease; ttl 0 reuses the lease's TTL.
-func (s *Service) Renew(ctx context.Context, leaseID string, ttl time.Duration) (Lease, error) {
+// Renew extends a current lease; ttl 0 reuses the lease's TTL. principal
+// is the authenticated caller ("" without authentication): any other than
+// the lease's owner gets ErrNotOwner and changes nothing.
+func (s *Service) Renew(ctx context.Context, leaseID string, ttl time.Duration, principal string) (Lease, error) {
 	if ttl != 0 {
 		if err := s.limits.ValidateTTL(ttl); err != nil {
 			return Lease{}, err
 		}
 	}
+	if err := s.checkOwner(ctx, leaseID, principal); err != nil {
+		return Lease{}, err
+	}
 	return s.store.Renew(ctx, leaseID, ttl)
 }
 
-// Release ends a current lease (idempotent for its holder).
-func (s *Service) Release(ctx context.Context, leaseID string) (Lease, error) {
+// Release ends a current lease (idempotent for its holder). principal is
+// checked as in Renew.
+func (s *Service) Release(ctx context.Context, leaseID string, principal string) (Lease, error) {
+	if err := s.checkOwner(ctx, leaseID, principal); err != nil {
+		return Lease{}, err
+	}
 	return s.store.Release(ctx, leaseID)
+}
+
+// Revoke ends a lease on an administrator's order, whoever holds it: writes
+// under it are refused (lease_released) from the moment it returns, and the
+// lease history records the revocation with by, the administrator. Writes
+// admitted before it may still be finishing. No token changes: a revoke
+// can only fence, never lower a fence or reuse a token.
+func (s *Service) Revoke(ctx context.Context, leaseID, by string) (Lease, error) {
+	if by == "" {
+		return Lease{}, Invalid("by", "a revocation names who ordered it")
+	}
+	return s.store.Revoke(ctx, leaseID, by)
+}
+
+// checkOwner refuses a principal other than the lease's owner. Reading the
+// owner before the change is safe: a lease's owner never changes, so the
+// check cannot be outdated by the time the store acts.
+func (s *Service) checkOwner(ctx context.Context, leaseID, principal string) error {
+	if principal == "" {
+		return nil
+	}
+	lease, err := s.store.Lease(ctx, leaseID)
+	if err != nil {
+		return err
+	}
+	if lease.Owner != principal {
+		return notOwned(lease)
+	}
+	return nil
+}
+
+func notOwned(l Lease) error {
+	return &Error{Kind: ErrNotOwner, Resource: l.Resource, Token: l.Token,
+		Detail: "the lease was acquired by another principal"}
 }
 
 // Lease returns a lease by id.
@@ -270,6 +316,9 @@ type Write struct {
 	Method   string
 	Upstream string
 	Path     string
+	// Principal is the authenticated caller ("" without authentication);
+	// any other than the lease's owner is refused with ErrNotOwner.
+	Principal string
 }
 
 // Permit is an admitted write. Its holder must call Done exactly once, after
@@ -283,8 +332,8 @@ type Permit struct {
 
 // Admit checks that leaseID is its resource's current live lease and holds
 // the resource's shared lock until Permit.Done. A refused write is recorded
-// and returned as ErrStaleToken, ErrLeaseExpired, ErrLeaseReleased or
-// ErrUnknownLease.
+// and returned as ErrStaleToken, ErrLeaseExpired, ErrLeaseReleased,
+// ErrUnknownLease or ErrNotOwner.
 func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, error) {
 	lease, err := s.store.Lease(ctx, leaseID)
 	if errors.Is(err, ErrNotFound) {
@@ -292,6 +341,11 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 	}
 	if err != nil {
 		return nil, err
+	}
+	if w.Principal != "" && lease.Owner != w.Principal {
+		// Before the lock: the owner never changes, and a stolen lease id
+		// must not even delay a grant.
+		return nil, s.reject(ctx, notOwned(lease), lease, Resource{}, w)
 	}
 	unlock, err := s.locker.Shared(ctx, lease.Resource)
 	if err != nil {
@@ -406,6 +460,8 @@ func codeOf(kind error) string {
 		return CodeLeaseExpired
 	case ErrLeaseReleased:
 		return CodeLeaseReleased
+	case ErrNotOwner:
+		return CodeNotOwner
 	default:
 		return CodeUnknownLease
 	}

@@ -10,6 +10,7 @@ type GrantRequest struct {
 	LeaseID  string // chosen by the Service (NewLeaseID)
 	Resource string
 	Holder   string
+	Owner    string // the authenticated principal; "" without authentication
 	TTL      time.Duration
 }
 
@@ -39,6 +40,14 @@ type Store interface {
 	// expired or was superseded (it never frees anyone else's lease);
 	// ErrNotFound for an unknown id.
 	Release(ctx context.Context, leaseID string) (Lease, error)
+
+	// Revoke ends a lease on an administrator's order: Release's rules
+	// without regard to who holds it (the current live lease is released at
+	// once; one already released is revoked again without change; an
+	// expired or superseded one is ErrLeaseLost; unknown, ErrNotFound). A
+	// change is recorded in the lease history as EventRevoked with Actor
+	// set to by.
+	Revoke(ctx context.Context, leaseID, by string) (Lease, error)
 
 	// Lease returns a lease by id, or ErrNotFound.
 	Lease(ctx context.Context, leaseID string) (Lease, error)
@@ -89,6 +98,8 @@ const (
 	EventReleased       EventKind = "released"
 	EventRenewRefused   EventKind = "renew_refused"
 	EventReleaseRefused EventKind = "release_refused"
+	// EventRevoked: an administrator ended the lease (Event.Actor names them).
+	EventRevoked EventKind = "revoked"
 )
 
 // Event is one entry of a resource's lease history.
@@ -99,4 +110,7 @@ type Event struct {
 	Token     int64
 	Holder    string
 	ExpiresAt time.Time
+	// Actor is who caused the event when it was not the holder: the
+	// administrator of an EventRevoked. Empty otherwise.
+	Actor string
 }

@@ -16,9 +16,13 @@ import (
 // to the worker that acquired it: presenting it is what proves that a write
 // comes from that grant.
 type Lease struct {
-	ID         string
-	Resource   string
-	Holder     string
+	ID       string
+	Resource string
+	Holder   string
+	// Owner is the authenticated principal that acquired the lease ("" when
+	// the gateway runs without authentication). It never changes: only that
+	// principal may write, renew or release with the lease.
+	Owner      string
 	Token      int64
 	TTL        time.Duration // as granted or last renewed; a renew without ttl reuses it
 	GrantedAt  time.Time
@@ -92,6 +96,7 @@ const (
 	CodeLeaseExpired  = "lease_expired"
 	CodeLeaseReleased = "lease_released"
 	CodeUnknownLease  = "unknown_lease"
+	CodeNotOwner      = "lease_not_owned"
 )
 
 // RejectionQuery selects rejections, newest first.

@@ -1,16 +1,19 @@
 package main
 
 import (
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/fencegw/fencegw/auth"
 	"github.com/fencegw/fencegw/gateway"
 	"github.com/fencegw/fencegw/tokens"
 )
@@ -27,6 +30,16 @@ type config struct {
 	GrantWait      time.Duration
 	MaxBody        int64
 	LogLevel       string
+	BodyTimeout    time.Duration
+
+	// AuthFile is --auth-file; Auth its loaded contents (nil: no
+	// authentication). InsecureNoAuth allows a non-loopback listener
+	// without it.
+	AuthFile       string
+	Auth           *auth.Config
+	InsecureNoAuth bool
+	TLSCert        string
+	TLSKey         string
 
 	PGMaxConns         int32
 	PGLockConns        int32
@@ -116,6 +129,7 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 		GrantWait:      tokens.DefaultGrantWait,
 		MaxBody:        gateway.DefaultMaxBody,
 		LogLevel:       "info",
+		BodyTimeout:    gateway.DefaultBodyTimeout,
 	}
 	ups := &upstreamList{m: map[string]*url.URL{}}
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
@@ -130,6 +144,11 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 	fs.DurationVar(&cfg.GrantWait, "grant-wait", cfg.GrantWait, "how long a grant waits for in-flight writes before 503 fence_busy")
 	fs.Var(byteSize{&cfg.MaxBody}, "max-body", "largest fenced write body (like 10MiB)")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
+	fs.DurationVar(&cfg.BodyTimeout, "body-timeout", cfg.BodyTimeout, "bound on reading one request body (slow clients are cut off)")
+	fs.StringVar(&cfg.AuthFile, "auth-file", "", "API keys (hashed, with roles and resource prefixes) and upstream credentials, YAML or JSON")
+	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow listening on a non-loopback address without --auth-file")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; needs --tls-key)")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "the private key of --tls-cert (PEM)")
 	pgMax := fs.Int("pg-max-conns", 0, "PostgreSQL query pool size (default 16)")
 	pgLock := fs.Int("pg-lock-conns", 0, "PostgreSQL lock pool size: the most concurrent writes per replica (default 128)")
 	fs.DurationVar(&cfg.PGStatementTimeout, "pg-statement-timeout", 0, "PostgreSQL statement_timeout (default 5s)")
@@ -199,7 +218,55 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 	if _, err := parseLevel(cfg.LogLevel); err != nil {
 		return cfg, usageError("--log-level: %v", err)
 	}
+	if cfg.BodyTimeout <= 0 {
+		return cfg, usageError("--body-timeout must be positive")
+	}
+	if err := parseSecurity(&cfg); err != nil {
+		return cfg, err
+	}
 	return cfg, nil
+}
+
+// parseSecurity loads --auth-file, checks TLS files, and refuses to serve
+// without authentication anywhere but on loopback unless told to.
+func parseSecurity(cfg *config) error {
+	if cfg.AuthFile != "" {
+		a, err := auth.Load(cfg.AuthFile)
+		if err != nil {
+			return usageError("--auth-file %s: %v", cfg.AuthFile, err)
+		}
+		for name := range a.UpstreamHeaders {
+			if _, ok := cfg.Upstreams[name]; !ok {
+				return usageError("--auth-file %s: credentials for upstream %q, which is not configured (--upstream)", cfg.AuthFile, name)
+			}
+		}
+		cfg.Auth = a
+	}
+	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
+		return usageError("--tls-cert and --tls-key go together")
+	}
+	if cfg.TLSCert != "" {
+		if _, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey); err != nil {
+			return usageError("--tls-cert/--tls-key: %v", err)
+		}
+	}
+	if cfg.Auth == nil && !cfg.InsecureNoAuth && !loopback(cfg.Listen) {
+		return usageError("--listen %s is not a loopback address and there is no --auth-file: anyone who can reach it could take leases and write to the upstreams; add --auth-file, or --insecure-no-auth if something in front authenticates", cfg.Listen)
+	}
+	return nil
+}
+
+// loopback reports whether addr (host:port) listens on loopback only.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func getenvFunc() func(string) string { return os.Getenv }

@@ -8,7 +8,9 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/fencegw/fencegw/auth"
 	"github.com/fencegw/fencegw/gateway"
 	"github.com/fencegw/fencegw/tokens"
 	"github.com/fencegw/fencegw/web"
@@ -52,11 +55,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 	case "demo":
 		err = runDemo(ctx, args, stdout, stderr)
+	case "hash-key":
+		err = hashKey(os.Stdin, stdout)
+	case "gen-key":
+		key := auth.GenerateKey()
+		fmt.Fprintf(stdout, "key:    %s\nsha256: %s\n", key, auth.Hash(key))
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)
 		return 0
 	default:
-		err = usageError("unknown command %q (want serve or demo)", cmd)
+		err = usageError("unknown command %q (want serve, demo, gen-key or hash-key)", cmd)
 	}
 	switch {
 	case err == nil:
@@ -78,6 +86,8 @@ const usage = `fencegw — an HTTP fencing gateway
 usage:
   fencegw                      serve on 127.0.0.1:8080 with the embedded store in ./fencegw-data
   fencegw demo [--exit]        replay the stale-write incident without and with the gateway
+  fencegw gen-key              print a new API key and its sha256 for --auth-file
+  fencegw hash-key < KEY       print the sha256 of a key read on stdin
   fencegw serve [flags]
       --listen ADDR            address to serve on (127.0.0.1:8080)
       --data DIR               embedded store directory (fencegw-data)
@@ -88,6 +98,10 @@ usage:
       --drain-period D         grants wait this long after a forward with unknown outcome (= forward timeout)
       --grant-wait D           how long a grant waits for in-flight writes (10s)
       --max-body SIZE          largest fenced write body (10MiB)
+      --body-timeout D         bound on reading one request body; slow clients are cut off (30s)
+      --auth-file PATH         API keys (sha256, role, resource prefixes, rate, caps) and upstream credentials
+      --insecure-no-auth       allow a non-loopback --listen without --auth-file
+      --tls-cert FILE          serve HTTPS (with --tls-key FILE)
       --log-level LEVEL        debug, info, warn, error (info)
       --pg-max-conns N         PostgreSQL query pool (16)
       --pg-lock-conns N        PostgreSQL lock pool = most concurrent writes per replica (128)
@@ -130,15 +144,20 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 	// write path does not touch the store); rejections come from every
 	// replica through the backend's feed.
 	counts := web.NewCounts()
-	gw := gateway.New(svc, gateway.Config{
+	gwCfg := gateway.Config{
 		Upstreams:      cfg.Upstreams,
 		ForwardTimeout: cfg.ForwardTimeout,
 		MaxBody:        cfg.MaxBody,
+		BodyTimeout:    cfg.BodyTimeout,
 		Registry:       reg,
 		OnForwarded:    counts.Accepted,
 		UI:             web.Handler(svc, counts),
 		Logger:         logger,
-	})
+	}
+	if cfg.Auth != nil {
+		gwCfg.Auth, gwCfg.UpstreamHeaders = cfg.Auth.Keys, cfg.Auth.UpstreamHeaders
+	}
+	gw := gateway.New(svc, gwCfg)
 	defer gw.Close()
 	deliver := func(r tokens.Rejection) {
 		counts.Rejected(r)
@@ -159,14 +178,33 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
+	// No ReadTimeout or WriteTimeout: they would also end live streams and
+	// long forwards; the gateway bounds each body read and each fenced
+	// write's answer itself (--body-timeout, --forward-timeout).
+	scheme := "http"
+	if cfg.TLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("TLS: %w", err)
+		}
+		srv.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
+		ln = tls.NewListener(ln, srv.TLSConfig)
+		scheme = "https"
+	}
 	addr := ln.Addr().String()
-	fmt.Fprintf(stdout, "fencegw %s mode, serving on http://%s\n  API:       http://%s/v1/\n  dashboard: http://%s/ui/\n  metrics:   http://%s/metrics\n",
-		backend.mode, addr, addr, addr, addr)
+	fmt.Fprintf(stdout, "fencegw %s mode, serving on %s://%s\n  API:       %s://%s/v1/\n  dashboard: %s://%s/ui/\n  metrics:   %s://%s/metrics\n",
+		backend.mode, scheme, addr, scheme, addr, scheme, addr, scheme, addr)
+	if cfg.Auth != nil {
+		fmt.Fprintf(stdout, "  authentication: %d API keys from %s\n", cfg.Auth.Keys.Len(), cfg.AuthFile)
+	} else {
+		fmt.Fprintln(stdout, "  authentication: off (no --auth-file)")
+	}
 	if len(cfg.Upstreams) == 0 {
 		fmt.Fprintln(stdout, "  no upstreams configured: add --upstream NAME=URL to forward fenced writes")
 	}
 	for name, u := range cfg.Upstreams {
-		fmt.Fprintf(stdout, "  upstream %s -> %s (fenced writes: http://%s/v1/proxy/%s/...)\n", name, u, addr, name)
+		fmt.Fprintf(stdout, "  upstream %s -> %s (fenced writes: %s://%s/v1/proxy/%s/...)\n", name, u, scheme, addr, name)
 	}
 	if ready != nil {
 		ready <- addr
@@ -188,5 +226,19 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	logger.Info("stopped")
+	return nil
+}
+
+// hashKey prints the sha256 of the key on stdin's first line, for --auth-file.
+func hashKey(stdin io.Reader, stdout io.Writer) error {
+	line, err := bufio.NewReader(io.LimitReader(stdin, 4096)).ReadString('\n')
+	if err != nil && err != io.EOF {
+		return err
+	}
+	key := strings.TrimRight(line, "\r\n")
+	if key == "" {
+		return usageError("hash-key reads a key on stdin (fencegw gen-key makes one)")
+	}
+	fmt.Fprintln(stdout, auth.Hash(key))
 	return nil
 }

@@ -13,8 +13,11 @@ import (
 // Unix nanoseconds (0 for the zero time), durations nanoseconds, strings
 // length-prefixed. Decoding checks every length against the remaining bytes,
 // so a corrupt value is an error, never a panic or a huge allocation.
+//
+// Version 2 appends a lease's Owner and an event's Actor; version 1 records
+// (written before authentication existed) still decode, with both empty.
 
-const codecVersion = 1
+const codecVersion = 2
 
 // errCorrupt is the cause of every decoding failure.
 var errCorrupt = errors.New("corrupt record")
@@ -36,17 +39,18 @@ func unixNano(t time.Time) int64 {
 }
 
 type decoder struct {
-	b   []byte
-	err error
+	b       []byte
+	version byte
+	err     error
 }
 
 func newDecoder(what string, b []byte) *decoder {
 	d := &decoder{b: b}
-	if len(b) == 0 || b[0] != codecVersion {
+	if len(b) == 0 || b[0] < 1 || b[0] > codecVersion {
 		d.fail(what, "unknown version")
 		return d
 	}
-	d.b = b[1:]
+	d.version, d.b = b[0], b[1:]
 	return d
 }
 
@@ -123,6 +127,7 @@ func encodeLease(l *tokens.Lease) []byte {
 	e.time(l.GrantedAt)
 	e.time(l.ExpiresAt)
 	e.time(l.ReleasedAt)
+	e.str(l.Owner)
 	return e.b
 }
 
@@ -136,6 +141,9 @@ func decodeLease(id string, b []byte) (tokens.Lease, error) {
 	l.GrantedAt = d.time()
 	l.ExpiresAt = d.time()
 	l.ReleasedAt = d.time()
+	if d.version >= 2 {
+		l.Owner = d.str()
+	}
 	return l, d.finish("lease")
 }
 
@@ -206,6 +214,7 @@ func encodeEvent(ev *tokens.Event) []byte {
 	e.int(ev.Token)
 	e.str(ev.Holder)
 	e.time(ev.ExpiresAt)
+	e.str(ev.Actor)
 	return e.b
 }
 
@@ -217,6 +226,9 @@ func decodeEvent(resource string, b []byte) (tokens.Event, error) {
 	ev.Token = d.int()
 	ev.Holder = d.str()
 	ev.ExpiresAt = d.time()
+	if d.version >= 2 {
+		ev.Actor = d.str()
+	}
 	return ev, d.finish("event")
 }
 

@@ -473,7 +473,7 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 			refusal = tokens.Invalid("lease_id", "already used")
 			return nil
 		}
-		lease = tokens.Lease{ID: req.LeaseID, Resource: req.Resource, Holder: req.Holder, Token: cur.token + 1,
+		lease = tokens.Lease{ID: req.LeaseID, Resource: req.Resource, Holder: req.Holder, Owner: req.Owner, Token: cur.token + 1,
 			TTL: req.TTL, GrantedAt: now, ExpiresAt: now.Add(req.TTL)}
 		st = resState{token: lease.Token, current: lease.ID, drainUntil: cur.drainUntil}
 		if err := putLease(tx, &lease); err != nil {
@@ -577,6 +577,17 @@ func (s *Store) Renew(ctx context.Context, leaseID string, ttl time.Duration) (t
 
 // Release implements tokens.Store.
 func (s *Store) Release(ctx context.Context, leaseID string) (tokens.Lease, error) {
+	return s.release(ctx, leaseID, "")
+}
+
+// Revoke implements tokens.Store: Release, recorded as revoked by by.
+func (s *Store) Revoke(ctx context.Context, leaseID, by string) (tokens.Lease, error) {
+	return s.release(ctx, leaseID, by)
+}
+
+// release ends the lease; revokedBy, if set, names the administrator who
+// ordered it.
+func (s *Store) release(ctx context.Context, leaseID, revokedBy string) (tokens.Lease, error) {
 	resource, ok := s.cachedLeaseResource(leaseID)
 	if !ok {
 		if s.closed.Load() {
@@ -622,7 +633,11 @@ func (s *Store) Release(ctx context.Context, leaseID string) (tokens.Lease, erro
 		if err := putLease(tx, l); err != nil {
 			return err
 		}
-		return s.addEvent(tx, event(tokens.EventReleased, now, l))
+		ev := event(tokens.EventReleased, now, l)
+		if revokedBy != "" {
+			ev.Kind, ev.Actor = tokens.EventRevoked, revokedBy
+		}
+		return s.addEvent(tx, ev)
 	})
 	if err != nil {
 		return tokens.Lease{}, err

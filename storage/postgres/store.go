@@ -16,17 +16,18 @@ import (
 // clock_timestamp() once (after any row lock it waits for) and passes that
 // value on, so expiry is never judged by a gateway's or a worker's clock.
 
-const leaseCols = `l.id, l.resource, l.holder, l.token, l.ttl_ms, l.granted_at, l.expires_at, l.released_at`
+const leaseCols = `l.id, l.resource, l.holder, l.token, l.ttl_ms, l.granted_at, l.expires_at, l.released_at, l.owner`
 
 type leaseRow struct {
 	id, resource, holder string
 	token, ttlMS         int64
 	grantedAt, expiresAt time.Time
 	releasedAt           *time.Time
+	owner                string
 }
 
 func (r *leaseRow) dest() []any {
-	return []any{&r.id, &r.resource, &r.holder, &r.token, &r.ttlMS, &r.grantedAt, &r.expiresAt, &r.releasedAt}
+	return []any{&r.id, &r.resource, &r.holder, &r.token, &r.ttlMS, &r.grantedAt, &r.expiresAt, &r.releasedAt, &r.owner}
 }
 
 func (r *leaseRow) lease() tokens.Lease {
@@ -34,6 +35,7 @@ func (r *leaseRow) lease() tokens.Lease {
 		ID:        r.id,
 		Resource:  r.resource,
 		Holder:    r.holder,
+		Owner:     r.owner,
 		Token:     r.token,
 		TTL:       time.Duration(r.ttlMS) * time.Millisecond,
 		GrantedAt: r.grantedAt,
@@ -118,6 +120,7 @@ func (s *Store) grant(ctx context.Context, req tokens.GrantRequest, checkHeld bo
 			ID:        req.LeaseID,
 			Resource:  req.Resource,
 			Holder:    req.Holder,
+			Owner:     req.Owner,
 			Token:     token + 1,
 			TTL:       time.Duration(req.TTL.Milliseconds()) * time.Millisecond,
 			GrantedAt: now,
@@ -128,9 +131,9 @@ func (s *Store) grant(ctx context.Context, req tokens.GrantRequest, checkHeld bo
 			b.Queue(`UPDATE leases SET superseded_at = $2 WHERE id = $1 AND superseded_at IS NULL`, *prevID, now)
 		}
 		b.Queue(`UPDATE fences SET token = $2, lease_id = $3 WHERE resource = $1`, req.Resource, lease.Token, lease.ID)
-		b.Queue(`INSERT INTO leases (id, resource, holder, token, ttl_ms, granted_at, expires_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-			lease.ID, lease.Resource, lease.Holder, lease.Token, lease.TTL.Milliseconds(), lease.GrantedAt, lease.ExpiresAt)
+		b.Queue(`INSERT INTO leases (id, resource, holder, token, ttl_ms, granted_at, expires_at, owner)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
+			lease.ID, lease.Resource, lease.Holder, lease.Token, lease.TTL.Milliseconds(), lease.GrantedAt, lease.ExpiresAt, lease.Owner)
 		queueEvent(b, now, lease, tokens.EventGranted)
 		return tx.SendBatch(ctx, b).Close()
 	})
@@ -141,8 +144,13 @@ func (s *Store) grant(ctx context.Context, req tokens.GrantRequest, checkHeld bo
 }
 
 func queueEvent(b *pgx.Batch, at time.Time, l tokens.Lease, kind tokens.EventKind) {
-	b.Queue(`INSERT INTO lease_events (at, resource, kind, token, holder, expires_at) VALUES ($1, $2, $3, $4, $5, $6)`,
-		at, l.Resource, string(kind), l.Token, l.Holder, l.ExpiresAt)
+	queueEventBy(b, at, l, kind, "")
+}
+
+// queueEventBy records an event that actor (an administrator) caused.
+func queueEventBy(b *pgx.Batch, at time.Time, l tokens.Lease, kind tokens.EventKind, actor string) {
+	b.Queue(`INSERT INTO lease_events (at, resource, kind, token, holder, expires_at, actor) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+		at, l.Resource, string(kind), l.Token, l.Holder, l.ExpiresAt, actor)
 }
 
 // Renew extends the current live lease to now+ttl (ttl 0: its last TTL)
@@ -245,16 +253,29 @@ func lostError(l tokens.Lease, current int64, now time.Time) error {
 // Release ends the current live lease (tokens.Store). Releasing again a
 // lease its holder released succeeds and changes nothing.
 func (s *Store) Release(ctx context.Context, leaseID string) (tokens.Lease, error) {
-	return s.release(ctx, leaseID, true)
+	return s.release(ctx, leaseID, true, "")
 }
 
 // ReleaseClaimed is Release without the expiry condition, for the Redis
 // mode, whose compare-and-set delete already decided that the lease was live.
 func (s *Store) ReleaseClaimed(ctx context.Context, leaseID string) (tokens.Lease, error) {
-	return s.release(ctx, leaseID, false)
+	return s.release(ctx, leaseID, false, "")
 }
 
-func (s *Store) release(ctx context.Context, leaseID string, checkExpiry bool) (tokens.Lease, error) {
+// Revoke is Release on an administrator's order, recorded as revoked by by
+// (tokens.Store).
+func (s *Store) Revoke(ctx context.Context, leaseID, by string) (tokens.Lease, error) {
+	return s.release(ctx, leaseID, true, by)
+}
+
+// RevokeClaimed is Revoke without the expiry condition (see ReleaseClaimed).
+func (s *Store) RevokeClaimed(ctx context.Context, leaseID, by string) (tokens.Lease, error) {
+	return s.release(ctx, leaseID, false, by)
+}
+
+// release ends the lease; revokedBy, if set, names the administrator who
+// ordered it.
+func (s *Store) release(ctx context.Context, leaseID string, checkExpiry bool, revokedBy string) (tokens.Lease, error) {
 	var out tokens.Lease
 	var refusal error
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
@@ -271,7 +292,11 @@ func (s *Store) release(ctx context.Context, leaseID string, checkExpiry bool) (
 		if err == nil {
 			out = r.lease()
 			b := &pgx.Batch{}
-			queueEvent(b, now, out, tokens.EventReleased)
+			if revokedBy != "" {
+				queueEventBy(b, now, out, tokens.EventRevoked, revokedBy)
+			} else {
+				queueEvent(b, now, out, tokens.EventReleased)
+			}
 			return tx.SendBatch(ctx, b).Close()
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
@@ -326,16 +351,16 @@ func (s *Store) Resource(ctx context.Context, name string) (tokens.Resource, err
 		id    *string
 		r     leaseRow
 		// the lease columns are NULL when fences.lease_id is
-		resource, holder *string
-		token, ttlMS     *int64
-		grantedAt, exp   *time.Time
+		resource, holder, owner *string
+		token, ttlMS            *int64
+		grantedAt, exp          *time.Time
 	)
 	err := s.pool.QueryRow(ctx, `
 		SELECT f.token, f.drain_until, clock_timestamp(),
-			l.id, l.resource, l.holder, l.token, l.ttl_ms, l.granted_at, l.expires_at, l.released_at
+			l.id, l.resource, l.holder, l.token, l.ttl_ms, l.granted_at, l.expires_at, l.released_at, l.owner
 		FROM fences f LEFT JOIN leases l ON l.id = f.lease_id
 		WHERE f.resource = $1 AND f.token > 0`, name,
-	).Scan(&res.Token, &drain, &res.Now, &id, &resource, &holder, &token, &ttlMS, &grantedAt, &exp, &r.releasedAt)
+	).Scan(&res.Token, &drain, &res.Now, &id, &resource, &holder, &token, &ttlMS, &grantedAt, &exp, &r.releasedAt, &owner)
 	if err != nil {
 		return tokens.Resource{}, interpret("resource", err)
 	}
@@ -344,7 +369,7 @@ func (s *Store) Resource(ctx context.Context, name string) (tokens.Resource, err
 		res.DrainUntil = *drain
 	}
 	if id != nil {
-		r.id, r.resource, r.holder, r.token, r.ttlMS, r.grantedAt, r.expiresAt = *id, *resource, *holder, *token, *ttlMS, *grantedAt, *exp
+		r.id, r.resource, r.holder, r.token, r.ttlMS, r.grantedAt, r.expiresAt, r.owner = *id, *resource, *holder, *token, *ttlMS, *grantedAt, *exp, *owner
 		l := r.lease()
 		res.Lease = &l
 	}
@@ -463,7 +488,7 @@ func (s *Store) History(ctx context.Context, resource string, limit int) ([]toke
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := s.pool.Query(ctx, `SELECT at, resource, kind, token, holder, expires_at
+	rows, err := s.pool.Query(ctx, `SELECT at, resource, kind, token, holder, expires_at, actor
 		FROM lease_events WHERE resource = $1 ORDER BY id DESC LIMIT $2`, resource, limit)
 	if err != nil {
 		return nil, interpret("history", err)
@@ -472,7 +497,7 @@ func (s *Store) History(ctx context.Context, resource string, limit int) ([]toke
 		var e tokens.Event
 		var kind string
 		var exp *time.Time
-		err := row.Scan(&e.At, &e.Resource, &kind, &e.Token, &e.Holder, &exp)
+		err := row.Scan(&e.At, &e.Resource, &kind, &e.Token, &e.Holder, &exp, &e.Actor)
 		e.Kind = tokens.EventKind(kind)
 		if exp != nil {
 			e.ExpiresAt = *exp
@@ -492,7 +517,7 @@ func (s *Store) RecordEvent(ctx context.Context, e tokens.Event) error {
 	if !e.ExpiresAt.IsZero() {
 		exp = &e.ExpiresAt
 	}
-	_, err := s.pool.Exec(ctx, `INSERT INTO lease_events (at, resource, kind, token, holder, expires_at)
-		VALUES (clock_timestamp(), $1, $2, $3, $4, $5)`, e.Resource, string(e.Kind), e.Token, e.Holder, exp)
+	_, err := s.pool.Exec(ctx, `INSERT INTO lease_events (at, resource, kind, token, holder, expires_at, actor)
+		VALUES (clock_timestamp(), $1, $2, $3, $4, $5, $6)`, e.Resource, string(e.Kind), e.Token, e.Holder, exp, e.Actor)
 	return interpret("record event", err)
 }

@@ -51,6 +51,8 @@ type Ledger interface {
 	GrantClaimed(ctx context.Context, req tokens.GrantRequest) (tokens.Lease, error)
 	RenewClaimed(ctx context.Context, leaseID string, ttl time.Duration) (tokens.Lease, error)
 	ReleaseClaimed(ctx context.Context, leaseID string) (tokens.Lease, error)
+	// RevokeClaimed is ReleaseClaimed recorded as revoked by an administrator.
+	RevokeClaimed(ctx context.Context, leaseID, by string) (tokens.Lease, error)
 	// LeaseAt returns a lease and the Ledger's clock at the read.
 	LeaseAt(ctx context.Context, leaseID string) (tokens.Lease, time.Time, error)
 	// RecordEvent appends a lease history event (refusals Redis decided).
@@ -226,6 +228,16 @@ func (s *Store) Renew(ctx context.Context, leaseID string, ttl time.Duration) (t
 // record, so a live lease's release is never misread as superseded.
 // Releasing again a lease its holder released succeeds.
 func (s *Store) Release(ctx context.Context, leaseID string) (tokens.Lease, error) {
+	return s.release(ctx, leaseID, "")
+}
+
+// Revoke is Release on an administrator's order, recorded in the Ledger's
+// history as revoked by by.
+func (s *Store) Revoke(ctx context.Context, leaseID, by string) (tokens.Lease, error) {
+	return s.release(ctx, leaseID, by)
+}
+
+func (s *Store) release(ctx context.Context, leaseID, revokedBy string) (tokens.Lease, error) {
 	l, _, err := s.ledger.LeaseAt(ctx, leaseID)
 	if err != nil {
 		return tokens.Lease{}, err
@@ -240,7 +252,12 @@ func (s *Store) Release(ctx context.Context, leaseID string) (tokens.Lease, erro
 	if holder != leaseID {
 		return tokens.Lease{}, s.refuse(ctx, l, tokens.EventReleaseRefused)
 	}
-	out, err := s.ledger.ReleaseClaimed(ctx, leaseID)
+	var out tokens.Lease
+	if revokedBy != "" {
+		out, err = s.ledger.RevokeClaimed(ctx, leaseID, revokedBy)
+	} else {
+		out, err = s.ledger.ReleaseClaimed(ctx, leaseID)
+	}
 	if err != nil && !errors.Is(err, tokens.ErrLeaseLost) {
 		return tokens.Lease{}, err
 	}
