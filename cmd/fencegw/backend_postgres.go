@@ -33,6 +33,7 @@ func openPostgres(ctx context.Context, cfg config, log *slog.Logger) (*backend, 
 		MaxLockConns:     cfg.PGLockConns,
 		StatementTimeout: cfg.PGStatementTimeout,
 		LockTimeout:      cfg.PGLockTimeout,
+		RestartDrain:     cfg.DrainPeriod,
 		Logger:           log,
 	})
 	if err != nil {

@@ -58,6 +58,12 @@ type Options struct {
 	// LockTimeout is set as lock_timeout and bounds advisory lock waits
 	// whose context has no earlier deadline (0: DefaultLockTimeout).
 	LockTimeout time.Duration
+	// RestartDrain closes resources that had a lease to grants for this
+	// long after the PostgreSQL server (re)started, because writes that
+	// were in flight when it went down lost their shared locks with their
+	// sessions and may still land (0: no restart drain). The gateway passes
+	// its drain period.
+	RestartDrain time.Duration
 	// Schema, if set, is created if missing and used as search_path, so that
 	// tests (or several deployments) can share one database.
 	Schema string

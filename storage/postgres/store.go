@@ -78,14 +78,15 @@ func (s *Store) grant(ctx context.Context, req tokens.GrantRequest, checkHeld bo
 	var lease tokens.Lease
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var (
-			token      int64
-			drainUntil *time.Time
-			now        time.Time
-			prevID     *string
-			prevHolder *string
-			prevToken  *int64
-			prevExp    *time.Time
-			prevRel    *time.Time
+			token       int64
+			drainUntil  *time.Time
+			now         time.Time
+			prevID      *string
+			prevHolder  *string
+			prevToken   *int64
+			prevExp     *time.Time
+			prevRel     *time.Time
+			serverStart time.Time
 		)
 		// Statement 1 locks the fence row (waiting for a concurrent grant to
 		// commit) and returns its latest version. The lease is read by a
@@ -96,8 +97,8 @@ func (s *Store) grant(ctx context.Context, req tokens.GrantRequest, checkHeld bo
 		err := tx.QueryRow(ctx, `
 			INSERT INTO fences AS f (resource) VALUES ($1)
 			ON CONFLICT (resource) DO UPDATE SET token = f.token
-			RETURNING f.token, f.lease_id, f.drain_until, clock_timestamp()`, req.Resource,
-		).Scan(&token, &prevID, &drainUntil, &now)
+			RETURNING f.token, f.lease_id, f.drain_until, clock_timestamp(), pg_postmaster_start_time()`, req.Resource,
+		).Scan(&token, &prevID, &drainUntil, &now, &serverStart)
 		if err != nil {
 			return err
 		}
@@ -111,6 +112,15 @@ func (s *Store) grant(ctx context.Context, req tokens.GrantRequest, checkHeld bo
 		if checkHeld && prevID != nil && prevRel == nil && now.Before(*prevExp) {
 			return &tokens.Error{Kind: tokens.ErrLeaseHeld, Resource: req.Resource, Holder: *prevHolder,
 				CurrentToken: token, ExpiresAt: *prevExp, RetryAfter: prevExp.Sub(now)}
+		}
+		// A restart of PostgreSQL ends every session, and with them the
+		// shared locks of writes still in flight on any replica, and it may
+		// have kept their drain periods from being recorded: until the
+		// restart drain has passed, a resource that had a lease is closed
+		// to grants as if each such write had an unknown outcome.
+		if restartEnd := serverStart.Add(s.opts.RestartDrain); prevID != nil && now.Before(restartEnd) &&
+			(drainUntil == nil || drainUntil.Before(restartEnd)) {
+			drainUntil = &restartEnd
 		}
 		if drainUntil != nil && now.Before(*drainUntil) {
 			return &tokens.Error{Kind: tokens.ErrFenceBusy, Resource: req.Resource, CurrentToken: token,
