@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,43 +15,9 @@ import (
 // best effort: a listener that is reconnecting misses what was sent
 // meanwhile; the rejection log (Rejections) stays the record.
 
-// wireRejection is the NOTIFY payload (NOTIFY payloads must stay under 8000
-// bytes: long paths are cut).
-type wireRejection struct {
-	ID           int64     `json:"id"`
-	At           time.Time `json:"at"`
-	Resource     string    `json:"r"`
-	Code         string    `json:"c"`
-	Token        int64     `json:"t"`
-	CurrentToken int64     `json:"ct"`
-	Holder       string    `json:"h,omitempty"`
-	LeaseHint    string    `json:"lh,omitempty"`
-	Method       string    `json:"m,omitempty"`
-	Upstream     string    `json:"u,omitempty"`
-	Path         string    `json:"p,omitempty"`
-	LeaseEndedAt time.Time `json:"le,omitzero"`
-}
-
-const maxPayloadPath = 2048
-
-// encodeRejection is the JSON NOTIFY payload of a rejection.
-func encodeRejection(r tokens.Rejection) ([]byte, error) {
-	if len(r.Path) > maxPayloadPath {
-		r.Path = r.Path[:maxPayloadPath] + "…"
-	}
-	return json.Marshal(wireRejection(r))
-}
-
-// decodeRejection parses an encodeRejection payload.
-func decodeRejection(b []byte) (tokens.Rejection, error) {
-	var w wireRejection
-	err := json.Unmarshal(b, &w)
-	return tokens.Rejection(w), err
-}
-
 // PublishRejection sends r to every replica's ListenRejections.
 func (s *Store) PublishRejection(ctx context.Context, r tokens.Rejection) error {
-	payload, err := encodeRejection(r)
+	payload, err := tokens.EncodeRejection(r)
 	if err != nil {
 		return tokens.Unavailable("encode rejection", err)
 	}
@@ -113,7 +78,7 @@ func (s *Store) listenOnce(ctx context.Context, fn func(tokens.Rejection), ready
 		if err != nil {
 			return err
 		}
-		r, err := decodeRejection([]byte(n.Payload))
+		r, err := tokens.DecodeRejection([]byte(n.Payload))
 		if err != nil {
 			s.log.Error("rejection listener: bad payload", "err", err)
 			continue

@@ -2,7 +2,6 @@ package redis
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -15,31 +14,11 @@ import (
 // live stream shows all of them. Pub/sub is best effort (a subscriber that
 // is reconnecting misses messages); the Ledger's rejection log is the record.
 
-type wireRejection struct {
-	ID           int64     `json:"id"`
-	At           time.Time `json:"at"`
-	Resource     string    `json:"r"`
-	Code         string    `json:"c"`
-	Token        int64     `json:"t"`
-	CurrentToken int64     `json:"ct"`
-	Holder       string    `json:"h,omitempty"`
-	LeaseHint    string    `json:"lh,omitempty"`
-	Method       string    `json:"m,omitempty"`
-	Upstream     string    `json:"u,omitempty"`
-	Path         string    `json:"p,omitempty"`
-	LeaseEndedAt time.Time `json:"le,omitzero"`
-}
-
-const maxPayloadPath = 2048
-
 func (s *Store) channel() string { return s.prefix + "rejections" }
 
 // PublishRejection sends r to every replica's ListenRejections.
 func (s *Store) PublishRejection(ctx context.Context, r tokens.Rejection) error {
-	if len(r.Path) > maxPayloadPath {
-		r.Path = r.Path[:maxPayloadPath] + "…"
-	}
-	payload, err := json.Marshal(wireRejection(r))
+	payload, err := tokens.EncodeRejection(r)
 	if err != nil {
 		return unavailable("encode rejection", err)
 	}
@@ -87,12 +66,12 @@ func (s *Store) listen(ctx context.Context, fn func(tokens.Rejection), ready fun
 				ready() // (again) subscribed: publishes from now on arrive
 			}
 		case *goredis.Message:
-			var w wireRejection
-			if err := json.Unmarshal([]byte(m.Payload), &w); err != nil {
+			r, err := tokens.DecodeRejection([]byte(m.Payload))
+			if err != nil {
 				s.log.Error("rejection subscriber: bad payload", "err", err)
 				continue
 			}
-			fn(tokens.Rejection(w))
+			fn(r)
 		}
 	}
 }
