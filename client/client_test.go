@@ -238,7 +238,7 @@ func asError(t *testing.T, err error) *client.Error {
 	return e
 }
 
-const shortTTL = 300 * time.Millisecond
+const shortTTL = 600 * time.Millisecond
 
 func TestAutoRenewKeepsLeaseAlive(t *testing.T) {
 	e := newEnv(t)
