@@ -515,16 +515,22 @@ func notFound() error {
 	return &tokens.Error{Kind: tokens.ErrNotFound, Detail: "no such lease"}
 }
 
-// Renew implements tokens.Store.
-func (s *Store) Renew(ctx context.Context, leaseID string, ttl time.Duration) (tokens.Lease, error) {
+// lockLeaseResource takes the per-resource mutation lock of the lease's
+// resource: ErrNotFound for an unknown lease, ErrUnavailable once closed.
+func (s *Store) lockLeaseResource(ctx context.Context, leaseID string) (func(), error) {
 	resource, ok := s.cachedLeaseResource(leaseID)
 	if !ok {
 		if s.closed.Load() {
-			return tokens.Lease{}, tokens.Unavailable("bolt", errClosed)
+			return nil, tokens.Unavailable("bolt", errClosed)
 		}
-		return tokens.Lease{}, notFound()
+		return nil, notFound()
 	}
-	unlock, err := s.lockResource(ctx, resource)
+	return s.lockResource(ctx, resource)
+}
+
+// Renew implements tokens.Store.
+func (s *Store) Renew(ctx context.Context, leaseID string, ttl time.Duration) (tokens.Lease, error) {
+	unlock, err := s.lockLeaseResource(ctx, leaseID)
 	if err != nil {
 		return tokens.Lease{}, err
 	}
@@ -588,14 +594,7 @@ func (s *Store) Revoke(ctx context.Context, leaseID, by string) (tokens.Lease, e
 // release ends the lease; revokedBy, if set, names the administrator who
 // ordered it.
 func (s *Store) release(ctx context.Context, leaseID, revokedBy string) (tokens.Lease, error) {
-	resource, ok := s.cachedLeaseResource(leaseID)
-	if !ok {
-		if s.closed.Load() {
-			return tokens.Lease{}, tokens.Unavailable("bolt", errClosed)
-		}
-		return tokens.Lease{}, notFound()
-	}
-	unlock, err := s.lockResource(ctx, resource)
+	unlock, err := s.lockLeaseResource(ctx, leaseID)
 	if err != nil {
 		return tokens.Lease{}, err
 	}
