@@ -87,6 +87,37 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/leases/{lease_id}/revoke": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The secret lease id returned by acquireLease. */
+                lease_id: components["parameters"]["LeaseID"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Revoke a lease (admin)
+         * @description Ends a lease on an administrator's order, whoever holds it: from the
+         *     moment this call returns, writes under the lease are refused with
+         *     `409 lease_released`, and it can no longer be renewed or released.
+         *     Writes admitted before may still be finishing. The token does not
+         *     change (nothing can lower a fence or reset a counter); the next grant
+         *     gets the next token. The lease history records a `revoked` event
+         *     naming the administrator. Revoking an already released lease succeeds
+         *     again without change; an expired or superseded lease gets `409
+         *     lease_lost`. Needs the `admin` role when authentication is on.
+         */
+        post: operations["revokeLease"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/resources/{resource}": {
         parameters: {
             query?: never;
@@ -475,7 +506,7 @@ export interface components {
             /** @description Empty for `unknown_lease`. */
             resource: string;
             /** @enum {string} */
-            code: "stale_token" | "lease_expired" | "lease_released" | "unknown_lease";
+            code: "stale_token" | "lease_expired" | "lease_released" | "unknown_lease" | "lease_not_owned";
             /**
              * Format: int64
              * @description The token of the lease the write carried (0 if unknown).
@@ -577,7 +608,7 @@ export interface components {
             /** Format: date-time */
             at: string;
             /** @enum {string} */
-            kind: "granted" | "renewed" | "released" | "expired" | "renew_refused" | "release_refused" | "rejected";
+            kind: "granted" | "renewed" | "released" | "revoked" | "expired" | "renew_refused" | "release_refused" | "rejected";
             /** Format: int64 */
             token: number;
             holder: string;
@@ -628,7 +659,7 @@ export interface components {
              * @description Stable, machine-readable error code.
              * @enum {string}
              */
-            code: "invalid_request" | "not_found" | "lease_held" | "lease_lost" | "stale_token" | "lease_expired" | "lease_released" | "missing_lease" | "unknown_lease" | "unknown_upstream" | "body_too_large" | "unsupported_media_type" | "method_not_allowed" | "fence_busy" | "store_unavailable" | "upstream_unreachable" | "upstream_timeout" | "internal_error";
+            code: "invalid_request" | "not_found" | "lease_held" | "lease_lost" | "stale_token" | "lease_expired" | "lease_released" | "missing_lease" | "unknown_lease" | "lease_not_owned" | "unauthorized" | "forbidden" | "rate_limited" | "too_many_leases" | "unknown_upstream" | "body_too_large" | "unsupported_media_type" | "method_not_allowed" | "fence_busy" | "store_unavailable" | "upstream_unreachable" | "upstream_timeout" | "internal_error";
             /** @description For `invalid_request`, the offending field. */
             field?: string;
             resource?: string;
@@ -760,20 +791,87 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description `unknown_lease`: the `Fencing-Lease` was never granted. */
-        UnknownLease: {
+        /**
+         * @description `unauthorized`: authentication is on and the request carries no API
+         *     key or a wrong one.
+         */
+        Unauthorized: {
+            headers: {
+                /**
+                 * @description The schemes the gateway accepts (Bearer; Basic for the dashboard).
+                 * @example Bearer realm="fencegw"
+                 */
+                "WWW-Authenticate"?: string;
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "type": "urn:fencegw:problem:unauthorized",
+                 *       "title": "Unauthorized",
+                 *       "status": 401,
+                 *       "code": "unauthorized",
+                 *       "detail": "a valid API key is required (Authorization Bearer)",
+                 *       "instance": "/v1/leases"
+                 *     }
+                 */
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /**
+         * @description `forbidden`: the key's role or resource prefixes do not allow the
+         *     call; `lease_not_owned`: the lease was acquired by another key.
+         */
+        Forbidden: {
             headers: {
                 [name: string]: unknown;
             };
             content: {
                 /**
                  * @example {
-                 *       "type": "urn:fencegw:problem:unknown_lease",
-                 *       "title": "Unknown lease",
+                 *       "type": "urn:fencegw:problem:forbidden",
+                 *       "title": "Forbidden",
                  *       "status": 403,
-                 *       "code": "unknown_lease",
-                 *       "detail": "no such lease was ever granted; the write was not forwarded",
-                 *       "instance": "/v1/proxy/statements/statements/88213/lines"
+                 *       "code": "forbidden",
+                 *       "detail": "key \"reports\" may not use resource \"stmt:acct:88213\"",
+                 *       "instance": "/v1/leases"
+                 *     }
+                 */
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /**
+         * @description The write was refused and not forwarded: `unknown_lease` (no such
+         *     lease was ever granted), `lease_not_owned` (the lease was acquired by
+         *     another key) or `forbidden` (the key's role or resource prefixes do
+         *     not allow it).
+         */
+        WriteForbidden: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /**
+         * @description `rate_limited`: the key is over its request rate; `too_many_leases`:
+         *     it holds as many live leases as it may. Retry after `Retry-After`.
+         */
+        TooManyRequests: {
+            headers: {
+                "Retry-After": components["headers"]["RetryAfter"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "type": "urn:fencegw:problem:rate_limited",
+                 *       "title": "Too many requests",
+                 *       "status": 429,
+                 *       "code": "rate_limited",
+                 *       "detail": "key \"worker-1\" is over its rate of 50 requests/s",
+                 *       "instance": "/v1/leases"
                  *     }
                  */
                 "application/problem+json": components["schemas"]["Problem"];
@@ -955,9 +1053,12 @@ export interface operations {
                 };
             };
             400: components["responses"]["InvalidRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             409: components["responses"]["LeaseHeld"];
             413: components["responses"]["BodyTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
         };
     };
@@ -994,7 +1095,10 @@ export interface operations {
                     "application/json": components["schemas"]["Lease"];
                 };
             };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
         };
     };
@@ -1017,8 +1121,11 @@ export interface operations {
                 };
                 content?: never;
             };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["LeaseLost"];
+            429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
         };
     };
@@ -1065,10 +1172,55 @@ export interface operations {
                 };
             };
             400: components["responses"]["InvalidRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["LeaseLost"];
             413: components["responses"]["BodyTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["TooManyRequests"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    revokeLease: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The secret lease id returned by acquireLease. */
+                lease_id: components["parameters"]["LeaseID"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The revoked lease. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "lease_id": "fl_4w5sz2l6kq3d7yq2ywj6n2k4xq7r3m2a",
+                     *       "resource": "stmt:acct:88213",
+                     *       "holder": "worker-3",
+                     *       "token": 33,
+                     *       "ttl_ms": 0,
+                     *       "granted_at": "2026-11-30T00:41:37Z",
+                     *       "expires_at": "2026-11-30T00:41:47Z",
+                     *       "released_at": "2026-11-30T00:41:40Z",
+                     *       "state": "released"
+                     *     }
+                     */
+                    "application/json": components["schemas"]["Lease"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["LeaseLost"];
+            429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
         };
     };
@@ -1107,7 +1259,10 @@ export interface operations {
                 };
             };
             400: components["responses"]["InvalidRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
         };
     };
@@ -1173,6 +1328,9 @@ export interface operations {
                 };
             };
             400: components["responses"]["InvalidRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
         };
     };
@@ -1189,7 +1347,7 @@ export interface operations {
                 /** @description Only rejections of writes by this holder. */
                 holder?: string;
                 /** @description Only rejections with this reason. */
-                code?: "stale_token" | "lease_expired" | "lease_released" | "unknown_lease";
+                code?: "stale_token" | "lease_expired" | "lease_released" | "unknown_lease" | "lease_not_owned";
             };
             header?: {
                 /** @description The id of the last event received; missed events are replayed first. */
@@ -1219,6 +1377,9 @@ export interface operations {
                 };
             };
             400: components["responses"]["InvalidRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            429: components["responses"]["TooManyRequests"];
         };
     };
     fencedGet: {
@@ -1239,10 +1400,12 @@ export interface operations {
         requestBody?: never;
         responses: {
             400: components["responses"]["MissingLease"];
-            403: components["responses"]["UnknownLease"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["WriteForbidden"];
             404: components["responses"]["UnknownUpstream"];
             409: components["responses"]["StaleWrite"];
             413: components["responses"]["BodyTooLarge"];
+            429: components["responses"]["TooManyRequests"];
             502: components["responses"]["UpstreamUnreachable"];
             503: components["responses"]["Unavailable"];
             504: components["responses"]["UpstreamTimeout"];
@@ -1278,10 +1441,12 @@ export interface operations {
         };
         responses: {
             400: components["responses"]["MissingLease"];
-            403: components["responses"]["UnknownLease"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["WriteForbidden"];
             404: components["responses"]["UnknownUpstream"];
             409: components["responses"]["StaleWrite"];
             413: components["responses"]["BodyTooLarge"];
+            429: components["responses"]["TooManyRequests"];
             502: components["responses"]["UpstreamUnreachable"];
             503: components["responses"]["Unavailable"];
             504: components["responses"]["UpstreamTimeout"];
@@ -1317,10 +1482,12 @@ export interface operations {
         };
         responses: {
             400: components["responses"]["MissingLease"];
-            403: components["responses"]["UnknownLease"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["WriteForbidden"];
             404: components["responses"]["UnknownUpstream"];
             409: components["responses"]["StaleWrite"];
             413: components["responses"]["BodyTooLarge"];
+            429: components["responses"]["TooManyRequests"];
             502: components["responses"]["UpstreamUnreachable"];
             503: components["responses"]["Unavailable"];
             504: components["responses"]["UpstreamTimeout"];
@@ -1351,10 +1518,12 @@ export interface operations {
         requestBody?: never;
         responses: {
             400: components["responses"]["MissingLease"];
-            403: components["responses"]["UnknownLease"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["WriteForbidden"];
             404: components["responses"]["UnknownUpstream"];
             409: components["responses"]["StaleWrite"];
             413: components["responses"]["BodyTooLarge"];
+            429: components["responses"]["TooManyRequests"];
             502: components["responses"]["UpstreamUnreachable"];
             503: components["responses"]["Unavailable"];
             504: components["responses"]["UpstreamTimeout"];
@@ -1390,10 +1559,12 @@ export interface operations {
         };
         responses: {
             400: components["responses"]["MissingLease"];
-            403: components["responses"]["UnknownLease"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["WriteForbidden"];
             404: components["responses"]["UnknownUpstream"];
             409: components["responses"]["StaleWrite"];
             413: components["responses"]["BodyTooLarge"];
+            429: components["responses"]["TooManyRequests"];
             502: components["responses"]["UpstreamUnreachable"];
             503: components["responses"]["Unavailable"];
             504: components["responses"]["UpstreamTimeout"];
@@ -1467,6 +1638,9 @@ export interface operations {
                     "text/plain": string;
                 };
             };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            429: components["responses"]["TooManyRequests"];
         };
     };
     dashboardOverview: {
@@ -1479,7 +1653,7 @@ export interface operations {
                 /** @description Only rejections of writes by this holder. */
                 holder?: string;
                 /** @description Only rejections with this reason. */
-                code?: "stale_token" | "lease_expired" | "lease_released" | "unknown_lease";
+                code?: "stale_token" | "lease_expired" | "lease_released" | "unknown_lease" | "lease_not_owned";
             };
             header?: never;
             path?: never;
@@ -1566,6 +1740,9 @@ export interface operations {
                     "application/json": components["schemas"]["DashboardOverview"];
                 };
             };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
         };
     };
@@ -1644,7 +1821,10 @@ export interface operations {
                 };
             };
             400: components["responses"]["InvalidRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
         };
     };
