@@ -324,10 +324,9 @@ type Write struct {
 // Permit is an admitted write. Its holder must call Done exactly once, after
 // the upstream answered or the forward gave up.
 type Permit struct {
-	Lease   Lease
-	svc     *Service
-	unlock  func()
-	started time.Time
+	Lease  Lease
+	svc    *Service
+	unlock func()
 }
 
 // Admit checks that leaseID is its resource's current live lease and holds
@@ -367,13 +366,13 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 			unlock()
 			return nil, s.reject(ctx, refusal, lease, state, w)
 		}
-		return &Permit{Lease: lease, svc: s, unlock: unlock, started: time.Now()}, nil
+		return &Permit{Lease: lease, svc: s, unlock: unlock}, nil
 	}
 	if refusal := Judge(lease, state, s.clock(state)); refusal != nil {
 		unlock()
 		return nil, s.reject(ctx, refusal, lease, state, w)
 	}
-	return &Permit{Lease: *state.Lease, svc: s, unlock: unlock, started: time.Now()}, nil
+	return &Permit{Lease: *state.Lease, svc: s, unlock: unlock}, nil
 }
 
 // Done ends the write. outcomeUnknown (upstream timeout, broken connection)
