@@ -80,6 +80,7 @@ type Store struct {
 	log      *slog.Logger
 	keySalt  string // the schema: advisory lock keys and channels are per schema
 	channel  string // NOTIFY channel for rejections
+	recorder *recorder
 }
 
 var (
@@ -145,6 +146,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		keySalt:  opts.Schema,
 		channel:  channelName(opts.Schema),
 	}
+	s.recorder = newRecorder(s)
 	if err := s.migrate(ctx); err != nil {
 		s.Close()
 		return nil, err
@@ -155,6 +157,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 // Close closes both pools. Locks still held are released by the database
 // with their sessions.
 func (s *Store) Close() {
+	s.recorder.close()
 	s.pool.Close()
 	s.lockPool.Close()
 }

@@ -417,28 +417,6 @@ func (s *Store) Drain(ctx context.Context, resource string, d time.Duration) err
 	return interpret("drain", err)
 }
 
-// RecordRejection appends to the rejection log. Its time is r.At if set
-// (the gateway's moment of refusal), else the database clock.
-func (s *Store) RecordRejection(ctx context.Context, r tokens.Rejection) (tokens.Rejection, error) {
-	var ended *time.Time
-	if !r.LeaseEndedAt.IsZero() {
-		ended = &r.LeaseEndedAt
-	}
-	var at *time.Time
-	if !r.At.IsZero() {
-		at = &r.At
-	}
-	err := s.pool.QueryRow(ctx, `INSERT INTO rejections
-		(resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at, at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, COALESCE($11, clock_timestamp())) RETURNING id, at`,
-		r.Resource, r.Code, r.Token, r.CurrentToken, r.Holder, r.LeaseHint, r.Method, r.Upstream, r.Path, ended, at,
-	).Scan(&r.ID, &r.At)
-	if err != nil {
-		return tokens.Rejection{}, interpret("record rejection", err)
-	}
-	return r, nil
-}
-
 // Rejection page sizes: RejectionQuery.Limit 0 means DefaultRejections, and
 // it is capped at MaxRejections (DESIGN.md: limit <= 1000).
 const (

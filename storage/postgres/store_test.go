@@ -219,6 +219,96 @@ func TestRejections(t *testing.T) {
 	}
 }
 
+// A storm of concurrent rejections is committed in groups: every caller
+// gets its own committed row back, none is lost or duplicated, and Close
+// waits for what was queued.
+func TestConcurrentRejectionsAreGrouped(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.NewSchema(t)
+	s := pgtest.Open(t, schema, postgres.Options{MaxConns: 2})
+	ctx := t.Context()
+	const callers, each = 64, 20
+	var mu sync.Mutex
+	seen := map[int64]tokens.Rejection{}
+	var wg sync.WaitGroup
+	for c := range callers {
+		wg.Go(func() {
+			for i := range each {
+				r, err := s.RecordRejection(ctx, tokens.Rejection{Resource: "storm", Code: tokens.CodeStaleToken, Token: int64(c*each + i),
+					CurrentToken: 1 << 40, Holder: "h", LeaseHint: "fl_x", Method: "POST", Upstream: "up", Path: fmt.Sprintf("/%d/%d", c, i)})
+				if err != nil {
+					t.Errorf("RecordRejection: %v", err)
+					return
+				}
+				mu.Lock()
+				if prev, dup := seen[r.ID]; dup {
+					t.Errorf("id %d given twice: %+v and %+v", r.ID, prev, r)
+				}
+				seen[r.ID] = r
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(seen) != callers*each {
+		t.Fatalf("%d rejections recorded, want %d", len(seen), callers*each)
+	}
+	for id, r := range seen {
+		if r.Path != fmt.Sprintf("/%d/%d", r.Token/each, r.Token%each) || r.At.IsZero() {
+			t.Fatalf("id %d came back as %+v: not the caller's own row", id, r)
+		}
+	}
+	var stored []tokens.Rejection
+	for before := int64(0); ; {
+		page, err := s.Rejections(ctx, tokens.RejectionQuery{Resource: "storm", Before: before, Limit: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored = append(stored, page...)
+		if len(page) < 1000 {
+			break
+		}
+		before = page[len(page)-1].ID
+	}
+	if len(stored) != callers*each {
+		t.Fatalf("the log holds %d rows, want %d", len(stored), callers*each)
+	}
+	for _, r := range stored {
+		if got := seen[r.ID]; got.Token != r.Token || got.Path != r.Path {
+			t.Fatalf("row %d is %+v, its caller was told %+v", r.ID, r, got)
+		}
+	}
+
+	// Close while callers are recording: each either gets its committed row
+	// or an unavailable error, never a hang.
+	s2 := pgtest.Open(t, schema, postgres.Options{})
+	var ok, refused int
+	var wg2 sync.WaitGroup
+	for range 16 {
+		wg2.Go(func() {
+			for range 50 {
+				_, err := s2.RecordRejection(context.Background(), tokens.Rejection{Resource: "closing", Code: tokens.CodeStaleToken, Holder: "h", LeaseHint: "fl_x"})
+				mu.Lock()
+				if err == nil {
+					ok++
+				} else if errors.Is(err, tokens.ErrUnavailable) {
+					refused++
+				} else {
+					t.Errorf("RecordRejection during Close: %v", err)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	time.Sleep(20 * time.Millisecond)
+	s2.Close()
+	wg2.Wait()
+	closing, err := s.Rejections(ctx, tokens.RejectionQuery{Resource: "closing", Limit: 1000})
+	if err != nil || len(closing) != ok || ok+refused != 16*50 {
+		t.Fatalf("during Close: %d ok, %d refused, %d rows stored (%v)", ok, refused, len(closing), err)
+	}
+}
+
 func TestConcurrentOpenMigratesOnce(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.NewSchema(t)
