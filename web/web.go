@@ -26,6 +26,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/fencegw/fencegw/tokens"
@@ -79,9 +80,34 @@ func cacheFor(next http.Handler) http.Handler {
 	})
 }
 
-func filterOf(r *http.Request) Filter {
+// reasons are the rejection codes a filter may name.
+var reasons = []string{tokens.CodeStaleToken, tokens.CodeLeaseExpired, tokens.CodeLeaseReleased, tokens.CodeUnknownLease, tokens.CodeNotOwner}
+
+// filterOf reads the filters of a view. A value that cannot match anything
+// (an unknown range or reason, a resource name or holder the gateway would
+// never accept) is an error, so that a typo is not shown as "no rejections".
+func filterOf(r *http.Request) (Filter, error) {
 	q := r.URL.Query()
-	return Filter{Range: rangeOf(q.Get("range")), Resource: q.Get("resource"), Holder: q.Get("holder"), Code: q.Get("code")}
+	f := Filter{Range: rangeOf(q.Get("range")), Resource: q.Get("resource"), Holder: q.Get("holder"), Code: q.Get("code")}
+	if key := q.Get("range"); key != "" && f.Range.Key != key {
+		keys := make([]string, len(ranges))
+		for i, r := range ranges {
+			keys[i] = r.Key
+		}
+		return f, tokens.Invalid("range", "must be one of "+strings.Join(keys, ", "))
+	}
+	if f.Code != "" && !slices.Contains(reasons, f.Code) {
+		return f, tokens.Invalid("code", "must be one of "+strings.Join(reasons, ", "))
+	}
+	if f.Resource != "" {
+		if err := tokens.DefaultLimits.ValidateResource(f.Resource); err != nil {
+			return f, err
+		}
+	}
+	if err := tokens.DefaultLimits.ValidateHolder(f.Holder); err != nil {
+		return f, err
+	}
+	return f, nil
 }
 
 type overviewPage struct {
@@ -97,14 +123,18 @@ type overviewPage struct {
 }
 
 func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
-	f := filterOf(r)
+	f, err := filterOf(r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
 	ov, err := overview(r.Context(), h.src, h.counts, f)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	p := overviewPage{Title: "Rejected stale writes", Filter: f, Ranges: ranges, Overview: ov, Counted: h.counts != nil,
-		Reasons: []string{tokens.CodeStaleToken, tokens.CodeLeaseExpired, tokens.CodeLeaseReleased, tokens.CodeUnknownLease},
+		Reasons: reasons,
 		Chart:   drawChart(ov, f.Range)}
 	// The feed goes live after the newest rejection the page already shows;
 	// the stream replays anything recorded in between.
@@ -121,7 +151,12 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) overviewJSON(w http.ResponseWriter, r *http.Request) {
-	ov, err := overview(r.Context(), h.src, h.counts, filterOf(r))
+	f, err := filterOf(r)
+	if err != nil {
+		h.failJSON(w, r, err)
+		return
+	}
+	ov, err := overview(r.Context(), h.src, h.counts, f)
 	if err != nil {
 		h.failJSON(w, r, err)
 		return

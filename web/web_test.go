@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/url"
 	"net/http/httptest"
 	"slices"
 	"strings"
@@ -239,4 +240,33 @@ func BenchmarkCountsAccepted(b *testing.B) {
 			c.Accepted("inventory/SKU-001", 42)
 		}
 	})
+}
+
+// A filter that cannot match anything is a 400 naming the parameter, on the
+// page and in the JSON, not an empty result that looks like "no incidents".
+func TestOverviewRefusesBadFilters(t *testing.T) {
+	h := Handler(incident(), nil)
+	for _, tc := range []struct{ query, field string }{
+		{"range=7d", "range"},
+		{"code=stale", "code"},
+		{"resource=" + url.QueryEscape("a b"), "resource"},
+		{"resource=" + strings.Repeat("r", 257), "resource"},
+		{"holder=" + strings.Repeat("h", 129), "holder"},
+		{"holder=%01", "holder"},
+	} {
+		resp, body := get(t, h, "/ui/api/overview?"+tc.query)
+		if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Content-Type") != "application/problem+json" ||
+			!strings.Contains(body, `"code":"invalid_request"`) || !strings.Contains(body, tc.field) {
+			t.Errorf("JSON ?%.40s: %d %s %s", tc.query, resp.StatusCode, resp.Header.Get("Content-Type"), body)
+		}
+		resp, body = get(t, h, "/ui/?"+tc.query)
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, tc.field) {
+			t.Errorf("page ?%.40s: %d", tc.query, resp.StatusCode)
+		}
+	}
+	for _, q := range []string{"", "range=24h&code=lease_not_owned", "resource=stmt:acct:88213&holder=worker-3"} {
+		if resp, body := get(t, h, "/ui/api/overview?"+q); resp.StatusCode != http.StatusOK {
+			t.Errorf("?%s: %d %s", q, resp.StatusCode, body)
+		}
+	}
 }

@@ -25,12 +25,15 @@
     return now ? Date.parse(now) - Date.now() : 0;
   }
 
+  // Cells are looked up on every tick: refresh() replaces the leases table,
+  // and the skew is taken again from each new table when it first appears.
   function countdowns() {
-    var skew = skewOf(document.getElementById('leases'));
-    var cells = document.querySelectorAll('[data-expires]');
-    if (!cells.length) return;
+    var table = null, skew = 0;
     function tick() {
+      var t = document.getElementById('leases');
+      if (t !== table) { table = t; skew = skewOf(t); }
       var now = Date.now() + skew;
+      var cells = document.querySelectorAll('[data-expires]');
       for (var i = 0; i < cells.length; i++) {
         var left = Date.parse(cells[i].getAttribute('data-expires')) - now;
         cells[i].textContent = left > 0 ? human(left) : 'expired';
@@ -125,9 +128,37 @@
     es.addEventListener('summary', function (e) { add(summaryRow(JSON.parse(e.data))); });
   }
 
+  // refresh keeps the counts, the chart, the top lists and the held leases
+  // current: it fetches this same page (same filters) and swaps in the
+  // server-rendered part, which the server escaped like any page load. It
+  // skips hidden tabs and never overlaps two fetches.
+  function refresh() {
+    var live = document.getElementById('live-overview');
+    if (!live || !window.fetch || !window.DOMParser) return;
+    var every = parseInt(live.getAttribute('data-refresh-ms'), 10) || 5000;
+    var busy = false;
+    function once() {
+      if (busy || document.hidden) return;
+      busy = true;
+      fetch(window.location.href, { credentials: 'same-origin', headers: { Accept: 'text/html' } })
+        .then(function (resp) { return resp.ok ? resp.text() : null; })
+        .then(function (html) {
+          if (!html) return;
+          var fresh = new DOMParser().parseFromString(html, 'text/html').getElementById('live-overview');
+          var current = document.getElementById('live-overview');
+          if (fresh && current) current.replaceWith(document.importNode(fresh, true));
+        })
+        .catch(function () {})
+        .then(function () { busy = false; });
+    }
+    setInterval(once, every);
+    document.addEventListener('visibilitychange', once);
+  }
+
   function start() {
     countdowns();
     feed();
+    refresh();
   }
   if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', start); else start();
 })();
