@@ -160,7 +160,7 @@ func screenshot(t *testing.T, ctx context.Context, name, docName string) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(dir, t.Name()+"-"+name+".png")
+	out := filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+"-"+name+".png")
 	if err := os.WriteFile(out, png, 0o644); err != nil {
 		t.Fatal(err)
 	}
