@@ -18,6 +18,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -64,6 +65,14 @@ type Options struct {
 	// sessions and may still land (0: no restart drain). The gateway passes
 	// its drain period.
 	RestartDrain time.Duration
+	// MaxRejectionLog, MaxHistoryPerResource and LeaseRetention bound what
+	// the store keeps (see Prune; 0: the Default values). PruneInterval is
+	// how often Prune runs in the background (0: DefaultPruneInterval;
+	// negative: never, for tests that call Prune themselves).
+	MaxRejectionLog       int64
+	MaxHistoryPerResource int
+	LeaseRetention        time.Duration
+	PruneInterval         time.Duration
 	// Schema, if set, is created if missing and used as search_path, so that
 	// tests (or several deployments) can share one database.
 	Schema string
@@ -81,6 +90,12 @@ type Store struct {
 	keySalt  string // the schema: advisory lock keys and channels are per schema
 	channel  string // NOTIFY channel for rejections
 	recorder *recorder
+
+	closeOnce    sync.Once
+	pruneStop    chan struct{}
+	pruneDone    chan struct{}
+	pruneMu      sync.Mutex
+	prunedEvents int64 // lease_events ids up to here were pruned
 }
 
 var (
@@ -103,6 +118,18 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	}
 	if opts.LockTimeout <= 0 {
 		opts.LockTimeout = DefaultLockTimeout
+	}
+	if opts.MaxRejectionLog <= 0 {
+		opts.MaxRejectionLog = DefaultMaxRejectionLog
+	}
+	if opts.MaxHistoryPerResource <= 0 {
+		opts.MaxHistoryPerResource = DefaultMaxHistoryPerResource
+	}
+	if opts.LeaseRetention <= 0 {
+		opts.LeaseRetention = DefaultLeaseRetention
+	}
+	if opts.PruneInterval == 0 {
+		opts.PruneInterval = DefaultPruneInterval
 	}
 	log := opts.Logger
 	if log == nil {
@@ -151,12 +178,22 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		s.Close()
 		return nil, err
 	}
+	if opts.PruneInterval > 0 {
+		s.pruneStop, s.pruneDone = make(chan struct{}), make(chan struct{})
+		go s.pruneLoop()
+	}
 	return s, nil
 }
 
 // Close closes both pools. Locks still held are released by the database
 // with their sessions.
 func (s *Store) Close() {
+	s.closeOnce.Do(func() {
+		if s.pruneStop != nil {
+			close(s.pruneStop)
+			<-s.pruneDone
+		}
+	})
 	s.recorder.close()
 	s.pool.Close()
 	s.lockPool.Close()

@@ -346,3 +346,74 @@ func TestUnreachableIsUnavailable(t *testing.T) {
 		t.Fatalf("Open of an unreachable database: %v", err)
 	}
 }
+
+// Retention keeps the rejection log, each resource's history and ended
+// leases bounded, and never touches a fence: tokens go on from where they
+// were.
+func TestPruneBoundsWhatIsKept(t *testing.T) {
+	t.Parallel()
+	s := pgtest.Open(t, pgtest.NewSchema(t), postgres.Options{MaxRejectionLog: 10, MaxHistoryPerResource: 5,
+		LeaseRetention: time.Millisecond, PruneInterval: -1})
+	ctx := t.Context()
+
+	var newest []int64
+	for i := range 25 {
+		r, err := s.RecordRejection(ctx, tokens.Rejection{Resource: "log", Code: tokens.CodeStaleToken, Token: int64(i), Holder: "h", LeaseHint: "fl_x"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		newest = append(newest, r.ID)
+	}
+	old := grant(t, s, "hist", 100*time.Millisecond) // token 1: 1 event
+	for range 6 {
+		if _, err := s.Renew(ctx, old.ID, 0); err != nil { // 6 more
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(150 * time.Millisecond)
+	cur := grant(t, s, "hist", time.Minute) // token 2, supersedes the expired one
+	quiet := grant(t, s, "quiet", time.Minute)
+
+	p, err := s.Prune(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Rejections != 15 || p.Events != 3 || p.Leases != 1 {
+		t.Fatalf("pruned %+v, want 15 rejections, 3 events, 1 lease", p)
+	}
+	log, err := s.Rejections(ctx, tokens.RejectionQuery{Limit: 1000})
+	if err != nil || len(log) != 10 || log[0].ID != newest[24] || log[9].ID != newest[15] {
+		t.Fatalf("rejection log after prune: %d rows (%v)", len(log), err)
+	}
+	hist, err := s.History(ctx, "hist", 1000)
+	if err != nil || len(hist) != 5 || hist[0].Token != 2 || hist[0].Kind != tokens.EventGranted {
+		t.Fatalf("history after prune: %+v %v", hist, err)
+	}
+	if _, err := s.Lease(ctx, old.ID); !errors.Is(err, tokens.ErrNotFound) {
+		t.Fatalf("the superseded, long-expired lease: %v, want ErrNotFound", err)
+	}
+	for _, l := range []tokens.Lease{cur, quiet} {
+		if _, err := s.Lease(ctx, l.ID); err != nil {
+			t.Fatalf("current lease %s pruned: %v", l.Resource, err)
+		}
+	}
+	if again, err := s.Prune(ctx); err != nil || again != (postgres.Pruned{}) {
+		t.Fatalf("second prune: %+v %v, want nothing", again, err)
+	}
+	r, err := s.Resource(ctx, "hist")
+	if err != nil || r.Token != 2 {
+		t.Fatalf("fence after prune: %+v %v", r, err)
+	}
+	if next := grantAfter(t, s, "hist", cur); next.Token != 3 {
+		t.Fatalf("token after prune: %d, want 3", next.Token)
+	}
+}
+
+// grantAfter releases prev and grants its resource again.
+func grantAfter(t *testing.T, s tokens.Store, resource string, prev tokens.Lease) tokens.Lease {
+	t.Helper()
+	if _, err := s.Release(t.Context(), prev.ID); err != nil {
+		t.Fatal(err)
+	}
+	return grant(t, s, resource, time.Minute)
+}
