@@ -33,7 +33,7 @@ func (s *Store) grantBeforeDurable(req tokens.GrantRequest) (tokens.Lease, error
 		return tokens.Lease{}, &tokens.Error{Kind: tokens.ErrFenceBusy, Resource: req.Resource, CurrentToken: cur.token,
 			RetryAfter: cur.drainUntil.Sub(now)}
 	}
-	lease := tokens.Lease{ID: req.LeaseID, Resource: req.Resource, Holder: req.Holder, Token: cur.token + 1,
+	lease := tokens.Lease{ID: req.LeaseID, Resource: req.Resource, Holder: req.Holder, Owner: req.Owner, Token: cur.token + 1,
 		TTL: req.TTL, GrantedAt: now, ExpiresAt: now.Add(req.TTL)}
 	st := resState{token: lease.Token, current: lease.ID, drainUntil: cur.drainUntil}
 	s.leases[lease.ID] = &lease
