@@ -29,10 +29,14 @@ const (
 	// RuleTokenMismatch: the upstream got the token of the lease the write
 	// was sent under, not another one.
 	RuleTokenMismatch = "token-mismatch"
+	// RuleForeignLease: nothing is done under a lease by a principal that
+	// did not acquire it: no write sent with another key's lease id reached
+	// the upstream, and no such renewal or release succeeded.
+	RuleForeignLease = "foreign-lease"
 )
 
 // Rules lists every rule, in report order.
-var Rules = []string{RuleTokenOrder, RuleStaleApplied, RuleExactlyOnce, RuleRejectedApplied, RuleDuplicateToken, RuleStoreDown, RuleTokenMismatch}
+var Rules = []string{RuleTokenOrder, RuleStaleApplied, RuleExactlyOnce, RuleRejectedApplied, RuleDuplicateToken, RuleStoreDown, RuleTokenMismatch, RuleForeignLease}
 
 // maxExamples bounds the violations kept per rule; all are counted.
 const maxExamples = 10
@@ -55,6 +59,9 @@ type Stats struct {
 	OtherRefused    int            `json:"other_refused"`    // other 4xx
 	Arrivals        int            `json:"arrivals"`         // at the upstream
 	Applied         int            `json:"applied"`          // acted on by the upstream
+	ForeignWrites   int            `json:"foreign_writes"`   // thieves' writes: sent with another principal's lease
+	ForeignOps      int            `json:"foreign_ops"`      // thieves' renewals and releases
+	ForeignRefused  int            `json:"foreign_refused"`  // of those, 403 lease_not_owned
 	Faults          map[string]int `json:"faults"`           // by kind
 	ViolationCounts map[string]int `json:"violation_counts"` // by rule
 }
@@ -64,7 +71,8 @@ type Report struct {
 	Stats      Stats       `json:"stats"`
 	Violations []Violation `json:"violations"` // up to maxExamples per rule
 	// Void, if set, says why the run proves nothing: no fault, no stale
-	// write attempted, or no write accepted.
+	// write attempted, no write accepted, or no answer to a write sent with
+	// another principal's lease.
 	Void string `json:"void,omitempty"`
 }
 
@@ -87,6 +95,8 @@ func (r Report) String() string {
 	fmt.Fprintf(&b, "grants %d, writes %d: %d ok, %d stale rejected (%d stale attempts), %d unavailable, %d unknown outcome, %d other refused\n",
 		s.Grants, s.Writes, s.OK, s.StaleRejected, s.StaleAttempts, s.Unavailable, s.UnknownOutcome, s.OtherRefused)
 	fmt.Fprintf(&b, "upstream: %d arrivals, %d applied\n", s.Arrivals, s.Applied)
+	fmt.Fprintf(&b, "thieves: %d writes, %d renewals/releases with another principal's lease; %d refused lease_not_owned\n",
+		s.ForeignWrites, s.ForeignOps, s.ForeignRefused)
 	kinds := make([]string, 0, len(s.Faults))
 	for k := range s.Faults {
 		kinds = append(kinds, k)
@@ -120,6 +130,10 @@ func (r Report) String() string {
 
 // staleCodes are the refusals of a write whose lease is no longer current.
 var staleCodes = map[string]bool{"stale_token": true, "lease_expired": true, "lease_released": true}
+
+// codeNotOwned is the refusal of a write, renewal or release with another
+// principal's lease (tokens.CodeNotOwner).
+const codeNotOwned = "lease_not_owned"
 
 // unknownOutcome: the write may or may not have landed.
 func unknownOutcome(status int) bool { return status == 0 || status == 502 || status == 504 }
@@ -158,6 +172,21 @@ func Check(h History) Report {
 		writes[h.Writes[i].ID] = &h.Writes[i]
 	}
 
+	// A lease's owner is the holder that got its grant (the holder is its
+	// API key's name). A write or lease operation is foreign if it names
+	// its sender and that is not the owner; one whose lease no grant
+	// records cannot be judged and is left out.
+	owners := map[string]string{}
+	for _, g := range h.Grants {
+		if g.LeaseID != "" {
+			owners[g.LeaseID] = g.Holder
+		}
+	}
+	foreign := func(leaseID, by string) (owner string, ok bool) {
+		owner, known := owners[leaseID]
+		return owner, by != "" && known && owner != by
+	}
+
 	// Arrival order, arrival counts, the token the upstream got.
 	arrivals := slices.Clone(h.Arrivals)
 	slices.SortFunc(arrivals, func(a, b Arrival) int { return cmp.Compare(a.Seq, b.Seq) })
@@ -171,6 +200,12 @@ func Check(h History) Report {
 			last[a.Resource] = a
 		}
 		arrived[a.ID]++
+		if w := writes[a.ID]; w != nil && arrived[a.ID] == 1 {
+			if owner, ok := foreign(w.LeaseID, w.By); ok {
+				flag(RuleForeignLease, "write %s sent by %s with lease %s of %s (%s, token %d) reached the upstream (answered %d %s)",
+					a.ID, w.By, w.LeaseID, owner, a.Resource, a.Token, w.Status, w.Code)
+			}
+		}
 		if !a.Applied.IsZero() {
 			applied[a.ID]++
 			st.Applied++
@@ -189,6 +224,7 @@ func Check(h History) Report {
 	}
 
 	// What the workers saw against what arrived.
+	foreignAnswered := 0 // thieves' writes that reached a gateway
 	for _, w := range h.Writes {
 		switch {
 		case w.Status >= 200 && w.Status < 300:
@@ -208,10 +244,34 @@ func Check(h History) Report {
 		if w.Late || (w.Status == 409 && staleCodes[w.Code]) {
 			st.StaleAttempts++
 		}
+		if _, ok := foreign(w.LeaseID, w.By); ok {
+			st.ForeignWrites++
+			if w.Status != 0 {
+				foreignAnswered++
+			}
+			if w.Status == 403 && w.Code == codeNotOwned {
+				st.ForeignRefused++
+			}
+		}
 		if (w.Status >= 400 && w.Status < 500) || w.Status == 503 {
 			if arrived[w.ID] > 0 {
 				flag(RuleRejectedApplied, "write %s (%s, token %d) refused with %d %s but reached the upstream", w.ID, w.Resource, w.Token, w.Status, w.Code)
 			}
+		}
+	}
+
+	// No foreign renewal or release succeeded.
+	for _, o := range h.LeaseOps {
+		owner, ok := foreign(o.LeaseID, o.By)
+		if !ok {
+			continue
+		}
+		st.ForeignOps++
+		switch {
+		case o.Status == 403 && o.Code == codeNotOwned:
+			st.ForeignRefused++
+		case o.Status >= 200 && o.Status < 300:
+			flag(RuleForeignLease, "%s of lease %s of %s (%s) by %s answered %d", o.Op, o.LeaseID, owner, o.Resource, o.By, o.Status)
 		}
 	}
 
@@ -267,6 +327,8 @@ func Check(h History) Report {
 		r.Void = "no write was accepted"
 	case st.StaleAttempts == 0:
 		r.Void = "no stale write was attempted"
+	case foreignAnswered == 0:
+		r.Void = "no write sent with another principal's lease was answered"
 	}
 	return r
 }

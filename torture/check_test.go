@@ -11,18 +11,24 @@ var t0 = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 
 // good is a small correct history: holder A (token 1) writes, stalls, B
-// (token 2) takes over, A's late write is refused, B writes; a fault.
+// (token 2) takes over, A's late write is refused, B writes; thief C's
+// write and release with B's lease are refused; a fault.
 func good() History {
 	return History{
 		Grants: []Grant{
-			{Resource: "r", Token: 1, Holder: "A", Returned: at(0)},
-			{Resource: "r", Token: 2, Holder: "B", Returned: at(500)},
+			{Resource: "r", Token: 1, Holder: "A", LeaseID: "LA", Returned: at(0)},
+			{Resource: "r", Token: 2, Holder: "B", LeaseID: "LB", Returned: at(500)},
 		},
 		Writes: []Write{
 			{ID: "a1", Resource: "r", Token: 1, Status: 200, Sent: at(10), Returned: at(20)},
 			{ID: "a2", Resource: "r", Token: 1, Status: 409, Code: "stale_token", Sent: at(600), Returned: at(601), Late: true},
-			{ID: "b1", Resource: "r", Token: 2, Status: 200, Sent: at(700), Returned: at(710)},
+			// naming its sender and lease: B's own, so not foreign.
+			{ID: "b1", Resource: "r", Token: 2, Status: 200, Sent: at(700), Returned: at(710), LeaseID: "LB", By: "B"},
 			{ID: "b2", Resource: "r", Token: 2, Status: 504, Code: "upstream_timeout", Sent: at(720), Returned: at(1020)},
+			{ID: "c1", Resource: "r", Token: 2, Status: 403, Code: "lease_not_owned", Sent: at(1490), Returned: at(1510), LeaseID: "LB", By: "C"},
+		},
+		LeaseOps: []LeaseOp{
+			{Op: OpRelease, LeaseID: "LB", By: "C", Resource: "r", Status: 403, Code: "lease_not_owned", Sent: at(1511), Returned: at(1512)},
 		},
 		Arrivals: []Arrival{
 			{Seq: 1, Resource: "r", Token: 1, ID: "a1", Arrived: at(11), Applied: at(12)},
@@ -38,7 +44,8 @@ func TestCheckGoodHistoryPasses(t *testing.T) {
 	if !r.OK() {
 		t.Fatalf("good history failed:\n%s", r)
 	}
-	if r.Stats.OK != 2 || r.Stats.StaleRejected != 1 || r.Stats.UnknownOutcome != 1 || r.Stats.Applied != 3 {
+	if r.Stats.OK != 2 || r.Stats.StaleRejected != 1 || r.Stats.UnknownOutcome != 1 || r.Stats.Applied != 3 || r.Stats.OtherRefused != 1 ||
+		r.Stats.ForeignWrites != 1 || r.Stats.ForeignOps != 1 || r.Stats.ForeignRefused != 2 {
 		t.Errorf("stats: %+v", r.Stats)
 	}
 }
@@ -87,6 +94,23 @@ func TestCheckCatchesEachRule(t *testing.T) {
 			h.Arrivals[2].Token = 3
 			h.Grants = append(h.Grants, Grant{Resource: "r", Token: 3, Holder: "C", Returned: at(5000)})
 		}},
+		{RuleForeignLease, func(h *History) {
+			// thief C's write with B's (current) lease was forwarded and
+			// applied: every other rule holds.
+			h.Writes[4].Status, h.Writes[4].Code = 200, ""
+			h.Arrivals = append(h.Arrivals, Arrival{Seq: 4, Resource: "r", Token: 2, ID: "c1", Arrived: at(1500), Applied: at(1501)})
+		}},
+		{RuleForeignLease, func(h *History) {
+			// the thief's write went unanswered (an unknown outcome may
+			// land once) and reached the upstream, not applied: arriving
+			// at all is the violation.
+			h.Writes[4].Status, h.Writes[4].Code = 0, ""
+			h.Arrivals = append(h.Arrivals, Arrival{Seq: 4, Resource: "r", Token: 2, ID: "c1", Arrived: at(1500)})
+		}},
+		{RuleForeignLease, func(h *History) {
+			// thief C released B's lease.
+			h.LeaseOps[0].Status, h.LeaseOps[0].Code = 204, ""
+		}},
 	}
 	for _, c := range cases {
 		t.Run(c.rule, func(t *testing.T) {
@@ -113,6 +137,12 @@ func TestCheckVoidRuns(t *testing.T) {
 		"no fault": func(h *History) { h.Faults = nil },
 		"no stale": func(h *History) {
 			h.Writes = append(h.Writes[:1], h.Writes[2:]...)
+		},
+		"no theft": func(h *History) {
+			h.Writes = h.Writes[:4]
+		},
+		"no thief answered": func(h *History) {
+			h.Writes[4].Status, h.Writes[4].Code = 0, "" // the gateway was down
 		},
 		"no accepted write": func(h *History) {
 			h.Writes = h.Writes[1:2]

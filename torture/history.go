@@ -10,9 +10,12 @@ import "time"
 
 // Grant is a lease as the worker that got it saw it.
 type Grant struct {
-	Resource string    `json:"r"`
-	Token    int64     `json:"t"`
+	Resource string `json:"r"`
+	Token    int64  `json:"t"`
+	// Holder is the worker; with authentication (the torture always has
+	// it) it is also the name of the worker's API key: the lease's owner.
 	Holder   string    `json:"h"`
+	LeaseID  string    `json:"l,omitempty"`
 	Returned time.Time `json:"at"` // when the worker had the answer
 }
 
@@ -28,6 +31,30 @@ type Write struct {
 	// Late is set if the worker sent it after its lease's TTL had run out by
 	// its own clock: a stale-write attempt, whatever the gateway answered.
 	Late bool `json:"late,omitempty"`
+	// LeaseID and By are set on a thief's write: sent with lease LeaseID
+	// by the principal (API key) By, which did not acquire it. The checker
+	// finds the lease's owner in the grants.
+	LeaseID string `json:"l,omitempty"`
+	By      string `json:"by,omitempty"`
+}
+
+// Lease operations a thief tries with another principal's lease.
+const (
+	OpRenew   = "renew"
+	OpRelease = "release"
+)
+
+// LeaseOp is a renewal or release that a thief sent with a lease id another
+// principal acquired, as the thief saw it.
+type LeaseOp struct {
+	Op       string    `json:"op"` // OpRenew or OpRelease
+	LeaseID  string    `json:"l"`
+	By       string    `json:"by"` // the principal (API key) that sent it
+	Resource string    `json:"r"`
+	Status   int       `json:"s"` // 0: no answer
+	Code     string    `json:"c,omitempty"`
+	Sent     time.Time `json:"sent"`
+	Returned time.Time `json:"ret"`
 }
 
 // Arrival is a request the upstream received: the ground truth.
@@ -59,6 +86,7 @@ type History struct {
 	Writes   []Write   `json:"writes"`
 	Arrivals []Arrival `json:"arrivals"`
 	Faults   []Fault   `json:"faults"`
+	LeaseOps []LeaseOp `json:"lease_ops,omitempty"` // the thieves' renewals and releases
 	// DrainPeriod is the gateway's --drain-period. A write whose outcome
 	// was unknown may land up to a drain period after it was sent without
 	// the gateway being at fault; zero holds such writes to the strict rule.

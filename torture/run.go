@@ -14,9 +14,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/fencegw/fencegw/auth"
 )
 
 // Storage modes of the gateway under test.
@@ -81,8 +84,11 @@ type Config struct {
 	Faults         []string
 	// FaultGap is the pause between two faults (random in [gap/2, gap]).
 	FaultGap time.Duration
-	Seed     uint64
-	Log      io.Writer // progress; nil discards
+	// TheftPermille of each worker's rounds are a theft (see
+	// WorkerConfig.TheftPermille); default 50.
+	TheftPermille int
+	Seed          uint64
+	Log           io.Writer // progress; nil discards
 }
 
 func (c *Config) defaults() error {
@@ -129,6 +135,9 @@ func (c *Config) defaults() error {
 	}
 	if c.MaxWrites <= 0 {
 		c.MaxWrites = 6
+	}
+	if c.TheftPermille <= 0 {
+		c.TheftPermille = 50
 	}
 	if len(c.Faults) == 0 {
 		c.Faults = DefaultFaults[c.Mode]
@@ -210,8 +219,28 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	for i := range resources {
 		resources[i] = fmt.Sprintf("torture/%s/%02d", nonce, i)
 	}
+	// One API key per worker goroutine, each its own principal: a lease is
+	// bound to the key that acquired it, and the thieves use their own keys
+	// with their siblings' lease ids.
+	groupNames := make([]string, cfg.WorkerGroups)
+	groupKeys := make([][]string, cfg.WorkerGroups)
+	var authFile auth.File
+	for g := range groupNames {
+		groupNames[g] = fmt.Sprintf("%s-w%d", nonce, g)
+		for i := range cfg.Goroutines {
+			key := auth.GenerateKey()
+			groupKeys[g] = append(groupKeys[g], key)
+			authFile.Keys = append(authFile.Keys, auth.Key{Name: HolderName(groupNames[g], i), SHA256: auth.Hash(key), Role: "worker",
+				Resources: []string{"torture/" + nonce + "/"}})
+		}
+	}
+	authPath := filepath.Join(cfg.Dir, "auth.json")
+	if err := writeJSON(authPath, authFile); err != nil {
+		return nil, err
+	}
 	args := []string{"--upstream", "rec=" + up.URL, "--forward-timeout", cfg.ForwardTimeout.String(),
-		"--drain-period", cfg.DrainPeriod.String(), "--grant-wait", cfg.GrantWait.String(), "--log-level", "warn"}
+		"--drain-period", cfg.DrainPeriod.String(), "--grant-wait", cfg.GrantWait.String(), "--log-level", "warn",
+		"--auth-file", authPath}
 	switch cfg.Mode {
 	case ModeEmbedded:
 		data := filepath.Join(cfg.Dir, "data")
@@ -266,16 +295,16 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	var workers sync.WaitGroup
 	var procs []*workerProc
 	for g := range cfg.WorkerGroups {
-		wc := WorkerConfig{Name: fmt.Sprintf("%s-w%d", nonce, g), Gateways: urls, Upstream: "rec", Resources: resources,
+		wc := WorkerConfig{Name: groupNames[g], Gateways: urls, Upstream: "rec", Resources: resources,
 			Goroutines: cfg.Goroutines, TTL: cfg.TTL, Wait: cfg.TTL, Timeout: cfg.ForwardTimeout + cfg.DrainPeriod + 3*time.Second,
-			MaxWrites: cfg.MaxWrites, Seed: cfg.Seed + uint64(g)}
+			MaxWrites: cfg.MaxWrites, Seed: cfg.Seed + uint64(g), Keys: groupKeys[g], TheftPermille: cfg.TheftPermille}
 		if len(cfg.WorkerCommand) == 0 {
 			wc.StallPermille = 60
 			workers.Go(func() { RunWorkers(workCtx, wc, rec) })
 			continue
 		}
 		wc.StallPermille = 20 // the rest comes from process pauses
-		p, err := startWorkerProc(cfg.WorkerCommand, wc, cfg.Duration+time.Minute, lw, rec)
+		p, err := startWorkerProc(cfg.WorkerCommand, wc, filepath.Join(cfg.Dir, wc.Name+".json"), cfg.Duration+time.Minute, lw, rec)
 		if err != nil {
 			stopWork()
 			return nil, err
@@ -298,13 +327,22 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	res := &Result{Config: cfg}
 	rec.mu.Lock()
-	res.History = History{Grants: rec.grants, Writes: rec.writes, Arrivals: up.Arrivals(), Faults: n.faults, DrainPeriod: cfg.DrainPeriod}
+	res.History = History{Grants: rec.grants, Writes: rec.writes, Arrivals: up.Arrivals(), Faults: n.faults, LeaseOps: rec.ops, DrainPeriod: cfg.DrainPeriod}
 	rec.mu.Unlock()
 	res.Report = Check(res.History)
 	if ctx.Err() != nil {
 		return res, ctx.Err()
 	}
 	return res, nil
+}
+
+// writeJSON writes v to path, readable by its owner only (an auth file).
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o600)
 }
 
 // workerProc is a worker group running as a process.
@@ -314,9 +352,13 @@ type workerProc struct {
 	done  chan struct{}
 }
 
-func startWorkerProc(command []string, wc WorkerConfig, limit time.Duration, log io.Writer, rec Recorder) (*workerProc, error) {
-	b, _ := json.Marshal(wc)
-	cmd := exec.Command(command[0], append(slices.Clone(command[1:]), string(b), limit.String())...)
+// The config, API keys included, goes in a file only its owner can read
+// (path), not on the command line, which every local user can see.
+func startWorkerProc(command []string, wc WorkerConfig, path string, limit time.Duration, log io.Writer, rec Recorder) (*workerProc, error) {
+	if err := writeJSON(path, wc); err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(command[0], append(slices.Clone(command[1:]), "@"+path, limit.String())...)
 	cmd.Stderr = log
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -345,6 +387,9 @@ func startWorkerProc(command []string, wc WorkerConfig, limit time.Duration, log
 			if r.Write != nil {
 				rec.Write(*r.Write)
 			}
+			if r.LeaseOp != nil {
+				rec.LeaseOp(*r.LeaseOp)
+			}
 		}
 		_ = cmd.Wait()
 	}()
@@ -367,15 +412,24 @@ func (p *workerProc) stop() {
 	}
 }
 
-// WorkerMain is the worker process: args are a JSON WorkerConfig and a
-// time limit. It works until stdin closes or the limit passes, writing its
-// observations to stdout as JSON lines.
+// WorkerMain is the worker process: args are a JSON WorkerConfig (or @ and
+// the name of a file holding one) and a time limit. It works until stdin
+// closes or the limit passes, writing its observations to stdout as JSON
+// lines.
 func WorkerMain(args []string, stdin io.Reader, stdout io.Writer) error {
 	if len(args) != 2 {
-		return errors.New("usage: worker CONFIG-JSON LIMIT")
+		return errors.New("usage: worker CONFIG-JSON|@FILE LIMIT")
+	}
+	config := []byte(args[0])
+	if name, ok := strings.CutPrefix(args[0], "@"); ok {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			return fmt.Errorf("worker config: %w", err)
+		}
+		config = b
 	}
 	var wc WorkerConfig
-	if err := json.Unmarshal([]byte(args[0]), &wc); err != nil {
+	if err := json.Unmarshal(config, &wc); err != nil {
 		return fmt.Errorf("worker config: %w", err)
 	}
 	limit, err := time.ParseDuration(args[1])

@@ -28,6 +28,8 @@ func TestSmokeEmbedded(t *testing.T) {
 		WorkerGroups: 2, Goroutines: 4, FaultGap: 600 * time.Millisecond,
 		Faults:    []string{FaultKillGateway, FaultPauseGateway, FaultSlowUpstream, FaultStopInWrite},
 		TokenBase: DefaultTokenBase,
+		// enough thefts in 6 s that the run is not void for want of one
+		TheftPermille: 150,
 	})
 	if err != nil {
 		t.Fatal(err)

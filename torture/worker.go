@@ -9,7 +9,9 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -29,6 +31,15 @@ type WorkerConfig struct {
 	Timeout       time.Duration `json:"timeout"`    // per HTTP request
 	MaxWrites     int           `json:"max_writes"` // writes per lease: 1..MaxWrites
 	Seed          uint64        `json:"seed"`
+	// Keys are the API keys of the goroutines, one each, named like the
+	// goroutine's holder (Name.i) in the gateway's auth file. Empty: no
+	// authentication, and no thieves.
+	Keys []string `json:"keys,omitempty"`
+	// TheftPermille of a goroutine's rounds (with Keys) are a theft
+	// instead of a lease of its own: a write, then a renewal or a release,
+	// with the lease id of another goroutine's current lease, which the
+	// gateway must refuse (403 lease_not_owned).
+	TheftPermille int `json:"theft_permille,omitempty"`
 }
 
 // Recorder receives a worker's observations; it must be safe for
@@ -36,6 +47,7 @@ type WorkerConfig struct {
 type Recorder interface {
 	Grant(Grant)
 	Write(Write)
+	LeaseOp(LeaseOp)
 }
 
 // RunWorkers runs cfg.Goroutines workers until ctx ends.
@@ -43,24 +55,78 @@ func RunWorkers(ctx context.Context, cfg WorkerConfig, rec Recorder) {
 	transport := &http.Transport{Proxy: nil, MaxIdleConnsPerHost: cfg.Goroutines * 2, IdleConnTimeout: 30 * time.Second}
 	defer transport.CloseIdleConnections()
 	client := &http.Client{Transport: transport, Timeout: cfg.Timeout}
+	b := &board{held: map[string]heldLease{}}
 	var wg sync.WaitGroup
 	for g := range cfg.Goroutines {
 		wg.Go(func() {
-			w := &worker{cfg: cfg, client: client, rec: rec, holder: fmt.Sprintf("%s.%d", cfg.Name, g),
+			w := &worker{cfg: cfg, client: client, rec: rec, board: b, holder: HolderName(cfg.Name, g),
 				rng: rand.New(rand.NewPCG(cfg.Seed, uint64(g)))}
+			if g < len(cfg.Keys) {
+				w.key = cfg.Keys[g]
+			}
 			w.run(ctx)
 		})
 	}
 	wg.Wait()
 }
 
+// HolderName is the holder of goroutine g of the worker group named group,
+// and the name of its API key.
+func HolderName(group string, g int) string { return fmt.Sprintf("%s.%d", group, g) }
+
 type worker struct {
 	cfg    WorkerConfig
 	client *http.Client
 	rec    Recorder
+	board  *board
 	holder string
+	key    string // API key ("": no authentication)
 	rng    *rand.Rand
 	seq    int
+}
+
+// heldLease is a lease a goroutine of the group holds, as it saw the grant.
+type heldLease struct {
+	ID       string
+	Resource string
+	Token    int64
+}
+
+// board is where a group's goroutines post their current leases, for the
+// thieves among them: each goroutine has its own API key, so a sibling's
+// lease belongs to another principal.
+type board struct {
+	mu   sync.Mutex
+	held map[string]heldLease // by holder
+}
+
+func (b *board) post(holder string, l heldLease) {
+	b.mu.Lock()
+	b.held[holder] = l
+	b.mu.Unlock()
+}
+
+func (b *board) drop(holder string) {
+	b.mu.Lock()
+	delete(b.held, holder)
+	b.mu.Unlock()
+}
+
+// pick returns a random lease held by another holder than thief.
+func (b *board) pick(rng *rand.Rand, thief string) (heldLease, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var ls []heldLease
+	for h, l := range b.held {
+		if h != thief {
+			ls = append(ls, l)
+		}
+	}
+	if len(ls) == 0 {
+		return heldLease{}, false
+	}
+	slices.SortFunc(ls, func(a, b heldLease) int { return strings.Compare(a.ID, b.ID) }) // the map's order is random
+	return ls[rng.IntN(len(ls))], true
 }
 
 type answer struct {
@@ -76,6 +142,9 @@ func (w *worker) do(ctx context.Context, method, url string, body []byte, header
 	}
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
+	}
+	if w.key != "" {
+		req.Header.Set("Authorization", "Bearer "+w.key)
 	}
 	resp, err := w.client.Do(req)
 	if err != nil {
@@ -106,6 +175,9 @@ func (w *worker) sleep(ctx context.Context, d time.Duration) {
 func (w *worker) run(ctx context.Context) {
 	cfg := w.cfg
 	for ctx.Err() == nil {
+		if w.key != "" && w.rng.IntN(1000) < cfg.TheftPermille && w.steal(ctx) {
+			continue
+		}
 		res := cfg.Resources[w.rng.IntN(len(cfg.Resources))]
 		gi := w.rng.IntN(len(cfg.Gateways))
 		req, _ := json.Marshal(map[string]any{"resource": res, "holder": w.holder, "ttl_ms": cfg.TTL.Milliseconds(), "wait_ms": cfg.Wait.Milliseconds()})
@@ -122,7 +194,8 @@ func (w *worker) run(ctx context.Context) {
 		if err := json.Unmarshal(a.body, &lease); err != nil || lease.LeaseID == "" {
 			continue
 		}
-		w.rec.Grant(Grant{Resource: res, Token: lease.Token, Holder: w.holder, Returned: now()})
+		w.rec.Grant(Grant{Resource: res, Token: lease.Token, Holder: w.holder, LeaseID: lease.LeaseID, Returned: now()})
+		w.board.post(w.holder, heldLease{ID: lease.LeaseID, Resource: res, Token: lease.Token})
 		release := w.rng.IntN(2) == 0
 	writes:
 		for range 1 + w.rng.IntN(max(cfg.MaxWrites, 1)) {
@@ -156,7 +229,43 @@ func (w *worker) run(ctx context.Context) {
 		if release && ctx.Err() == nil {
 			w.do(ctx, "DELETE", cfg.Gateways[w.rng.IntN(len(cfg.Gateways))]+"/v1/leases/"+lease.LeaseID, nil)
 		}
+		w.board.drop(w.holder)
 	}
+}
+
+// steal takes the lease id of another goroutine's current lease (another
+// principal's) and sends a write with it, then renews or releases it. A
+// correct gateway refuses all of it (403 lease_not_owned) and forwards
+// nothing. It returns false if no other goroutine holds a lease.
+func (w *worker) steal(ctx context.Context) bool {
+	l, ok := w.board.pick(w.rng, w.holder)
+	if !ok {
+		return false
+	}
+	cfg := w.cfg
+	w.seq++
+	id := w.holder + "." + strconv.Itoa(w.seq)
+	gi := w.rng.IntN(len(cfg.Gateways))
+	sent := now()
+	a := w.do(context.WithoutCancel(ctx), "POST", cfg.Gateways[gi]+"/v1/proxy/"+cfg.Upstream+"/w/"+url.PathEscape(l.Resource), []byte(id),
+		"Fencing-Lease", l.ID, "Content-Type", "text/plain", HeaderReplica, strconv.Itoa(gi))
+	w.rec.Write(Write{ID: id, Resource: l.Resource, Token: l.Token, Status: a.status, Code: a.code, Sent: sent, Returned: now(),
+		LeaseID: l.ID, By: w.holder})
+	if ctx.Err() != nil {
+		return true
+	}
+	op := LeaseOp{Op: OpRenew, LeaseID: l.ID, By: w.holder, Resource: l.Resource}
+	base := cfg.Gateways[w.rng.IntN(len(cfg.Gateways))] + "/v1/leases/" + l.ID
+	op.Sent = now()
+	if w.rng.IntN(2) == 0 {
+		a = w.do(context.WithoutCancel(ctx), "POST", base+"/renew", []byte("{}"), "Content-Type", "application/json")
+	} else {
+		op.Op = OpRelease
+		a = w.do(context.WithoutCancel(ctx), "DELETE", base, nil)
+	}
+	op.Status, op.Code, op.Returned = a.status, a.code, now()
+	w.rec.LeaseOp(op)
+	return true
 }
 
 // memRecorder collects observations in memory.
@@ -164,15 +273,18 @@ type memRecorder struct {
 	mu     sync.Mutex
 	grants []Grant
 	writes []Write
+	ops    []LeaseOp
 }
 
-func (m *memRecorder) Grant(g Grant) { m.mu.Lock(); m.grants = append(m.grants, g); m.mu.Unlock() }
-func (m *memRecorder) Write(w Write) { m.mu.Lock(); m.writes = append(m.writes, w); m.mu.Unlock() }
+func (m *memRecorder) Grant(g Grant)     { m.mu.Lock(); m.grants = append(m.grants, g); m.mu.Unlock() }
+func (m *memRecorder) Write(w Write)     { m.mu.Lock(); m.writes = append(m.writes, w); m.mu.Unlock() }
+func (m *memRecorder) LeaseOp(o LeaseOp) { m.mu.Lock(); m.ops = append(m.ops, o); m.mu.Unlock() }
 
 // record is one line of a worker process's output.
 type record struct {
-	Grant *Grant `json:"g,omitempty"`
-	Write *Write `json:"w,omitempty"`
+	Grant   *Grant   `json:"g,omitempty"`
+	Write   *Write   `json:"w,omitempty"`
+	LeaseOp *LeaseOp `json:"o,omitempty"`
 }
 
 // LineRecorder writes observations as JSON lines (a worker process's
@@ -190,6 +302,9 @@ func (l *LineRecorder) Grant(g Grant) { l.put(record{Grant: &g}) }
 
 // Write implements Recorder.
 func (l *LineRecorder) Write(w Write) { l.put(record{Write: &w}) }
+
+// LeaseOp implements Recorder.
+func (l *LineRecorder) LeaseOp(o LeaseOp) { l.put(record{LeaseOp: &o}) }
 
 func (l *LineRecorder) put(r record) {
 	l.mu.Lock()
