@@ -52,9 +52,13 @@ type Config struct {
 //     shared lock is released the resource is put in a drain period, and
 //     grants wait it out: the next holder cannot write until the old write
 //     can no longer arrive.
-//  4. The lease check uses the state read under the shared lock and the
-//     store's (or gateway's) clock; the worker's clock and any token the
-//     client sends play no part.
+//  4. A write is admitted only on the state read under the shared lock and
+//     the store's (or gateway's) clock; the worker's clock and any token the
+//     client sends play no part. A write may be *refused* on a state read
+//     without the lock (stores that read lease and fence together), because
+//     every refusal is final: tokens never go down, a superseded lease never
+//     becomes current again, released stays released, expired cannot be
+//     renewed.
 //  5. Any store error is ErrUnavailable: nothing is forwarded unchecked.
 type Service struct {
 	store       Store
@@ -311,6 +315,13 @@ func (s *Service) CurrentLeases(ctx context.Context, limit int) ([]Lease, error)
 // Ping reports whether the store is reachable.
 func (s *Service) Ping(ctx context.Context) error { return s.store.Ping(ctx) }
 
+// leaseStater is a Store that reads a lease and its resource's state in
+// one round trip (PostgreSQL). Admit then refuses writes under ended leases
+// without taking the resource's lock.
+type leaseStater interface {
+	LeaseState(ctx context.Context, leaseID string) (Lease, Resource, error)
+}
+
 // Write describes a write a worker wants forwarded, for the rejection log.
 type Write struct {
 	Method   string
@@ -334,7 +345,16 @@ type Permit struct {
 // and returned as ErrStaleToken, ErrLeaseExpired, ErrLeaseReleased,
 // ErrUnknownLease or ErrNotOwner.
 func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, error) {
-	lease, err := s.store.Lease(ctx, leaseID)
+	var lease Lease
+	var early *Resource
+	var err error
+	if ls, ok := s.store.(leaseStater); ok && !breakHighestSeen {
+		var state Resource
+		lease, state, err = ls.LeaseState(ctx, leaseID)
+		early = &state
+	} else {
+		lease, err = s.store.Lease(ctx, leaseID)
+	}
 	if errors.Is(err, ErrNotFound) {
 		return nil, s.reject(ctx, &Error{Kind: ErrUnknownLease}, Lease{ID: leaseID}, Resource{}, w)
 	}
@@ -345,6 +365,18 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 		// Before the lock: the owner never changes, and a stolen lease id
 		// must not even delay a grant.
 		return nil, s.reject(ctx, notOwned(lease), lease, Resource{}, w)
+	}
+	if early != nil {
+		// Every refusal Judge makes is final: tokens never go down, a lease
+		// that is no longer its resource's current one never becomes it
+		// again, a released lease stays released and an expired one cannot
+		// be renewed. The shared lock orders writes against grants; for a
+		// write that will be refused whatever happens next it has nothing
+		// to order, and skipping it spares the store a lock round trip per
+		// stale write in a storm.
+		if refusal := Judge(lease, *early, s.clock(*early)); refusal != nil {
+			return nil, s.reject(ctx, refusal, lease, *early, w)
+		}
 	}
 	unlock, err := s.locker.Shared(ctx, lease.Resource)
 	if err != nil {

@@ -352,6 +352,38 @@ func (s *Store) LeaseAt(ctx context.Context, leaseID string) (tokens.Lease, time
 	return r.lease(), now, nil
 }
 
+// LeaseState returns a lease and its resource's fence state, read together
+// in one statement with the database clock in Now (tokens.Service uses it
+// to refuse a write under an ended lease without taking the resource's
+// lock). ErrNotFound for an unknown lease id.
+func (s *Store) LeaseState(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, error) {
+	var (
+		r       leaseRow
+		res     tokens.Resource
+		token   *int64
+		drain   *time.Time
+		current bool
+	)
+	err := s.pool.QueryRow(ctx, `SELECT `+leaseCols+`, f.token, f.drain_until, clock_timestamp(), f.lease_id IS NOT DISTINCT FROM l.id
+		FROM leases l LEFT JOIN fences f ON f.resource = l.resource WHERE l.id = $1`, leaseID).
+		Scan(append(r.dest(), &token, &drain, &res.Now, &current)...)
+	if err != nil {
+		return tokens.Lease{}, tokens.Resource{}, interpret("lease state", err)
+	}
+	lease := r.lease()
+	if token == nil {
+		return lease, tokens.Resource{}, tokens.Unavailable("lease state", errors.New("lease "+tokens.LeaseHint(leaseID)+" has no fence row"))
+	}
+	res.Name, res.Token = lease.Resource, *token
+	if drain != nil && drain.After(res.Now) {
+		res.DrainUntil = *drain
+	}
+	if current {
+		res.Lease = &lease
+	}
+	return lease, res, nil
+}
+
 // Resource returns the fence state with the database clock in Now, or
 // ErrNotFound if the resource was never granted (tokens.Store).
 func (s *Store) Resource(ctx context.Context, name string) (tokens.Resource, error) {

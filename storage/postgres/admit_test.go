@@ -1,0 +1,92 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencegw/fencegw/storage/postgres/pgtest"
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// countingLocker counts shared locks taken through it.
+type countingLocker struct {
+	tokens.Locker
+	shared atomic.Int64
+}
+
+func (c *countingLocker) Shared(ctx context.Context, resource string) (func(), error) {
+	c.shared.Add(1)
+	return c.Locker.Shared(ctx, resource)
+}
+
+// On PostgreSQL a write under a lease that has ended (superseded, expired,
+// released) is refused from one read of the lease and its fence, without
+// the resource's shared lock; a write under the current lease still takes
+// it. The refusal is recorded with the facts of the moment.
+func TestAdmitRefusesEndedLeasesWithoutTheLock(t *testing.T) {
+	t.Parallel()
+	st := pgtest.OpenFresh(t)
+	locker := &countingLocker{Locker: st}
+	var mu sync.Mutex
+	var recorded []tokens.Rejection
+	svc := tokens.New(tokens.Config{Store: st, Locker: locker, OnRejection: func(r tokens.Rejection) {
+		mu.Lock()
+		recorded = append(recorded, r)
+		mu.Unlock()
+	}})
+	ctx := t.Context()
+	acquire := func(res string, ttl time.Duration) tokens.Lease {
+		t.Helper()
+		l, err := svc.Acquire(ctx, tokens.AcquireRequest{Resource: res, Holder: "w", TTL: ttl, Wait: 5 * time.Second})
+		if err != nil {
+			t.Fatalf("acquire %s: %v", res, err)
+		}
+		return l
+	}
+	superseded := acquire("a", 100*time.Millisecond)
+	expired := acquire("b", 100*time.Millisecond)
+	released := acquire("c", time.Minute)
+	if _, err := svc.Release(ctx, released.ID, ""); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(150 * time.Millisecond)
+	current := acquire("a", time.Minute)
+
+	for _, tc := range []struct {
+		lease tokens.Lease
+		kind  error
+	}{{superseded, tokens.ErrStaleToken}, {expired, tokens.ErrLeaseExpired}, {released, tokens.ErrLeaseReleased}} {
+		before := locker.shared.Load()
+		_, err := svc.Admit(ctx, tc.lease.ID, tokens.Write{Method: "POST", Upstream: "up", Path: "/x"})
+		if !errors.Is(err, tc.kind) {
+			t.Fatalf("write under %s's lease: %v, want %v", tc.lease.Resource, err, tc.kind)
+		}
+		if n := locker.shared.Load() - before; n != 0 {
+			t.Errorf("refusing %v took %d shared locks, want 0", tc.kind, n)
+		}
+	}
+	mu.Lock()
+	if len(recorded) != 3 || recorded[0].Code != tokens.CodeStaleToken || recorded[0].Token != superseded.Token || recorded[0].CurrentToken != current.Token ||
+		recorded[1].Code != tokens.CodeLeaseExpired || recorded[1].LeaseEndedAt.IsZero() || recorded[2].Code != tokens.CodeLeaseReleased {
+		t.Fatalf("recorded %+v", recorded)
+	}
+	mu.Unlock()
+
+	before := locker.shared.Load()
+	p, err := svc.Admit(ctx, current.ID, tokens.Write{Method: "POST", Upstream: "up", Path: "/x"})
+	if err != nil {
+		t.Fatalf("write under the current lease: %v", err)
+	}
+	p.Done(false)
+	if n := locker.shared.Load() - before; n != 1 {
+		t.Fatalf("admitting the current lease took %d shared locks, want 1", n)
+	}
+	if _, err := svc.Admit(ctx, "fl_unknown", tokens.Write{}); !errors.Is(err, tokens.ErrUnknownLease) {
+		t.Fatalf("unknown lease: %v", err)
+	}
+}
+
