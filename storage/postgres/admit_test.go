@@ -89,4 +89,3 @@ func TestAdmitRefusesEndedLeasesWithoutTheLock(t *testing.T) {
 		t.Fatalf("unknown lease: %v", err)
 	}
 }
-
