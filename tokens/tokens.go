@@ -99,6 +99,9 @@ const (
 	CodeNotOwner      = "lease_not_owned"
 )
 
+// RejectionCodes lists every code a rejection can have, for filters.
+var RejectionCodes = []string{CodeStaleToken, CodeLeaseExpired, CodeLeaseReleased, CodeUnknownLease, CodeNotOwner}
+
 // RejectionQuery selects rejections, newest first.
 type RejectionQuery struct {
 	Resource string    // exact match; empty for all

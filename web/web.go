@@ -81,7 +81,7 @@ func cacheFor(next http.Handler) http.Handler {
 }
 
 // reasons are the rejection codes a filter may name.
-var reasons = []string{tokens.CodeStaleToken, tokens.CodeLeaseExpired, tokens.CodeLeaseReleased, tokens.CodeUnknownLease, tokens.CodeNotOwner}
+var reasons = tokens.RejectionCodes
 
 // filterOf reads the filters of a view. A value that cannot match anything
 // (an unknown range or reason, a resource name or holder the gateway would
