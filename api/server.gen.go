@@ -63,6 +63,7 @@ const (
 	ProblemCodeMissingLease         ProblemCode = "missing_lease"
 	ProblemCodeNotFound             ProblemCode = "not_found"
 	ProblemCodeRateLimited          ProblemCode = "rate_limited"
+	ProblemCodeRequestTimeout       ProblemCode = "request_timeout"
 	ProblemCodeStaleToken           ProblemCode = "stale_token"
 	ProblemCodeStoreUnavailable     ProblemCode = "store_unavailable"
 	ProblemCodeTooManyLeases        ProblemCode = "too_many_leases"
@@ -104,6 +105,8 @@ func (e ProblemCode) Valid() bool {
 	case ProblemCodeNotFound:
 		return true
 	case ProblemCodeRateLimited:
+		return true
+	case ProblemCodeRequestTimeout:
 		return true
 	case ProblemCodeStaleToken:
 		return true
@@ -341,6 +344,9 @@ type LeaseLost = Problem
 
 // NotFound An RFC 9457 problem document.
 type NotFound = Problem
+
+// RequestTimeout An RFC 9457 problem document.
+type RequestTimeout = Problem
 
 // TooManyRequests An RFC 9457 problem document.
 type TooManyRequests = Problem
@@ -828,6 +834,8 @@ type LeaseLostApplicationProblemPlusJSONResponse Problem
 
 type NotFoundApplicationProblemPlusJSONResponse Problem
 
+type RequestTimeoutApplicationProblemPlusJSONResponse Problem
+
 type TooManyRequestsResponseHeaders struct {
 	RetryAfter *int
 }
@@ -926,6 +934,22 @@ func (response AcquireLease403ApplicationProblemPlusJSONResponse) VisitAcquireLe
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type AcquireLease408ApplicationProblemPlusJSONResponse struct {
+	RequestTimeoutApplicationProblemPlusJSONResponse
+}
+
+func (response AcquireLease408ApplicationProblemPlusJSONResponse) VisitAcquireLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(408)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -1337,6 +1361,22 @@ func (response RenewLease404ApplicationProblemPlusJSONResponse) VisitRenewLeaseR
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RenewLease408ApplicationProblemPlusJSONResponse struct {
+	RequestTimeoutApplicationProblemPlusJSONResponse
+}
+
+func (response RenewLease408ApplicationProblemPlusJSONResponse) VisitRenewLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(408)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -2058,105 +2098,113 @@ func (sh *strictHandler) GetResource(w http.ResponseWriter, r *http.Request, res
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"5Fz9cts4kn8VFG+vYs9SX/7IJHJt1Xrmkp3cZjKpxKlUTZQzIbIlYU0BGgC0oqRcte9w73APtk9y1Q2Q",
-	"BCVKlmPPzn74L0sigEajv/sHfolSNV8oCdKaaPglmgHPQNO/b8Dq1fnEgsZPGZhUi4UVSkbD6C2kSmaG",
-	"WcWWXFg2honSwDQOEXLKDpYzlQMz7rGYaVXIDDJWLGLGLcuBG8sGh90ojkw6gznHJeZCinkxj4aDOLKr",
-	"BUTDSEgLU9DRzc1NHC245nOwnrznIFMhpy+BG9gk8GJGq2twiwETGUMSNFvORDpjdgZsqYUFJgyb8wyQ",
-	"FIEjHQeiOJJ8jiT4dTpuoTjS8EshNGTR0OoCQvo9zcZqIacRUkxjXvzXfuRpsIWWkLHxivGUFqHxFWUL",
-	"bmc1XTTuUmQ7SZrzTy9BTu0sGg6OnsTI4upz3ELwa60+rV7jOq0kIwV45rggGMuUJEYWC2M18Dk7mPMV",
-	"S5W0XEhmcm5mYA630O8/3YWd7/w67cThvExNGJc1QamSEzEtNGRsKeyMJZ1O9dur8x+f/eHdm5fJFgLL",
-	"B+9E5A0+bBZKGiAp/U5lqwulXnI9JSlF5oC0+C9fLHKRctxBb6HVOIf57/9icDtfIvjE54vcj8hwhbHK",
-	"VpdWqcucpoqjDCwXeTSM8ATwVwafUgBUyhmwXMyFRW48Pj09fszGKwuGtmkslylO2Lse9EiG8HtjuS1M",
-	"NDwZHMeRFRaXJtqZVYqVS/rNFloOJyBTmC6HnvDhGnk3IY9+p2ESDaP/6NWmpud+Nb3XbrzjXPNMk+ac",
-	"yZDt2OnB4xP2Z/EdmyhNAqhVzlKe5yZmgz77UXyHWpXBhBe5pYdI+VE4b+LoudJjkWUg73VCk2qW4HCu",
-	"YMVGkYaF0taMIoYKIpVlhUFraVShU2CjyNi5HfI0tcMnT44Gx6Non7PqB2f1PFh8xzHVND7ICVXT+cO5",
-	"gtUjwzSafqXr/S00TMQnMCxTtHme52qJA0YSz+iMJc6YSWUv1VJC5qdzpnHJTWkPnW2Uys5A42LdEW3k",
-	"hbzmucjeOKt0r0MUbqpLb+Eaembzy7kZsnlh0OGxMdglgGSDfp9xmbHjx338i+JoIiDPqhGNI+vXR+ap",
-	"ZvVSOw5una4HOb61ST3XS+NOjjGfKD2H7IwltKmErKxhyxmnB5ZaySnpELmqH2jf92C/k4MZThNHaaE1",
-	"SHtp1RWq5vHJmtGr5EsYhkNC4ci9t4ZPC6HBXHIbDaOj/tHjzmDQOe5f9PvDk8Hw5NufoziaqRw9/jBa",
-	"Kn0FunO6Q/nKNcnmN3S2ccxP62MmxjC/pR0nHGz9QQ63ni8ZVmxxW2UzVCmWi+tSx7wjL3eHHnE9EuxU",
-	"oWAbRf7pXhA03lQR0Et1T610e8kVackusTDFArSBzFsKJmEJmk01l/YrheF4mzD0JvnlyfLUfD7KH1/9",
-	"cpx9u/rlaLX8y2N5dHXy6Zdv9fH8iPc0SFjeQ2z8lsutHu8hQTTkASUI52vYY8fFLCbDrIG+zNDe4+f6",
-	"AMgqvFL2OYb+9zp9dAsTmiU4aamYKdJZpehffUaNAzipD+CVwkDBrbqD6TVxD8LzarpkyBpbDB0qsfZC",
-	"qR+5XHmnZ+7FYc0tXFIgBdlm9OI1YTCK0NKqa9BMWMNwEEaYp/3SZZjeXjHmUSDmF0qxOZeraord3G4Q",
-	"+iAMD2eso5jmRr1DxEfPWIIRKZJ86XaWDEdSWLKshnHjdlObVvpOWAz8uoysI+NoHlkSWNUEA5mHMrnv",
-	"JC/sTGnxGe6nd0U4USAVnLnA5fz1i5JXZYLEDs79EFqEfQdcgz7cK5od1FLxrrnyDoFo0PggAhHOiJ6z",
-	"sDOQ1nON5EJSuBeGSinXWoBBjT1//WIkkStKM+7iI6YkbBzw+/fvO+f13NtKGEgwuERnyi0s+YrxNIWF",
-	"NezAMfeMfceNSCmpwccybmZjxXVGiXd1qpF7mmng+fwPo8gzkjKNHemsk6drLnI+zr8ig6W90lqX48Ks",
-	"8JMp5nOuV9EwOneemUpIkLlUE/mFWxGyM8nFdGZ9phbF0TXPi0bCVU97z4DttJFK4bTMT7srl6qXRzYZ",
-	"qzRcFk1m1XvF0yQ3zuhBlnKJqdAYhYinM5Lz9Q1uTnm7HjW28paWak6wY0eb65EA3F+nNib2lnYnQ9jB",
-	"hIucpbkykA1H+OtMyCmFGROll1xnLu4gIYLsMMYPSX0sqL0bEjaSW0UMnRlStdBwLVRhPHmkyJnmQrIF",
-	"aKGyhzXWplgslLaQ/QiZ4Bd0Ovcy2tWEl3Oc8ZIOPDDfjfIIs/wKWLgETb1Ppeg0tNfVoowWZX7RnZa7",
-	"ldAHsuFtcydD1rL3ZH3zSTeqpZ7O99xVH4L6wkKrBWgrnH0rc4Z1C37OJhqggyk0y/kYchK7WTHn0lQ+",
-	"pLLXTXMdpB/rRdw1Ix3auN0se+Ofe8XnxGhfn9ig2+UeWaG9z5NsLvJcVNX8OXBT+GpM4JlwA7hXSq+E",
-	"tI9PHPGuqO/LI3FQ5qdqyFqhP45QVyuyqGAXDfvrR/yDWjpfUXYgJqSmVAZw8bJVbAypmgMdwm7aHq9R",
-	"1kLXTVgF/lCzvOLix2qMGv8FUlsVRTblJcxDv9RkZdxCx4p5oDj1GXsjd6cxtVy2ytXG81VLoTUWoV8f",
-	"Gd+36LK3IDOMbLlhSaNJkrhaO1yDXjnTesYkfmK5mjJhm4K+X4rWIvMu8bwTQ75WUdDo3TqI9v6Wnryp",
-	"UvY2Rk4cs5x7iRmSl9p8xYRMNXCDPy2gzvbwCa4tfs0tGzS4d3zcItabKrVN0d/AnAuJM3udEXNYV3fK",
-	"adoV/owtci7daa9UoZlaSjZXUlklRYqeO71qkPv06dMnexC8pmuNTleldl64S07HdbU1UJVGzac8x62a",
-	"+ta2BuKJrzglQ5fX1dG/I+aRYTm3mAfQymcs8SWSZEj548XFS6a5HElVWBpcRjKuOoXxjCf5jCWlXPux",
-	"vmBXlVmEPRvJpK6yUIwTVLkYfBLGGheigERj9qGsmFXccJx0MyJXqtkC1tRKUzraTfcm2Zvn37OnJ6ff",
-	"Mu/VWabSYg6SdLxp9Fx8stFIthgOxmzO05mQ0NHAM/yGgdbUynGd2XInm+X5sDjUqB43aobG8hwuS0lx",
-	"P9W8cJ8DjsyFQTW8LItLhbySaimrz2vtCnqikbGGvaC14spa+SCYPWg4bnT7toZ1c7AzlREt1FZxy4eZ",
-	"UVsWUS51WUiKtte/RkOgCktxoAUteX5JB9IqIGsF2S/7WKQyGv2yOd3XeEffcVmXrueYEKx3OWJSXjWZ",
-	"gMxQC2lsd7f/3PipDo+/7HYzGz+WAfSXNjvt4umWUXfhrfU5xHow+u7NCyb5nFwPpTlOZfHxlu2vGeEy",
-	"oCcKq13ETq3bLOobwP+Ey1OapuAuJ1uajdIC3FGTb9PcveR504UHpt8/7ZPF5QxkAC5xJfJJYSBrjUA3",
-	"D2+XzGV7CoDnisyq8Ki5g/clkd7rV+S6OlZWlvjLon7Jz8YWdp6at8RC2jZBNDOlre8Kl0l3CYOJfahI",
-	"RJUgIow325Zxxq+VWQsPYtmpnE3Cns0XdkWJRNIQm6R17R3S4esGk508PugzMWF+ocM9paMIEDC79ZXC",
-	"JQp6gpiJlKmOmJqCHoRUnq9xiIEhhu5U9JeiLTkWFubNf3ZH3qXVqAxZxLXmK/ws4ZO9TAttVEuy/Zob",
-	"ilUT90BSFURxFDugrR2yBZ/CGeNjgyrru545N5Z+uN0Kuj20c0HCcmuFYFsA/gqWTFdBeJlxn1VIFRvk",
-	"XRcXLx8kw75ppT5IeDaoHPztr/97dOpRRCjXyXnnZ8Y7n1m/85R12SUbsj+yHuskzdROyGuQVulV7+2f",
-	"33X6/UGzmHF0+ngdkbbgFsONaBj9z4fzzs+887nfedq9HP6x1/n4+9+1qWFJeRW7NxlPdbvLQloXbDT3",
-	"9SeMmI2rH9AjyG/JDnhpvTGx4bJUUqYKSwWFOV8xY0Wes5zL7HB/s9gMbbYZZZdLhM1Wg5bYG+X9V5u1",
-	"xkTvZ0BQgEb/33WvGqAKqZaBPoyVyoHLpofatHw+XSlNX7CT7kPm4ztsLymzT6ecId7TtN6eI1N27LdW",
-	"en3aW8zIlktlqQC114I76kmlNfaQkW3lJYwlIS20sKu3rk3kqsXiz7BqTdbKft1Eq3mYxj8yrNPB9KUz",
-	"ETmwg8SXatkUZOcKVkmN0yVRoEZSvaWZtQsK6ctCZuv6GIqPtVoa0KY0vNWIM8blihUGNOGLXIReksud",
-	"YC64MUvlyqQ1LdyIdJ2UG4rPJ2qTiHJjwqBa/3Bx8boqxpQ1TPaeCmQV5Kzs4pItKEs1IxnUahrlHLPB",
-	"Xcr4DbiagSiBh8wqxkdyoZWF1BIy2sNSv/nGzrQqprNvvsFsvzHVFcDCNOTPhRoL0CNZaS4uyKVZ4i4o",
-	"XC7XdBDYk/5T9r2Sk1ykNimR23YGK9d4cbi8kpwue0ZlPB/E1phpDanSGWTdkRzJZ5gbGsY11BWBZFvf",
-	"IqmKBJ4ijlSOc4hHcqMMkGDIklQllwlPLTKAW+pZrNhBUm47iVlC3EjikUwaoQ3+5CwT/lcbYfzkYG2H",
-	"3WY/HncopAtAR/IWGDux4HyzTzzB8C4H02zfCuPqeQEkudK9pDuS7/FLYWNfP015nrNxYVnSmwHP7eyz",
-	"40bSQx6tPidMEhSWV/odMwpuuBnJpNGNH/p2PBsV/f5xegUr+gcSdqB0vNlARg7wUmljr4cjWSoimkJS",
-	"Ieo/H3bZM5Qe1FgHL9MqhyFLrgUskaMHSO+w8i8mHkmnWrH3Oz7woyIx6QwJYNykKWZzQCU0hzFLXC07",
-	"GckDnhtVamzMCHUVl2kLTUaan5WoX2oU8mwuZMLcWA3X6goO45HEp9HBjz20mNxIRXaHUOYloLXLzsvE",
-	"xbAxCgc+6zEkI+nktISuCjsMsas4CR4Umg5hDRMZm4I1qJ/HnjUBILZRNxRBAxRJ8OUqStcIcIDT42Qj",
-	"mZz0B6wBaYj90TQQuiXsJYQnO0JqiC8OJGBDGy6GJSdHT1kDTEPiPZJNnAtD8VYozqHYYzDS6C6UiGCR",
-	"kSqS3CmZozos+Fjkwq7iyiiUmjWGXMmpA2iwhRbXSJcEi2LiCqK5SEG6jowH+Z8veDqDzlG3j9mOzr0T",
-	"McNeb7lcdjn93FV62vNjTe/li++fvXr7jMbUNZvSt0RxdA3a+MC523cPqQVIvhDRMDru9rvHPp0ih12q",
-	"dTT8chNHPS/e/pPTcf+hED2+ED3kPypV89tKr3pfyn9vKBwOLs182FXK8J53AToFaTsg0fJmW+5GBOHK",
-	"9rsR+0d0Nx9xJ3WbGen2mNHWiL0RqFpVWXeXvLuIKSmdi8/GJbh7DJr0UlLEUcaJ3gk6C8htDbRjdTov",
-	"DOVn6JTc4ziPMM5Au7s7JpBJKsaTTBhvyV1o7CbjmHymMKxB8OUUjMTcQcS823aphpDMoxXcPaZNpMJI",
-	"zvg1sImQwszQMpArSXw/NXFxAy6F35gdHdORnGiAs6CYhRmSLpC6wlLPz4cXFEwESGMMg42aA3Kbcgpk",
-	"EpRRMh7Oaf+YBRANHLAfDmMkDzaQGJ5PVb42UwaqLE2YqrriWTjOVXrlKKLzcUYB00Xyjy8yNAjBzSsv",
-	"3WDsdypb7YBltMAx2nDEO7FIZf4xcDl81QXv742IWIMp3DRzDNTO9dtJR/3B3Xa1D4I67FRvPnO8FWVd",
-	"d5/37AnfCu3CX+reVwiiDnm9N3+dTLTgTS5qEV+66K3Nj3Fql5syKb2Jo5N+f9ua1TH11i630LDB7cPe",
-	"rQEjT/rHtw96Hl4POuk/vX1Efe0DRwz2WKNxI44Gne6zmxaYFA4+2oPGdaT0TRyd7sONdw0gXBwCF31u",
-	"6MMWl3E1E0EUOD41Vf/aRB9vGk6u96UUjRvn53Joaz6/AZ+A2va2gyuuMPcYYQSqijNHU21G0hdleE7R",
-	"RN1LNkXqrtHxKZrUA5HBfKHQEhzWgS1OM5JrDYHgmkUI2/PzHgRegW4PHA6ZsCPpCvvoWjBdWaGPgJyC",
-	"PreJFmvsd19b44bxOtnKrqz7d1WUk9tHVDch7qRZL/1ljt9Izt+UGVR1zWJDpuNoCrbtHFw0U3dASvNH",
-	"hvmsjtKE2YUna4rDn8BuEYX+v7ofC0Aara7sId3YP7by/Daq8EKaBaR2tyqsJVtta9WP9Mq3A6xlP4Fj",
-	"8PfHNtO4vWeOtyRSzz5ZkNlur4IJgVRL9vtaWQ98Y8onLkFr6rDLfqLMZW2OlEvnHCQsIRsyLusLZKXH",
-	"GEmlQ5+CnqGshTQcSbuLkLC8d7j+dRFho+l3s3n7/4Ht0unRv2987QWoYaD+saPnXz8o+HcJt52x2mV6",
-	"dxjQa3UFv4oFJWxsfX+aS0YVZWGs5lbpR4YpnYGO2XKmKPJ1TVZhh1WPaCTnak5tnM1Kkq+F1MUeH0bR",
-	"a3Z8M8YVWGsjWYFHYx9ukfmV7loV6MAQu+qvj5VH8r1bDDdgg4JY3egel3UlIadhVSxTdO3NjmQ643IK",
-	"7KAsUuPKuVpSeYYKPr7gDOhDU1VIC/rwrEZokFkbSbL71ZcuV2ZVZMJmwlhF/ahUaTqAxB1xljC4Bpwh",
-	"gLg1DgSTpGt1RTmS3MyG3PxlTjSSLila+nK1291Z4L5Y02e54ZXXKiv4zm2xV9XrSsq2A5XgqcDWdsOw",
-	"3dHhPv8l498Ayt9CTf/nfZ1RAPz79UJkL2//DKHyP0+eiSytrOkB6cjhDkO/0OrTqvel7FLf9L4suJ3d",
-	"3N3OV6+UuolvfbZ+OdYeDzdeT1ZF+FWXk9R2S+YcdNoNOwDff+dGyXgdmciETPMio8uPaNeNZROhje2O",
-	"5HNFb9lJAtBcghH9gk+BjXl6xYQkSEuXvfTYS9fBd2UaM1NLOZLUAY+rVt9YZXTPGR9ps1EvhbFv6j3G",
-	"u9tPlDDULHF1f8IW1K8hoebTLwXoVWv36au6TfFthHBLtz6puUAUvXn+PTs+Pn7qGLaFLCPkGk374LQ2",
-	"qXmNJ2TE560LUYe1sVB1UY4QfxUicLAGB2yDIbX1BJtCs96OKaGSbaR5dOauO+Uf7+u8PJD0gwOSb0uT",
-	"qjvUIV685d0xrS98yaLh4NtNIPU2VxnCnSun97e//l8NpR1Gr396e1HCaIdRj1wWgWB65MV6uZC3X1gP",
-	"vFoNBY7qucgytVHaH/aPA66sw+LX+NIP2FKy4/HmNj9/frq+yXeNPV4VJoB+Bjurt9Jv7KRCjFLg3cD7",
-	"RoPH0R0S8xCT3OLIf5LgLGEJVVTTf4ak8rdxzxfr+Jymswn8dODfKl9df9erwOvVT+2ghVbH2I7uLA+w",
-	"vi253A5wpS6EWsYb6NRH1U07zJsoOvYAkyRAECdsORM5jOQ0AA7Tpb5bGtBdzAlOWP1yHyYmSEnwhjty",
-	"uuXO6O0Ere3pP4F9E2Ivfu0kwGGIHbKj7T1pe1mrkzoGf/xkcJfyWojt3hqOV9VLl2aSNfyXrBD9Ntr/",
-	"fQg1jTf1hN65ykIAc2UMvHa31cbvCkRiB0nlHP7z6Ln3KoT4Gclk46ZBcui05++CXQqQ2Lg38sEehv3h",
-	"I0VYDWj0h4/o3Azo63ZmEODRXwDJhbEgGc8yDcbdvShBzDRB0oCtDXu9wdG33X633x0Mn/Sf9MmN+vPY",
-	"QISXcEnhWhseN0knW0Iny1dYVejlJti5u/Y6Yhd/tN9494rZlJbu5rFsmyNXUxzbACKbxvjK9WxO4Otb",
-	"9WtjrKIqVPV24Ap+TfArMXGA6JRrvXKFuq2tdxIzT4NDmXb8G4s2yfiBoH7IaJ5huOc46yF/wV4qm7+N",
-	"Gf/99qdXbAwzsf4SkUcuPKcUJukVopewAxKUsrk6kuGzainZjMssBx0T8JMwYv4lKeevXxw2kkNZvax0",
-	"JMNMkPHFArhusKJaBZPf/w8AAP//",
+	"5Fz9cts4kn8VFG+vIs9SX/7IJHJt1XpyyU5uM5lU4lSqJsyZEAlJGFOABgCtKC5X7TvcO9yD7ZNcdQMg",
+	"QYmS5dizszvrvyyJABqN/u4feB1lcr6Qggmjo9F1NGM0Zwr/fcuMWp1NDFPwKWc6U3xhuBTRKHrHMily",
+	"TYwkS8oNGbOJVIwoGMLFlHSWM1kwou1jMVGyFDnLSbmICTWkYFQbMjzoRXGksxmbU1hizgWfl/NoNIwj",
+	"s1qwaBRxYdiUqejm5iaOFlTROTOOvBdMZFxMXzGq2SaB5zNcXTG7GCM8J0CCIssZz2bEzBhZKm4Y4ZrM",
+	"ac6AFA4jLQeiOBJ0DiS4dbp2oThS7JeSK5ZHI6NKFtLvaNZGcTGNgGIc8/K/9iNPMVMqwXIyXhGa4SI4",
+	"vqJsQc2spgvHXfB8J0lz+vkVE1Mzi0bDwycxsLj6HLcQ/EbJz6s3sE4ryUABnDksyLQhUiAjy4U2itE5",
+	"6czpimRSGMoF0QXVM6YPttDvPt2Fne/dOu3EwbxETggVNUGZFBM+LRXLyZKbGUm73eq312c/PP/T+7ev",
+	"0i0E+gfvROQNPKwXUmiGUvqdzFfnUr6iaopSCsxhwsC/dLEoeEZhB/2FkuOCzf/4s4btXEfsM50vCjci",
+	"hxXGMl9dGCkvCpwqjnJmKC+iUQQnAL8S9jljDJRyxkjB59wANx6fnBw9JuOVYRq3qQ0VGUzYvxr2UYbg",
+	"e22oKXU0Oh4exZHhBpZG2omRkvgl3WZLJUYTJjI2XY4c4aM18m5CHv1BsUk0iv6jX5uavv1V99/Y8ZZz",
+	"zTNNm3OmI7Jjp53Hx+Sv/DsykQoFUMkiERktCh2T4YD8wL8DtcrZhJaFwadQ+/VBj5yRbFaKSxARNAhZ",
+	"CYybgJ0yM5YIuwAFQ0i40ZXwK0azGcubGlAwesU0yqC4FHIpEiFLk8k5s+QrpmWpMjQ7WSE1jJdkqqgw",
+	"GsmCh3IF+rNgisu8lwjg5gupxjzPmbiXEE2qWQL5uWQrkkSKLaQyOokI6LCQhpQ6IDeJtJmbEc0yM3ry",
+	"5HB4lET7iNMgEKcXweI7JKmm8UGEqJrOyc8lWz3SRIF3kqre30KxCf/MNMklbp4WhVza8wcpOiWptbdC",
+	"mgu5FCx301nrvaTam2xrvoU0M6ZgMXd+L8UVLXj+1srOvQ6R26kunBw2TIEpLuZ6ROalBp9MxswsGRNk",
+	"OBgQKnJy9HgAf1EcTTgr8mpE48gG9ZE5qkm91I6DW6frQY5vbdLUa5FVQfTdxUSqOctPSYqbStERaLKc",
+	"UXggEUslISIB5aLzMZ+WstTk+/PzN2Si6JyLaYxzWr9PcA4dI7vs8UshWAb01Dp74E4V/fP3yMl7HKiV",
+	"rBlME0dZqRQT5sLIS1D2o+M1Sx8aEBgSilvhQhT2ecEV0xfURKPocHD4uDscdo8G54PB6Hg4Ov72pyiO",
+	"ZrKAMGcULaW6ZKp7skOd/Zro6BpWoCE4T2vBQcYQt6UdMhNs/UHEpZ4vHVVssVslM1BSUvArr7UuevG7",
+	"gzBgPfztVvFvG0Xu6X4QKd9UYd8reU89t3spJOrdLrHQ5YIpzXJne4hgS6asT/lKYTjaJgz9SXFxvDzR",
+	"Xw6Lx5e/HOXfrn45XC1/fiwOL48///KtOpof0r5igi3vITZuy36rR3tIEA55QAmC+RoW3nIxj9HUK4Zf",
+	"5uBB4HN9AD0g4rU0LyDfudfpg6OZ4CzBSQtJdJnNKkX/6jNqHMBxfQCvJQRHdtUdTK+JexCeV9OlI9LY",
+	"YuiikbXOf57zOZPl/dTL+ZAL4+YK2AwxZtPRYNQJRw2xgWIZ41cupeCiDkvdVBB2Hw30aTMynEJUIQgX",
+	"wJyCmXry5UzCVm2YCHbdhY6VE7p71Bh4eKBsU1QWkOj1QQbY3J5T/S+qaL/g4i7G/0ktRO6QSM3ZHaK0",
+	"fgwPIlBrk6ZfcZiJ8KfZSbtd+KbrZ4vJ0YDoIJ84sEfdiBQSYQ8K8gvcs08v7Gl7WmY0J7RQjOar1oQi",
+	"EXVG4SXE2MjGiwnpNOQMwvcZvWKEZgZMlLBhzIIqFMxKWLkBkTyIiZZ7y1giQiGLCXhUzItSv3zFchch",
+	"nUv5AxUrJxL6fhpLDbvAbIzlmwmMc13DJIIdyCufrVGDVYGTgee57u+VCR8GfulcSjKnYlVNcYtMh4Q+",
+	"jEAHM9aJTHOjPi2lhp2SFPJmIPnC7iwdJYIbDIU0HBvupo6F8DtuQHh6BMMZf7BBGIRn+lAx0ntBSzOT",
+	"in9h93OUZThRIBWU2Nzl7M1LzytfxiGdMzcEFyHfMaqYOtgroR3WUvG+ufIOgWjQ+CACEc4IoW5pZkwY",
+	"xzWUCxF4DysZGVWKMzB7wJREAFcgKSI2Q5KCbRzwhw8fumf13NsKrUAws+WYKTVsSVeEZhlbGE06lrmn",
+	"5DuqeVY7K6pnY0lVjuXB6lQj+zSYwmL+pyRyjMRiw46im5WnK8oLOi6+os6Ge8W1LsalXsEnXc7nVK2i",
+	"UXRmjSAWutEoSlIAv2ArXHQnBZ/OjCsnRXF0RYuyUXOpp71nhnXSqKbAtMRNu6ucUi8PbNJGKnZRNplV",
+	"7xVOE+Nugg+SjApwkmPmnVPLBjenvF2PGlt5h0s1J9ixo831UADur1MbEztLu5MhpDOhvHAec5TArzMu",
+	"phhfTKRaUpXbRAGFiOUHMXxI62MB7d2QsERsFTHvxBeKXXFZakceKvJ64fDhjLUuFwupDMt/YDmn53g6",
+	"9zLa1YQXc5jxAg88MN+uiEuwhksMvWQkXAKn3qeefRLa62pRgosSt+hOy91K6APZ8La50xFp2Xu6vvm0",
+	"F9VSj+d7ZguQQYlxoeSCKcOtffNJ/roFPyMTxVh3ItWcFHTMChS7WTmnQlc+pLLXTXMd1AvWW01rRjq0",
+	"cbtZ9tY995rOkdGuRLlBty0W5KVyPk+QOS8KXvUc54zq0hVkA88EG4C9Yj2EC/P42BJvW4+uQhoHzUgs",
+	"iK61I+MIdLUiC7OAaDRYP+Lv5dL6Ct8nxSKkrdvZBNdIMmYY1cMh7Kbt8RplLXTdhL2qjzXLKy5+qsbI",
+	"8c8sM1UVc1NewsLRdU1WTg3DVChqOWNn5O40ppbLVrnaeL5qfLbGIvjrI+26qz3yjokcIluqSdpo5aa2",
+	"I8iumFpZ03pKBHwihZwSbpqCvl9NpUXmbaXoTgz5WkXBFP62Qbj3d/jkTVVja2PkxDLLupeYAHmZKVaE",
+	"i0wxquGnBavLM/AEVQa+poYMG9w7OmoR602V2qbob9mccgEzO53hc7au7pjTtCv8KVkUVNjTXslSEciZ",
+	"51JIIwXPwHNnlw1ynz59+mQPgtd0rdGPr9TOCbfndFw3XAJVaRRp/Tlu1dR3pjUQT12JOB3ZvG69dvRI",
+	"k4IayANw5VOSuppmOsL88fz8FVHU9itxsI9kbDkZ4hlH8ilJvVy7sa7CXtVFuTlNRFqXRTHGCcrShH3m",
+	"2mgbojABxuyjL3FX3LCctDMCV6rZAtbUSuMd7aZ7E+Tti2fk6fHJt8R5dZLLrJwzgTreNHo2PtmAuxgI",
+	"B2Myp9mMC9ZVjObwDWFKYcPZ4kf8TjY7dGE1t9HuaRT5taEFu/CSYn+qeWE/BxyZcw1qeOGrwa4eVH1e",
+	"61jiE42MNWwHrxVX1soHwewBLGIDk7BZU90a6M2ZmckcqcNeqyUozJXa8oqqzFQKjL/Xv64XBjVVghYX",
+	"eEStIrPWU7nex0b5+PR6c7qv8ZeuSLsuby8gRVhvfdo2pZxMmMhBL3Fsb7dH3fipDpivdzuejR99SH3d",
+	"ZrlthN0y6i68NS6rWA9P3799SQR2al3iY5UYHm/Z/ppZ9iE+UljtIraK3mZj37KfbRF3MyK6y8l6Q+Jt",
+	"wh11+zZd3kueN5164Azc0y59XM6YCEBxtss1KTXLW2PSzcPbJXP5ngLguCLyKmBq7uCDJ9LFARW5trKV",
+	"+y6d78t5fja2sPPUnG3mwrQJop5JZRxUxKfhHr4Xu+ARifLgR4hA25axxq+VWQsHvtupnE3Cns8XZoWp",
+	"RdoQm7R17R3S4SoJk5087gwIn/jew8Ge0lEGyL3d+ooBFIZBQRSFylTHUE1BD4Isx9c4xO4hQ3cq+ive",
+	"li5zw+bNf3bH4t5qVIYsokrRFXwW7LO5yEqlZUv6/YZqjF5T+0BalUhhFOng1g7Igk7ZKaFjDSrrgAsF",
+	"1QZ/uN0K2j20c0Gw5daawbaQ/DVbElWF5T4HP60AdibIxM7PXz1Izn3TSn2QAm1QOfz73/738MShH0Gu",
+	"07PuT4R2v5BB9ynpkQsyIn8mfdJNm8keF1dMGKlW/Xd/fd8dDIbN8sbhyeN1JO2CGgg3olH0Px/Puj/R",
+	"7pdB92nvYvTnfvfTH//Qpoae8iqabzIeK3kXpTA22Gju6y+2KYcVBXwE+C1Ih3rrDalODUGsGodzuiLa",
+	"8KIgBRX5wf5msRnabDPKNrsI8RIaLLEzyvuvNmuNiT7MGKJ5GhAe289qtC+FXAb6MJayYFQ0PdSm5XMJ",
+	"jDd9wU56D5mh77C9qMwuwbKGeE/TenvWjPmy25r3+ri3mKAtF9JgSWqvBXdUmLw1dqivbQUniCVZVipu",
+	"Vu9s48jWj/lf2ao1ffMdvImS8zCxf6RJtwsJTXfCC0Y6qSvekikT3Uu2Suv7BSgK2FqqtzQzZoEhvS9t",
+	"tq4PofhYyaVmSnvDW404JVSsSKmZQtChjdA9udQK5oJqvZS2cFrTQjXP1km5wfh8IjeJ8BvjiAOw2EVX",
+	"nvFVTfIBS2YVDtX3ddEW+OJNIoLqTaPAoze4izUAzWwVgXu8NDGS0EQslDQM8QUV7uCbb8xMyXI6++Yb",
+	"yP8bU10yttAN+bOhxoKpRFSaCwtSoZewCwyX/ZoWun88eEqeSTEpeGZSf+PEzJgDTlh8gienR55jYc8F",
+	"sfVdD8UyqXKW9xKRiOeQG2pCFatrBOm2TkZalQ0cRRSoHBcsTsRGYSCFkCWtijATmhltgRsw/Yp0Ur/t",
+	"NCYpciONE5E2Qhv4yVom+K82wvDJYl0Pes0OPeyQCxuAJuKW6zfIAhCm/rA39GDYCjtcigotOyK0aiLj",
+	"HnwneSzNLBHpM9sG6lqHaHednisq9ISp7nORSUhY05jM7ZFRQaRgZH1cnAhKJrDf3KNxCy4Y6cix7sL3",
+	"rne2OTPs2W1kECP4xp+7FK7Cy0S+kFyYSpgGZD3BBgsSIohRoBqw4IPqQNtQwadVyYwHvb8eOQNyLPeA",
+	"ybZA2boL7eS/uq7yrFpm5ABFaY+cNZFMe0HSOg6ylAiPWSJTZjQw4glZh0t5RoxwjnTLriuEE4jR2SYA",
+	"YQJZQsF0ExfAtS0UBzdyKhOe9hLxAb7kJnbHltGiIOPSkLQ/Y7Qwsy9OvPqImfqSEoE3QWjlJmKCMTLV",
+	"iUgbMI+Rw3mQpBwMjrJLtsJ/WEo6UsWbyAQQKuptf+zMeSK8PQePipYYgQ0HPfIcjBAYfgs0VrJgI5Je",
+	"cbYExewAvaMqTNExIrs007ELX1z+gN0HNL1ox+ImTTGZM7Dl+iAmqW2SpIno0EJLb/hjgvjb2Ge/OFmI",
+	"QNMHqEU0n3OREjtWsSt5yQ5AA0WOceLY3ayxMDBPdhcvWfnLEiCKLv8FW1AKfNaBkxJhzZ2/FsHNKLwX",
+	"AZPAQaG6GE14XgnkkWNNcNmiUZBe0y7i6qCY9SOSBaaHyRKRHg+GpIGVid3RNG5/eDxVePXFElJfH4GB",
+	"iJhpA1yR9PjwKWmgtFC8E9EEUBEQb9DHhthDTNtoW/nbJjxHo4ByJ0UB6rCgY15ws6rBoV6zxqyQYmqR",
+	"P2Sh+BXQJZgBMbGV9oJnTNhWn7vjdrag2Yx1D3sDSJpV4WIRPer3l8tlj+LPPammfTdW91+9fPb89bvn",
+	"OKYu/fkQJYqjK6a0y796A/uQXDBBFzwaRUe9Qe/IZeUY93m1jkbXN3HUd+LtPlkddx9K3qcL3gf+g1I1",
+	"v630qn/t/73BrCq4M/pxV0XMBXALpjJwSQyMsk1aWq4GBlHv9quB+ycGN59gJzV+Aeh2twdaE79GvmNk",
+	"FSTYGpANvFMfo7iijmD2Gp9CvRQYuPp0w8VS1gJSU0OuSV0V4hrTfIht7OMwD7g+MND26qoOZBK7PCgT",
+	"2llym2HZyaghUmT2Spy9YOWnICjmFnvooj+bsXJBHAzGXuPdhMAkAmGvEy64noFlQFeSukZ9ah0YLAXf",
+	"6B2t+ERMFGOnQU0UEm1VAnWlwWayi1IxJg3unEA2peWcAbcxNQUmMZ9sweGcDI5IgP2BAfsBfBLR2YD4",
+	"OD7RBrJ4E0d+4Fg4LmR2aSnC87FGQS6Yrd68zMEgBBeP64bOdzJf7cD7tOB82m6U7AS5+TR2aEtBFbxi",
+	"sDfUZg3/ctNMVUE71y/nHg6Gd9vVPndpQgjE5jNHW+/b1LCGPcEGt2IG4Ze6qRpepwl5vTd/rUy0AJnO",
+	"axFf2uitzY9RxGFoX9u4iaPjwWDbmtUx9dcuTuKw4e3D3q8hbo8HR7cPehFePT0ePLl9xNp9FBz29PZh",
+	"9b1BGDHcg7TGPXIcdLIPE1pgezD4cA8a15H7N3F0sg8T3zeAmXEIpHWVCRft2Hy/WYYAOaVTXeEpdPTp",
+	"puEb+9deom6seyxYGxjiLXPlD9Pe9LKlPWIfQ8xK1e+gYOF1IlxJsL6c4bANuszs5XM6BUvc4TmbLyQY",
+	"kIM6HoZpErHWjgru6YUwUjdvJ3AmeP3sYES4SYRtK4FHgixnBa6FFRgr2k20GHG3+9qIN2ze8VZ25b1/",
+	"qH4d3z6iukp3J8165W4D/kZy/tYnXtU9vQ2ZjqMpM23nYIOguv/mrSba89M6uON6F76xKQ5/YWaLKAx+",
+	"7+4vAA21esCH9H7/3Mrz26jCS6EXLDO7VWEtR2tbq36k79+ps5Y0BY7BXUDezP72njnekn89/2yYyHd7",
+	"FcgjhFySP9bK2nE1N5fvBI3Rgx75EROetTkyKqxzEGzJ8hGhor6B7D1GIqQKfQp4Bl9CaTiSdhch2PLe",
+	"Uf7XBZKNlvPN5jtzHtgunRz++4blToAaBuqfO+i+c1DwK0fpVSzx7xKlWxu3y2LvsLtX8pL9KoYXId71",
+	"ezuoIFi/5tooaqR6pIlUOVMxWc4kBswWGcDNqGpsJmIu59h73KxbucpLXVpy0Re+0851EG05t7atFQY6",
+	"dlEaWm1hbwcyFdhvW2t2IXYiPtjFYAMmKL/V6Iyxr2JxMQ1rcLnE25smEdmMiikjHV8Sh5ULucRiEJaX",
+	"XHmbgevNZCkMU+6WOsKK0BomAt1F9aXNzEkV0JAZ10ZiEzWTCg8gtUecp4RdMZghwGU2DgRyqyt5iamV",
+	"2Eyi7Pw+lUqEzaWWrjhud3caeD3SdHV2eOXsfL/Aejvyuno3mG9yYMEfy3ltF2Xb/SPs83cZNgc3Ulqo",
+	"Gfy0rw8L0Kq/XmTt5O1fIcL+10lPgaWVNe2gjhzsMPT2XSHXHlpx079eUDO7ubudr97feBPf+mz9Jso9",
+	"Hm68C7RKDKqeKqrtloQ7gIdo0mEONEK1FPE6nJZwkRVljnd4wa5rQyZcadNLxAuJ74tLA6RnConAgk4Z",
+	"GdPsknCBvfgeeeUAwxZ2Yqs7eoZvCkTYRhx29/G6PjzSZqNecW3e1nuMdze7MM+oWWK7DAiIqV9/ha2u",
+	"X0qmVq29rq/qbcW3EUINXl7GVgZS9PbFM3J0dPTUMmwLWZqLNZr2ARduUvMGTkjzL1sXwn5uY6HqvifC",
+	"VCsY63ANw9qGnWvrQDaFZr354/G9baQ5SPGuVyN8uq/zcujnj/b2w7bsqnoVQHjJoeWdZa0vGsuj0fDb",
+	"TfT/NlcZYvQrp/f3v/1fjf8eRW9+fHfusd+j6CtfbhR4tRq/HtVzoWVqo3QwGhwFXFm/y7HGl0HAFs+O",
+	"x5vb/PLl6fom3zf2eFnqAK8c7KzeyqCxkwrmjIF3A6QeDR9Hd8jnQyB9iyP/UTBrCT2+Vk7/FXLR38Y9",
+	"n6+jgZrOJvDTgX+rfHX9Xb+6cVH91A6RaHWM7ZBkf4D1pd/ldlQ2Ni/kMt6AVD+qLoxC3oTRsYOzpAHs",
+	"PSXLGS9YIqYB2h3vpt7S7u5BTnBM6pfKET4BSoJ3taLT9TvDl2y0NsP/wszbEOnxaycBFvhucSRt7+fc",
+	"y1od1zH44yfDu1TlwgsJW8Pxquhp00y0hr/LwtJvo/3PQnx0vKkn+IJzEqLuK2PgtLutpH5X2BPppJVz",
+	"+M/DF86rIL4oEenG9Zj0wGrPPwQpFVwfgL2hD3Z3Bz5+wgirgef/+Amcm2bqqp0ZCK90t5YKrg0ThOa5",
+	"YtpeGPLIe5wgbYDkRv3+8PDb3qA36A1HTwZPBuhG3XlsXGPw4ExuOyIOpYkn64Ga/k1sFeS+idDvrb37",
+	"38Yf7S9ucIrZlJbe5rFsm6OQUxjbQM/rxvjK9WxO4Opb9duPjMQqVPUq/urOAIK9+MSi+DOq1MoW6rZ2",
+	"7FHMHA0W09p1L97aJON7BBYCo2kO4Z7lrAMYBnupbP42Zvz3ux9fkzGb8fV34Tyy4TmmMGm/5P2UdFBQ",
+	"fE82EeGzcinIjIq8YCpGmKmDVOO7fs7evDxoJIeieu12IsJMkNDFglHVYEW1CiS//x8AAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

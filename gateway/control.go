@@ -307,7 +307,7 @@ func rejectionJSON(r tokens.Rejection) api.Rejection {
 // requestErrorHandler answers bodies the generated code could not decode.
 func (g *Gateway) requestErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	var maxBytes *http.MaxBytesError
-	if errors.As(err, &maxBytes) {
+	if errors.As(err, &maxBytes) || errors.Is(err, errBodyTimeout) {
 		writeProblem(w, r, g.log, err)
 		return
 	}
@@ -373,7 +373,8 @@ func (g *Gateway) controlBody(next http.Handler) http.Handler {
 				return
 			}
 			r.Body = http.MaxBytesReader(w, r.Body, g.cfg.MaxControlBody)
-			defer limitBody(w, r, g.cfg.BodyTimeout)()
+			_, lift := limitBody(w, r, g.cfg.BodyTimeout)
+			defer lift()
 		}
 		next.ServeHTTP(w, r)
 	})

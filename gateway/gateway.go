@@ -101,7 +101,7 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport()}
 	g.obs = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
 	g.proxy = g.newReverseProxy()
-	g.handler = g.routes()
+	g.handler = g.framing(g.routes())
 	return g
 }
 

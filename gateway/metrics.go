@@ -94,6 +94,10 @@ func (m *metrics) refused(err error) {
 
 func (m *metrics) forwarded(f *forward, d time.Duration) {
 	if f.failed {
+		if f.badRequest {
+			m.writes[outcomeBadRequest].Inc()
+			return
+		}
 		m.writes[outcomeUpstreamError].Inc()
 		return
 	}

@@ -27,6 +27,7 @@ const (
 	codeStoreUnavailable     = "store_unavailable"
 	codeUpstreamUnreachable  = "upstream_unreachable"
 	codeUpstreamTimeout      = "upstream_timeout"
+	codeRequestTimeout       = "request_timeout"
 	codeInternalError        = "internal_error"
 	codeUnauthorized         = "unauthorized"
 	codeForbidden            = "forbidden"
@@ -77,6 +78,7 @@ var kinds = []struct {
 	{errForbidden, http.StatusForbidden, codeForbidden, "Forbidden"},
 	{errRateLimited, http.StatusTooManyRequests, codeRateLimited, "Too many requests"},
 	{errTooManyLeases, http.StatusTooManyRequests, codeTooManyLeases, "Too many leases"},
+	{errBodyTimeout, http.StatusRequestTimeout, codeRequestTimeout, "Request timeout"},
 	{tokens.ErrFenceBusy, http.StatusServiceUnavailable, codeFenceBusy, "Fence busy"},
 	{tokens.ErrUnavailable, http.StatusServiceUnavailable, codeStoreUnavailable, "Store unavailable"},
 }
@@ -190,6 +192,10 @@ func sendProblem(w http.ResponseWriter, r *http.Request, p problem) {
 	h.Set("Cache-Control", "no-store")
 	if p.retryAfter > 0 {
 		h.Set("Retry-After", retryAfterSeconds(p.retryAfter))
+	}
+	if p.Status == http.StatusRequestTimeout {
+		// RFC 9110 15.5.9: the connection is closed after a 408.
+		h.Set("Connection", "close")
 	}
 	w.WriteHeader(p.Status)
 	_ = json.NewEncoder(w).Encode(p)

@@ -39,8 +39,10 @@ type forward struct {
 	// wroteRequest is set once request headers reached the upstream: from
 	// then on, a failure leaves the outcome unknown.
 	wroteRequest atomic.Bool
+	body         *bodyGuard // nil without a body
 	unknown      bool
 	failed       bool
+	badRequest   bool // failed by the client's fault (its body)
 }
 
 type forwardKey struct{}
@@ -132,7 +134,8 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = http.MaxBytesReader(w, r.Body, g.cfg.MaxBody)
 	}
-	defer limitBody(w, r, g.cfg.BodyTimeout)()
+	guard, lift := limitBody(w, r, g.cfg.BodyTimeout)
+	defer lift()
 	// A client that does not take its answer must not hold the resource's
 	// shared lock (and so its grants) for longer than this.
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(g.cfg.ForwardTimeout + g.cfg.BodyTimeout))
@@ -151,7 +154,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, g.log, err)
 		return
 	}
-	f := &forward{permit: permit, name: name, upstream: base, path: path, rawPath: rawPath, token: strconv.FormatInt(permit.Lease.Token, 10), instance: r.URL.Path}
+	f := &forward{permit: permit, name: name, upstream: base, path: path, rawPath: rawPath, token: strconv.FormatInt(permit.Lease.Token, 10), instance: r.URL.Path, body: guard}
 	if f.rawPath == path {
 		f.rawPath = ""
 	}
@@ -183,17 +186,33 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	f := r.Context().Value(forwardKey{}).(*forward)
 	f.failed = true
+	timedOut := errors.Is(err, context.DeadlineExceeded) || errors.Is(r.Context().Err(), context.DeadlineExceeded)
 	var maxBytes *http.MaxBytesError
-	if errors.As(err, &maxBytes) {
-		// The body was cut short, so the upstream never got a complete request.
+	if bodyTimeout, tooLarge := f.body.ranOut(timedOut), errors.As(err, &maxBytes); bodyTimeout || tooLarge {
+		// The client's body was cut short: too slow (408) or too large
+		// (413), its fault and not the upstream's. The upstream never got a
+		// complete request, but once the request's head left it may have
+		// acted on the part of the body it read (an upstream that streams
+		// a body in may commit line by line) and may still be doing so when
+		// the next holder writes: like any forward that failed after the
+		// request left, the outcome is unknown and the resource drains.
+		f.badRequest = true
+		f.unknown = f.wroteRequest.Load()
+		if bodyTimeout {
+			err = f.body.err(err)
+		}
 		p, _ := problemFor(err)
-		p.Instance = f.instance
+		p.Instance, p.Resource = f.instance, f.permit.Lease.Resource
+		if f.unknown {
+			p.Detail += "; the upstream got an incomplete request whose outcome is unknown, and the resource is closed to grants for the drain period"
+		} else {
+			p.Detail += "; nothing was forwarded"
+		}
 		sendProblem(w, r, p)
 		return
 	}
 	// Once the request left, the upstream may act on it whatever we saw.
 	f.unknown = f.wroteRequest.Load()
-	timedOut := errors.Is(err, context.DeadlineExceeded) || errors.Is(r.Context().Err(), context.DeadlineExceeded)
 	if timedOut {
 		if breakUnlockOnTimeout {
 			f.unknown = false // no drain: the lock is released at once

@@ -182,16 +182,20 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 	// long forwards; the gateway bounds each body read and each fenced
 	// write's answer itself (--body-timeout, --forward-timeout).
 	scheme := "http"
+	var tlsConfig *tls.Config
 	if cfg.TLSCert != "" {
 		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
 		if err != nil {
 			ln.Close()
 			return fmt.Errorf("TLS: %w", err)
 		}
-		srv.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
-		ln = tls.NewListener(ln, srv.TLSConfig)
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
 		scheme = "https"
 	}
+	// The gateway's listener sees each request's header block as sent, so
+	// that requests with both Content-Length and Transfer-Encoding are
+	// refused; it terminates TLS itself for that and serves HTTP/1.1 only.
+	ln = gateway.Listener(srv, ln, tlsConfig)
 	addr := ln.Addr().String()
 	fmt.Fprintf(stdout, "fencegw %s mode, serving on %s://%s\n  API:       %s://%s/v1/\n  dashboard: %s://%s/ui/\n  metrics:   %s://%s/metrics\n",
 		backend.mode, scheme, addr, scheme, addr, scheme, addr, scheme, addr)

@@ -60,7 +60,7 @@ func (p *proc) output() string {
 	return p.out.String()
 }
 
-var servingLine = regexp.MustCompile(`serving on http://(\S+)`)
+var servingLine = regexp.MustCompile(`serving on https?://(\S+)`)
 
 func startProc(t *testing.T, args ...string) *proc {
 	t.Helper()

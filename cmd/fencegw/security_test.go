@@ -1,12 +1,28 @@
 package main
 
 import (
+	"bufio"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
 	"errors"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/fencegw/fencegw/auth"
 )
@@ -63,4 +79,160 @@ func TestHashKey(t *testing.T) {
 	if err := hashKey(strings.NewReader(""), &out); !errors.Is(err, errUsage) {
 		t.Fatalf("hash-key of nothing: %v", err)
 	}
+}
+
+// The real binary, plain and with TLS: a request with both Content-Length
+// and Transfer-Encoding is refused (400, connection closed, nothing
+// forwarded) after a good request on the same keep-alive connection; over
+// TLS the gateway speaks HTTP/1.1 (ALPN), and the upstream is told https.
+// A client that stalls in its body gets 408 request_timeout.
+func TestSecurityFramingAndSlowBodyRealBinary(t *testing.T) {
+	type seen struct{ path, proto, body string }
+	var mu sync.Mutex
+	var got []seen
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got = append(got, seen{r.URL.Path, r.Header.Get("X-Forwarded-Proto"), string(b)})
+		mu.Unlock()
+		_, _ = io.WriteString(w, "ok")
+	}))
+	defer up.Close()
+
+	for _, tlsOn := range []bool{false, true} {
+		name := map[bool]string{false: "plain", true: "tls"}[tlsOn]
+		t.Run(name, func(t *testing.T) {
+			mu.Lock()
+			got = nil
+			mu.Unlock()
+			args := []string{"--data", t.TempDir(), "--upstream", "svc=" + up.URL, "--body-timeout", "300ms"}
+			scheme, client, dial := "http", http.DefaultClient, func(addr string) (net.Conn, error) { return net.Dial("tcp", addr) }
+			if tlsOn {
+				certFile, keyFile, pool := writeTestCert(t)
+				args = append(args, "--tls-cert", certFile, "--tls-key", keyFile)
+				clientTLS := &tls.Config{RootCAs: pool, NextProtos: []string{"h2", "http/1.1"}}
+				scheme = "https"
+				client = &http.Client{Transport: &http.Transport{TLSClientConfig: clientTLS, ForceAttemptHTTP2: true}}
+				dial = func(addr string) (net.Conn, error) {
+					c, err := tls.Dial("tcp", addr, clientTLS)
+					if err == nil && c.ConnectionState().NegotiatedProtocol != "http/1.1" {
+						t.Errorf("ALPN %q, want http/1.1", c.ConnectionState().NegotiatedProtocol)
+					}
+					return c, err
+				}
+			}
+			p := startProc(t, args...)
+			base := scheme + "://" + p.addr
+
+			req, _ := http.NewRequest("POST", base+"/v1/leases", strings.NewReader(`{"resource":"r","holder":"h","ttl_ms":60000}`))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var l lease
+			_ = json.NewDecoder(resp.Body).Decode(&l)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusCreated || resp.ProtoMajor != 1 {
+				t.Fatalf("acquire: %d %s", resp.StatusCode, resp.Proto)
+			}
+			head := func(path string) string {
+				return "POST /v1/proxy/svc" + path + " HTTP/1.1\r\nHost: gw\r\nFencing-Lease: " + l.LeaseID + "\r\n"
+			}
+
+			c, err := dial(p.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			br := bufio.NewReader(c)
+			_, _ = io.WriteString(c, head("/good")+"Content-Length: 4\r\n\r\ngood")
+			if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 || resp.Close {
+				t.Fatalf("good write: %v %v", resp, err)
+			} else {
+				_, _ = io.Copy(io.Discard, resp.Body)
+			}
+			_, _ = io.WriteString(c, head("/both")+"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"+head("/smuggled")+"Content-Length: 0\r\n\r\n")
+			resp, err = http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 400 || !resp.Close || !strings.Contains(string(b), `"code":"invalid_request"`) ||
+				!strings.Contains(string(b), `"field":"Content-Length, Transfer-Encoding"`) {
+				t.Fatalf("both: %d close=%v %s", resp.StatusCode, resp.Close, b)
+			}
+			if _, err := br.ReadByte(); err == nil {
+				t.Fatal("the connection stayed open after the refusal")
+			}
+
+			// A body that stalls: 408.
+			c2, err := dial(p.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c2.Close()
+			_ = c2.SetDeadline(time.Now().Add(15 * time.Second))
+			_, _ = io.WriteString(c2, head("/stall")+"Content-Length: 100\r\n\r\npart")
+			resp, err = http.ReadResponse(bufio.NewReader(c2), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ = io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(b), `"code":"request_timeout"`) || !strings.Contains(string(b), `"field":"body"`) {
+				t.Fatalf("stalled body: %d %s", resp.StatusCode, b)
+			}
+
+			mu.Lock()
+			defer mu.Unlock()
+			var paths []string
+			for _, s := range got {
+				paths = append(paths, s.path)
+				if want := map[bool]string{false: "http", true: "https"}[tlsOn]; s.proto != want {
+					t.Errorf("%s: X-Forwarded-Proto %q, want %q", s.path, s.proto, want)
+				}
+				if s.path == "/stall" && s.body == strings.Repeat("x", 100) {
+					t.Error("the stalled write reached the upstream whole")
+				}
+			}
+			if p := strings.Join(paths, " "); p != "/good" && p != "/good /stall" {
+				t.Fatalf("upstream got %q, want /good (and part of /stall)", paths)
+			}
+		})
+	}
+}
+
+// writeTestCert writes a self-signed certificate for 127.0.0.1 and its key
+// as PEM files.
+func writeTestCert(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "fencegw test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, pool
 }

@@ -659,7 +659,7 @@ export interface components {
              * @description Stable, machine-readable error code.
              * @enum {string}
              */
-            code: "invalid_request" | "not_found" | "lease_held" | "lease_lost" | "stale_token" | "lease_expired" | "lease_released" | "missing_lease" | "unknown_lease" | "lease_not_owned" | "unauthorized" | "forbidden" | "rate_limited" | "too_many_leases" | "unknown_upstream" | "body_too_large" | "unsupported_media_type" | "method_not_allowed" | "fence_busy" | "store_unavailable" | "upstream_unreachable" | "upstream_timeout" | "internal_error";
+            code: "invalid_request" | "not_found" | "lease_held" | "lease_lost" | "stale_token" | "lease_expired" | "lease_released" | "missing_lease" | "unknown_lease" | "lease_not_owned" | "unauthorized" | "forbidden" | "rate_limited" | "too_many_leases" | "unknown_upstream" | "body_too_large" | "request_timeout" | "unsupported_media_type" | "method_not_allowed" | "fence_busy" | "store_unavailable" | "upstream_unreachable" | "upstream_timeout" | "internal_error";
             /** @description For `invalid_request`, the offending field. */
             field?: string;
             resource?: string;
@@ -673,7 +673,11 @@ export interface components {
         };
     };
     responses: {
-        /** @description `invalid_request`: the request is malformed; `field` names what is wrong. */
+        /**
+         * @description `invalid_request`: the request is malformed; `field` names what is
+         *     wrong (for ambiguous HTTP framing, the header fields, and the
+         *     connection is closed).
+         */
         InvalidRequest: {
             headers: {
                 [name: string]: unknown;
@@ -692,22 +696,18 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description `missing_lease`: the write carries no `Fencing-Lease` header. */
+        /**
+         * @description `missing_lease`: the write carries no `Fencing-Lease` header;
+         *     `invalid_request`: its path (dot segments, control characters) or its
+         *     HTTP framing (both `Content-Length` and `Transfer-Encoding`, and the
+         *     like: the connection is then closed) is refused. Nothing was
+         *     forwarded.
+         */
         MissingLease: {
             headers: {
                 [name: string]: unknown;
             };
             content: {
-                /**
-                 * @example {
-                 *       "type": "urn:fencegw:problem:missing_lease",
-                 *       "title": "Missing lease",
-                 *       "status": 400,
-                 *       "code": "missing_lease",
-                 *       "detail": "a fenced write needs a Fencing-Lease header",
-                 *       "instance": "/v1/proxy/statements/statements/88213/lines"
-                 *     }
-                 */
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
@@ -896,7 +896,40 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description `body_too_large`: the body exceeds the limit (64 KiB for control calls, 10 MiB by default for writes). */
+        /**
+         * @description `request_timeout`: the request body was not received within the body
+         *     timeout (`--body-timeout`, 30 s by default); the connection is
+         *     closed. A fenced write whose request had already reached the upstream
+         *     leaves an outcome that is unknown (the upstream may have acted on the
+         *     part of the body it got), so the resource is closed to grants for the
+         *     drain period, as after `upstream_timeout`.
+         */
+        RequestTimeout: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "type": "urn:fencegw:problem:request_timeout",
+                 *       "title": "Request timeout",
+                 *       "status": 408,
+                 *       "code": "request_timeout",
+                 *       "field": "body",
+                 *       "detail": "body: the request body was not received within the body timeout of 30s; the upstream got an incomplete request whose outcome is unknown, and the resource is closed to grants for the drain period",
+                 *       "instance": "/v1/proxy/statements/statements/88213/lines",
+                 *       "resource": "stmt:acct:88213"
+                 *     }
+                 */
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /**
+         * @description `body_too_large`: the body exceeds the limit (64 KiB for control
+         *     calls, 10 MiB by default for writes). A chunked write cut off at the
+         *     limit after its request reached the upstream leaves an unknown
+         *     outcome: the resource is closed to grants for the drain period.
+         */
         BodyTooLarge: {
             headers: {
                 [name: string]: unknown;
@@ -1055,6 +1088,7 @@ export interface operations {
             400: components["responses"]["InvalidRequest"];
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["LeaseHeld"];
             413: components["responses"]["BodyTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
@@ -1175,6 +1209,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["LeaseLost"];
             413: components["responses"]["BodyTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
@@ -1403,6 +1438,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["WriteForbidden"];
             404: components["responses"]["UnknownUpstream"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["StaleWrite"];
             413: components["responses"]["BodyTooLarge"];
             429: components["responses"]["TooManyRequests"];
@@ -1444,6 +1480,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["WriteForbidden"];
             404: components["responses"]["UnknownUpstream"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["StaleWrite"];
             413: components["responses"]["BodyTooLarge"];
             429: components["responses"]["TooManyRequests"];
@@ -1485,6 +1522,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["WriteForbidden"];
             404: components["responses"]["UnknownUpstream"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["StaleWrite"];
             413: components["responses"]["BodyTooLarge"];
             429: components["responses"]["TooManyRequests"];
@@ -1521,6 +1559,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["WriteForbidden"];
             404: components["responses"]["UnknownUpstream"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["StaleWrite"];
             413: components["responses"]["BodyTooLarge"];
             429: components["responses"]["TooManyRequests"];
@@ -1562,6 +1601,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["WriteForbidden"];
             404: components["responses"]["UnknownUpstream"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["StaleWrite"];
             413: components["responses"]["BodyTooLarge"];
             429: components["responses"]["TooManyRequests"];

@@ -1,0 +1,719 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencegw/fencegw/storage/bolt"
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// scanChunks feeds data to a fresh scanner chunk bytes at a time and returns
+// the heads it queued.
+func scanChunks(data []byte, chunk int) []frameInfo {
+	var s frameScanner
+	s.init(64 << 10)
+	for len(data) > 0 {
+		n := min(chunk, len(data))
+		s.feed(data[:n])
+		data = data[n:]
+	}
+	return s.queue
+}
+
+func lineHash(line string) (uint64, int) {
+	h := uint64(fnvOffset)
+	for i := 0; i < len(line); i++ {
+		h = (h ^ uint64(line[i])) * fnvPrime
+	}
+	return h, len(line)
+}
+
+func TestFrameScanner(t *testing.T) {
+	type head struct {
+		line   string
+		flags  uint8
+		length int64
+		bad    bool
+	}
+	const get = "GET / HTTP/1.1"
+	for _, tc := range []struct {
+		name string
+		in   string
+		want []head
+	}{
+		{"get", get + "\r\nHost: x\r\n\r\n", []head{{line: get}}},
+		{"bare LF", get + "\nHost: x\n\n", []head{{line: get}}},
+		{"CR CR LF ends the line with a CR", get + "\r\r\nHost: x\r\n\r\n", []head{{line: get + "\r"}}},
+		{"content-length body skipped", "POST /a HTTP/1.1\r\nContent-Length: 24\r\n\r\nGET /smuggled HTTP/1.1\r\n" + get + "\r\n\r\n",
+			[]head{{line: "POST /a HTTP/1.1", flags: frameCL, length: 24}, {line: get}}},
+		{"both", "POST /a HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + get + "\r\n\r\n",
+			[]head{{line: "POST /a HTTP/1.1", flags: frameCL | frameTE, length: 5}}},
+		{"any case", "POST /a HTTP/1.1\r\ntransfer-ENCODING: chunked\r\ncontent-length:5\r\n\r\n",
+			[]head{{line: "POST /a HTTP/1.1", flags: frameCL | frameTE, length: 5}}},
+		{"TE stops the scan", "POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n" + get + "\r\n\r\n",
+			[]head{{line: "POST /a HTTP/1.1", flags: frameTE}}},
+		{"whitespace around the length", "PUT /a HTTP/1.1\r\nContent-Length: \t 3 \t\r\n\r\nabc" + get + "\r\n\r\n",
+			[]head{{line: "PUT /a HTTP/1.1", flags: frameCL, length: 3}, {line: get}}},
+		{"leading zeros", "PUT /a HTTP/1.1\r\nContent-Length: 003\r\n\r\nabc" + get + "\r\n\r\n",
+			[]head{{line: "PUT /a HTTP/1.1", flags: frameCL, length: 3}, {line: get}}},
+		{"CRLF after a POST body is skipped", "POST /a HTTP/1.1\r\nContent-Length: 1\r\n\r\nx\r\n\r\n" + get + "\r\n\r\n",
+			[]head{{line: "POST /a HTTP/1.1", flags: frameCL, length: 1}, {line: get}}},
+		{"at most 4", "POST /a HTTP/1.1\r\nContent-Length: 1\r\n\r\nx\r\n\r\n\n" + get + "\r\n\r\n",
+			[]head{{line: "POST /a HTTP/1.1", flags: frameCL, length: 1}, {line: "", bad: true}}},
+		{"not after a GET", get + "\r\n\r\n\r\n" + get + "\r\n\r\n", []head{{line: get}, {line: "", bad: true}}},
+		{"content-length lookalike", "GET / HTTP/1.1\r\nContent-Lengthy: 5\r\nXContent-Length: 5\r\n\r\n", []head{{line: get}}},
+		{"obs-fold", get + "\r\nX-A: 1\r\n Transfer-Encoding: chunked\r\n\r\n", []head{{line: get, bad: true}}},
+		{"folded TE", get + "\r\nTransfer-Encoding:\r\n chunked\r\n\r\n", []head{{line: get, flags: frameTE, bad: true}}},
+		{"two lengths", "POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc", []head{{line: "POST / HTTP/1.1", flags: frameCL, length: 3, bad: true}}},
+		{"underscore", "POST / HTTP/1.1\r\nTransfer_Encoding: chunked\r\nContent-Length: 3\r\n\r\nabc", []head{{line: "POST / HTTP/1.1", bad: true}}},
+		{"space before colon", "POST / HTTP/1.1\r\nContent-Length : 3\r\n\r\nabc", []head{{line: "POST / HTTP/1.1", bad: true}}},
+		{"signed length", "POST / HTTP/1.1\r\nContent-Length: +3\r\n\r\nabc", []head{{line: "POST / HTTP/1.1", flags: frameCL, bad: true}}},
+		{"two numbers", "POST / HTTP/1.1\r\nContent-Length: 3 3\r\n\r\nabc", []head{{line: "POST / HTTP/1.1", flags: frameCL, length: 3, bad: true}}},
+		{"empty length", "POST / HTTP/1.1\r\nContent-Length: \r\n\r\n", []head{{line: "POST / HTTP/1.1", flags: frameCL, bad: true}}},
+		{"huge length", "POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n", []head{{line: "POST / HTTP/1.1", flags: frameCL, length: 999999999999999999, bad: true}}},
+		{"CR inside the length", "POST / HTTP/1.1\r\nContent-Length: 3\r4\r\n\r\n", []head{{line: "POST / HTTP/1.1", flags: frameCL, length: 3, bad: true}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, chunk := range []int{1, 2, 7, 1 << 20} {
+				got := scanChunks([]byte(tc.in), chunk)
+				if len(got) != len(tc.want) {
+					t.Fatalf("chunk %d: %d heads %+v, want %d", chunk, len(got), got, len(tc.want))
+				}
+				for i, w := range tc.want {
+					g := got[i]
+					wh, wl := lineHash(w.line)
+					if !w.bad && (g.lineHash != wh || g.lineLen != wl) {
+						t.Errorf("chunk %d head %d: request line hash differs from %q", chunk, i, w.line)
+					}
+					if g.flags != w.flags || g.length != w.length || (g.bad != "") != w.bad {
+						t.Errorf("chunk %d head %d: %+v, want %+v", chunk, i, g, w)
+					}
+				}
+			}
+		})
+	}
+}
+
+// The queue is bounded; past it the scanner stops (the later requests are
+// then refused, never matched to the wrong head).
+func TestFrameScannerQueueBound(t *testing.T) {
+	got := scanChunks(bytes.Repeat([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), maxQueued+5), 1<<20)
+	if len(got) != maxQueued {
+		t.Fatalf("%d heads queued, want %d", len(got), maxQueued)
+	}
+	var s frameScanner
+	s.init(100)
+	s.feed([]byte("GET /" + strings.Repeat("a", 200)))
+	if len(s.queue) != 1 || s.queue[0].bad == "" || s.state != scanStopped {
+		t.Fatalf("an oversized head: %+v, state %d", s.queue, s.state)
+	}
+}
+
+// The scanner agrees with net/http's parser on every request Go reads from
+// the same bytes, fed in any chunks: same request line, same framing; or
+// it has refused the head, or stopped.
+func FuzzFrameScanner(f *testing.F) {
+	for _, s := range []string{
+		"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+		"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabcGET /b HTTP/1.1\r\nHost: x\r\n\r\n",
+		"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+		"POST /a HTTP/1.1\nHost: x\nContent-Length: 1\n\nx\r\n\r\nPUT /b HTTP/1.0\r\ncontent-length:  2 \r\n\r\nxy",
+		"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+		"GET / HTTP/1.0\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\nxyGET / HTTP/1.1\r\n\r\n",
+		"GET / HTTP/1.1\r\nX: a\r\n b\r\nContent-Length: 1\r\n\r\nx",
+		"GET /\r HTTP/1.1\r\r\nContent-Length: 01\r\n\r\nx",
+		"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+	} {
+		f.Add([]byte(s), uint8(3))
+	}
+	f.Fuzz(func(t *testing.T, data []byte, chunk uint8) {
+		whole := scanChunks(data, len(data)+1)
+		parts := scanChunks(data, int(chunk%16)+1)
+		if len(whole) != len(parts) {
+			t.Fatalf("%d heads whole, %d in chunks of %d", len(whole), len(parts), chunk%16+1)
+		}
+		for i := range whole {
+			if whole[i] != parts[i] {
+				t.Fatalf("head %d: %+v whole, %+v in chunks", i, whole[i], parts[i])
+			}
+		}
+		br := bufio.NewReader(bytes.NewReader(data))
+		post := false
+		for k := 0; ; k++ {
+			if post { // what net/http's server does before a request after a POST
+				peek, _ := br.Peek(4)
+				n := 0
+				for n < len(peek) && (peek[n] == '\r' || peek[n] == '\n') {
+					n++
+				}
+				_, _ = br.Discard(n)
+			}
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			if k >= len(whole) {
+				if k >= maxQueued {
+					return
+				}
+				t.Fatalf("Go read request %d (%q), the scanner has no head for it", k, req.RequestURI)
+			}
+			h := whole[k]
+			if h.bad != "" {
+				return // refused, and the scanner stopped
+			}
+			if lh, n := requestLineHash(req); lh != h.lineHash || n != h.lineLen {
+				t.Fatalf("request %d: the scanner's request line differs from Go's %q %q %q", k, req.Method, req.RequestURI, req.Proto)
+			}
+			if req.Method == "PRI" && req.ProtoMajor == 2 {
+				return // the HTTP/2 preface: net/http reads nothing after it
+			}
+			if h.flags&frameTE != 0 {
+				if req.ProtoAtLeast(1, 1) && len(req.TransferEncoding) == 0 {
+					t.Fatalf("request %d: the scanner saw Transfer-Encoding, Go did not frame by it", k)
+				}
+				return // the connection's last request
+			}
+			if len(req.TransferEncoding) > 0 || req.ContentLength != h.length {
+				t.Fatalf("request %d: Go framed %v/%d, the scanner %+v", k, req.TransferEncoding, req.ContentLength, h)
+			}
+			if _, err := io.Copy(io.Discard, req.Body); err != nil {
+				return
+			}
+			post = req.Method == "POST"
+		}
+	})
+}
+
+func BenchmarkFrameScanner(b *testing.B) {
+	req := []byte("POST /v1/proxy/statements/accounts/88213/lines?x=1 HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n" +
+		"User-Agent: Go-http-client/1.1\r\nContent-Length: 256\r\nContent-Type: application/octet-stream\r\n" +
+		"Fencing-Lease: fl_4w5sz2l6kq3d7yq2ywj6n2k4xq7r3m2a\r\nAccept-Encoding: gzip\r\n\r\n" + strings.Repeat("x", 256))
+	var s frameScanner
+	s.init(1 << 20)
+	b.SetBytes(int64(len(req)))
+	b.ReportAllocs()
+	for b.Loop() {
+		s.feed(req)
+		s.queue = s.queue[:0]
+	}
+}
+
+// recorder is an upstream that records what reached it.
+type recorder struct {
+	*httptest.Server
+	mu   sync.Mutex
+	got  []recorded
+	hold chan struct{} // if not nil, a request named /hold waits for it
+}
+
+type recorded struct {
+	Path, Body, Proto string
+	Complete          bool // the body was read to its end
+}
+
+func newRecorder(t *testing.T) *recorder {
+	t.Helper()
+	rec := &recorder{}
+	rec.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") == "echo" {
+			rec.add(recorded{Path: r.URL.Path, Complete: true})
+			c, brw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+			_ = brw.Flush()
+			_, _ = io.Copy(c, brw)
+			return
+		}
+		body, err := io.ReadAll(r.Body)
+		rec.add(recorded{Path: r.URL.Path, Body: string(body), Proto: r.Header.Get("X-Forwarded-Proto"), Complete: err == nil})
+		_, _ = io.WriteString(w, "ok "+r.URL.Path)
+	}))
+	t.Cleanup(rec.Close)
+	return rec
+}
+
+func (r *recorder) add(x recorded) {
+	r.mu.Lock()
+	r.got = append(r.got, x)
+	r.mu.Unlock()
+}
+
+func (r *recorder) seen() []recorded {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]recorded(nil), r.got...)
+}
+
+type testGateway struct {
+	g    *Gateway
+	addr string
+	svc  *tokens.Service
+	tls  *tls.Config // the client's, with TLS
+}
+
+// startFraming serves a gateway through Listener on a real server, as
+// cmd/fencegw does; tlsConfig switches TLS on.
+func startFraming(t *testing.T, up string, cfg Config, tlsOn bool) *testGateway {
+	t.Helper()
+	store, err := bolt.Open(t.TempDir()+"/fencegw.db", bolt.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	target, _ := url.Parse(up)
+	cfg.Upstreams, cfg.Logger = map[string]*url.URL{"svc": target}, log
+	svc := tokens.New(tokens.Config{Store: store, Locker: tokens.NewLocalLocker(), Logger: log, DrainPeriod: time.Minute})
+	g := New(svc, cfg)
+	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg := &testGateway{g: g, svc: svc, addr: ln.Addr().String()}
+	var serverTLS *tls.Config
+	if tlsOn {
+		serverTLS, tg.tls = testCertificate(t)
+	}
+	ln = Listener(srv, ln, serverTLS)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() {
+		g.Close()
+		_ = srv.Close()
+	})
+	return tg
+}
+
+func testCertificate(t *testing.T) (server, client *tls.Config) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "fencegw test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}},
+		&tls.Config{RootCAs: pool, NextProtos: []string{"h2", "http/1.1"}}
+}
+
+func (tg *testGateway) dial(t *testing.T) net.Conn {
+	t.Helper()
+	var c net.Conn
+	var err error
+	if tg.tls != nil {
+		c, err = tls.Dial("tcp", tg.addr, tg.tls)
+	} else {
+		c, err = net.Dial("tcp", tg.addr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func (tg *testGateway) lease(t *testing.T, resource string) string {
+	t.Helper()
+	p, err := tg.svc.Acquire(context.Background(), tokens.AcquireRequest{Resource: resource, Holder: "h", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.ID
+}
+
+// exchange writes raw to a fresh connection and reads answers until the
+// gateway closes it (closed) or nothing more comes for a second.
+func (tg *testGateway) exchange(t *testing.T, raw string) (answers []*http.Response, bodies []string, closed bool) {
+	t.Helper()
+	c := tg.dial(t)
+	if _, err := io.WriteString(c, raw); err != nil {
+		t.Fatal(err)
+	}
+	return readAnswers(t, c)
+}
+
+func readAnswers(t *testing.T, c net.Conn) (answers []*http.Response, bodies []string, closed bool) {
+	t.Helper()
+	br := bufio.NewReader(c)
+	for {
+		_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			var ne net.Error
+			if errorsAs(err, &ne) && ne.Timeout() {
+				return answers, bodies, false
+			}
+			return answers, bodies, true // EOF or reset: closed
+		}
+		b, _ := io.ReadAll(resp.Body)
+		answers, bodies = append(answers, resp), append(bodies, string(b))
+	}
+}
+
+func errorsAs(err error, target *net.Error) bool {
+	for err != nil {
+		if ne, ok := err.(net.Error); ok {
+			*target = ne
+			return true
+		}
+		u, ok := err.(interface{ Unwrap() error })
+		if !ok {
+			return false
+		}
+		err = u.Unwrap()
+	}
+	return false
+}
+
+func wantFramingRefusal(t *testing.T, resp *http.Response, body string) {
+	t.Helper()
+	if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Content-Type") != problemContentType || !resp.Close {
+		t.Fatalf("answer %d %v close=%v, want 400 problem+json with Connection: close\n%s", resp.StatusCode, resp.Header, resp.Close, body)
+	}
+	var p problem
+	if err := json.Unmarshal([]byte(body), &p); err != nil || p.Code != codeInvalidRequest || p.Field == "" {
+		t.Fatalf("problem %s, want invalid_request naming a field", body)
+	}
+}
+
+func TestFrameRefusesContentLengthWithTransferEncoding(t *testing.T) {
+	for _, tlsOn := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "tls"}[tlsOn], func(t *testing.T) {
+			up := newRecorder(t)
+			tg := startFraming(t, up.URL, Config{}, tlsOn)
+			lease := tg.lease(t, "r")
+			head := func(path string) string {
+				return "POST /v1/proxy/svc" + path + " HTTP/1.1\r\nHost: gw\r\nFencing-Lease: " + lease + "\r\n"
+			}
+			smuggled := head("/smuggled") + "Content-Length: 0\r\n\r\n"
+			body := "0\r\n\r\n" + smuggled
+
+			// Content-Length and Transfer-Encoding: 400, closed, nothing forwarded.
+			answers, bodies, closed := tg.exchange(t, head("/both")+"Content-Length: "+strconv.Itoa(len(body))+"\r\nTransfer-Encoding: chunked\r\n\r\n"+body)
+			if len(answers) != 1 || !closed {
+				t.Fatalf("%d answers, closed %v: %q", len(answers), closed, bodies)
+			}
+			wantFramingRefusal(t, answers[0], bodies[0])
+			var p problem
+			_ = json.Unmarshal([]byte(bodies[0]), &p)
+			if p.Field != "Content-Length, Transfer-Encoding" || !strings.Contains(p.Detail, "both") {
+				t.Fatalf("problem %+v does not name the framing fields", p)
+			}
+
+			// Transfer-Encoding alone: forwarded, then the connection closes.
+			answers, bodies, closed = tg.exchange(t, head("/chunked")+"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"+smuggled)
+			if len(answers) != 1 || answers[0].StatusCode != 200 || !answers[0].Close || !closed {
+				t.Fatalf("chunked: %d answers %q, closed %v", len(answers), bodies, closed)
+			}
+
+			// Content-Length alone, keep-alive, then an ambiguous one on the
+			// same connection: the first is forwarded, the second refused.
+			c := tg.dial(t)
+			_, _ = io.WriteString(c, head("/first")+"Content-Length: 3\r\n\r\nabc")
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil || resp.StatusCode != 200 || resp.Close {
+				t.Fatalf("first: %v %v", resp, err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_, _ = io.WriteString(c, head("/second")+"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n0\r\n\r\n")
+			resp, err = http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			wantFramingRefusal(t, resp, string(b))
+
+			var paths []string
+			for _, r := range up.seen() {
+				paths = append(paths, r.Path)
+				if tlsOn != (r.Proto == "https") {
+					t.Errorf("X-Forwarded-Proto %q with TLS %v", r.Proto, tlsOn)
+				}
+			}
+			if strings.Join(paths, " ") != "/chunked /first" {
+				t.Fatalf("upstream got %q, want /chunked /first", paths)
+			}
+		})
+	}
+}
+
+// Odd framing is refused by Go itself (501, 400) or by the gateway (400);
+// nothing reaches the upstream either way, and the connection is closed.
+func TestFrameOddities(t *testing.T) {
+	up := newRecorder(t)
+	tg := startFraming(t, up.URL, Config{}, false)
+	lease := tg.lease(t, "r")
+	head := "POST /v1/proxy/svc/odd HTTP/1.1\r\nHost: gw\r\nFencing-Lease: " + lease + "\r\n"
+	smuggled := "POST /v1/proxy/svc/smuggled HTTP/1.1\r\nHost: gw\r\nFencing-Lease: " + lease + "\r\nContent-Length: 0\r\n\r\n"
+	for name, tc := range map[string]struct {
+		raw    string
+		status int
+	}{
+		"chunked, identity":         {head + "Transfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n" + smuggled, 501},
+		"identity and length":       {head + "Transfer-Encoding: identity\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + smuggled, 501},
+		"two TE fields":             {head + "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, 501},
+		"CHUNKED and length":        {head + "Transfer-Encoding: CHUNKED\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + smuggled, 400},
+		"lower case both":           {head + "content-length: 5\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, 400},
+		"length after chunked":      {head + "Transfer-Encoding: chunked\r\nContent-Length: 0\r\n\r\n0\r\n\r\n" + smuggled, 400},
+		"folded TE":                 {head + "Content-Length: 5\r\nTransfer-Encoding:\r\n chunked\r\n\r\n0\r\n\r\n" + smuggled, 400},
+		"fold hiding a TE":          {head + "X-A: 1\r\n Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + smuggled, 400},
+		"Transfer_Encoding":         {head + "Transfer_Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + smuggled, 400},
+		"same length twice":         {head + "Content-Length: 5\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + smuggled, 400},
+		"two lengths":               {head + "Content-Length: 3\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + smuggled, 400},
+		"HTTP/1.0 with both":        {strings.Replace(head, "HTTP/1.1", "HTTP/1.0", 1) + "Connection: keep-alive\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + smuggled, 400},
+		"HTTP/1.0 with TE":          {strings.Replace(head, "HTTP/1.1", "HTTP/1.0", 1) + "Connection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, 400},
+		"expect 100 with both":      {head + "Expect: 100-continue\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n", 400},
+		"both on a control call":    {"POST /v1/leases HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, 400},
+		"both on a probe":           {"GET /healthz HTTP/1.1\r\nHost: gw\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, 400},
+		"both on OPTIONS *":         {"OPTIONS * HTTP/1.1\r\nHost: gw\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, 400},
+		"space before the colon":    {head + "Content-Length : 5\r\n\r\n0\r\n\r\n" + smuggled, 400},
+		"length with a sign":        {head + "Content-Length: +5\r\n\r\n0\r\n\r\n" + smuggled, 400},
+		"bare CR in a header value": {head + "X-A: 1\rTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + smuggled, 400},
+	} {
+		t.Run(name, func(t *testing.T) {
+			answers, bodies, closed := tg.exchange(t, tc.raw)
+			if len(answers) != 1 || answers[0].StatusCode != tc.status || !closed {
+				t.Fatalf("%d answers %q, closed %v; want one %d and the connection closed", len(answers), bodies, closed, tc.status)
+			}
+			if tc.status == 400 && answers[0].Header.Get("Content-Type") == problemContentType {
+				wantFramingRefusal(t, answers[0], bodies[0])
+			}
+		})
+	}
+	if got := up.seen(); len(got) != 0 {
+		t.Fatalf("upstream got %+v", got)
+	}
+}
+
+// Requests that are fine keep working: pipelined, with a CRLF after a
+// POST body, Expect: 100-continue, and an upgraded connection (no HTTP
+// after the upgrade is scanned).
+func TestFrameKeepsGoodRequests(t *testing.T) {
+	up := newRecorder(t)
+	tg := startFraming(t, up.URL, Config{}, false)
+	lease := tg.lease(t, "r")
+	req := func(path, extra, body string) string {
+		return "POST /v1/proxy/svc" + path + " HTTP/1.1\r\nHost: gw\r\nFencing-Lease: " + lease + "\r\n" + extra +
+			"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+	}
+	answers, bodies, closed := tg.exchange(t, req("/p1", "", "a")+"\r\n"+req("/p2", "", "GET / HTTP/1.1\r\n\r\n")+
+		"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+	if len(answers) != 3 || closed || bodies[0] != "ok /p1" || bodies[1] != "ok /p2" || bodies[2] != "ok\n" {
+		t.Fatalf("pipelined: %d answers %q, closed %v", len(answers), bodies, closed)
+	}
+
+	c := tg.dial(t)
+	_, _ = io.WriteString(c, req("/expect", "Expect: 100-continue\r\n", ""))
+	br := bufio.NewReader(c)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("expect with an empty body: %v %v", resp, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_, _ = io.WriteString(c, strings.Replace(req("/expect2", "Expect: 100-continue\r\n", "xyz"), "xyz", "", 1))
+	if resp, err = http.ReadResponse(br, nil); err != nil || resp.StatusCode != 100 {
+		t.Fatalf("want 100 Continue: %v %v", resp, err)
+	}
+	_, _ = io.WriteString(c, "xyz")
+	if resp, err = http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("after 100 Continue: %v %v", resp, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+
+	// Upgrade: after the 101, bytes that look like HTTP framing are only data.
+	c = tg.dial(t)
+	_, _ = io.WriteString(c, "GET /v1/proxy/svc/upgrade HTTP/1.1\r\nHost: gw\r\nFencing-Lease: "+lease+"\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br = bufio.NewReader(c)
+	if resp, err = http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	data := "POST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n" + strings.Repeat("z", 100<<10)
+	go func() { _, _ = io.WriteString(c, data) }()
+	echo := make([]byte, len(data))
+	if _, err := io.ReadFull(br, echo); err != nil || string(echo) != data {
+		t.Fatalf("echo through the upgraded connection: %v", err)
+	}
+
+	var paths []string
+	for _, r := range up.seen() {
+		paths = append(paths, r.Path)
+	}
+	if strings.Join(paths, " ") != "/p1 /p2 /expect /expect2 /upgrade" {
+		t.Fatalf("upstream got %q", paths)
+	}
+}
+
+// Over TLS the gateway answers HTTP/1.1 (ALPN http/1.1, no h2), sets the
+// request's TLS state, and the upstream is told https.
+func TestFrameTLS(t *testing.T) {
+	up := newRecorder(t)
+	tg := startFraming(t, up.URL, Config{}, true)
+	lease := tg.lease(t, "r")
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: tg.tls, ForceAttemptHTTP2: true}, Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+	req, _ := http.NewRequest("POST", "https://"+tg.addr+"/v1/proxy/svc/tls", strings.NewReader("body"))
+	req.Header.Set(HeaderLease, lease)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.ProtoMajor != 1 || resp.TLS == nil || resp.TLS.NegotiatedProtocol != "http/1.1" {
+		t.Fatalf("%d %s %s", resp.StatusCode, resp.Proto, b)
+	}
+	if got := up.seen(); len(got) != 1 || got[0].Proto != "https" || got[0].Body != "body" {
+		t.Fatalf("upstream got %+v", got)
+	}
+	// Plain HTTP to the TLS port: Go's 400, as before.
+	c, err := net.Dial("tcp", tg.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	out, _ := io.ReadAll(c)
+	if !strings.HasPrefix(string(out), "HTTP/1.0 400") {
+		t.Fatalf("plain HTTP to the TLS port: %q", out)
+	}
+}
+
+// A client that sends part of its body and stalls gets 408 request_timeout
+// naming the body, the upstream never gets the whole write, the resource
+// drains (the upstream may have acted on the part it got), and a normal
+// write on another resource goes through meanwhile. Control calls with a
+// stalled body get 408 too.
+func TestBodyTimeoutAnswers408(t *testing.T) {
+	const bodyTimeout = 300 * time.Millisecond
+	up := newRecorder(t)
+	tg := startFraming(t, up.URL, Config{BodyTimeout: bodyTimeout}, false)
+	slow := tg.lease(t, "slow")
+	fast := tg.lease(t, "fast")
+
+	type result struct {
+		resp *http.Response
+		body string
+		err  error
+	}
+	stall := func(raw string) <-chan result {
+		done := make(chan result, 1)
+		c := tg.dial(t)
+		go func() {
+			if _, err := io.WriteString(c, raw); err != nil {
+				done <- result{err: err}
+				return
+			}
+			// Nothing more is sent; the answer must come within generous bounds.
+			_ = c.SetReadDeadline(time.Now().Add(bodyTimeout + 10*time.Second))
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				done <- result{err: err}
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if _, err := br.ReadByte(); err == nil {
+				done <- result{err: io.ErrUnexpectedEOF} // not closed after the answer
+				return
+			}
+			done <- result{resp: resp, body: string(b)}
+		}()
+		return done
+	}
+	writeHead := "POST /v1/proxy/svc/slow HTTP/1.1\r\nHost: gw\r\nFencing-Lease: " + slow + "\r\n"
+	stalled := []<-chan result{
+		stall(writeHead + "Content-Length: 100\r\n\r\n" + strings.Repeat("x", 10)),
+		stall(writeHead + "Transfer-Encoding: chunked\r\n\r\na\r\n" + strings.Repeat("y", 10) + "\r\n"),
+		stall("POST /v1/leases HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"resource\":"),
+	}
+
+	// A normal worker meanwhile.
+	for range 3 {
+		req, _ := http.NewRequest("POST", "http://"+tg.addr+"/v1/proxy/svc/fast", strings.NewReader("fast write"))
+		req.Header.Set(HeaderLease, fast)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		resp, err := http.DefaultClient.Do(req.WithContext(ctx))
+		if err != nil {
+			cancel()
+			t.Fatalf("a normal write while slow clients stall: %v", err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		cancel()
+		if resp.StatusCode != 200 {
+			t.Fatalf("a normal write while slow clients stall: %d", resp.StatusCode)
+		}
+	}
+
+	for i, ch := range stalled {
+		r := <-ch
+		if r.err != nil {
+			t.Fatalf("stalled client %d: %v", i, r.err)
+		}
+		var p problem
+		if r.resp.StatusCode != http.StatusRequestTimeout || r.resp.Header.Get("Content-Type") != problemContentType || !r.resp.Close ||
+			json.Unmarshal([]byte(r.body), &p) != nil || p.Code != codeRequestTimeout || p.Field != "body" {
+			t.Fatalf("stalled client %d: %d %v\n%s\nwant 408 request_timeout naming the body, Connection: close", i, r.resp.StatusCode, r.resp.Header, r.body)
+		}
+		t.Logf("stalled client %d: %s", i, p.Detail)
+	}
+	for _, r := range up.seen() {
+		if r.Path == "/slow" && r.Complete {
+			t.Fatalf("the upstream got a complete slow write: %+v", r)
+		}
+	}
+	// The forwards left the upstream with an incomplete request whose
+	// outcome is unknown: the resource drains.
+	res, err := tg.svc.Resource(context.Background(), "slow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.DrainUntil.After(time.Now()) {
+		t.Fatalf("resource not draining after a cut write: %+v", res)
+	}
+	// Metrics count them as bad requests, not upstream errors.
+	out := httptest.NewRecorder()
+	tg.g.ServeHTTP(out, httptest.NewRequest("GET", "/metrics", nil))
+	if !strings.Contains(out.Body.String(), `fencegw_writes_total{outcome="bad_request"} 2`) ||
+		!strings.Contains(out.Body.String(), `fencegw_writes_total{outcome="upstream_error"} 0`) {
+		t.Fatalf("metrics:\n%s", out.Body.String())
+	}
+}
