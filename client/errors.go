@@ -47,17 +47,22 @@ var (
 
 // Problem codes of the gateway (DESIGN.md, "Details that clients rely on").
 const (
-	CodeInvalidRequest      = "invalid_request"
-	CodeNotFound            = "not_found"
-	CodeLeaseHeld           = "lease_held"
-	CodeLeaseLost           = "lease_lost"
-	CodeStaleToken          = "stale_token"
-	CodeLeaseExpired        = "lease_expired"
-	CodeLeaseReleased       = "lease_released"
-	CodeMissingLease        = "missing_lease"
-	CodeUnknownLease        = "unknown_lease"
-	CodeUnknownUpstream     = "unknown_upstream"
-	CodeBodyTooLarge        = "body_too_large"
+	CodeInvalidRequest  = "invalid_request"
+	CodeNotFound        = "not_found"
+	CodeLeaseHeld       = "lease_held"
+	CodeLeaseLost       = "lease_lost"
+	CodeStaleToken      = "stale_token"
+	CodeLeaseExpired    = "lease_expired"
+	CodeLeaseReleased   = "lease_released"
+	CodeMissingLease    = "missing_lease"
+	CodeUnknownLease    = "unknown_lease"
+	CodeLeaseNotOwned   = "lease_not_owned" // 403: the lease was acquired with another API key
+	CodeUnknownUpstream = "unknown_upstream"
+	CodeBodyTooLarge    = "body_too_large"
+	// CodeRequestTimeout (408): the request body did not arrive within the
+	// gateway's body timeout. If the write's headers had reached the
+	// upstream its outcome is unknown and the resource drains.
+	CodeRequestTimeout      = "request_timeout"
 	CodeFenceBusy           = "fence_busy"
 	CodeStoreUnavailable    = "store_unavailable"
 	CodeUpstreamUnreachable = "upstream_unreachable"

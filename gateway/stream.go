@@ -3,7 +3,9 @@ package gateway
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -96,6 +98,11 @@ func (g *Gateway) serveStream(w http.ResponseWriter, r *http.Request) {
 	}
 	q := r.URL.Query()
 	filter := streamFilter{resource: q.Get("resource"), holder: q.Get("holder"), code: q.Get("code")}
+	if err := g.checkStreamFilter(filter); err != nil {
+		// A filter that can never match would look like a quiet stream.
+		writeProblem(w, r, g.log, err)
+		return
+	}
 	var lastID int64
 	for _, c := range []struct{ name, value string }{{"Last-Event-ID", r.Header.Get("Last-Event-ID")}, {"after", q.Get("after")}} {
 		if c.value == "" {
@@ -318,4 +325,20 @@ func writeEvent(w http.ResponseWriter, r tokens.Rejection) error {
 	buf = append(buf, "\n\n"...)
 	_, err = w.Write(buf)
 	return err
+}
+
+func (g *Gateway) checkStreamFilter(f streamFilter) error {
+	limits := g.svc.Limits()
+	if f.resource != "" {
+		if err := limits.ValidateResource(f.resource); err != nil {
+			return err
+		}
+	}
+	if err := limits.ValidateHolder(f.holder); err != nil {
+		return err
+	}
+	if f.code != "" && !slices.Contains(tokens.RejectionCodes, f.code) {
+		return tokens.Invalid("code", "must be one of "+strings.Join(tokens.RejectionCodes, ", "))
+	}
+	return nil
 }

@@ -198,16 +198,26 @@ func TestStreamReplayAfterLastEventIDIsExactAndFiltered(t *testing.T) {
 	}
 }
 
-func TestStreamRejectsABadLastEventID(t *testing.T) {
+// A bad event id, or a filter that could never match, is a 400 naming the
+// parameter, not a stream that stays quiet.
+func TestStreamRejectsBadParameters(t *testing.T) {
 	_, _, url := newStreamGateway(t)
-	for _, u := range []string{"/v1/rejections/stream?after=x", "/v1/rejections/stream?after=-1"} {
-		resp, err := http.Get(url + u)
+	for u, field := range map[string]string{
+		"?after=x":                              "after",
+		"?after=-1":                             "after",
+		"?code=stale":                           "code",
+		"?resource=a%20b":                       "resource",
+		"?resource=" + strings.Repeat("r", 257): "resource",
+		"?holder=%01":                           "holder",
+	} {
+		resp, err := http.Get(url + "/v1/rejections/stream" + u)
 		if err != nil {
 			t.Fatal(err)
 		}
+		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != 400 {
-			t.Fatalf("%s: %d", u, resp.StatusCode)
+		if resp.StatusCode != 400 || !strings.Contains(string(body), field) || resp.Header.Get("Content-Type") != "application/problem+json" {
+			t.Fatalf("%s: %d %s %s", u, resp.StatusCode, resp.Header.Get("Content-Type"), body)
 		}
 	}
 }

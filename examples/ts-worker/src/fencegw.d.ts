@@ -361,7 +361,9 @@ export interface paths {
          * @description Rejected writes over the chosen range, per chart bucket, by reason, top
          *     resources and holders, and the leases held now. It aggregates the
          *     newest 10,000 matching rejections of the range at most; `truncated`
-         *     says when there were more.
+         *     says when there were more. A filter that could never match (an
+         *     unknown range or reason, a resource name or holder the gateway
+         *     would not accept) is `400 invalid_request` naming the parameter.
          */
         get: operations["dashboardOverview"];
         put?: never;
@@ -1780,6 +1782,7 @@ export interface operations {
                     "application/json": components["schemas"]["DashboardOverview"];
                 };
             };
+            400: components["responses"]["InvalidRequest"];
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             429: components["responses"]["TooManyRequests"];
