@@ -55,7 +55,7 @@ type Stats struct {
 	StaleRejected   int            `json:"stale_rejected"`   // 409 stale_token, lease_expired, lease_released
 	StaleAttempts   int            `json:"stale_attempts"`   // refused as stale, or sent after the worker's TTL ran out
 	Unavailable     int            `json:"unavailable"`      // 503
-	UnknownOutcome  int            `json:"unknown_outcome"`  // 502, 504, no answer
+	UnknownOutcome  int            `json:"unknown_outcome"`  // 408, 413, 502, 504, no answer
 	OtherRefused    int            `json:"other_refused"`    // other 4xx
 	Arrivals        int            `json:"arrivals"`         // at the upstream
 	Applied         int            `json:"applied"`          // acted on by the upstream
@@ -135,8 +135,13 @@ var staleCodes = map[string]bool{"stale_token": true, "lease_expired": true, "le
 // principal's lease (tokens.CodeNotOwner).
 const codeNotOwned = "lease_not_owned"
 
-// unknownOutcome: the write may or may not have landed.
-func unknownOutcome(status int) bool { return status == 0 || status == 502 || status == 504 }
+// unknownOutcome: the write may or may not have landed. 408 and 413 are
+// the gateway cutting a body it had started to forward (too slow, too
+// large): the upstream may have seen part of it, and the gateway drains the
+// resource as for a timeout.
+func unknownOutcome(status int) bool {
+	return status == 0 || status == 408 || status == 413 || status == 502 || status == 504
+}
 
 // Check applies every rule to h.
 func Check(h History) Report {
@@ -253,7 +258,7 @@ func Check(h History) Report {
 				st.ForeignRefused++
 			}
 		}
-		if (w.Status >= 400 && w.Status < 500) || w.Status == 503 {
+		if !unknownOutcome(w.Status) && ((w.Status >= 400 && w.Status < 500) || w.Status == 503) {
 			if arrived[w.ID] > 0 {
 				flag(RuleRejectedApplied, "write %s (%s, token %d) refused with %d %s but reached the upstream", w.ID, w.Resource, w.Token, w.Status, w.Code)
 			}

@@ -218,7 +218,7 @@ func (w *worker) run(ctx context.Context) {
 			w.rec.Write(Write{ID: id, Resource: res, Token: lease.Token, Status: a.status, Code: a.code, Sent: sent, Returned: now(), Late: late})
 			switch {
 			case a.status >= 200 && a.status < 300:
-			case a.status == 0 || a.status == 502 || a.status == 504:
+			case unknownOutcome(a.status):
 				release = true // outcome unknown: give the resource up
 				break writes
 			default:
