@@ -135,6 +135,9 @@ type phaseResult struct {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	// The gateway's and the generator's output are copied into stderr by
+	// goroutines of os/exec, beside this process's own progress lines.
+	stderr = &syncWriter{w: stderr}
 	o, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -281,7 +284,7 @@ func startGateway(ctx context.Context, o options, dir, upstream string, stderr i
 	args := append([]string{"serve", "--listen", addr, "--data", filepath.Join(dir, "data"),
 		"--upstream", "up=" + upstream, "--log-level", "warn"}, o.serveArgs...)
 	cmd := exec.Command(o.gatewayBin, args...)
-	cmd.Stdout, cmd.Stderr = stderr, stderr
+	cmd.Stdout, cmd.Stderr = io.Discard, stderr // stdout is the startup banner
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start the gateway: %w", err)
 	}
@@ -595,4 +598,15 @@ func generate(args []string, stdout, stderr io.Writer) int {
 	wg.Wait()
 	fmt.Fprintf(stdout, "{\"sent\":%d,\"refused\":%d}\n", sent.Load(), refused.Load())
 	return 0
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }
