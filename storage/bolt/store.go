@@ -113,6 +113,10 @@ type Store struct {
 	stopGC   chan struct{}
 	stopOnce sync.Once
 	gcDone   chan struct{}
+
+	rejections   chan pendingRejection // to recordLoop
+	stopRecorder chan struct{}
+	recorderDone chan struct{}
 }
 
 var _ tokens.Store = (*Store)(nil)
@@ -160,6 +164,10 @@ func Open(path string, opts Options) (*Store, error) {
 		resources: make(map[string]*resState),
 		stopGC:    make(chan struct{}),
 		gcDone:    make(chan struct{}),
+
+		rejections:   make(chan pendingRejection, maxRejectionBatch),
+		stopRecorder: make(chan struct{}),
+		recorderDone: make(chan struct{}),
 	}
 	if err := s.recover(); err != nil {
 		_ = db.Close()
@@ -170,6 +178,7 @@ func Open(path string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	go s.gcLoop()
+	go s.recordLoop()
 	return s, nil
 }
 
@@ -292,6 +301,10 @@ func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
+	// No caller is left (they hold life while they wait): the recorder is
+	// idle.
+	close(s.stopRecorder)
+	<-s.recorderDone
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		return tx.Bucket(bucketMeta).Put(keyClean, []byte{1})
 	})
