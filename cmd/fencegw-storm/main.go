@@ -129,6 +129,7 @@ type phaseResult struct {
 	P90US        float64 `json:"holder_p90_us"`
 	P99US        float64 `json:"holder_p99_us"`
 	GatewayCPU   float64 `json:"gateway_cpu_percent"`
+	GatewayRSSMB float64 `json:"gateway_rss_mb"` // at the end of the phase
 	DashP50MS    float64 `json:"dashboard_p50_ms"`
 	DashMaxMS    float64 `json:"dashboard_max_ms"`
 	DashErrors   int     `json:"dashboard_errors"`
@@ -250,6 +251,21 @@ func (g *gateway) stop() {
 		_ = g.cmd.Process.Kill()
 		<-g.done
 	}
+}
+
+// rss is the gateway process's resident memory in MiB (0 if unknown).
+func (g *gateway) rss() float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", g.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			return kb / 1024
+		}
+	}
+	return 0
 }
 
 // cpu is the gateway process's user+system CPU time so far.
@@ -438,6 +454,7 @@ func (m *meter) phase(ctx context.Context, rate int) (phaseResult, error) {
 		res.StaleRefused = stormCount(m.gw.url) - refused0
 	}
 	cpu1, _ := m.gw.cpu()
+	res.GatewayRSSMB = m.gw.rss()
 	stopDash()
 	wg.Wait()
 	if err != nil {
@@ -519,10 +536,10 @@ func summarize(lat []time.Duration) (mean, p50, p90, p99 float64) {
 // against the no-storm phases of the same rounds.
 func printResults(w io.Writer, results []phaseResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "round\tphase\tstale refused/s\tholder writes\tmean µs\tp50 µs\tp90 µs\tp99 µs\tgateway CPU %\tdashboard p50 ms\tmax ms\terrors\t")
+	fmt.Fprintln(tw, "round\tphase\tstale refused/s\tholder writes\tmean µs\tp50 µs\tp90 µs\tp99 µs\tgateway CPU %\tRSS MiB\tdashboard p50 ms\tmax ms\terrors\t")
 	for _, r := range results {
-		fmt.Fprintf(tw, "%d\t%s\t%.0f\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.1f\t%.1f\t%d\t\n", r.Round, r.Name, r.StalePerSec, r.HolderWrites,
-			r.MeanUS, r.P50US, r.P90US, r.P99US, r.GatewayCPU, r.DashP50MS, r.DashMaxMS, r.DashErrors)
+		fmt.Fprintf(tw, "%d\t%s\t%.0f\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.0f\t%.1f\t%.1f\t%d\t\n", r.Round, r.Name, r.StalePerSec, r.HolderWrites,
+			r.MeanUS, r.P50US, r.P90US, r.P99US, r.GatewayCPU, r.GatewayRSSMB, r.DashP50MS, r.DashMaxMS, r.DashErrors)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
@@ -571,6 +588,14 @@ func generate(args []string, stdout, stderr io.Writer) int {
 	interval := time.Duration(*workers) * time.Second / time.Duration(*rate)
 	for w := range *workers {
 		wg.Go(func() {
+			// Spread the workers' ticks over the interval: aligned tickers
+			// would send the storm in bursts of -workers requests, a load
+			// no fleet of independent workers produces.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(interval * time.Duration(w) / time.Duration(*workers)):
+			}
 			tick := time.NewTicker(interval)
 			defer tick.Stop()
 			for i := 0; ; i++ {
