@@ -58,7 +58,8 @@ type Config struct {
 //     without the lock (stores that read lease and fence together), because
 //     every refusal is final: tokens never go down, a superseded lease never
 //     becomes current again, released stays released, expired cannot be
-//     renewed.
+//     renewed. For the same reason a stale_token verdict is cached for a
+//     second (staleCache): only the current token it reports may age.
 //  5. Any store error is ErrUnavailable: nothing is forwarded unchecked.
 type Service struct {
 	store       Store
@@ -69,6 +70,7 @@ type Service struct {
 	drainPeriod time.Duration
 	onReject    func(Rejection)
 	log         *slog.Logger
+	stale       *staleCache
 }
 
 // New returns a Service; Store and Locker are required.
@@ -82,6 +84,7 @@ func New(cfg Config) *Service {
 		drainPeriod: cfg.DrainPeriod,
 		onReject:    cfg.OnRejection,
 		log:         cfg.Logger,
+		stale:       newStaleCache(),
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -137,6 +140,7 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (Lease, error
 	for {
 		lease, err := s.grantOnce(ctx, grant, fenceUntil)
 		if err == nil {
+			s.stale.forget(lease.Resource) // their current token moved on
 			return lease, nil
 		}
 		var retry time.Duration
@@ -345,6 +349,12 @@ type Permit struct {
 // and returned as ErrStaleToken, ErrLeaseExpired, ErrLeaseReleased,
 // ErrUnknownLease or ErrNotOwner.
 func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, error) {
+	if lease, state, ok := s.stale.get(leaseID); ok && !breakHighestSeen {
+		if w.Principal != "" && lease.Owner != w.Principal && !breakNoOwner {
+			return nil, s.reject(ctx, notOwned(lease), lease, Resource{}, w)
+		}
+		return nil, s.reject(ctx, Judge(lease, state, s.clock(state)), lease, state, w)
+	}
 	var lease Lease
 	var early *Resource
 	var err error
@@ -375,6 +385,7 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 		// to order, and skipping it spares the store a lock round trip per
 		// stale write in a storm.
 		if refusal := Judge(lease, *early, s.clock(*early)); refusal != nil {
+			s.rememberStale(refusal, lease, *early)
 			return nil, s.reject(ctx, refusal, lease, *early, w)
 		}
 	}
@@ -402,9 +413,19 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 	}
 	if refusal := Judge(lease, state, s.clock(state)); refusal != nil {
 		unlock()
+		s.rememberStale(refusal, lease, state)
 		return nil, s.reject(ctx, refusal, lease, state, w)
 	}
 	return &Permit{Lease: *state.Lease, svc: s, unlock: unlock}, nil
+}
+
+// rememberStale caches a stale_token verdict (see staleCache). Expired and
+// released verdicts are not cached: a later grant turns them into
+// stale_token, which the answer must then say.
+func (s *Service) rememberStale(refusal error, lease Lease, state Resource) {
+	if errors.Is(refusal, ErrStaleToken) {
+		s.stale.put(lease, state)
+	}
 }
 
 // Done ends the write. outcomeUnknown (upstream timeout, broken connection)

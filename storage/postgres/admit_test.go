@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencegw/fencegw/storage/postgres"
 	"github.com/fencegw/fencegw/storage/postgres/pgtest"
 	"github.com/fencegw/fencegw/tokens"
 )
@@ -21,6 +22,68 @@ type countingLocker struct {
 func (c *countingLocker) Shared(ctx context.Context, resource string) (func(), error) {
 	c.shared.Add(1)
 	return c.Locker.Shared(ctx, resource)
+}
+
+// countingStore counts the lease reads of the write path.
+type countingStore struct {
+	*postgres.Store
+	reads atomic.Int64
+}
+
+func (c *countingStore) LeaseState(ctx context.Context, id string) (tokens.Lease, tokens.Resource, error) {
+	c.reads.Add(1)
+	return c.Store.LeaseState(ctx, id)
+}
+
+// A superseded lease's next writes are refused from the stale cache, with
+// no store read; a grant through the same service makes the next refusal
+// read again and report the new current token.
+func TestStaleLeaseIsRefusedFromCache(t *testing.T) {
+	t.Parallel()
+	pg := pgtest.OpenFresh(t)
+	st := &countingStore{Store: pg}
+	var mu sync.Mutex
+	var recorded []tokens.Rejection
+	svc := tokens.New(tokens.Config{Store: st, Locker: pg, OnRejection: func(r tokens.Rejection) {
+		mu.Lock()
+		recorded = append(recorded, r)
+		mu.Unlock()
+	}})
+	ctx := t.Context()
+	acquire := func(ttl time.Duration) tokens.Lease {
+		t.Helper()
+		l, err := svc.Acquire(ctx, tokens.AcquireRequest{Resource: "r", Holder: "w", TTL: ttl, Wait: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	old := acquire(100 * time.Millisecond)
+	time.Sleep(150 * time.Millisecond)
+	second := acquire(100 * time.Millisecond)
+	write := func() {
+		t.Helper()
+		if _, err := svc.Admit(ctx, old.ID, tokens.Write{Method: "POST"}); !errors.Is(err, tokens.ErrStaleToken) {
+			t.Fatalf("stale write: %v", err)
+		}
+	}
+	write()
+	reads := st.reads.Load()
+	for range 20 {
+		write()
+	}
+	if n := st.reads.Load() - reads; n != 0 {
+		t.Fatalf("20 more refusals of the same superseded lease read the store %d times, want 0", n)
+	}
+	time.Sleep(150 * time.Millisecond)
+	third := acquire(time.Minute)
+	write()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(recorded) != 22 || recorded[20].CurrentToken != second.Token || recorded[21].CurrentToken != third.Token {
+		t.Fatalf("%d recorded; current tokens %d then %d, want %d then %d", len(recorded),
+			recorded[20].CurrentToken, recorded[len(recorded)-1].CurrentToken, second.Token, third.Token)
+	}
 }
 
 // On PostgreSQL a write under a lease that has ended (superseded, expired,

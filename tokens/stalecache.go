@@ -1,0 +1,92 @@
+package tokens
+
+import (
+	"sync"
+	"time"
+)
+
+// Stale-verdict cache bounds.
+const (
+	staleCacheTTL  = time.Second
+	staleCacheSize = 4096
+)
+
+// staleCache remembers, for a short while, leases refused as stale_token:
+// a superseded lease is stale for good (tokens never go down), so its next
+// writes can be refused without reading the store. In a rejection storm,
+// where a superseded holder sends the same lease again and again, that
+// spares the store (on PostgreSQL, a round trip per refusal) and leaves it
+// to the current holder. Only the facts reported with the refusal may age:
+// the resource's current token is as of the cached read, until a grant
+// through this Service forgets the resource's entries or the entry
+// expires after staleCacheTTL (a grant on another replica is seen within
+// that time).
+type staleCache struct {
+	mu         sync.Mutex
+	byID       map[string]staleEntry
+	byResource map[string]map[string]struct{}
+}
+
+type staleEntry struct {
+	lease Lease
+	state Resource
+	until time.Time // monotonic
+}
+
+func newStaleCache() *staleCache {
+	return &staleCache{byID: make(map[string]staleEntry), byResource: make(map[string]map[string]struct{})}
+}
+
+// get returns the cached verdict for leaseID, if fresh.
+func (c *staleCache) get(leaseID string) (Lease, Resource, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.byID[leaseID]
+	if !ok {
+		return Lease{}, Resource{}, false
+	}
+	if time.Now().After(e.until) {
+		c.drop(leaseID, e.lease.Resource)
+		return Lease{}, Resource{}, false
+	}
+	return e.lease, e.state, true
+}
+
+// put caches a stale_token verdict on lease given state.
+func (c *staleCache) put(lease Lease, state Resource) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.byID[lease.ID]; !ok && len(c.byID) >= staleCacheSize {
+		for id, e := range c.byID { // evict one, any
+			c.drop(id, e.lease.Resource)
+			break
+		}
+	}
+	c.byID[lease.ID] = staleEntry{lease: lease, state: state, until: time.Now().Add(staleCacheTTL)}
+	ids := c.byResource[lease.Resource]
+	if ids == nil {
+		ids = make(map[string]struct{})
+		c.byResource[lease.Resource] = ids
+	}
+	ids[lease.ID] = struct{}{}
+}
+
+// forget drops every entry of resource (a new grant changed its token).
+func (c *staleCache) forget(resource string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id := range c.byResource[resource] {
+		delete(c.byID, id)
+	}
+	delete(c.byResource, resource)
+}
+
+func (c *staleCache) drop(id, resource string) {
+	delete(c.byID, id)
+	if ids := c.byResource[resource]; ids != nil {
+		delete(ids, id)
+		if len(ids) == 0 {
+			delete(c.byResource, resource)
+		}
+	}
+}
