@@ -1,6 +1,7 @@
 package tokens
 
 import (
+	"bytes"
 	"encoding/json"
 	"time"
 )
@@ -42,4 +43,49 @@ func DecodeRejection(b []byte) (Rejection, error) {
 	var w wireRejection
 	err := json.Unmarshal(b, &w)
 	return Rejection(w), err
+}
+
+// EncodeRejections packs rs into as few payloads as fit in max bytes each:
+// one EncodeRejection per line. A storm of refusals then costs the feed one
+// message per payload, not one per refusal. A rejection too large for max
+// on its own gets a payload of its own.
+func EncodeRejections(rs []Rejection, max int) ([][]byte, error) {
+	var out [][]byte
+	var cur []byte
+	for _, r := range rs {
+		b, err := EncodeRejection(r)
+		if err != nil {
+			return nil, err
+		}
+		if len(cur) > 0 && len(cur)+1+len(b) > max {
+			out = append(out, cur)
+			cur = nil
+		}
+		if len(cur) > 0 {
+			cur = append(cur, '\n')
+		}
+		cur = append(cur, b...)
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out, nil
+}
+
+// DecodeRejections parses an EncodeRejections payload (or a single
+// EncodeRejection one). JSON escapes newlines inside strings, so a line is
+// a rejection.
+func DecodeRejections(payload []byte) ([]Rejection, error) {
+	var out []Rejection
+	for line := range bytes.SplitSeq(payload, []byte{'\n'}) {
+		if len(line) == 0 {
+			continue
+		}
+		r, err := DecodeRejection(line)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }

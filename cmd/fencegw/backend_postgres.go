@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -17,7 +18,7 @@ import (
 // fanout carries rejections between replicas (PostgreSQL NOTIFY or Redis
 // pub/sub).
 type fanout interface {
-	PublishRejection(ctx context.Context, r tokens.Rejection) error
+	PublishRejections(ctx context.Context, rs []tokens.Rejection) error
 	ListenRejections(ctx context.Context, fn func(tokens.Rejection)) error
 }
 
@@ -65,12 +66,12 @@ func openPostgres(ctx context.Context, cfg config, log *slog.Logger) (*backend, 
 
 	// Every replica, this one included, hears each rejection once through
 	// the shared feed; publishing locally too would show it twice.
-	b.publish = func(r tokens.Rejection) {
-		pctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		if err := feed.PublishRejection(pctx, r); err != nil {
-			log.Warn("live rejection feed: publish failed (the rejection is recorded)", "err", err)
-		}
+	pub := newPublisher(feed, log)
+	b.publish = pub.publish
+	closeStores := b.close
+	b.close = func() {
+		pub.close()
+		closeStores()
 	}
 	b.subscribe = func(ctx context.Context, deliver func(tokens.Rejection)) error {
 		go func() {
@@ -81,4 +82,74 @@ func openPostgres(ctx context.Context, cfg config, log *slog.Logger) (*backend, 
 		return nil
 	}
 	return b, nil
+}
+
+// publishQueue bounds the rejections waiting for the feed. The feed is best
+// effort (the log is the record): past this, rejections are left out of
+// the live feed rather than slow down the refusals.
+const publishQueue = 10_000
+
+// publisher sends this replica's rejections to the feed in batches: one
+// goroutine takes whatever is queued and publishes it packed into as few
+// messages as fit, so a storm of refusals costs the database (or Redis) a
+// message per batch instead of a round trip per refusal, and no refusal
+// waits for the feed.
+type publisher struct {
+	feed    fanout
+	log     *slog.Logger
+	queue   chan tokens.Rejection
+	dropped atomic.Int64
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+func newPublisher(feed fanout, log *slog.Logger) *publisher {
+	p := &publisher{feed: feed, log: log, queue: make(chan tokens.Rejection, publishQueue),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	go p.run()
+	return p
+}
+
+func (p *publisher) publish(r tokens.Rejection) {
+	select {
+	case p.queue <- r:
+	default:
+		if p.dropped.Add(1)%1000 == 1 {
+			p.log.Warn("live rejection feed: queue full, rejections left out of the feed (they are recorded)", "dropped", p.dropped.Load())
+		}
+	}
+}
+
+func (p *publisher) run() {
+	defer close(p.done)
+	const maxBatch = 1000
+	batch := make([]tokens.Rejection, 0, maxBatch)
+	for {
+		select {
+		case r := <-p.queue:
+			batch = append(batch[:0], r)
+		case <-p.stop:
+			return
+		}
+	gather:
+		for len(batch) < maxBatch {
+			select {
+			case r := <-p.queue:
+				batch = append(batch, r)
+			default:
+				break gather
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		if err := p.feed.PublishRejections(ctx, batch); err != nil {
+			p.log.Warn("live rejection feed: publish failed (the rejections are recorded)", "rejections", len(batch), "err", err)
+		}
+		cancel()
+	}
+}
+
+// close stops the publisher; what is still queued is left out of the feed.
+func (p *publisher) close() {
+	close(p.stop)
+	<-p.done
 }

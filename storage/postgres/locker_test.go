@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -236,5 +237,39 @@ func TestRejectionFanOut(t *testing.T) {
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("ListenRejections returned %v", err)
+	}
+}
+
+// A batch of rejections crosses to another replica packed into few
+// notifications, whole and in order.
+func TestRejectionFanOutBatch(t *testing.T) {
+	t.Parallel()
+	a, b := twoReplicas(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	got := make(chan tokens.Rejection, 1000)
+	ready := make(chan struct{})
+	var once sync.Once
+	go func() {
+		_ = b.ListenReady(ctx, func(r tokens.Rejection) { got <- r }, func() { once.Do(func() { close(ready) }) })
+	}()
+	<-ready
+	var batch []tokens.Rejection
+	for i := range 500 {
+		batch = append(batch, tokens.Rejection{ID: int64(i + 1), At: time.Now().UTC(), Resource: "r", Code: tokens.CodeStaleToken,
+			Token: 1, CurrentToken: 2, Holder: "h", Method: "PUT", Upstream: "u", Path: strings.Repeat("/x", 20)})
+	}
+	if err := a.PublishRejections(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 500 {
+		select {
+		case r := <-got:
+			if r.ID != int64(i+1) {
+				t.Fatalf("rejection %d arrived as id %d", i+1, r.ID)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of 500 rejections arrived", i)
+		}
 	}
 }

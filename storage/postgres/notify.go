@@ -15,13 +15,28 @@ import (
 // best effort: a listener that is reconnecting misses what was sent
 // meanwhile; the rejection log (Rejections) stays the record.
 
+// maxNotifyPayload keeps a NOTIFY under PostgreSQL's 8000-byte limit.
+const maxNotifyPayload = 7900
+
 // PublishRejection sends r to every replica's ListenRejections.
 func (s *Store) PublishRejection(ctx context.Context, r tokens.Rejection) error {
-	payload, err := tokens.EncodeRejection(r)
+	return s.PublishRejections(ctx, []tokens.Rejection{r})
+}
+
+// PublishRejections sends rs, packed into as few notifications as fit, in
+// one transaction.
+func (s *Store) PublishRejections(ctx context.Context, rs []tokens.Rejection) error {
+	payloads, err := tokens.EncodeRejections(rs, maxNotifyPayload)
 	if err != nil {
 		return tokens.Unavailable("encode rejection", err)
 	}
-	_, err = s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", s.channel, string(payload))
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		for _, p := range payloads {
+			b.Queue("SELECT pg_notify($1, $2)", s.channel, string(p))
+		}
+		return tx.SendBatch(ctx, b).Close()
+	})
 	return interpret("notify", err)
 }
 
@@ -78,11 +93,12 @@ func (s *Store) listenOnce(ctx context.Context, fn func(tokens.Rejection), ready
 		if err != nil {
 			return err
 		}
-		r, err := tokens.DecodeRejection([]byte(n.Payload))
+		rs, err := tokens.DecodeRejections([]byte(n.Payload))
 		if err != nil {
 			s.log.Error("rejection listener: bad payload", "err", err)
-			continue
 		}
-		fn(r)
+		for _, r := range rs {
+			fn(r)
+		}
 	}
 }

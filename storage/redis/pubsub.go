@@ -16,13 +16,28 @@ import (
 
 func (s *Store) channel() string { return s.prefix + "rejections" }
 
+// maxPublishPayload bounds one pub/sub message.
+const maxPublishPayload = 64 << 10
+
 // PublishRejection sends r to every replica's ListenRejections.
 func (s *Store) PublishRejection(ctx context.Context, r tokens.Rejection) error {
-	payload, err := tokens.EncodeRejection(r)
+	return s.PublishRejections(ctx, []tokens.Rejection{r})
+}
+
+// PublishRejections sends rs, packed into as few messages as fit, in one
+// pipeline.
+func (s *Store) PublishRejections(ctx context.Context, rs []tokens.Rejection) error {
+	payloads, err := tokens.EncodeRejections(rs, maxPublishPayload)
 	if err != nil {
 		return unavailable("encode rejection", err)
 	}
-	if err := s.rdb.Publish(ctx, s.channel(), payload).Err(); err != nil {
+	_, err = s.rdb.Pipelined(ctx, func(p goredis.Pipeliner) error {
+		for _, b := range payloads {
+			p.Publish(ctx, s.channel(), b)
+		}
+		return nil
+	})
+	if err != nil {
 		return unavailable("publish", err)
 	}
 	return nil
@@ -66,12 +81,13 @@ func (s *Store) listen(ctx context.Context, fn func(tokens.Rejection), ready fun
 				ready() // (again) subscribed: publishes from now on arrive
 			}
 		case *goredis.Message:
-			r, err := tokens.DecodeRejection([]byte(m.Payload))
+			rs, err := tokens.DecodeRejections([]byte(m.Payload))
 			if err != nil {
 				s.log.Error("rejection subscriber: bad payload", "err", err)
-				continue
 			}
-			fn(r)
+			for _, r := range rs {
+				fn(r)
+			}
 		}
 	}
 }

@@ -269,3 +269,38 @@ func TestRejectionFanOut(t *testing.T) {
 		t.Fatalf("ListenRejections returned %v", err)
 	}
 }
+
+// A batch of rejections crosses to another replica packed into few
+// messages, whole and in order.
+func TestRejectionFanOutBatch(t *testing.T) {
+	t.Parallel()
+	a := open(t, -1)
+	b := redis.New(a.rdb, a.ledger, redis.Options{Prefix: a.prefix})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	got := make(chan tokens.Rejection, 3000)
+	ready := make(chan struct{})
+	var once sync.Once
+	go func() {
+		_ = b.ListenReady(ctx, func(r tokens.Rejection) { got <- r }, func() { once.Do(func() { close(ready) }) })
+	}()
+	<-ready
+	var batch []tokens.Rejection
+	for i := range 3000 { // more than one 64 KiB message
+		batch = append(batch, tokens.Rejection{ID: int64(i + 1), At: time.Now().UTC(), Resource: "r", Code: tokens.CodeStaleToken,
+			Token: 1, CurrentToken: 2, Method: "POST", Upstream: "u", Path: "/y"})
+	}
+	if err := a.store.PublishRejections(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3000 {
+		select {
+		case r := <-got:
+			if r.ID != int64(i+1) {
+				t.Fatalf("rejection %d arrived as id %d", i+1, r.ID)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of 3000 rejections arrived", i)
+		}
+	}
+}
