@@ -14,6 +14,12 @@ import (
 // maxRejectionBatch bounds the rows one commit of the rejection log takes.
 const maxRejectionBatch = 500
 
+// rejectionGap is the shortest time between two commits of the rejection
+// log: under a storm it commits at most ~50 times a second, each commit a
+// WAL flush shared with the current holder's grants and writes. A lone
+// rejection after a quiet spell is committed at once.
+const rejectionGap = 20 * time.Millisecond
+
 var errStoreClosed = errors.New("store closed")
 
 // pendingRejection is a rejection waiting for the recorder's next commit.
@@ -34,7 +40,7 @@ type recorded struct {
 // and inserts it in one transaction; callers still return only once their
 // row is committed, so the log is read-your-writes as before. While a batch
 // commits, the next one gathers, so batches grow with the load and a lone
-// rejection is never delayed by a timer.
+// rejection is never delayed by a timer beyond rejectionGap.
 type recorder struct {
 	s        *Store
 	queue    chan pendingRejection
@@ -58,6 +64,7 @@ func (rec *recorder) close() {
 func (rec *recorder) run() {
 	defer close(rec.exited)
 	batch := make([]pendingRejection, 0, maxRejectionBatch)
+	var last time.Time
 	for {
 		select {
 		case p := <-rec.queue:
@@ -74,6 +81,10 @@ func (rec *recorder) run() {
 				}
 			}
 		}
+		if wait := time.Until(last.Add(rejectionGap)); wait > 0 {
+			time.Sleep(wait) // more gather meanwhile
+		}
+		last = time.Now()
 	gather:
 		for len(batch) < maxRejectionBatch {
 			select {
