@@ -2,6 +2,7 @@ package tokens
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,10 +20,16 @@ const (
 // to the current holder. Only the facts reported with the refusal may age:
 // the resource's current token is as of the cached read, until a grant
 // through this Service forgets the resource's entries or the entry
-// expires after staleCacheTTL (a grant on another replica is seen within
-// that time).
+// expires after staleCacheTTL. A grant on another replica, or a refusal
+// that read the state just before a local grant and is cached just after
+// it, shows the older current token for at most that long.
+//
+// Every write asks it first, so the miss is cheap: no lock at all while
+// the cache is empty, a shared lock otherwise; expired entries are left
+// for put to overwrite or evict.
 type staleCache struct {
-	mu         sync.Mutex
+	size       atomic.Int64 // len(byID), read without mu
+	mu         sync.RWMutex
 	byID       map[string]staleEntry
 	byResource map[string]map[string]struct{}
 }
@@ -39,14 +46,13 @@ func newStaleCache() *staleCache {
 
 // get returns the cached verdict for leaseID, if fresh.
 func (c *staleCache) get(leaseID string) (Lease, Resource, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.byID[leaseID]
-	if !ok {
+	if c.size.Load() == 0 {
 		return Lease{}, Resource{}, false
 	}
-	if time.Now().After(e.until) {
-		c.drop(leaseID, e.lease.Resource)
+	c.mu.RLock()
+	e, ok := c.byID[leaseID]
+	c.mu.RUnlock()
+	if !ok || time.Now().After(e.until) {
 		return Lease{}, Resource{}, false
 	}
 	return e.lease, e.state, true
@@ -57,12 +63,21 @@ func (c *staleCache) put(lease Lease, state Resource) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.byID[lease.ID]; !ok && len(c.byID) >= staleCacheSize {
-		for id, e := range c.byID { // evict one, any
+		now := time.Now()
+		for id, e := range c.byID {
+			if now.After(e.until) {
+				c.drop(id, e.lease.Resource)
+			}
+		}
+		for id, e := range c.byID { // still full: evict one, any
+			if len(c.byID) < staleCacheSize {
+				break
+			}
 			c.drop(id, e.lease.Resource)
-			break
 		}
 	}
 	c.byID[lease.ID] = staleEntry{lease: lease, state: state, until: time.Now().Add(staleCacheTTL)}
+	c.size.Store(int64(len(c.byID)))
 	ids := c.byResource[lease.Resource]
 	if ids == nil {
 		ids = make(map[string]struct{})
@@ -73,16 +88,21 @@ func (c *staleCache) put(lease Lease, state Resource) {
 
 // forget drops every entry of resource (a new grant changed its token).
 func (c *staleCache) forget(resource string) {
+	if c.size.Load() == 0 {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for id := range c.byResource[resource] {
 		delete(c.byID, id)
 	}
 	delete(c.byResource, resource)
+	c.size.Store(int64(len(c.byID)))
 }
 
 func (c *staleCache) drop(id, resource string) {
 	delete(c.byID, id)
+	c.size.Store(int64(len(c.byID)))
 	if ids := c.byResource[resource]; ids != nil {
 		delete(ids, id)
 		if len(ids) == 0 {
