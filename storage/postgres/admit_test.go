@@ -42,22 +42,9 @@ func TestStaleLeaseIsRefusedFromCache(t *testing.T) {
 	t.Parallel()
 	pg := pgtest.OpenFresh(t)
 	st := &countingStore{Store: pg}
-	var mu sync.Mutex
-	var recorded []tokens.Rejection
-	svc := tokens.New(tokens.Config{Store: st, Locker: pg, OnRejection: func(r tokens.Rejection) {
-		mu.Lock()
-		recorded = append(recorded, r)
-		mu.Unlock()
-	}})
+	svc, rejections := recordingService(st, pg)
 	ctx := t.Context()
-	acquire := func(ttl time.Duration) tokens.Lease {
-		t.Helper()
-		l, err := svc.Acquire(ctx, tokens.AcquireRequest{Resource: "r", Holder: "w", TTL: ttl, Wait: 5 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
+	acquire := func(ttl time.Duration) tokens.Lease { t.Helper(); return acquireOn(t, svc, "r", ttl) }
 	old := acquire(100 * time.Millisecond)
 	time.Sleep(150 * time.Millisecond)
 	second := acquire(100 * time.Millisecond)
@@ -78,8 +65,7 @@ func TestStaleLeaseIsRefusedFromCache(t *testing.T) {
 	time.Sleep(150 * time.Millisecond)
 	third := acquire(time.Minute)
 	write()
-	mu.Lock()
-	defer mu.Unlock()
+	recorded := rejections()
 	if len(recorded) != 22 || recorded[20].CurrentToken != second.Token || recorded[21].CurrentToken != third.Token {
 		t.Fatalf("%d recorded; current tokens %d then %d, want %d then %d", len(recorded),
 			recorded[20].CurrentToken, recorded[len(recorded)-1].CurrentToken, second.Token, third.Token)
@@ -94,22 +80,9 @@ func TestAdmitRefusesEndedLeasesWithoutTheLock(t *testing.T) {
 	t.Parallel()
 	st := pgtest.OpenFresh(t)
 	locker := &countingLocker{Locker: st}
-	var mu sync.Mutex
-	var recorded []tokens.Rejection
-	svc := tokens.New(tokens.Config{Store: st, Locker: locker, OnRejection: func(r tokens.Rejection) {
-		mu.Lock()
-		recorded = append(recorded, r)
-		mu.Unlock()
-	}})
+	svc, rejections := recordingService(st, locker)
 	ctx := t.Context()
-	acquire := func(res string, ttl time.Duration) tokens.Lease {
-		t.Helper()
-		l, err := svc.Acquire(ctx, tokens.AcquireRequest{Resource: res, Holder: "w", TTL: ttl, Wait: 5 * time.Second})
-		if err != nil {
-			t.Fatalf("acquire %s: %v", res, err)
-		}
-		return l
-	}
+	acquire := func(res string, ttl time.Duration) tokens.Lease { t.Helper(); return acquireOn(t, svc, res, ttl) }
 	superseded := acquire("a", 100*time.Millisecond)
 	expired := acquire("b", 100*time.Millisecond)
 	released := acquire("c", time.Minute)
@@ -132,12 +105,10 @@ func TestAdmitRefusesEndedLeasesWithoutTheLock(t *testing.T) {
 			t.Errorf("refusing %v took %d shared locks, want 0", tc.kind, n)
 		}
 	}
-	mu.Lock()
-	if len(recorded) != 3 || recorded[0].Code != tokens.CodeStaleToken || recorded[0].Token != superseded.Token || recorded[0].CurrentToken != current.Token ||
+	if recorded := rejections(); len(recorded) != 3 || recorded[0].Code != tokens.CodeStaleToken || recorded[0].Token != superseded.Token || recorded[0].CurrentToken != current.Token ||
 		recorded[1].Code != tokens.CodeLeaseExpired || recorded[1].LeaseEndedAt.IsZero() || recorded[2].Code != tokens.CodeLeaseReleased {
 		t.Fatalf("recorded %+v", recorded)
 	}
-	mu.Unlock()
 
 	before := locker.shared.Load()
 	p, err := svc.Admit(ctx, current.ID, tokens.Write{Method: "POST", Upstream: "up", Path: "/x"})
@@ -151,4 +122,30 @@ func TestAdmitRefusesEndedLeasesWithoutTheLock(t *testing.T) {
 	if _, err := svc.Admit(ctx, "fl_unknown", tokens.Write{}); !errors.Is(err, tokens.ErrUnknownLease) {
 		t.Fatalf("unknown lease: %v", err)
 	}
+}
+
+// recordingService is a Service on store and locker that keeps every
+// rejection it reports; rejections returns them so far.
+func recordingService(store tokens.Store, locker tokens.Locker) (svc *tokens.Service, rejections func() []tokens.Rejection) {
+	var mu sync.Mutex
+	var recorded []tokens.Rejection
+	svc = tokens.New(tokens.Config{Store: store, Locker: locker, OnRejection: func(r tokens.Rejection) {
+		mu.Lock()
+		recorded = append(recorded, r)
+		mu.Unlock()
+	}})
+	return svc, func() []tokens.Rejection {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]tokens.Rejection(nil), recorded...)
+	}
+}
+
+func acquireOn(t *testing.T, svc *tokens.Service, resource string, ttl time.Duration) tokens.Lease {
+	t.Helper()
+	l, err := svc.Acquire(t.Context(), tokens.AcquireRequest{Resource: resource, Holder: "w", TTL: ttl, Wait: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("acquire %s: %v", resource, err)
+	}
+	return l
 }
