@@ -17,6 +17,9 @@ const (
 type Config struct {
 	Store  Store
 	Locker Locker
+	// Fencer, if set, admits writes (see Fencer); Locker must then be its
+	// exclusive side.
+	Fencer Fencer
 	// Now is the gateway's clock; nil means time.Now. Stores that measure
 	// time themselves report their clock in Resource.Now, which wins.
 	Now    func() time.Time
@@ -61,9 +64,26 @@ type Config struct {
 //     renewed. For the same reason a stale_token verdict is cached for a
 //     second (staleCache): only the current token it reports may age.
 //  5. Any store error is ErrUnavailable: nothing is forwarded unchecked.
+//  6. With a Fencer (the PostgreSQL modes), a replica keeps a resource's
+//     shared fence across many writes and admits them on what it read under
+//     it (storage/postgres/fence.go has the argument in full). Points 2 and 4
+//     still hold because whatever changes the fence state (a grant, a
+//     release, a revoke) first takes the exclusive lock, which makes every
+//     replica give its shared fence up and forget what it read; only expiry
+//     moves without the lock, and it is judged on a clock that runs ahead of
+//     the store's. A replica's death is an unknown outcome for every write
+//     it may have had in flight (guarantee 7): it leaves a presence row for
+//     each fence it held, and the next exclusive taker of such a resource
+//     starts a drain period of the drain period plus the session check (the
+//     longest a replica that lost its session goes on admitting). So
+//     --drain-period must be at least --forward-timeout, as it is by
+//     default. The limit: a replica frozen between admitting a write and
+//     sending it, for longer than PostgreSQL takes to drop its session, can
+//     send it after that drain.
 type Service struct {
 	store       Store
 	locker      Locker
+	fencer      Fencer
 	now         func() time.Time
 	limits      Limits
 	grantWait   time.Duration
@@ -78,6 +98,7 @@ func New(cfg Config) *Service {
 	s := &Service{
 		store:       cfg.Store,
 		locker:      cfg.Locker,
+		fencer:      cfg.Fencer,
 		now:         cfg.Now,
 		limits:      cfg.Limits,
 		grantWait:   cfg.GrantWait,
@@ -248,7 +269,39 @@ func (s *Service) Release(ctx context.Context, leaseID string, principal string)
 	if err := s.checkOwner(ctx, leaseID, principal); err != nil {
 		return Lease{}, err
 	}
+	unlock, err := s.forget(ctx, leaseID)
+	if err != nil {
+		return Lease{}, err
+	}
+	defer unlock()
 	return s.store.Release(ctx, leaseID)
+}
+
+// forget makes every replica forget leaseID's resource before a release or
+// revoke changes it (with a Fencer: see Fencer): it returns with the
+// resource's exclusive lock held. Without a Fencer every write reads the
+// state under its own lock, so there is nothing to forget.
+func (s *Service) forget(ctx context.Context, leaseID string) (func(), error) {
+	if s.fencer == nil {
+		return func() {}, nil
+	}
+	lease, err := s.store.Lease(ctx, leaseID)
+	if err != nil {
+		return nil, err
+	}
+	lockCtx, cancel := context.WithTimeout(ctx, s.grantWait)
+	defer cancel()
+	unlock, err := s.locker.Exclusive(lockCtx, lease.Resource)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			return nil, &Error{Kind: ErrFenceBusy, Resource: lease.Resource, Detail: "writes in flight under the lease are still running", RetryAfter: time.Second}
+		}
+		return nil, err
+	}
+	return unlock, nil
 }
 
 // Revoke ends a lease on an administrator's order, whoever holds it: writes
@@ -260,6 +313,11 @@ func (s *Service) Revoke(ctx context.Context, leaseID, by string) (Lease, error)
 	if by == "" {
 		return Lease{}, Invalid("by", "a revocation names who ordered it")
 	}
+	unlock, err := s.forget(ctx, leaseID)
+	if err != nil {
+		return Lease{}, err
+	}
+	defer unlock()
 	return s.store.Revoke(ctx, leaseID, by)
 }
 
@@ -355,6 +413,9 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 		}
 		return nil, s.reject(ctx, Judge(lease, state, s.clock(state)), lease, state, w)
 	}
+	if s.fencer != nil {
+		return s.admitFenced(ctx, leaseID, w)
+	}
 	var lease Lease
 	var early *Resource
 	var err error
@@ -417,6 +478,30 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 		return nil, s.reject(ctx, refusal, lease, state, w)
 	}
 	return &Permit{Lease: *state.Lease, svc: s, unlock: unlock}, nil
+}
+
+// admitFenced is Admit with a Fencer.
+func (s *Service) admitFenced(ctx context.Context, leaseID string, w Write) (*Permit, error) {
+	lease, state, release, err := s.fencer.Hold(ctx, leaseID)
+	if errors.Is(err, ErrNotFound) {
+		return nil, s.reject(ctx, &Error{Kind: ErrUnknownLease}, Lease{ID: leaseID}, Resource{}, w)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, err
+	}
+	if w.Principal != "" && lease.Owner != w.Principal && !breakNoOwner {
+		release()
+		return nil, s.reject(ctx, notOwned(lease), lease, state, w)
+	}
+	if refusal := Judge(lease, state, s.clock(state)); refusal != nil {
+		release()
+		s.rememberStale(refusal, lease, state)
+		return nil, s.reject(ctx, refusal, lease, state, w)
+	}
+	return &Permit{Lease: *state.Lease, svc: s, unlock: release}, nil
 }
 
 // rememberStale caches a stale_token verdict (see staleCache). Expired and

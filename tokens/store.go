@@ -88,6 +88,24 @@ type Locker interface {
 	Exclusive(ctx context.Context, resource string) (unlock func(), err error)
 }
 
+// Fencer admits writes under shared fences that a process keeps across many
+// writes instead of locking per write (the PostgreSQL modes: see
+// storage/postgres/fence.go). With a Fencer, Service.Admit asks it instead
+// of the Store and the Locker, and releases and revokes take the Locker's
+// exclusive lock first, so that every replica forgets the lease before they
+// return.
+type Fencer interface {
+	// Hold returns leaseID's lease, its resource's fence state (with the
+	// store's clock, or an estimate that runs ahead of it, in Now) and a
+	// release func, safe to call more than once. If Judge admits the write
+	// on that state, the resource's shared fence is held until release and
+	// no grant, release or revoke of the resource can take effect before.
+	// The state may come from memory only if Judge admits the write on it: a
+	// state on which Judge refuses was read from the store, so that no write
+	// is refused on what a replica remembers. ErrNotFound for an unknown id.
+	Hold(ctx context.Context, leaseID string) (Lease, Resource, func(), error)
+}
+
 // EventKind names what happened to a lease.
 type EventKind string
 

@@ -17,6 +17,7 @@ type backend struct {
 	mode   string
 	store  tokens.Store
 	locker tokens.Locker
+	fencer tokens.Fencer // nil: writes lock per write (embedded mode)
 	// publish announces a recorded rejection; subscribe delivers every
 	// replica's rejections (including this one's) to deliver.
 	publish   func(tokens.Rejection)

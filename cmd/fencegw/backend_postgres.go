@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -40,8 +41,9 @@ func openPostgres(ctx context.Context, cfg config, log *slog.Logger) (*backend, 
 	if err != nil {
 		return nil, fmt.Errorf("open PostgreSQL: %w", err)
 	}
-	b := &backend{mode: "postgres", store: pg, locker: pg, close: pg.Close}
+	b := &backend{mode: "postgres", store: pg, close: pg.Close}
 	feed := fanout(pg)
+	var state postgres.StateReader // nil: PostgreSQL's own
 
 	if cfg.Redis != "" {
 		opt, err := goredis.ParseURL(cfg.Redis)
@@ -57,11 +59,40 @@ func openPostgres(ctx context.Context, cfg config, log *slog.Logger) (*backend, 
 			return nil, fmt.Errorf("connect to Redis: %w", err)
 		}
 		rs := redis.New(rdb, pg, redis.Options{Logger: log})
-		b.mode, b.store, feed = "postgres+redis", rs, rs
+		b.mode, b.store, feed, state = "postgres+redis", rs, rs, rs
 		b.close = func() {
 			_ = rdb.Close()
 			pg.Close()
 		}
+	}
+
+	// Writes are admitted under fences this replica keeps across writes
+	// (storage/postgres/fence.go). A replica that dies with a fence held
+	// leaves its resources draining for the drain period plus the session
+	// check: the longest a write it admitted after its session died can
+	// still be on its way (tokens/service.go, point 6).
+	check := cfg.PGSessionCheck
+	if check <= 0 {
+		check = postgres.DefaultSessionCheck
+	}
+	host, _ := os.Hostname()
+	fence, err := pg.NewFence(openCtx, postgres.FenceOptions{
+		Sessions:     cfg.PGFenceSessions,
+		MaxFences:    cfg.PGMaxFences,
+		SessionCheck: check,
+		OrphanDrain:  cfg.DrainPeriod + check,
+		Replica:      fmt.Sprintf("%s/%d", host, os.Getpid()),
+		State:        state,
+	})
+	if err != nil {
+		b.close()
+		return nil, fmt.Errorf("start PostgreSQL fences: %w", err)
+	}
+	b.locker, b.fencer = fence, fence
+	closeFence := b.close
+	b.close = func() {
+		fence.Close()
+		closeFence()
 	}
 
 	// Every replica, this one included, hears each rejection once through

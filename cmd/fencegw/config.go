@@ -45,6 +45,9 @@ type config struct {
 	PGLockConns        int32
 	PGStatementTimeout time.Duration
 	PGLockTimeout      time.Duration
+	PGFenceSessions    int
+	PGMaxFences        int
+	PGSessionCheck     time.Duration
 }
 
 // errUsage marks a bad flag or config value: exit code 2.
@@ -150,7 +153,10 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; needs --tls-key)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "the private key of --tls-cert (PEM)")
 	pgMax := fs.Int("pg-max-conns", 0, "PostgreSQL query pool size (default 16)")
-	pgLock := fs.Int("pg-lock-conns", 0, "PostgreSQL lock pool size: the most concurrent writes per replica (default 128)")
+	pgLock := fs.Int("pg-lock-conns", 0, "PostgreSQL connections for grants, releases and revokes waiting for or holding a resource's exclusive lock (default 8)")
+	fs.IntVar(&cfg.PGFenceSessions, "pg-fence-sessions", 0, "PostgreSQL sessions holding this replica's shared fences across writes (default 4)")
+	fs.IntVar(&cfg.PGMaxFences, "pg-max-fences", 0, "most resources this replica keeps fenced at once, each one advisory lock in PostgreSQL's shared lock table (default 4096)")
+	fs.DurationVar(&cfg.PGSessionCheck, "pg-session-check", 0, "a replica stops admitting writes when it could not confirm its lock session for this long (default 1s); a dead replica's resources drain for --drain-period plus this")
 	fs.DurationVar(&cfg.PGStatementTimeout, "pg-statement-timeout", 0, "PostgreSQL statement_timeout (default 5s)")
 	fs.DurationVar(&cfg.PGLockTimeout, "pg-lock-timeout", 0, "bound on an advisory lock wait without an earlier deadline (default 30s)")
 	if err := fs.Parse(args); err != nil {
@@ -202,6 +208,15 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 		return cfg, usageError("--pg-max-conns and --pg-lock-conns must be between 1 and 10000")
 	}
 	cfg.PGMaxConns, cfg.PGLockConns = int32(*pgMax), int32(*pgLock)
+	if cfg.PGFenceSessions < 0 || cfg.PGFenceSessions > 256 {
+		return cfg, usageError("--pg-fence-sessions must be between 1 and 256")
+	}
+	if cfg.PGMaxFences < 0 || cfg.PGMaxFences > 1_000_000 {
+		return cfg, usageError("--pg-max-fences must be between 1 and 1000000")
+	}
+	if cfg.PGSessionCheck < 0 || (cfg.PGSessionCheck > 0 && cfg.PGSessionCheck < 100*time.Millisecond) {
+		return cfg, usageError("--pg-session-check must be at least 100ms")
+	}
 	if cfg.DrainPeriod == 0 {
 		cfg.DrainPeriod = cfg.ForwardTimeout
 	}

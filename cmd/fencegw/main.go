@@ -135,6 +135,7 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 	svc := tokens.New(tokens.Config{
 		Store:       backend.store,
 		Locker:      backend.locker,
+		Fencer:      backend.fencer,
 		GrantWait:   cfg.GrantWait,
 		DrainPeriod: cfg.DrainPeriod,
 		Logger:      logger,

@@ -16,3 +16,4 @@ func (s *Store) ListenReady(ctx context.Context, fn func(tokens.Rejection), read
 
 // Channel is the NOTIFY channel of s.
 func (s *Store) Channel() string { return s.channel }
+

@@ -100,6 +100,12 @@ func (s *Store) ExclusiveLock(ctx context.Context, resource string) (*Lock, erro
 }
 
 func (s *Store) lock(ctx context.Context, kind, name string, shared bool) (*Lock, error) {
+	return s.lockWith(ctx, kind, name, shared, nil)
+}
+
+// lockWith is lock with more statements queued after the lock, in the same
+// round trip and transaction (they run only if the lock was granted).
+func (s *Store) lockWith(ctx context.Context, kind, name string, shared bool, extra func(*pgx.Batch)) (*Lock, error) {
 	wait := s.opts.LockTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		if d := time.Until(dl); d < wait {
@@ -124,6 +130,9 @@ func (s *Store) lock(ctx context.Context, kind, name string, shared bool) (*Lock
 	b := &pgx.Batch{}
 	b.Queue("SELECT set_config('lock_timeout', $1, false)", ms(wait))
 	b.Queue("SELECT "+fn+"($1)", key)
+	if extra != nil {
+		extra(b)
+	}
 	err = conn.SendBatch(ctx, b).Close()
 	switch {
 	case err == nil:
@@ -179,4 +188,47 @@ func destroy(conn *pgxpool.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = c.Close(ctx)
+}
+
+// exclusiveFence takes the resource's exclusive advisory lock (as
+// ExclusiveLock) and, in the same round trip, looks for presence rows whose
+// lock session no longer exists (fence.go): a replica died or lost its
+// session while it held the resource's shared fence, so a write it
+// forwarded may still land. Those rows are deleted and the resource drains
+// for orphanDrain from now (database clock); the grant that follows sees
+// the drain and waits it out.
+func (s *Store) exclusiveFence(ctx context.Context, resource string, orphanDrain time.Duration) (*Lock, error) {
+	var orphans *string
+	extra := func(b *pgx.Batch) {
+		if breakNoReplicaDrain {
+			return
+		}
+		b.Queue(`
+			WITH o AS (
+				DELETE FROM fence_presence p
+				WHERE p.resource = $1 AND NOT EXISTS (
+					SELECT 1 FROM pg_stat_activity a
+					WHERE a.pid = p.backend_pid AND a.backend_start = p.backend_start)
+				RETURNING p.replica
+			)
+			UPDATE fences SET drain_until = GREATEST(drain_until, clock_timestamp() + $2 * interval '1 millisecond')
+			WHERE resource = $1 AND EXISTS (SELECT 1 FROM o)
+			RETURNING (SELECT string_agg(DISTINCT replica, ',') FROM o)`, resource, orphanDrain.Milliseconds(),
+		).QueryRow(func(row pgx.Row) error {
+			err := row.Scan(&orphans)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			return err
+		})
+	}
+	l, err := s.lockWith(ctx, "resource", resource, false, extra)
+	if err != nil {
+		return nil, err
+	}
+	if orphans != nil {
+		s.log.Warn("a replica's session died while it fenced this resource: draining before the next grant",
+			"resource", resource, "replicas", *orphans, "drain", orphanDrain)
+	}
+	return l, nil
 }

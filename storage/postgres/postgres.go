@@ -33,10 +33,12 @@ const (
 	// DefaultMaxConns bounds the query pool. Queries are short; a grant
 	// holds a connection for one transaction.
 	DefaultMaxConns = 16
-	// DefaultMaxLockConns bounds the lock pool: every in-flight write holds
-	// one connection (its shared advisory lock) for the whole forward, so
-	// this is the number of concurrent writes one gateway can have in flight.
-	DefaultMaxLockConns = 128
+	// DefaultMaxLockConns bounds the lock pool, whose connections wait for
+	// or hold advisory locks one at a time: with a Fence, the exclusive
+	// locks of grants, releases and revokes in progress (writes hold their
+	// shared fences on the Fence's few sessions instead). Used directly
+	// (Store.Shared), every in-flight write holds one for its forward.
+	DefaultMaxLockConns = DefaultExclusiveConns
 	// DefaultStatementTimeout: no query of this package should take longer;
 	// a hung database must turn into 503s, not into hung requests.
 	DefaultStatementTimeout = 5 * time.Second
@@ -51,7 +53,7 @@ type Options struct {
 	MaxConns int32
 	// MaxLockConns is the size of the separate pool whose connections hold
 	// advisory locks (0: DefaultMaxLockConns). It is separate so that
-	// in-flight writes holding locks can never starve the queries they need.
+	// lock waits can never starve the queries they need.
 	MaxLockConns int32
 	// StatementTimeout is set as statement_timeout on query connections
 	// (0: DefaultStatementTimeout).
@@ -271,4 +273,26 @@ func channelName(schema string) string {
 	h := fnv.New64a()
 	h.Write([]byte(schema))
 	return fmt.Sprintf("fencegw_rejections_%x", h.Sum64())
+}
+
+// sessionConfig is the connection config for the fence's long-lived
+// sessions (lock sessions and the yield listener); replica, if set, is
+// added to application_name so that an operator (or a test) can tell
+// replicas apart in pg_stat_activity.
+func (s *Store) sessionConfig(replica string) *pgx.ConnConfig {
+	cfg := s.pool.Config().ConnConfig.Copy()
+	name := "fencegw-fence"
+	if replica != "" {
+		name += " " + replica
+	}
+	if len(name) > 63 { // NAMEDATALEN - 1
+		name = name[:63]
+	}
+	cfg.RuntimeParams["application_name"] = name
+	return cfg
+}
+
+// PoolConns is the number of connections the Store's pools hold now.
+func (s *Store) PoolConns() int32 {
+	return s.pool.Stat().TotalConns() + s.lockPool.Stat().TotalConns()
 }

@@ -55,6 +55,8 @@ type Ledger interface {
 	RevokeClaimed(ctx context.Context, leaseID, by string) (tokens.Lease, error)
 	// LeaseAt returns a lease and the Ledger's clock at the read.
 	LeaseAt(ctx context.Context, leaseID string) (tokens.Lease, time.Time, error)
+	// LeaseState returns a lease and its resource's state in one read.
+	LeaseState(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, error)
 	// RecordEvent appends a lease history event (refusals Redis decided).
 	RecordEvent(ctx context.Context, e tokens.Event) error
 
@@ -338,6 +340,27 @@ func (s *Store) Resource(ctx context.Context, name string) (tokens.Resource, err
 	l := withClaim(*r.Lease, holder, r.Now)
 	r.Lease = &l
 	return r, nil
+}
+
+// LeaseState returns a lease and its resource's fence state as the Ledger
+// records them, with the current lease reported expired unless Redis still
+// holds its claim (the Ledger first, Redis second, as in Resource). It is
+// what the PostgreSQL fence reads under its lock in this mode.
+func (s *Store) LeaseState(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, error) {
+	l, r, err := s.ledger.LeaseState(ctx, leaseID)
+	if err != nil || r.Lease == nil || r.Lease.Released() {
+		return l, r, err
+	}
+	holder, err := s.claimHolder(ctx, r.Name)
+	if err != nil {
+		return tokens.Lease{}, tokens.Resource{}, err
+	}
+	current := withClaim(*r.Lease, holder, r.Now)
+	r.Lease = &current
+	if l.ID == current.ID {
+		l = current
+	}
+	return l, r, nil
 }
 
 // CurrentLeases returns the Ledger's live leases whose Redis claim is still

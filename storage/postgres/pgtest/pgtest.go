@@ -12,13 +12,17 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fencegw/fencegw/storage/postgres"
+	"github.com/fencegw/fencegw/storage/storagetest"
+	"github.com/fencegw/fencegw/tokens"
 )
 
 // DefaultURL is used when FENCEGW_TEST_POSTGRES is unset.
@@ -102,4 +106,104 @@ func Open(t testing.TB, schema string, opts postgres.Options) *postgres.Store {
 func OpenFresh(t testing.TB) *postgres.Store {
 	t.Helper()
 	return Open(t, NewSchema(t), postgres.Options{})
+}
+
+// FenceReplicas opens n replicas on one fresh schema, each a Store with a
+// Fence, for storagetest.RunFence. wrap turns a replica's PostgreSQL store
+// into the store the replica serves with and the state its fence reads
+// (nil wrap: PostgreSQL alone).
+func FenceReplicas(t *testing.T, n int, opts storagetest.FenceOptions,
+	wrap func(t *testing.T, pg *postgres.Store) (tokens.Store, postgres.StateReader)) []*storagetest.FenceReplica {
+	t.Helper()
+	schema := NewSchema(t)
+	var out []*storagetest.FenceReplica
+	for i := range n {
+		pg := Open(t, schema, postgres.Options{})
+		var store tokens.Store = pg
+		var state postgres.StateReader = pg
+		if wrap != nil {
+			store, state = wrap(t, pg)
+		}
+		counted := &countingState{StateReader: state}
+		var name [4]byte
+		_, _ = rand.Read(name[:])
+		replica := "test-" + hex.EncodeToString(name[:]) + "-" + strconv.Itoa(i)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		fence, err := pg.NewFence(ctx, postgres.FenceOptions{
+			SessionCheck: opts.SessionCheck,
+			OrphanDrain:  opts.DrainPeriod + opts.SessionCheck,
+			Idle:         opts.Idle,
+			Replica:      replica,
+			State:        counted,
+		})
+		cancel()
+		if err != nil {
+			t.Fatalf("NewFence: %v", err)
+		}
+		t.Cleanup(fence.Close) // before the store's Close
+		r := &storagetest.FenceReplica{
+			Store:  store,
+			Locker: fence,
+			Fencer: fence,
+			Reads:  counted.reads.Load,
+			Close:  fence.Close,
+		}
+		r.KillSessions = func(t *testing.T) { terminate(t, fence.SessionPIDs()...) }
+		r.KillListener = func(t *testing.T) { terminate(t, fence.ListenerPID()) }
+		r.Crash = func(t *testing.T) {
+			terminate(t, append(fence.SessionPIDs(), fence.ListenerPID())...)
+			fence.Close() // its sessions are gone: nothing is given up
+		}
+		r.Connections = func(t *testing.T) int {
+			var fenceConns int
+			query(t, func(conn *pgx.Conn) error {
+				return conn.QueryRow(context.Background(),
+					`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, "fencegw-fence "+replica).Scan(&fenceConns)
+			})
+			return fenceConns + int(pg.PoolConns())
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+type countingState struct {
+	postgres.StateReader
+	reads atomic.Int64
+}
+
+func (c *countingState) LeaseState(ctx context.Context, id string) (tokens.Lease, tokens.Resource, error) {
+	c.reads.Add(1)
+	return c.StateReader.LeaseState(ctx, id)
+}
+
+func query(t *testing.T, fn func(*pgx.Conn) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, URL())
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer conn.Close(ctx)
+	if err := fn(conn); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// terminate kills backends by pid, as an operator's pg_terminate_backend
+// or a network partition would.
+func terminate(t *testing.T, pids ...uint32) {
+	t.Helper()
+	query(t, func(conn *pgx.Conn) error {
+		for _, pid := range pids {
+			if pid == 0 {
+				continue
+			}
+			if _, err := conn.Exec(context.Background(), `SELECT pg_terminate_backend($1)`, int64(pid)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }

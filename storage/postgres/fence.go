@@ -1,0 +1,946 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// Sticky fences: how a replica admits steady-state writes without a
+// database round trip, and stays safe when it dies.
+//
+// A write needs its resource's shared fence for the whole forward, so that a
+// grant (which takes the exclusive fence) waits for it. Taking a session
+// advisory lock per write costs four round trips and one connection per
+// in-flight write. Instead a replica takes the shared advisory lock once, on
+// one of a few long-lived lock sessions, keeps it across many writes, and
+// admits each write on a local check of the state it read under that lock:
+//
+//  1. While this replica's session holds R's shared lock, no grant, release
+//     or revoke of R can commit anywhere (they take the exclusive lock
+//     first, see Exclusive). So the token, the current lease and its
+//     released flag read under the lock stay true until the lock is given
+//     up. Only expiry moves on its own: the local check judges expiry on a
+//     clock that runs ahead of the database's (the database's time at the
+//     read, plus the local time elapsed since before the read was sent), so
+//     it declares a lease expired early, never late. A renewal on another
+//     replica only makes the remembered expiry too early: the write is
+//     "unsure", and is judged again on the state read from the database,
+//     under the lock. Nothing is refused on memory alone.
+//  2. A replica gives a fence up when another replica needs it: every
+//     exclusive taker first sends NOTIFY (every 250 ms while it waits, so
+//     a lost notification only delays it), each replica stops admitting
+//     locally at once and unlocks when its last write under the fence has
+//     finished. Writes arriving meanwhile try the lock again; a
+//     pg_try_advisory_lock_shared fails while an exclusive request waits
+//     (PostgreSQL queues conflicting requests behind a waiter), so grants
+//     never starve behind a resource's writes. Fences are also given up when
+//     idle, when the lease they remember has expired, and beyond MaxFences.
+//  3. Before a write is admitted under a new fence, a presence row names the
+//     lock session (pid and start time) that holds it; giving up the fence
+//     deletes the row. A replica that dies, or whose session is killed,
+//     frees its locks with its session but leaves the row: the next
+//     exclusive taker finds a row whose session no longer exists and starts
+//     a drain period of OrphanDrain, because a write that replica forwarded
+//     may still land. Resources it never fenced are not held up.
+//  4. Each lock session is pinged every SessionCheck/4; a replica admits
+//     locally only while its session was confirmed alive less than
+//     SessionCheck ago, and destroys a session that fails a ping. So after
+//     a session dies, this replica admits at most for SessionCheck, each
+//     such write finishes within the forward timeout, and OrphanDrain
+//     (drain period + SessionCheck, with the drain period at least the
+//     forward timeout) outlasts them all. A clean shutdown gives every fence
+//     up after the in-flight writes drained: no orphan, no wait.
+//
+// Honest limit: a replica frozen (SIGSTOP, a VM pause) after admitting a
+// write and before sending it, for longer than PostgreSQL takes to drop its
+// session (TCP keepalive, or an operator's pg_terminate_backend), can send
+// that write after the drain that its orphan started has ended. No lock in
+// the database can stop a process that is not running; only an upstream
+// that checks Fencing-Token can.
+
+// Defaults for FenceOptions fields left zero.
+const (
+	DefaultLockSessions = 4
+	DefaultMaxFences    = 4096
+	DefaultFenceIdle    = 2 * time.Second
+	DefaultSessionCheck = time.Second
+	// DefaultExclusiveConns bounds the connections that wait for or hold an
+	// exclusive fence (grants, releases, revokes in progress).
+	DefaultExclusiveConns = 8
+)
+
+// FenceOptions configure a Fence.
+type FenceOptions struct {
+	// Sessions is the number of long-lived lock sessions (connections) that
+	// hold this replica's shared fences (0: DefaultLockSessions).
+	Sessions int
+	// MaxFences bounds the shared advisory locks this replica holds at once
+	// (0: DefaultMaxFences). PostgreSQL's lock table is shared by the whole
+	// server: see docs/operations.md for sizing max_locks_per_transaction.
+	// Beyond it the least recently used idle fence is given up; if none is
+	// idle the write is refused as unavailable.
+	MaxFences int
+	// Idle: a fence without writes for this long is given up (0: DefaultFenceIdle).
+	Idle time.Duration
+	// SessionCheck bounds how long this replica admits writes without
+	// having confirmed its lock session alive (0: DefaultSessionCheck).
+	SessionCheck time.Duration
+	// OrphanDrain is the drain period started when an exclusive taker finds
+	// a fence left by a dead session. It must outlast a write admitted up
+	// to SessionCheck after the session died: the gateway passes its drain
+	// period plus SessionCheck. 0: DefaultLockTimeout.
+	OrphanDrain time.Duration
+	// Replica names this process in fence_presence rows (for operators).
+	Replica string
+	// State reads a lease and its resource's state (nil: the Store's
+	// LeaseState). The Redis mode passes its own, which also checks the
+	// Redis claim.
+	State StateReader
+}
+
+// StateReader reads a lease and its resource's fence state with the store's
+// clock in Resource.Now; ErrNotFound for an unknown lease id.
+type StateReader interface {
+	LeaseState(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, error)
+}
+
+// Fence is a tokens.Fencer and tokens.Locker on PostgreSQL advisory locks,
+// with shared fences kept across writes (see the comment above). One per
+// replica; Close gives every fence up.
+type Fence struct {
+	store    *Store
+	opts     FenceOptions
+	state    StateReader
+	log      *slog.Logger
+	channel  string
+	epoch    time.Time // monotonic origin for session confirmations
+	sessions []*lockSession
+
+	mu         sync.Mutex
+	byResource map[string]*heldFence
+	byLease    map[string]*heldFence // the current lease of each held fence
+
+	stop        chan struct{}
+	wg          sync.WaitGroup
+	closed      atomic.Bool
+	listenerPID atomic.Uint32
+	stats       FenceStats
+}
+
+// FenceStats count what the fence did, for metrics and tests.
+type FenceStats struct {
+	LocalAdmits atomic.Int64 // writes admitted on memory, no round trip
+	Acquired    atomic.Int64 // shared fences taken
+	Yielded     atomic.Int64 // shared fences given up
+	Lost        atomic.Int64 // fences dropped with a lost session
+}
+
+// Stats returns the fence's counters.
+func (f *Fence) Stats() *FenceStats { return &f.stats }
+
+var (
+	_ tokens.Fencer = (*Fence)(nil)
+	_ tokens.Locker = (*Fence)(nil)
+)
+
+type fenceStatus int
+
+const (
+	fenceAcquiring fenceStatus = iota
+	fenceHeld
+	fenceYielding // no new local admissions; unlock when inflight reaches 0
+	fenceGone     // unlocked or lost; out of the maps
+)
+
+// heldFence is one resource's shared fence on one lock session. Every field
+// but the immutable ones is guarded by Fence.mu.
+type heldFence struct {
+	resource string
+	key      int64
+	sess     *lockSession
+	gen      uint64 // the session's generation when the lock was taken
+
+	status   fenceStatus
+	inflight int
+	lastUsed time.Time
+	// state was read under the lock; readStart is the local time just before
+	// the read was sent (see estimate).
+	state     tokens.Resource
+	readStart time.Time
+	haveState bool
+	// settled is closed when the fence leaves fenceAcquiring or is gone.
+	settled chan struct{}
+	gone    chan struct{}
+}
+
+// NewFence starts the lock sessions and the yield listener. The Store stays
+// the caller's to close, after the Fence.
+func (s *Store) NewFence(ctx context.Context, opts FenceOptions) (*Fence, error) {
+	if opts.Sessions <= 0 {
+		opts.Sessions = DefaultLockSessions
+	}
+	if opts.MaxFences <= 0 {
+		opts.MaxFences = DefaultMaxFences
+	}
+	if opts.Idle <= 0 {
+		opts.Idle = DefaultFenceIdle
+	}
+	if opts.SessionCheck <= 0 {
+		opts.SessionCheck = DefaultSessionCheck
+	}
+	if opts.OrphanDrain <= 0 {
+		opts.OrphanDrain = DefaultLockTimeout
+	}
+	f := &Fence{
+		store:      s,
+		opts:       opts,
+		state:      opts.State,
+		log:        s.log,
+		channel:    fenceChannel(s.keySalt),
+		epoch:      time.Now(),
+		byResource: make(map[string]*heldFence),
+		byLease:    make(map[string]*heldFence),
+		stop:       make(chan struct{}),
+	}
+	if f.state == nil {
+		f.state = s
+	}
+	for i := range opts.Sessions {
+		ls := &lockSession{f: f, idx: i}
+		if err := ls.connect(ctx); err != nil {
+			f.closeSessions()
+			return nil, err
+		}
+		f.sessions = append(f.sessions, ls)
+	}
+	ready := make(chan struct{})
+	f.wg.Add(2 + len(f.sessions))
+	for _, ls := range f.sessions {
+		go ls.healthLoop()
+	}
+	go f.listenLoop(ready)
+	go f.janitor()
+	select {
+	case <-ready:
+	case <-ctx.Done():
+		f.Close()
+		return nil, tokens.Unavailable("fence listener", ctx.Err())
+	}
+	return f, nil
+}
+
+func fenceChannel(schema string) string {
+	if schema == "" {
+		return "fencegw_fence"
+	}
+	h := fnv.New64a()
+	h.Write([]byte(schema))
+	return fmt.Sprintf("fencegw_fence_%x", h.Sum64())
+}
+
+// Hold admits one write under leaseID (tokens.Fencer): see the comment at
+// the top of this file for why the state it returns may come from memory.
+func (f *Fence) Hold(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, func(), error) {
+	now := time.Now()
+	f.mu.Lock()
+	hf := f.byLease[leaseID]
+	if hf != nil && hf.status == fenceHeld && hf.sess.confirmed(now, hf.gen) {
+		state := hf.state
+		state.Now = hf.estimate(now)
+		if tokens.Judge(*state.Lease, state, state.Now) == nil {
+			hf.inflight++
+			f.mu.Unlock()
+			f.stats.LocalAdmits.Add(1)
+			return *state.Lease, state, f.releaser(hf), nil
+		}
+	}
+	f.mu.Unlock()
+	return f.holdSlow(ctx, leaseID)
+}
+
+// holdSlow reads the lease from the database, refuses it there if it is
+// refused for good, and otherwise admits it on a state read under a held
+// fence.
+func (f *Fence) holdSlow(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, func(), error) {
+	lease, state, err := f.state.LeaseState(ctx, leaseID)
+	if err != nil {
+		return tokens.Lease{}, tokens.Resource{}, nil, err
+	}
+	if tokens.Judge(lease, state, state.Now) != nil {
+		// Final: tokens never go down, a superseded or released lease stays
+		// so, an expired one cannot be renewed. No fence needed to refuse.
+		return lease, state, func() {}, nil
+	}
+	hf, err := f.hold(ctx, lease.Resource)
+	if err != nil {
+		return tokens.Lease{}, tokens.Resource{}, nil, err
+	}
+	readStart := time.Now()
+	lease, state, err = f.state.LeaseState(ctx, leaseID)
+	if err != nil {
+		f.release(hf)
+		return tokens.Lease{}, tokens.Resource{}, nil, err
+	}
+	f.remember(hf, state, readStart)
+	return lease, state, f.releaser(hf), nil
+}
+
+// remember keeps state, read under hf's lock, for local checks.
+func (f *Fence) remember(hf *heldFence, state tokens.Resource, readStart time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if hf.status != fenceHeld && hf.status != fenceYielding {
+		return
+	}
+	if hf.haveState && hf.state.Lease != nil && f.byLease[hf.state.Lease.ID] == hf {
+		delete(f.byLease, hf.state.Lease.ID)
+	}
+	hf.state, hf.readStart, hf.haveState = state, readStart, true
+	if state.Lease != nil && hf.status == fenceHeld {
+		f.byLease[state.Lease.ID] = hf
+	}
+}
+
+// estimate is the database's clock now, erring late: the database's time at
+// the read plus the local time since before the read was sent, plus 0.1 %
+// and a millisecond for clock rate differences.
+func (hf *heldFence) estimate(now time.Time) time.Time {
+	elapsed := now.Sub(hf.readStart)
+	return hf.state.Now.Add(elapsed + elapsed/1000 + time.Millisecond)
+}
+
+func (f *Fence) releaser(hf *heldFence) func() {
+	var once atomic.Bool
+	return func() {
+		if !once.Swap(true) {
+			f.release(hf)
+		}
+	}
+}
+
+// Shared holds the resource's shared fence until unlock (tokens.Locker).
+func (f *Fence) Shared(ctx context.Context, resource string) (func(), error) {
+	hf, err := f.hold(ctx, resource)
+	if err != nil {
+		return nil, err
+	}
+	return f.releaser(hf), nil
+}
+
+// errFenceLimit: every fence this replica may hold is busy.
+var errFenceLimit = errors.New("this replica holds the maximum number of fences, all with writes in flight")
+
+// hold takes one in-flight reference on resource's shared fence, acquiring
+// the lock if this replica does not hold it.
+func (f *Fence) hold(ctx context.Context, resource string) (*heldFence, error) {
+	backoff := time.Millisecond
+	for {
+		if f.closed.Load() {
+			return nil, tokens.Unavailable("fence", errors.New("closed"))
+		}
+		f.mu.Lock()
+		hf := f.byResource[resource]
+		switch {
+		case hf == nil:
+			if len(f.byResource) >= f.opts.MaxFences && !f.evictIdleLocked() {
+				f.mu.Unlock()
+				return nil, tokens.Unavailable("fence", errFenceLimit)
+			}
+			hf = &heldFence{
+				resource: resource,
+				key:      f.store.lockKey("resource", resource),
+				sess:     f.sessions[sessionIndex(resource, len(f.sessions))],
+				status:   fenceAcquiring,
+				inflight: 1,
+				settled:  make(chan struct{}),
+				gone:     make(chan struct{}),
+			}
+			f.byResource[resource] = hf
+			f.mu.Unlock()
+			ok, err := f.acquire(ctx, hf)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				return hf, nil
+			}
+			// An exclusive request holds or waits for the lock: a grant,
+			// release or revoke is under way. Try again shortly.
+			if err := sleepCtx(ctx, backoff); err != nil {
+				return nil, fmt.Errorf("fence %q: %w", resource, err)
+			}
+			backoff = min(backoff*2, 20*time.Millisecond)
+		case hf.status == fenceHeld && hf.sess.confirmed(time.Now(), hf.gen):
+			hf.inflight++
+			f.mu.Unlock()
+			return hf, nil
+		default:
+			// acquiring: wait for the outcome; yielding, or a session that
+			// is not confirmed: wait until it is gone, then take it anew.
+			wait := hf.gone
+			if hf.status == fenceAcquiring {
+				wait = hf.settled
+			} else if hf.status == fenceHeld {
+				// Unconfirmed session: lost fences are taken out of the maps
+				// by the health check; poll until then.
+				wait = nil
+			}
+			f.mu.Unlock()
+			if wait == nil {
+				if err := sleepCtx(ctx, 5*time.Millisecond); err != nil {
+					return nil, fmt.Errorf("fence %q: %w", resource, err)
+				}
+				continue
+			}
+			select {
+			case <-wait:
+			case <-ctx.Done():
+				return nil, fmt.Errorf("fence %q: %w", resource, ctx.Err())
+			}
+		}
+	}
+}
+
+func sessionIndex(resource string, n int) int {
+	h := fnv.New32a()
+	h.Write([]byte(resource))
+	return int(h.Sum32() % uint32(n))
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// acquire takes hf's shared lock on its session and records the presence
+// row, in one round trip. false (and hf removed) if an exclusive request
+// holds or waits for the lock.
+func (f *Fence) acquire(ctx context.Context, hf *heldFence) (bool, error) {
+	gen, err := hf.sess.acquire(ctx, hf)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err != nil || gen == 0 {
+		f.dropLocked(hf)
+		if err != nil {
+			return false, err
+		}
+		return false, nil
+	}
+	hf.gen = gen
+	hf.lastUsed = time.Now()
+	f.stats.Acquired.Add(1)
+	if hf.status == fenceAcquiring {
+		hf.status = fenceHeld
+	}
+	close(hf.settled)
+	hf.settled = nil
+	return true, nil
+}
+
+// dropLocked takes hf out of the maps; f.mu held.
+func (f *Fence) dropLocked(hf *heldFence) {
+	if hf.status == fenceGone {
+		return
+	}
+	if hf.status == fenceAcquiring && hf.settled != nil {
+		close(hf.settled)
+		hf.settled = nil
+	}
+	hf.status = fenceGone
+	if f.byResource[hf.resource] == hf {
+		delete(f.byResource, hf.resource)
+	}
+	if hf.haveState && hf.state.Lease != nil && f.byLease[hf.state.Lease.ID] == hf {
+		delete(f.byLease, hf.state.Lease.ID)
+	}
+	close(hf.gone)
+}
+
+// release ends one write under hf.
+func (f *Fence) release(hf *heldFence) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	hf.inflight--
+	hf.lastUsed = time.Now()
+	if hf.inflight == 0 && hf.status == fenceYielding {
+		f.unlockLocked(hf)
+	}
+}
+
+// yieldLocked stops local admissions under hf and unlocks it once its
+// writes have finished; f.mu held.
+func (f *Fence) yieldLocked(hf *heldFence) {
+	if hf.status != fenceHeld {
+		return
+	}
+	hf.status = fenceYielding
+	if hf.haveState && hf.state.Lease != nil && f.byLease[hf.state.Lease.ID] == hf {
+		delete(f.byLease, hf.state.Lease.ID)
+	}
+	if hf.inflight == 0 {
+		f.unlockLocked(hf)
+	}
+}
+
+// unlockLocked gives hf up in the background (one round trip on its
+// session) and takes it out of the maps once the lock is gone; f.mu held.
+func (f *Fence) unlockLocked(hf *heldFence) {
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		hf.sess.unlock(hf)
+		f.stats.Yielded.Add(1)
+		f.mu.Lock()
+		f.dropLocked(hf)
+		f.mu.Unlock()
+	}()
+}
+
+// yield is called for a resource that someone wants exclusively.
+func (f *Fence) yield(resource string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if hf := f.byResource[resource]; hf != nil {
+		if hf.status == fenceAcquiring {
+			// The acquisition is in flight: if it wins the lock the write
+			// under it proceeds (the state is read under the lock), and the
+			// fence is given up after it.
+			f.wg.Add(1)
+			go func(settled chan struct{}) {
+				defer f.wg.Done()
+				<-settled
+				f.mu.Lock()
+				f.yieldLocked(hf)
+				f.mu.Unlock()
+			}(hf.settled)
+			return
+		}
+		f.yieldLocked(hf)
+	}
+}
+
+// yieldAll gives up every fence (after a listener reconnect, which may have
+// missed notifications, and on Close).
+func (f *Fence) yieldAll() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, hf := range f.byResource {
+		f.yieldLocked(hf)
+	}
+}
+
+// evictIdleLocked gives up the least recently used fence without writes in
+// flight; false if there is none. f.mu held.
+func (f *Fence) evictIdleLocked() bool {
+	var lru *heldFence
+	for _, hf := range f.byResource {
+		if hf.status == fenceHeld && hf.inflight == 0 && (lru == nil || hf.lastUsed.Before(lru.lastUsed)) {
+			lru = hf
+		}
+	}
+	if lru == nil {
+		return false
+	}
+	// It stays in byResource until unlocked (a new fence on the resource
+	// must not be taken before the old presence row is deleted), so the
+	// limit may be exceeded by fences being given up, never by fences in use.
+	f.yieldLocked(lru)
+	return true
+}
+
+// janitor gives up idle fences and fences whose remembered lease has ended.
+func (f *Fence) janitor() {
+	defer f.wg.Done()
+	t := time.NewTicker(max(f.opts.Idle/4, 50*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-f.stop:
+			return
+		case now := <-t.C:
+			f.mu.Lock()
+			for _, hf := range f.byResource {
+				if hf.status != fenceHeld || hf.inflight > 0 {
+					continue
+				}
+				ended := hf.haveState && (hf.state.Lease == nil ||
+					tokens.Judge(*hf.state.Lease, hf.state, hf.estimate(now)) != nil)
+				if ended || now.Sub(hf.lastUsed) >= f.opts.Idle {
+					f.yieldLocked(hf)
+				}
+			}
+			f.mu.Unlock()
+		}
+	}
+}
+
+// Exclusive takes the resource's exclusive fence across all replicas
+// (tokens.Locker): it asks every replica (this one too) to give up its
+// shared fence, waits for the lock, and starts a drain period if a dead
+// session left a presence row (see the comment at the top of this file).
+// A wait cut short by ctx's deadline wraps context.DeadlineExceeded.
+func (f *Fence) Exclusive(ctx context.Context, resource string) (func(), error) {
+	f.yield(resource)
+	if err := f.notifyYield(ctx, resource); err != nil {
+		return nil, err
+	}
+	// Repeat the request while waiting: a replica whose listener was
+	// reconnecting would otherwise keep its fence until idle.
+	waitDone := make(chan struct{})
+	go func() {
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-waitDone:
+				return
+			case <-t.C:
+				_ = f.notifyYield(ctx, resource)
+			}
+		}
+	}()
+	l, err := f.store.exclusiveFence(ctx, resource, f.opts.OrphanDrain)
+	close(waitDone)
+	if err != nil {
+		return nil, err
+	}
+	return func() { _ = l.Unlock() }, nil
+}
+
+func (f *Fence) notifyYield(ctx context.Context, resource string) error {
+	_, err := f.store.pool.Exec(ctx, "SELECT pg_notify($1, $2)", f.channel, resource)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("fence %q: %w", resource, ctx.Err())
+		}
+		return tokens.Unavailable("postgres notify", err)
+	}
+	return nil
+}
+
+// SessionPIDs are the backend pids of the lock sessions now connected
+// (diagnostics: they are the sessions to look for in pg_locks).
+func (f *Fence) SessionPIDs() []uint32 {
+	var pids []uint32
+	for _, ls := range f.sessions {
+		ls.mu.Lock()
+		if ls.conn != nil {
+			pids = append(pids, ls.pid)
+		}
+		ls.mu.Unlock()
+	}
+	return pids
+}
+
+// ListenerPID is the backend pid of the session that hears requests to give
+// fences up (diagnostics).
+func (f *Fence) ListenerPID() uint32 { return f.listenerPID.Load() }
+
+// Held reports how many fences this replica holds (tests, metrics).
+func (f *Fence) Held() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.byResource)
+}
+
+// Close gives every fence up (call it after in-flight writes have drained:
+// a fence with writes in flight is unlocked when they finish, or left to
+// the database if they do not finish within a few seconds), then closes the
+// sessions.
+func (f *Fence) Close() {
+	if f.closed.Swap(true) {
+		return
+	}
+	f.yieldAll()
+	deadline := time.Now().Add(5 * time.Second)
+	for f.Held() > 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(f.stop)
+	f.wg.Wait()
+	f.closeSessions()
+}
+
+func (f *Fence) closeSessions() {
+	for _, ls := range f.sessions {
+		ls.close()
+	}
+}
+
+// listenLoop hears yield requests from every replica; after each
+// (re)connect it gives up every fence, since requests may have been missed.
+func (f *Fence) listenLoop(ready chan struct{}) {
+	defer f.wg.Done()
+	backoff := 50 * time.Millisecond
+	first := true
+	for {
+		err := f.listenOnce(func() {
+			backoff = 50 * time.Millisecond
+			if first {
+				first = false
+				close(ready)
+			} else {
+				f.yieldAll()
+			}
+		})
+		select {
+		case <-f.stop:
+			return
+		default:
+		}
+		f.log.Warn("fence listener: reconnecting; every fence is given up", "err", err, "in", backoff)
+		f.yieldAll()
+		select {
+		case <-f.stop:
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 2*time.Second)
+	}
+}
+
+func (f *Fence) listenOnce(listening func()) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-f.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+	conn, err := pgx.ConnectConfig(cctx, f.store.sessionConfig(f.opts.Replica))
+	ccancel()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		c, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(c)
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{f.channel}.Sanitize()); err != nil {
+		return err
+	}
+	f.listenerPID.Store(conn.PgConn().PID())
+	listening()
+	for {
+		wctx, wcancel := context.WithTimeout(ctx, 2*time.Second)
+		n, err := conn.WaitForNotification(wctx)
+		wcancel()
+		switch {
+		case err == nil:
+			f.yield(n.Payload)
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.Is(err, context.DeadlineExceeded):
+			// Quiet: make sure the connection is still alive.
+			pctx, pcancel := context.WithTimeout(ctx, time.Second)
+			_, err = conn.Exec(pctx, "SELECT 1")
+			pcancel()
+			if err != nil {
+				return err
+			}
+		default:
+			return err
+		}
+	}
+}
+
+// lockSession is one long-lived connection holding shared fences.
+type lockSession struct {
+	f   *Fence
+	idx int
+
+	mu    sync.Mutex // serialises use of conn
+	conn  *pgx.Conn
+	pid   uint32
+	start time.Time
+
+	gen atomic.Uint64 // changes on each reconnect; 0 while disconnected
+	// okAt: epoch offset (ns) at which the last successful check was sent.
+	okAt atomic.Int64
+}
+
+// confirmed reports whether the session that took a fence of generation gen
+// is still the one connected and was confirmed alive within SessionCheck.
+func (ls *lockSession) confirmed(now time.Time, gen uint64) bool {
+	if ls.gen.Load() != gen {
+		return false
+	}
+	ok := ls.f.epoch.Add(time.Duration(ls.okAt.Load()))
+	return now.Sub(ok) < ls.f.opts.SessionCheck
+}
+
+var sessionGen atomic.Uint64
+
+func (ls *lockSession) connect(ctx context.Context) error {
+	sent := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(cctx, ls.f.store.sessionConfig(ls.f.opts.Replica))
+	if err != nil {
+		return tokens.Unavailable("postgres lock session", err)
+	}
+	var pid uint32
+	var start time.Time
+	err = conn.QueryRow(cctx, `SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`).Scan(&pid, &start)
+	if err != nil {
+		_ = conn.Close(cctx)
+		return tokens.Unavailable("postgres lock session", err)
+	}
+	ls.mu.Lock()
+	ls.conn, ls.pid, ls.start = conn, pid, start
+	ls.okAt.Store(int64(sent.Sub(ls.f.epoch)))
+	ls.gen.Store(sessionGen.Add(1))
+	ls.mu.Unlock()
+	return nil
+}
+
+// fail destroys the session after an error: PostgreSQL frees its locks, its
+// presence rows become orphans, and every fence on it is dropped (writes
+// still in flight under them finish; the orphan rows make the next grant
+// drain for them).
+func (ls *lockSession) fail(gen uint64, err error) {
+	ls.mu.Lock()
+	if ls.gen.Load() != gen || ls.conn == nil {
+		ls.mu.Unlock()
+		return
+	}
+	conn := ls.conn
+	ls.conn = nil
+	ls.gen.Store(0)
+	ls.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_ = conn.Close(ctx)
+	cancel()
+	ls.f.log.Error("fence lock session lost: its fences are dropped, and their resources drain before the next grant",
+		"session", ls.idx, "err", err)
+	f := ls.f
+	f.mu.Lock()
+	for _, hf := range f.byResource {
+		if hf.sess == ls && hf.gen == gen && hf.status != fenceAcquiring {
+			f.stats.Lost.Add(1)
+			f.dropLocked(hf)
+		}
+	}
+	f.mu.Unlock()
+}
+
+func (ls *lockSession) healthLoop() {
+	defer ls.f.wg.Done()
+	every := ls.f.opts.SessionCheck / 4
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ls.f.stop:
+			return
+		case <-t.C:
+		}
+		if ls.gen.Load() == 0 {
+			if err := ls.connect(context.Background()); err != nil {
+				ls.f.log.Warn("fence lock session: reconnect failed", "session", ls.idx, "err", err)
+			}
+			continue
+		}
+		sent := time.Now()
+		ls.mu.Lock()
+		conn, gen := ls.conn, ls.gen.Load()
+		var err error
+		if conn != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), ls.f.opts.SessionCheck)
+			_, err = conn.Exec(ctx, "SELECT 1")
+			cancel()
+		}
+		ls.mu.Unlock()
+		if conn == nil {
+			continue
+		}
+		if err != nil {
+			ls.fail(gen, err)
+			continue
+		}
+		ls.okAt.Store(int64(sent.Sub(ls.f.epoch)))
+	}
+}
+
+// acquire tries hf's shared lock and records presence; it returns the
+// session generation the lock was taken on, or 0 if the lock is not free.
+func (ls *lockSession) acquire(ctx context.Context, hf *heldFence) (uint64, error) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	gen := ls.gen.Load()
+	if ls.conn == nil || gen == 0 {
+		return 0, tokens.Unavailable("postgres lock session", errors.New("reconnecting"))
+	}
+	var ok bool
+	err := ls.conn.QueryRow(ctx, `
+		WITH l AS (SELECT pg_try_advisory_lock_shared($1) AS ok),
+		p AS (
+			INSERT INTO fence_presence (resource, backend_pid, backend_start, replica)
+			SELECT $2, $3, $4, $5 FROM l WHERE l.ok
+			ON CONFLICT DO NOTHING
+		)
+		SELECT ok FROM l`, hf.key, hf.resource, ls.pid, ls.start, ls.f.opts.Replica).Scan(&ok)
+	if err != nil {
+		// The lock may have been granted before the error: only the
+		// session's death makes sure it is not held.
+		go ls.fail(gen, err)
+		if ctx.Err() != nil {
+			return 0, fmt.Errorf("fence %q: %w", hf.resource, ctx.Err())
+		}
+		return 0, tokens.Unavailable("postgres fence", err)
+	}
+	if !ok {
+		return 0, nil
+	}
+	return gen, nil
+}
+
+// unlock gives hf's lock up and deletes its presence row.
+func (ls *lockSession) unlock(hf *heldFence) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.conn == nil || ls.gen.Load() != hf.gen {
+		return // the session is gone, and its locks with it
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), ls.f.opts.SessionCheck)
+	defer cancel()
+	b := &pgx.Batch{}
+	b.Queue(`DELETE FROM fence_presence WHERE resource = $1 AND backend_pid = $2 AND backend_start = $3`,
+		hf.resource, ls.pid, ls.start)
+	b.Queue(`SELECT pg_advisory_unlock_shared($1)`, hf.key)
+	if err := ls.conn.SendBatch(ctx, b).Close(); err != nil {
+		go ls.fail(hf.gen, err)
+	}
+}
+
+func (ls *lockSession) close() {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.conn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = ls.conn.Close(ctx)
+		cancel()
+		ls.conn = nil
+	}
+	ls.gen.Store(0)
+}

@@ -1,0 +1,17 @@
+package postgres_test
+
+import (
+	"testing"
+
+	"github.com/fencegw/fencegw/storage/postgres/pgtest"
+	"github.com/fencegw/fencegw/storage/storagetest"
+)
+
+func TestFenceConformance(t *testing.T) {
+	pgtest.Require(t)
+	storagetest.RunFence(t, storagetest.FenceHarness{
+		Replicas: func(t *testing.T, n int, opts storagetest.FenceOptions) []*storagetest.FenceReplica {
+			return pgtest.FenceReplicas(t, n, opts, nil)
+		},
+	})
+}
