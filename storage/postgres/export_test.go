@@ -16,4 +16,3 @@ func (s *Store) ListenReady(ctx context.Context, fn func(tokens.Rejection), read
 
 // Channel is the NOTIFY channel of s.
 func (s *Store) Channel() string { return s.channel }
-
