@@ -16,13 +16,16 @@ DURATION=${DURATION:-60s}
 BREAK_DURATION=${BREAK_DURATION:-30s}
 MODES=${MODES:-"embedded postgres redis"}
 BREAKS=${BREAKS:-"highest_seen not_durable unlock_on_timeout float_tokens no_owner"}
+# Broken builds whose failpoint lives in the PostgreSQL modes, run there with
+# the fault that reaches it.
+PG_BREAKS=${PG_BREAKS:-"no_replica_drain"}
 OUT=${OUT:-$(mktemp -d /tmp/fencegw-torture-ci.XXXXXX)}
 mkdir -p "$OUT/bin"
 
 echo "== build"
 go build -o "$OUT/bin/fencegw-torture" ./cmd/fencegw-torture
 go build -o "$OUT/bin/fencegw" ./cmd/fencegw
-for b in $BREAKS; do
+for b in $BREAKS $PG_BREAKS; do
 	go build -tags "fencegw_break_$b" -o "$OUT/bin/fencegw-break-$b" ./cmd/fencegw
 done
 
@@ -44,6 +47,19 @@ for b in $BREAKS; do
 		failed+=("break_$b (not caught)")
 	fi
 done
+
+# A replica killed while the upstream holds its write: the next grant must
+# drain (issue 10). Only in the PostgreSQL modes, where replicas share fences.
+if [[ " $MODES " == *" postgres "* ]]; then
+	for b in $PG_BREAKS; do
+		echo "== broken build fencegw_break_$b, postgres mode, $BREAK_DURATION (must be caught)"
+		if ! "$OUT/bin/fencegw-torture" --quiet --mode postgres --duration "$BREAK_DURATION" --expect-violations \
+			--faults kill-in-write,pause-worker \
+			--gateway-bin "$OUT/bin/fencegw-break-$b" --json "$OUT/break-$b.json" --dir "$OUT/run-break-$b"; then
+			failed+=("break_$b (not caught)")
+		fi
+	done
+fi
 
 # Open finding (docs/reliability.md): a write in flight while PostgreSQL
 # restarts loses its shared lock, and its drain period if it times out

@@ -123,6 +123,33 @@ func (n *nemesis) inject(ctx context.Context, f *Fault) error {
 			case <-time.After(100 * time.Millisecond):
 			}
 		}
+	case FaultKillInWrite:
+		// The write is held at the upstream until its lease has expired
+		// and a successor could have been granted, but not past the drain
+		// period (a correct gateway is not blamed for a write that lands
+		// after the bound it was configured with).
+		hold := n.between(cfg.TTL+100*time.Millisecond, cfg.DrainPeriod-300*time.Millisecond)
+		killed := make(chan *Replica, 1)
+		n.up.StopInWrite(func(i int) {
+			if i >= 0 && i < len(n.replicas) {
+				n.replicas[i].Kill()
+				killed <- n.replicas[i]
+				time.Sleep(hold)
+			}
+		})
+		select {
+		case r := <-killed:
+			n.sleep(ctx, hold+n.between(100*time.Millisecond, 300*time.Millisecond))
+			return r.Start()
+		case <-time.After(5 * time.Second):
+			n.up.StopInWrite(nil)
+			select { // armed a moment too late
+			case r := <-killed:
+				n.sleep(ctx, hold)
+				return r.Start()
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
 	case FaultPauseWorker:
 		if len(n.workers) == 0 {
 			return errNotApplicable // in-process workers stall by sleeping instead

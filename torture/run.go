@@ -43,13 +43,18 @@ const (
 	// past the forward timeout by the upstream: their drain periods must
 	// survive the store being down when they time out.
 	FaultRestartPostgresInWrite = "restart-postgres-in-write"
+	// FaultKillInWrite kill -9s the replica that forwarded a write while
+	// the upstream holds it; the write lands later, after the lease it was
+	// sent under has expired (guarantee 7: a replica's death is an unknown
+	// outcome, so the next grant must wait out a drain).
+	FaultKillInWrite = "kill-in-write"
 )
 
 // DefaultFaults are the fault kinds used in each mode.
 var DefaultFaults = map[string][]string{
-	ModeEmbedded: {FaultKillGateway, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream},
-	ModePostgres: {FaultKillGateway, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres, FaultRestartPostgresInWrite},
-	ModeRedis:    {FaultKillGateway, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres, FaultRestartPostgresInWrite, FaultRestartRedis},
+	ModeEmbedded: {FaultKillGateway, FaultKillInWrite, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream},
+	ModePostgres: {FaultKillGateway, FaultKillInWrite, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres, FaultRestartPostgresInWrite},
+	ModeRedis:    {FaultKillGateway, FaultKillInWrite, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres, FaultRestartPostgresInWrite, FaultRestartRedis},
 }
 
 // DefaultTokenBase puts every resource's tokens just above 2^53, where a
