@@ -91,6 +91,7 @@ type Service struct {
 	onReject    func(Rejection)
 	log         *slog.Logger
 	stale       *staleCache
+	waiters     *waiters
 }
 
 // New returns a Service; Store and Locker are required.
@@ -106,6 +107,7 @@ func New(cfg Config) *Service {
 		onReject:    cfg.OnRejection,
 		log:         cfg.Logger,
 		stale:       newStaleCache(),
+		waiters:     newWaiters(),
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -147,49 +149,102 @@ type AcquireRequest struct {
 }
 
 // Acquire grants a lease with a fresh token. If the resource is held it
-// waits up to req.Wait for it, then returns ErrLeaseHeld; if in-flight
-// writes of the previous token or a drain period keep it closed for longer
-// than the grant wait (or req.Wait, if longer) it returns ErrFenceBusy.
+// waits up to req.Wait for it, then returns ErrLeaseHeld. In-flight writes
+// of the previous token or a drain period keep it closed for at most
+// req.Wait (the grant wait when req.Wait is 0) before ErrFenceBusy; a drain
+// known to end later than that is answered at once, its end in RetryAfter.
+//
+// Waiting acquires of one process queue per resource in arrival order: only
+// the first tries the store, when the holder's lease expires or a release
+// (Wake) says the resource may be free, and at least once a second.
 func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (Lease, error) {
 	if err := s.validateAcquire(req); err != nil {
 		return Lease{}, err
 	}
 	start := time.Now() // monotonic; waits are the gateway's own business
 	waitUntil := start.Add(req.Wait)
-	fenceUntil := start.Add(max(s.grantWait, req.Wait))
+	bound := req.Wait
+	if bound <= 0 {
+		bound = s.grantWait
+	}
+	fenceUntil := start.Add(bound)
 	grant := GrantRequest{LeaseID: NewLeaseID(), Resource: req.Resource, Holder: req.Holder, Owner: req.Owner, TTL: req.TTL}
+	var queued *waiter
+	defer func() {
+		if queued != nil {
+			s.waiters.leave(req.Resource, queued)
+		}
+	}()
 	for {
 		lease, err := s.grantOnce(ctx, grant, fenceUntil)
 		if err == nil {
 			s.stale.forget(lease.Resource) // their current token moved on
 			return lease, nil
 		}
-		var retry time.Duration
+		var until time.Time
 		switch {
 		case errors.Is(err, ErrLeaseHeld):
-			retry = time.Until(waitUntil)
+			until = waitUntil
 		case errors.Is(err, ErrFenceBusy):
-			retry = time.Until(fenceUntil)
-		}
-		if retry <= 0 {
+			until = fenceUntil
+		default:
 			return Lease{}, err
 		}
-		// Poll: a holder's expiry or a drain's end is known, a release is
-		// not. Sleep until the sooner of those and a short poll interval.
-		sleep := 25 * time.Millisecond
-		if f := Facts(err); f != nil && f.RetryAfter > 0 && f.RetryAfter < sleep {
-			sleep = f.RetryAfter
+		now := time.Now()
+		retryAfter := Facts(err).RetryAfter
+		if !now.Before(until) || (errors.Is(err, ErrFenceBusy) && retryAfter > 0 && now.Add(retryAfter).After(until)) {
+			return Lease{}, err
 		}
-		sleep = min(sleep, retry)
-		t := time.NewTimer(sleep)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if queued == nil {
+			queued = s.waiters.join(req.Resource)
+			select {
+			case <-queued.turn: // first in line: sleep below
+			default:
+				if err := waitFor(ctx, queued.turn, until); err != nil {
+					return Lease{}, err
+				}
+				continue // our turn: try at once
+			}
+		}
+		// A held resource frees at its holder's expiry or at a release; a
+		// drain ends when it says. The second is the backstop for a wake
+		// that never came (another replica's release while its
+		// notification was lost).
+		sleep := time.Second
+		if retryAfter > 0 && retryAfter < sleep {
+			sleep = retryAfter
+		}
+		next := now.Add(sleep)
+		if until.Before(next) {
+			next = until
+		}
+		if err := waitFor(ctx, queued.wake, next); err != nil {
 			return Lease{}, ctx.Err()
-		case <-t.C:
 		}
 	}
 }
+
+// waitFor waits for ch, ctx or the deadline; nil if ch came first (or the
+// deadline passed: the caller tries again and decides), ctx's error if it
+// was cancelled.
+func waitFor(ctx context.Context, ch <-chan struct{}, deadline time.Time) error {
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-ch:
+		return nil
+	case <-t.C:
+		return nil
+	}
+}
+
+// Wake tells the acquires waiting for resource in this process that it may
+// have become free: a release or revoke on another replica (the PostgreSQL
+// modes hear of them from the fence). Releases through this Service wake
+// them by themselves.
+func (s *Service) Wake(resource string) { s.waiters.wake(resource) }
 
 func (s *Service) validateAcquire(req AcquireRequest) error {
 	if err := s.limits.ValidateResource(req.Resource); err != nil {
@@ -273,8 +328,12 @@ func (s *Service) Release(ctx context.Context, leaseID string, principal string)
 	if err != nil {
 		return Lease{}, err
 	}
-	defer unlock()
-	return s.store.Release(ctx, leaseID)
+	lease, err := s.store.Release(ctx, leaseID)
+	unlock()
+	if err == nil {
+		s.waiters.wake(lease.Resource)
+	}
+	return lease, err
 }
 
 // forget makes every replica forget leaseID's resource before a release or
@@ -317,8 +376,12 @@ func (s *Service) Revoke(ctx context.Context, leaseID, by string) (Lease, error)
 	if err != nil {
 		return Lease{}, err
 	}
-	defer unlock()
-	return s.store.Revoke(ctx, leaseID, by)
+	lease, err := s.store.Revoke(ctx, leaseID, by)
+	unlock()
+	if err == nil {
+		s.waiters.wake(lease.Resource)
+	}
+	return lease, err
 }
 
 // checkOwner refuses a principal other than the lease's owner. Reading the

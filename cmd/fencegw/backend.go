@@ -18,6 +18,9 @@ type backend struct {
 	store  tokens.Store
 	locker tokens.Locker
 	fencer tokens.Fencer // nil: writes lock per write (embedded mode)
+	// onFree, if set, registers a func to call with each resource freed on
+	// any replica (waiting acquires are woken with it).
+	onFree func(func(resource string))
 	// publish announces a recorded rejection; subscribe delivers every
 	// replica's rejections (including this one's) to deliver.
 	publish   func(tokens.Rejection)

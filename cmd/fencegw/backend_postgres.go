@@ -88,7 +88,7 @@ func openPostgres(ctx context.Context, cfg config, log *slog.Logger) (*backend, 
 		b.close()
 		return nil, fmt.Errorf("start PostgreSQL fences: %w", err)
 	}
-	b.locker, b.fencer = fence, fence
+	b.locker, b.fencer, b.onFree = fence, fence, fence.OnFree
 	closeFence := b.close
 	b.close = func() {
 		fence.Close()

@@ -141,6 +141,9 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 		Logger:      logger,
 		OnRejection: func(r tokens.Rejection) { backend.publish(r) },
 	})
+	if backend.onFree != nil {
+		backend.onFree(svc.Wake)
+	}
 	// Accepted-write counts are this replica's own (kept in memory: the
 	// write path does not touch the store); rejections come from every
 	// replica through the backend's feed.

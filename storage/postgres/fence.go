@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -134,6 +135,7 @@ type Fence struct {
 	wg          sync.WaitGroup
 	closed      atomic.Bool
 	listenerPID atomic.Uint32
+	onFree      atomic.Pointer[func(resource string)]
 	stats       FenceStats
 }
 
@@ -384,24 +386,27 @@ func (f *Fence) hold(ctx context.Context, resource string) (*heldFence, error) {
 			hf.inflight++
 			f.mu.Unlock()
 			return hf, nil
+		case hf.status == fenceHeld && hf.sess.gen.Load() != hf.gen:
+			// Its session is gone, and the lock with it: drop it and take
+			// the fence anew (the old presence row is an orphan now).
+			f.stats.Lost.Add(1)
+			f.dropLocked(hf)
+			f.mu.Unlock()
+		case hf.status == fenceHeld:
+			// The session has not been confirmed alive lately: no admission
+			// until its next check succeeds (or fails, and drops it).
+			f.mu.Unlock()
+			if err := sleepCtx(ctx, 5*time.Millisecond); err != nil {
+				return nil, fmt.Errorf("fence %q: %w", resource, err)
+			}
 		default:
-			// acquiring: wait for the outcome; yielding, or a session that
-			// is not confirmed: wait until it is gone, then take it anew.
+			// Acquiring: wait for the outcome. Yielding: wait until it is
+			// gone, then take it anew.
 			wait := hf.gone
 			if hf.status == fenceAcquiring {
 				wait = hf.settled
-			} else if hf.status == fenceHeld {
-				// Unconfirmed session: lost fences are taken out of the maps
-				// by the health check; poll until then.
-				wait = nil
 			}
 			f.mu.Unlock()
-			if wait == nil {
-				if err := sleepCtx(ctx, 5*time.Millisecond); err != nil {
-					return nil, fmt.Errorf("fence %q: %w", resource, err)
-				}
-				continue
-			}
 			select {
 			case <-wait:
 			case <-ctx.Done():
@@ -435,6 +440,11 @@ func (f *Fence) acquire(ctx context.Context, hf *heldFence) (bool, error) {
 	gen, err := hf.sess.acquire(ctx, hf)
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err == nil && gen != 0 && hf.sess.gen.Load() != gen {
+		// The session failed right after granting the lock: the lock went
+		// with it.
+		err = tokens.Unavailable("postgres lock session", errors.New("lost while taking a fence"))
+	}
 	if err != nil || gen == 0 {
 		f.dropLocked(hf)
 		if err != nil {
@@ -620,8 +630,21 @@ func (f *Fence) Exclusive(ctx context.Context, resource string) (func(), error) 
 	if err != nil {
 		return nil, err
 	}
+	// The unlock tells every replica that the resource changed hands or
+	// was freed, so that their waiting acquires try again at once.
+	l.notify = &[2]string{f.channel, notifyFree + resource}
 	return func() { _ = l.Unlock() }, nil
 }
+
+// Notification payloads on the fence channel: a request to give a fence up
+// (the resource name alone), and news that an exclusive holder let go.
+const notifyFree = "free "
+
+// OnFree sets fn to be called (on the listener's goroutine; it must not
+// block) with each resource whose exclusive lock was let go on any replica:
+// a grant, release or revoke finished. The gateway wakes waiting acquires
+// with it.
+func (f *Fence) OnFree(fn func(resource string)) { f.onFree.Store(&fn) }
 
 func (f *Fence) notifyYield(ctx context.Context, resource string) error {
 	_, err := f.store.pool.Exec(ctx, "SELECT pg_notify($1, $2)", f.channel, resource)
@@ -747,6 +770,12 @@ func (f *Fence) listenOnce(listening func()) error {
 		wcancel()
 		switch {
 		case err == nil:
+			if resource, ok := strings.CutPrefix(n.Payload, notifyFree); ok {
+				if fn := f.onFree.Load(); fn != nil {
+					(*fn)(resource)
+				}
+				continue
+			}
 			f.yield(n.Payload)
 		case ctx.Err() != nil:
 			return ctx.Err()

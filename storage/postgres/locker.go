@@ -66,6 +66,8 @@ type Lock struct {
 	}
 	once sync.Once
 	err  error
+	// notify, if set, is sent (channel, payload) in the unlock's round trip.
+	notify *[2]string
 }
 
 // Shared takes the resource's shared lock across all replicas (tokens.Locker).
@@ -167,7 +169,12 @@ func (l *Lock) Unlock() error {
 			fn = "pg_advisory_unlock_shared"
 		}
 		var ok bool
-		err := l.conn.QueryRow(ctx, "SELECT "+fn+"($1)", l.key).Scan(&ok)
+		var err error
+		if l.notify != nil {
+			err = l.conn.QueryRow(ctx, "SELECT "+fn+"($1), pg_notify($2, $3) IS NULL", l.key, l.notify[0], l.notify[1]).Scan(&ok, new(bool))
+		} else {
+			err = l.conn.QueryRow(ctx, "SELECT "+fn+"($1)", l.key).Scan(&ok)
+		}
 		if err == nil && !ok {
 			err = errors.New("the session no longer held the lock")
 		}

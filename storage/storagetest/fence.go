@@ -48,16 +48,28 @@ type FenceReplica struct {
 	// Connections counts the database sessions the replica holds now.
 	Connections func(t *testing.T) int
 
-	svc *tokens.Service
+	svc      *tokens.Service
+	attempts atomic.Int64 // grant attempts: Resource reads before a grant
 }
 
 // Service is the replica's tokens.Service (drain period and a 3 s grant wait).
 func (r *FenceReplica) Service(opts FenceOptions) *tokens.Service {
 	if r.svc == nil {
-		r.svc = tokens.New(tokens.Config{Store: r.Store, Locker: r.Locker, Fencer: r.Fencer,
+		r.svc = tokens.New(tokens.Config{Store: countingResource{r.Store, &r.attempts}, Locker: r.Locker, Fencer: r.Fencer,
 			DrainPeriod: opts.DrainPeriod, GrantWait: 3 * time.Second})
 	}
 	return r.svc
+}
+
+// countingResource counts Resource reads: each grant attempt makes one.
+type countingResource struct {
+	tokens.Store
+	n *atomic.Int64
+}
+
+func (c countingResource) Resource(ctx context.Context, name string) (tokens.Resource, error) {
+	c.n.Add(1)
+	return c.Store.Resource(ctx, name)
 }
 
 // RunFence runs the fence conformance suite: the rules of tokens.Fencer and
@@ -79,6 +91,9 @@ func RunFence(t *testing.T, h FenceHarness) {
 		{"CleanShutdownNeedsNoDrain", testFenceCleanShutdown},
 		{"LostNotifyDoesNotWedgeGrants", testFenceLostNotify},
 		{"ConnectionsBoundedUnderManyWrites", testFenceConnections},
+		{"WaitersGrantedInArrivalOrder", testFenceWaitersInOrder},
+		{"ManyWaitersFewStoreReads", testFenceManyWaiters},
+		{"DrainBeyondTheWaitAnsweredAtOnce", testFenceDrainAnsweredAtOnce},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -88,7 +103,14 @@ func RunFence(t *testing.T, h FenceHarness) {
 	}
 }
 
-var fenceOpts = FenceOptions{SessionCheck: 400 * time.Millisecond, DrainPeriod: 2 * time.Second, Idle: time.Minute}
+// Leases in these tests last a second: long enough that a loaded machine
+// (-race, two cores) does not let them expire between two steps.
+var fenceOpts = FenceOptions{SessionCheck: time.Second, DrainPeriod: 3 * time.Second, Idle: time.Minute}
+
+const fenceTTL = time.Second
+
+// pastFenceTTL sleeps until a fenceTTL lease taken just before has expired.
+func pastFenceTTL() { time.Sleep(fenceTTL + 50*time.Millisecond) }
 
 func acquireOn(t *testing.T, svc *tokens.Service, resource, holder string, ttl time.Duration) tokens.Lease {
 	t.Helper()
@@ -136,12 +158,12 @@ func testFenceSteadyWrites(t *testing.T, h FenceHarness) {
 func testFenceRenewElsewhere(t *testing.T, h FenceHarness) {
 	rs := h.Replicas(t, 2, fenceOpts)
 	a, b := rs[0].Service(fenceOpts), rs[1].Service(fenceOpts)
-	l := acquireOn(t, a, "renew", "w", 300*time.Millisecond)
-	admit(t, a, l).Done(false) // a remembers expiry at +300ms
-	if _, err := b.Renew(t.Context(), l.ID, 5*time.Second, ""); err != nil {
+	l := acquireOn(t, a, "renew", "w", fenceTTL)
+	admit(t, a, l).Done(false) // a remembers the first expiry
+	if _, err := b.Renew(t.Context(), l.ID, 10*time.Second, ""); err != nil {
 		t.Fatalf("renew through b: %v", err)
 	}
-	time.Sleep(400 * time.Millisecond)
+	pastFenceTTL()
 	admit(t, a, l).Done(false)
 }
 
@@ -202,9 +224,9 @@ func testFenceReleaseWaits(t *testing.T, h FenceHarness) {
 func testFenceGrantWaits(t *testing.T, h FenceHarness) {
 	rs := h.Replicas(t, 2, fenceOpts)
 	a, b := rs[0].Service(fenceOpts), rs[1].Service(fenceOpts)
-	old := acquireOn(t, a, "grant-waits", "old", 200*time.Millisecond)
+	old := acquireOn(t, a, "grant-waits", "old", fenceTTL)
 	p := admit(t, a, old)
-	time.Sleep(250 * time.Millisecond)
+	pastFenceTTL()
 	var writeDone atomic.Bool
 	go func() {
 		time.Sleep(400 * time.Millisecond)
@@ -225,7 +247,7 @@ func testFenceGrantWaits(t *testing.T, h FenceHarness) {
 func testFenceGrantNotStarved(t *testing.T, h FenceHarness) {
 	rs := h.Replicas(t, 2, fenceOpts)
 	a, b := rs[0].Service(fenceOpts), rs[1].Service(fenceOpts)
-	old := acquireOn(t, a, "hot", "old", 500*time.Millisecond)
+	old := acquireOn(t, a, "hot", "old", fenceTTL)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for range 4 {
@@ -261,7 +283,7 @@ func testFenceGrantNotStarved(t *testing.T, h FenceHarness) {
 func testFenceSessionKilled(t *testing.T, h FenceHarness) {
 	rs := h.Replicas(t, 2, fenceOpts)
 	a, b := rs[0].Service(fenceOpts), rs[1].Service(fenceOpts)
-	old := acquireOn(t, a, "killed", "old", 300*time.Millisecond)
+	old := acquireOn(t, a, "killed", "old", fenceTTL)
 	p := admit(t, a, old) // in flight: the upstream has it
 	defer p.Done(false)
 	other := acquireOn(t, a, "killed-other", "w", 10*time.Second)
@@ -269,8 +291,9 @@ func testFenceSessionKilled(t *testing.T, h FenceHarness) {
 
 	rs[0].KillSessions(t)
 	killed := time.Now()
-	time.Sleep(350 * time.Millisecond) // old's lease has expired
-	l, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "killed", Holder: "new", TTL: time.Second})
+	pastFenceTTL()
+	l, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "killed", Holder: "new", TTL: time.Second,
+		Wait: fenceOpts.DrainPeriod + fenceOpts.SessionCheck + 2*time.Second})
 	if err != nil {
 		t.Fatalf("grant after the drain: %v", err)
 	}
@@ -294,19 +317,20 @@ func testFenceSessionKilled(t *testing.T, h FenceHarness) {
 func testFenceCrash(t *testing.T, h FenceHarness) {
 	rs := h.Replicas(t, 2, fenceOpts)
 	a, b := rs[0].Service(fenceOpts), rs[1].Service(fenceOpts)
-	fenced := acquireOn(t, a, "crash-fenced", "old", 200*time.Millisecond)
+	fenced := acquireOn(t, a, "crash-fenced", "old", fenceTTL)
 	admit(t, a, fenced) // never finished: the process dies
-	acquireOn(t, a, "crash-unfenced", "old", 200*time.Millisecond)
+	acquireOn(t, a, "crash-unfenced", "old", fenceTTL)
 	rs[0].Crash(t)
 	crashed := time.Now()
-	time.Sleep(250 * time.Millisecond)
+	pastFenceTTL()
 	if _, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "crash-unfenced", Holder: "new", TTL: time.Second}); err != nil {
 		t.Fatalf("a resource the dead replica never fenced: %v", err)
 	}
 	if waited := time.Since(crashed); waited >= fenceOpts.DrainPeriod {
 		t.Fatalf("a resource the dead replica never fenced waited %v, as long as a drain", waited)
 	}
-	l, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "crash-fenced", Holder: "new", TTL: time.Second})
+	l, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "crash-fenced", Holder: "new", TTL: time.Second,
+		Wait: fenceOpts.DrainPeriod + fenceOpts.SessionCheck + 2*time.Second})
 	if err != nil {
 		t.Fatalf("grant after the drain: %v", err)
 	}
@@ -320,10 +344,10 @@ func testFenceCrash(t *testing.T, h FenceHarness) {
 func testFenceCleanShutdown(t *testing.T, h FenceHarness) {
 	rs := h.Replicas(t, 2, fenceOpts)
 	a, b := rs[0].Service(fenceOpts), rs[1].Service(fenceOpts)
-	old := acquireOn(t, a, "clean", "old", 200*time.Millisecond)
+	old := acquireOn(t, a, "clean", "old", fenceTTL)
 	admit(t, a, old).Done(false)
 	rs[0].Close()
-	time.Sleep(250 * time.Millisecond)
+	pastFenceTTL()
 	if _, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "clean", Holder: "new", TTL: time.Second}); err != nil {
 		t.Fatalf("grant after a clean shutdown of the previous holder's replica: %v", err)
 	}
@@ -383,4 +407,91 @@ func testFenceConnections(t *testing.T, h FenceHarness) {
 		t.Fatalf("%d database sessions for 512 writes in flight; want at most 32", n)
 	}
 	t.Logf("512 writes in flight on 64 resources: %d database sessions", n)
+}
+
+// Acquires waiting for a held resource get it in the order they asked, when
+// its holder releases it through another replica.
+func testFenceWaitersInOrder(t *testing.T, h FenceHarness) {
+	rs := h.Replicas(t, 2, fenceOpts)
+	a, b := rs[0].Service(fenceOpts), rs[1].Service(fenceOpts)
+	held := acquireOn(t, a, "queue", "first", 30*time.Second)
+	var mu sync.Mutex
+	var order []int
+	var wg sync.WaitGroup
+	for i := range 5 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "queue", Holder: "w", TTL: 30 * time.Second, Wait: 10 * time.Second})
+			if err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			time.Sleep(20 * time.Millisecond)
+			if _, err := b.Release(t.Context(), l.ID, ""); err != nil {
+				t.Errorf("waiter %d release: %v", i, err)
+			}
+		}()
+		time.Sleep(50 * time.Millisecond) // arrival order
+	}
+	if _, err := a.Release(t.Context(), held.ID, ""); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	wg.Wait()
+	for i, got := range order {
+		if got != i {
+			t.Fatalf("waiters were granted in the order %v; want arrival order", order)
+		}
+	}
+}
+
+// A hundred acquires waiting for one resource do not each poll the store:
+// only the first in line tries, at the holder's expiry or a release.
+func testFenceManyWaiters(t *testing.T, h FenceHarness) {
+	r := h.Replicas(t, 1, fenceOpts)[0]
+	svc := r.Service(fenceOpts)
+	acquireOn(t, svc, "crowd", "holder", 1500*time.Millisecond)
+	const n = 100
+	before := r.attempts.Load()
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = svc.Acquire(t.Context(), tokens.AcquireRequest{Resource: "crowd", Holder: "w", TTL: 10 * time.Second, Wait: time.Second})
+		}()
+	}
+	wg.Wait()
+	// Each waiter tries once on arrival and once more when its wait ends;
+	// the one at the head of the line once a second besides. Polling every
+	// 25 ms would have made about 40 tries each.
+	if got := r.attempts.Load() - before; got > 3*n {
+		t.Fatalf("%d waiters for one second made %d grant attempts; want at most %d", n, got, 3*n)
+	}
+}
+
+// An acquire whose wait would end before a known drain does answers at
+// once, with the drain's end in RetryAfter.
+func testFenceDrainAnsweredAtOnce(t *testing.T, h FenceHarness) {
+	rs := h.Replicas(t, 2, fenceOpts)
+	a, b := rs[0].Service(fenceOpts), rs[1].Service(fenceOpts)
+	old := acquireOn(t, a, "drained", "old", fenceTTL)
+	admit(t, a, old) // in flight when the replica dies
+	rs[0].Crash(t)
+	pastFenceTTL()
+	// The first grant attempt finds the orphan and starts the drain.
+	_, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "drained", Holder: "new", TTL: time.Second, Wait: 300 * time.Millisecond})
+	e := wantErr(t, err, tokens.ErrFenceBusy, "acquire during a drain")
+	start := time.Now()
+	_, err = b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "drained", Holder: "new", TTL: time.Second, Wait: 500 * time.Millisecond})
+	e = wantErr(t, err, tokens.ErrFenceBusy, "acquire whose wait ends before the drain")
+	if e.RetryAfter <= 500*time.Millisecond {
+		t.Fatalf("RetryAfter %v; want the drain's end, beyond the wait", e.RetryAfter)
+	}
+	if waited := time.Since(start); waited >= 500*time.Millisecond {
+		t.Fatalf("answered after %v, the whole wait; a drain known to end later is answered at once", waited)
+	}
 }
