@@ -106,8 +106,8 @@ async function main(): Promise<void> {
   check(aw.response?.status === 409, "A's write is refused with 409", aw.response?.status);
   check((aw.response?.headers.get("content-type") ?? "").startsWith("application/problem+json"),
     "as application/problem+json", aw.response?.headers.get("content-type"));
-  // parseAs "text": the problem arrives as its JSON text.
-  const problem = JSON.parse(typeof aw.error === "string" ? aw.error : "{}") as Partial<Problem>;
+  // The client parses an error body as JSON when it is JSON.
+  const problem = (typeof aw.error === "object" && aw.error !== null ? aw.error : {}) as Partial<Problem>;
   check(problem.code === "stale_token" && problem.token === a.token && problem.current_token === b.token,
     `code stale_token, token ${a.token} vs current_token ${b.token}`, problem);
 
