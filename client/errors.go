@@ -45,28 +45,39 @@ var (
 	ErrReleased = errors.New("fencegw: lease released")
 )
 
-// Problem codes of the gateway (DESIGN.md, "Details that clients rely on").
+// Problem codes of the gateway: the known values of the spec's ProblemCode
+// (api/openapi.yaml, the one list; codes_test.go fails when these and the
+// spec disagree). The set is open: a newer gateway may answer a code not
+// listed here, which *Error.Code then carries as is; match the codes you
+// know and treat any other by *Error.Status.
 const (
-	CodeInvalidRequest  = "invalid_request"
-	CodeNotFound        = "not_found"
-	CodeLeaseHeld       = "lease_held"
-	CodeLeaseLost       = "lease_lost"
-	CodeStaleToken      = "stale_token"
-	CodeLeaseExpired    = "lease_expired"
-	CodeLeaseReleased   = "lease_released"
-	CodeMissingLease    = "missing_lease"
-	CodeUnknownLease    = "unknown_lease"
-	CodeLeaseNotOwned   = "lease_not_owned" // 403: the lease was acquired with another API key
-	CodeUnknownUpstream = "unknown_upstream"
-	CodeBodyTooLarge    = "body_too_large"
+	CodeInvalidRequest   = "invalid_request"    // 400: malformed input; *Error.Field names it
+	CodeMissingLease     = "missing_lease"      // 400: a fenced write without Fencing-Lease
+	CodeUnauthorized     = "unauthorized"       // 401: no API key, or a wrong one
+	CodeForbidden        = "forbidden"          // 403: the key's role or resource prefixes do not allow the call
+	CodeUnknownLease     = "unknown_lease"      // 403: a write under a lease never granted (an ErrStale)
+	CodeLeaseNotOwned    = "lease_not_owned"    // 403: the lease was acquired with another API key
+	CodeNotFound         = "not_found"          // 404: no such lease, resource or endpoint
+	CodeUnknownUpstream  = "unknown_upstream"   // 404: no upstream of that name is configured
+	CodeMethodNotAllowed = "method_not_allowed" // 405
 	// CodeRequestTimeout (408): the request body did not arrive within the
 	// gateway's body timeout. If the write's headers had reached the
 	// upstream its outcome is unknown and the resource drains.
-	CodeRequestTimeout      = "request_timeout"
-	CodeFenceBusy           = "fence_busy"
-	CodeStoreUnavailable    = "store_unavailable"
-	CodeUpstreamUnreachable = "upstream_unreachable"
-	CodeUpstreamTimeout     = "upstream_timeout"
+	CodeRequestTimeout       = "request_timeout"
+	CodeLeaseHeld            = "lease_held"             // 409: another holder has the resource (ErrLeaseHeld)
+	CodeLeaseLost            = "lease_lost"             // 409: renew or release of a lease no longer current (ErrLeaseLost)
+	CodeStaleToken           = "stale_token"            // 409: a newer grant exists (ErrStale)
+	CodeLeaseExpired         = "lease_expired"          // 409: the write's lease expired (ErrStale)
+	CodeLeaseReleased        = "lease_released"         // 409: the write's lease was released or revoked (ErrStale)
+	CodeBodyTooLarge         = "body_too_large"         // 413
+	CodeUnsupportedMediaType = "unsupported_media_type" // 415: control calls take application/json
+	CodeRateLimited          = "rate_limited"           // 429: the key is over its request rate; see *Error.RetryAfter
+	CodeTooManyLeases        = "too_many_leases"        // 429: the key holds as many live leases as it may; see *Error.RetryAfter
+	CodeInternalError        = "internal_error"         // 500: a bug in the gateway
+	CodeUpstreamUnreachable  = "upstream_unreachable"   // 502 (ErrUpstream)
+	CodeFenceBusy            = "fence_busy"             // 503: in-flight writes or a drain period held the grant up (ErrUnavailable)
+	CodeStoreUnavailable     = "store_unavailable"      // 503: the token store cannot be reached (ErrUnavailable)
+	CodeUpstreamTimeout      = "upstream_timeout"       // 504: the write's outcome is unknown (ErrUpstream)
 )
 
 // Operations named in *Error.Op.

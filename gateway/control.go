@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fencegw/fencegw/api"
+	"github.com/fencegw/fencegw/api/server"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -21,9 +22,9 @@ type control struct {
 	obs *metrics
 }
 
-var _ api.StrictServerInterface = (*control)(nil)
+var _ server.StrictServerInterface = (*control)(nil)
 
-func (c *control) AcquireLease(ctx context.Context, req api.AcquireLeaseRequestObject) (api.AcquireLeaseResponseObject, error) {
+func (c *control) AcquireLease(ctx context.Context, req server.AcquireLeaseRequestObject) (server.AcquireLeaseResponseObject, error) {
 	if req.Body == nil {
 		return nil, requestError("body", "a JSON object is required")
 	}
@@ -46,7 +47,7 @@ func (c *control) AcquireLease(ctx context.Context, req api.AcquireLeaseRequestO
 	if err != nil {
 		return nil, err
 	}
-	return api.AcquireLease201JSONResponse(leaseJSON(lease, tokens.StateCurrent, lease.TTL)), nil
+	return server.AcquireLease201JSONResponse(leaseJSON(lease, tokens.StateCurrent, lease.TTL)), nil
 }
 
 // checkAcquire applies the key's resource prefixes and caps.
@@ -88,7 +89,7 @@ func checkTTL(p *Principal, ttl time.Duration) error {
 	return nil
 }
 
-func (c *control) GetLease(ctx context.Context, req api.GetLeaseRequestObject) (api.GetLeaseResponseObject, error) {
+func (c *control) GetLease(ctx context.Context, req server.GetLeaseRequestObject) (server.GetLeaseResponseObject, error) {
 	lease, err := c.svc.Lease(ctx, req.LeaseId)
 	if err != nil {
 		return nil, err
@@ -109,10 +110,10 @@ func (c *control) GetLease(ctx context.Context, req api.GetLeaseRequestObject) (
 	if state == tokens.StateCurrent {
 		remaining = lease.Remaining(now)
 	}
-	return api.GetLease200JSONResponse(leaseJSON(lease, state, remaining)), nil
+	return server.GetLease200JSONResponse(leaseJSON(lease, state, remaining)), nil
 }
 
-func (c *control) RenewLease(ctx context.Context, req api.RenewLeaseRequestObject) (api.RenewLeaseResponseObject, error) {
+func (c *control) RenewLease(ctx context.Context, req server.RenewLeaseRequestObject) (server.RenewLeaseResponseObject, error) {
 	var ttl time.Duration // 0: the lease's own TTL
 	if req.Body != nil && req.Body.TtlMs != nil {
 		if ttl = millis(*req.Body.TtlMs); ttl == 0 {
@@ -128,21 +129,21 @@ func (c *control) RenewLease(ctx context.Context, req api.RenewLeaseRequestObjec
 	if err != nil {
 		return nil, err
 	}
-	return api.RenewLease200JSONResponse(leaseJSON(lease, tokens.StateCurrent, lease.TTL)), nil
+	return server.RenewLease200JSONResponse(leaseJSON(lease, tokens.StateCurrent, lease.TTL)), nil
 }
 
-func (c *control) ReleaseLease(ctx context.Context, req api.ReleaseLeaseRequestObject) (api.ReleaseLeaseResponseObject, error) {
+func (c *control) ReleaseLease(ctx context.Context, req server.ReleaseLeaseRequestObject) (server.ReleaseLeaseResponseObject, error) {
 	if _, err := c.svc.Release(ctx, req.LeaseId, principalName(ctx)); err != nil {
 		return nil, err
 	}
-	return api.ReleaseLease204Response{}, nil
+	return server.ReleaseLease204Response{}, nil
 }
 
 // anonymousAdmin names the revoker in the lease history when the gateway
 // runs without authentication.
 const anonymousAdmin = "(no authentication)"
 
-func (c *control) RevokeLease(ctx context.Context, req api.RevokeLeaseRequestObject) (api.RevokeLeaseResponseObject, error) {
+func (c *control) RevokeLease(ctx context.Context, req server.RevokeLeaseRequestObject) (server.RevokeLeaseResponseObject, error) {
 	by := anonymousAdmin
 	if p := principalFrom(ctx); p != nil {
 		if p.Role < RoleAdmin {
@@ -161,10 +162,10 @@ func (c *control) RevokeLease(ctx context.Context, req api.RevokeLeaseRequestObj
 	if err != nil {
 		return nil, err
 	}
-	return api.RevokeLease200JSONResponse(leaseJSON(lease, tokens.StateReleased, 0)), nil
+	return server.RevokeLease200JSONResponse(leaseJSON(lease, tokens.StateReleased, 0)), nil
 }
 
-func (c *control) GetResource(ctx context.Context, req api.GetResourceRequestObject) (api.GetResourceResponseObject, error) {
+func (c *control) GetResource(ctx context.Context, req server.GetResourceRequestObject) (server.GetResourceResponseObject, error) {
 	if err := mayUse(ctx, req.Resource); err != nil {
 		return nil, err
 	}
@@ -189,7 +190,7 @@ func (c *control) GetResource(ctx context.Context, req api.GetResourceRequestObj
 		d := res.DrainUntil.UTC()
 		out.DrainUntil = &d
 	}
-	return api.GetResource200JSONResponse(out), nil
+	return server.GetResource200JSONResponse(out), nil
 }
 
 const (
@@ -197,7 +198,7 @@ const (
 	maxRejectionPage     = 1000
 )
 
-func (c *control) ListRejections(ctx context.Context, req api.ListRejectionsRequestObject) (api.ListRejectionsResponseObject, error) {
+func (c *control) ListRejections(ctx context.Context, req server.ListRejectionsRequestObject) (server.ListRejectionsResponseObject, error) {
 	p := req.Params
 	q := tokens.RejectionQuery{Limit: defaultRejectionPage}
 	if p.Limit != nil {
@@ -238,7 +239,7 @@ func (c *control) ListRejections(ctx context.Context, req api.ListRejectionsRequ
 		}
 		out.Items = append(out.Items, rejectionJSON(r))
 	}
-	return api.ListRejections200JSONResponse(out), nil
+	return server.ListRejections200JSONResponse(out), nil
 }
 
 // millis converts client milliseconds to a Duration without overflow:
@@ -345,7 +346,7 @@ func jsonTypeName(kind string) string {
 // paramErrorHandler answers path and query parameters that do not parse.
 func (g *Gateway) paramErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	field := "parameters"
-	var f *api.InvalidParamFormatError
+	var f *server.InvalidParamFormatError
 	if errors.As(err, &f) {
 		field = f.ParamName
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/fencegw/fencegw/api"
+	"github.com/fencegw/fencegw/api/server"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -143,6 +143,10 @@ func (g *Gateway) routes() http.Handler {
 		_, _ = io.WriteString(w, "ok\n")
 	})
 	r.Get("/readyz", g.serveReady)
+	r.Get("/v1", g.serveIndex)
+	r.Get(pathIndex, g.serveIndex)
+	r.Get(pathSpecYAML, g.serveSpecYAML)
+	r.Get(pathSpecJSON, g.serveSpecJSON)
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(g.cfg.Registry, promhttp.HandlerOpts{Registry: g.cfg.Registry}))
 	if g.cfg.UI != nil {
 		r.Handle("/ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
@@ -150,15 +154,15 @@ func (g *Gateway) routes() http.Handler {
 		r.Get("/", http.RedirectHandler("/ui/", http.StatusFound).ServeHTTP)
 	}
 
-	strict := api.NewStrictHandlerWithOptions(&control{svc: g.svc, obs: g.obs}, nil, api.StrictHTTPServerOptions{
+	strict := server.NewStrictHandlerWithOptions(&control{svc: g.svc, obs: g.obs}, nil, server.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc: g.requestErrorHandler,
 		ResponseErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
 			writeProblem(w, r, g.log, err)
 		},
 	})
-	api.HandlerWithOptions(strict, api.ChiServerOptions{
+	server.HandlerWithOptions(strict, server.ChiServerOptions{
 		BaseRouter:       r,
-		Middlewares:      []api.MiddlewareFunc{g.controlBody},
+		Middlewares:      []server.MiddlewareFunc{g.controlBody},
 		ErrorHandlerFunc: g.paramErrorHandler,
 	})
 	return r

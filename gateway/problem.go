@@ -173,7 +173,15 @@ func requestError(field, detail string) error {
 func writeProblem(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	p, internal := problemFor(err)
 	if internal {
-		log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		if r.Context().Err() != nil {
+			// The client went away (it cancelled the call, as an SDK does
+			// with a renewal it no longer needs, or its connection broke):
+			// the store call failed because of that, not because of the
+			// gateway, and nobody reads this answer. Not an error.
+			log.Debug("request abandoned by its client", "method", r.Method, "path", r.URL.Path, "err", err)
+		} else {
+			log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		}
 		p.Detail = "" // don't leak internals
 	}
 	sendProblem(w, r, p)

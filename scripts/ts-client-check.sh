@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
-# Checks that a client generated from api/openapi.yaml by a non-Go generator
-# works against a real gateway: examples/ts-worker (openapi-typescript +
-# openapi-fetch) replays the stale-write incident through a freshly built
-# fencegw in front of a tiny node upstream, and must exit 0.
+# Checks that clients generated from api/openapi.yaml by two stock npm
+# generators, at their default options, work against a real gateway:
+#
+#   examples/ts-worker          openapi-typescript + openapi-fetch
+#   examples/ts-heyapi-worker   @hey-api/openapi-ts (types, SDK, fetch client)
+#
+# Each replays the stale-write incident through a freshly built fencegw in
+# front of a tiny node upstream (an acquire without wait_ms; the upstream
+# must receive the exact path, query and Content-Type the worker sent) and
+# must exit 0.
 #
 #   bash scripts/ts-client-check.sh
 #
-# Steps: npm ci (pinned lock file, npm registry only); the committed
-# generated types must equal a fresh `npm run generate`; tsc type-checks the
-# worker; then the gateway (go build, 127.0.0.1, free port, temp --data) and
-# the upstream are started, the worker runs, and everything started here is
-# stopped again, whatever happens. Every step is bounded in time.
+# Steps, per example: npm ci (pinned lock file, npm registry only); the
+# committed generated code must equal a fresh `npm run generate`; tsc
+# type-checks the worker. Then the gateway (go build, 127.0.0.1, free port,
+# temp --data) and the upstream are started, both workers run, and
+# everything started here is stopped again, whatever happens. Every step is
+# bounded in time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 ex=examples/ts-worker
+examples=("examples/ts-worker:src/fencegw.d.ts" "examples/ts-heyapi-worker:src/client")
 
 say() { printf 'ts-client-check: %s\n' "$*"; }
 die() { say "FAIL: $*" >&2; exit 1; }
@@ -60,22 +68,25 @@ wait_for() {
 command -v node >/dev/null || die "node is not installed"
 say "node $(node --version), npm $(npm --version)"
 
-lock=$ex/package-lock.json
-if grep -Eo '"resolved": *"[^"]*"' "$lock" | grep -Ev '"https://registry\.npmjs\.org/'; then
-  die "$lock resolves packages outside https://registry.npmjs.org/ (above)"
-fi
-say "npm ci in $ex"
-(cd "$ex" && timeout 600 npm ci --no-audit --no-fund --loglevel=error >/dev/null) || die "npm ci failed"
+for entry in "${examples[@]}"; do
+  dir=${entry%%:*} generated=${entry#*:}
+  lock=$dir/package-lock.json
+  if grep -Eo '"resolved": *"[^"]*"' "$lock" | grep -Ev '"https://registry\.npmjs\.org/'; then
+    die "$lock resolves packages outside https://registry.npmjs.org/ (above)"
+  fi
+  say "npm ci in $dir"
+  (cd "$dir" && timeout 600 npm ci --no-audit --no-fund --loglevel=error >/dev/null) || die "npm ci failed in $dir"
 
-say "generated types are fresh (npm run generate)"
-(cd "$ex" && timeout 120 npm run -s generate >/dev/null) || die "npm run generate failed"
-if [ -n "$(git status --porcelain -- "$ex/src/fencegw.d.ts")" ]; then
-  git --no-pager diff --stat -- "$ex/src/fencegw.d.ts" >&2 || true
-  die "$ex/src/fencegw.d.ts is stale or uncommitted: run 'npm run generate' in $ex and commit it"
-fi
+  say "generated client is fresh ($dir: npm run generate, default options)"
+  (cd "$dir" && timeout 120 npm run -s generate >/dev/null) || die "npm run generate failed in $dir"
+  if [ -n "$(git status --porcelain -- "$dir/$generated")" ]; then
+    git --no-pager status --short -- "$dir/$generated" >&2 || true
+    die "$dir/$generated is stale or uncommitted: run 'npm run generate' in $dir and commit it"
+  fi
 
-say "tsc --noEmit"
-(cd "$ex" && timeout 300 npm run -s typecheck) || die "the worker does not type-check against the generated client"
+  say "tsc --noEmit ($dir)"
+  (cd "$dir" && timeout 300 npm run -s typecheck) || die "$dir does not type-check against its generated client"
+done
 
 say "go build ./cmd/fencegw"
 timeout 600 go build -o "$tmp/fencegw" ./cmd/fencegw || die "go build failed"
@@ -93,9 +104,12 @@ gateway_url=$(wait_for "$tmp/gateway.log" 's/.*serving on \(http[^ ]*\).*/\1/p' 
   die "the gateway did not start"
 say "gateway at $gateway_url"
 
-say "running the worker"
-rc=0
-(cd "$ex" && FENCEGW_URL=$gateway_url FENCEGW_UPSTREAM=statements UPSTREAM_URL=$upstream_url \
-  timeout --kill-after=5 120 "$root/$ex/node_modules/.bin/tsx" src/worker.ts) || rc=$?
-[ "$rc" -eq 0 ] || die "the worker exited $rc"
+for entry in "${examples[@]}"; do
+  dir=${entry%%:*}
+  say "running the worker of $dir"
+  rc=0
+  (cd "$dir" && FENCEGW_URL=$gateway_url FENCEGW_UPSTREAM=statements UPSTREAM_URL=$upstream_url \
+    timeout --kill-after=5 120 "$root/$dir/node_modules/.bin/tsx" src/worker.ts) || rc=$?
+  [ "$rc" -eq 0 ] || die "the worker of $dir exited $rc"
+done
 say "PASS"

@@ -59,6 +59,11 @@ func TestDemo(t *testing.T) {
 	if strings.Contains(out, "Ctrl-C") {
 		t.Error("--exit still waits for Ctrl-C")
 	}
+	// A renewal the demo's own client cancelled is not a server error
+	// (issue 12): the demo's log shows warnings and errors only.
+	if log := stderr.String(); strings.Contains(log, "level=ERROR") {
+		t.Errorf("the demo logged an error:\n%s", log)
+	}
 }
 
 // Without --exit the demo serves the dashboard until ctx ends.

@@ -1,5 +1,6 @@
 // A tiny protected "upstream" for the example: answers 200 to any request,
-// logs each one (method, path, the gateway's Fencing-* headers, body) and
+// logs each one (method, raw path, content type, the gateway's Fencing-*
+// headers, body) and
 // keeps them so the worker can check what actually landed:
 //   GET /_received  -> JSON array of the requests received so far
 //
@@ -22,7 +23,8 @@ const server = http.createServer((req, res) => {
     const body = Buffer.concat(chunks).toString("utf8");
     const rec = {
       method: req.method,
-      path: req.url,
+      path: req.url, // as received: percent-encoding and query included
+      content_type: req.headers["content-type"] ?? null,
       fencing_token: req.headers["fencing-token"] ?? null,
       fencing_resource: req.headers["fencing-resource"] ?? null,
       // The gateway must never pass the lease secret on: recorded to check.
@@ -31,7 +33,7 @@ const server = http.createServer((req, res) => {
     };
     received.push(rec);
     console.log(
-      `upstream: ${rec.method} ${rec.path} token=${rec.fencing_token} resource=${rec.fencing_resource} body=${body}`,
+      `upstream: ${rec.method} ${rec.path} type=${rec.content_type} token=${rec.fencing_token} resource=${rec.fencing_resource} body=${body}`,
     );
     res.writeHead(200, { "content-type": "application/json" });
     res.end(JSON.stringify({ ok: true, stored: received.length }));

@@ -184,7 +184,7 @@ export interface paths {
          *
          *     Each client gets at most 20 events a second (a burst of 20, then 20/s).
          *     Past that, rejections are folded into `event: summary` events whose
-         *     `data:` is a RejectionSummary and whose `id:` is the last rejection it
+         *     `data:` is a summary (below) and whose `id:` is the last rejection it
          *     covers: every rejection matching the filters is either sent or counted
          *     in a summary, in id order, so reconnecting with the last id seen
          *     resumes exactly after it. A summary with `gap: true` and no `id:`
@@ -200,88 +200,67 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
-    "/v1/proxy/{upstream}/{path}": {
+    "/v1": {
         parameters: {
             query?: never;
-            header: {
-                /** @description The secret lease id under which the write is made. */
-                "Fencing-Lease": components["parameters"]["FencingLease"];
-            };
-            path: {
-                /** @description The name of an upstream configured with `--upstream NAME=URL`. */
-                upstream: components["parameters"]["Upstream"];
-                /** @description The path to request on the upstream (may contain slashes). */
-                path: components["parameters"]["ProxyPath"];
-            };
+            header?: never;
+            path?: never;
             cookie?: never;
         };
         /**
-         * Forward a fenced request (GET)
-         * @description Forwards the request to `<upstream base URL>/<path>?<query>` if the
-         *     `Fencing-Lease` header names the resource's current, live lease. Any
-         *     method works the same way; the request's body (up to the configured
-         *     limit, 10 MiB by default) and headers are forwarded, hop-by-hop headers
-         *     removed. The upstream receives `Fencing-Token` and `Fencing-Resource`
-         *     headers, the gateway's `X-Forwarded-For`/`-Proto`, and never the
-         *     `Fencing-Lease` secret. The path may contain slashes (this document
-         *     describes it as one parameter because OpenAPI cannot express a
-         *     multi-segment one).
+         * Where things are
+         * @description A small index of the gateway's HTTP surface: the control API, this
+         *     document, the fenced-write proxy, the dashboard (absent when the
+         *     gateway serves none), metrics and probes. Paths are relative to the
+         *     gateway's own address. `GET /v1/` answers the same.
          */
-        get: operations["fencedGet"];
-        /**
-         * Forward a fenced write (PUT)
-         * @description Forwards the request to `<upstream base URL>/<path>?<query>` if the
-         *     `Fencing-Lease` header names the resource's current, live lease. Any
-         *     method works the same way; the request's body (up to the configured
-         *     limit, 10 MiB by default) and headers are forwarded, hop-by-hop headers
-         *     removed. The upstream receives `Fencing-Token` and `Fencing-Resource`
-         *     headers, the gateway's `X-Forwarded-For`/`-Proto`, and never the
-         *     `Fencing-Lease` secret. The path may contain slashes (this document
-         *     describes it as one parameter because OpenAPI cannot express a
-         *     multi-segment one).
-         */
-        put: operations["fencedPut"];
-        /**
-         * Forward a fenced write (POST)
-         * @description Forwards the request to `<upstream base URL>/<path>?<query>` if the
-         *     `Fencing-Lease` header names the resource's current, live lease. Any
-         *     method works the same way; the request's body (up to the configured
-         *     limit, 10 MiB by default) and headers are forwarded, hop-by-hop headers
-         *     removed. The upstream receives `Fencing-Token` and `Fencing-Resource`
-         *     headers, the gateway's `X-Forwarded-For`/`-Proto`, and never the
-         *     `Fencing-Lease` secret. The path may contain slashes (this document
-         *     describes it as one parameter because OpenAPI cannot express a
-         *     multi-segment one).
-         */
-        post: operations["fencedPost"];
-        /**
-         * Forward a fenced write (DELETE)
-         * @description Forwards the request to `<upstream base URL>/<path>?<query>` if the
-         *     `Fencing-Lease` header names the resource's current, live lease. Any
-         *     method works the same way; the request's body (up to the configured
-         *     limit, 10 MiB by default) and headers are forwarded, hop-by-hop headers
-         *     removed. The upstream receives `Fencing-Token` and `Fencing-Resource`
-         *     headers, the gateway's `X-Forwarded-For`/`-Proto`, and never the
-         *     `Fencing-Lease` secret. The path may contain slashes (this document
-         *     describes it as one parameter because OpenAPI cannot express a
-         *     multi-segment one).
-         */
-        delete: operations["fencedDelete"];
+        get: operations["getIndex"];
+        put?: never;
+        post?: never;
+        delete?: never;
         options?: never;
         head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/openapi.yaml": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
         /**
-         * Forward a fenced write (PATCH)
-         * @description Forwards the request to `<upstream base URL>/<path>?<query>` if the
-         *     `Fencing-Lease` header names the resource's current, live lease. Any
-         *     method works the same way; the request's body (up to the configured
-         *     limit, 10 MiB by default) and headers are forwarded, hop-by-hop headers
-         *     removed. The upstream receives `Fencing-Token` and `Fencing-Resource`
-         *     headers, the gateway's `X-Forwarded-For`/`-Proto`, and never the
-         *     `Fencing-Lease` secret. The path may contain slashes (this document
-         *     describes it as one parameter because OpenAPI cannot express a
-         *     multi-segment one).
+         * This document (YAML)
+         * @description The OpenAPI document the gateway was built with, as YAML, byte for byte.
          */
-        patch: operations["fencedPatch"];
+        get: operations["getOpenAPIYAML"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/openapi.json": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * This document (JSON)
+         * @description The same OpenAPI document as `/v1/openapi.yaml`, converted to JSON.
+         */
+        get: operations["getOpenAPIJSON"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
         trace?: never;
     };
     "/healthz": {
@@ -425,10 +404,12 @@ export interface components {
             ttl_ms: number;
             /**
              * Format: int64
-             * @description How long to wait for a held lease to become free.
-             * @default 0
+             * @description How long to wait for a held lease to become free. Optional;
+             *     absent means 0: answer at once. (No `default` keyword on purpose:
+             *     some generators, such as openapi-typescript 7, make a property
+             *     with a default required.)
              */
-            wait_ms: number;
+            wait_ms?: number;
         };
         RenewRequest: {
             /**
@@ -507,8 +488,7 @@ export interface components {
             at: string;
             /** @description Empty for `unknown_lease`. */
             resource: string;
-            /** @enum {string} */
-            code: "stale_token" | "lease_expired" | "lease_released" | "unknown_lease" | "lease_not_owned";
+            code: components["schemas"]["RejectionCode"];
             /**
              * Format: int64
              * @description The token of the lease the write carried (0 if unknown).
@@ -535,24 +515,6 @@ export interface components {
             items: components["schemas"]["Rejection"][];
             /** @description Pass as `cursor` for the next (older) page; absent on the last page. */
             next_cursor?: string;
-        };
-        /** @description Rejections a stream client was not sent one by one. */
-        RejectionSummary: {
-            count: number;
-            /** Format: int64 */
-            first_id: number;
-            /** Format: int64 */
-            last_id: number;
-            /** Format: date-time */
-            from: string;
-            /** Format: date-time */
-            to: string;
-            /** @description How many of each reason. */
-            codes: {
-                [key: string]: number;
-            };
-            /** @description More was missed than one replay holds. */
-            gap?: boolean;
         };
         DashboardCount: {
             name: string;
@@ -649,6 +611,73 @@ export interface components {
             /** Format: date-time */
             history_from?: string;
         };
+        /** @description Where things are (`GET /v1/`). Paths relative to the gateway's address. */
+        Index: {
+            service: string;
+            /** @description The `info.version` of the OpenAPI document served. */
+            api_version: string;
+            api: string;
+            openapi_yaml: string;
+            openapi_json: string;
+            leases: string;
+            resources: string;
+            rejections: string;
+            rejections_stream: string;
+            /** @description The fenced-write proxy (see the document's description). */
+            proxy: string;
+            /** @description Absent when the gateway serves no dashboard. */
+            dashboard?: string;
+            metrics: string;
+            healthz: string;
+            readyz: string;
+        };
+        /**
+         * @description The stable, machine-readable code of a problem. An open set: the
+         *     known values are below (and in `x-extensible-enum`); a later gateway
+         *     may answer others, so match the ones you know and treat any other by
+         *     its HTTP status.
+         *
+         *     | code | status | meaning |
+         *     |---|---|---|
+         *     | `invalid_request` | 400 | malformed input; `field` names it |
+         *     | `missing_lease` | 400 | a fenced write without `Fencing-Lease` |
+         *     | `unauthorized` | 401 | no API key, or a wrong one |
+         *     | `forbidden` | 403 | the key's role or resource prefixes do not allow it |
+         *     | `unknown_lease` | 403 | a fenced write under a lease never granted |
+         *     | `lease_not_owned` | 403 | the lease was acquired with another key |
+         *     | `not_found` | 404 | no such lease, resource or endpoint |
+         *     | `unknown_upstream` | 404 | no upstream of that name is configured |
+         *     | `method_not_allowed` | 405 | the endpoint does not take that method |
+         *     | `request_timeout` | 408 | the body did not arrive within the body timeout |
+         *     | `lease_held` | 409 | another holder has a live lease (`Retry-After`) |
+         *     | `lease_lost` | 409 | renew or release of a lease that expired, was released or superseded |
+         *     | `stale_token` | 409 | a newer grant exists (wins over `lease_expired`) |
+         *     | `lease_expired` | 409 | the write's lease expired, nothing newer granted yet |
+         *     | `lease_released` | 409 | the write's lease was released or revoked |
+         *     | `body_too_large` | 413 | the body exceeds the limit |
+         *     | `unsupported_media_type` | 415 | control calls take `application/json` |
+         *     | `rate_limited` | 429 | the key is over its request rate (`Retry-After`) |
+         *     | `too_many_leases` | 429 | the key holds as many live leases as it may (`Retry-After`) |
+         *     | `internal_error` | 500 | a bug in the gateway (logged) |
+         *     | `upstream_unreachable` | 502 | the upstream could not be reached or broke the connection |
+         *     | `fence_busy` | 503 | a grant waited too long for in-flight writes or a drain period |
+         *     | `store_unavailable` | 503 | the token store cannot be reached (fail closed) |
+         *     | `upstream_timeout` | 504 | the upstream did not answer in time; the outcome is unknown |
+         * @example stale_token
+         */
+        ProblemCode: string;
+        /**
+         * @description Why a write was refused. An open set: the known values are below
+         *     (and in `x-extensible-enum`); a later gateway may record others.
+         *
+         *     - `stale_token`: a newer grant exists for the resource;
+         *     - `lease_expired`: the lease expired, nothing newer granted yet;
+         *     - `lease_released`: its holder released it, or an admin revoked it;
+         *     - `unknown_lease`: no such lease was ever granted;
+         *     - `lease_not_owned`: the lease was acquired with another key.
+         * @example stale_token
+         */
+        RejectionCode: string;
         /** @description An RFC 9457 problem document. */
         Problem: {
             /** @description A URI naming the problem type. */
@@ -657,11 +686,7 @@ export interface components {
             status: number;
             detail?: string;
             instance?: string;
-            /**
-             * @description Stable, machine-readable error code.
-             * @enum {string}
-             */
-            code: "invalid_request" | "not_found" | "lease_held" | "lease_lost" | "stale_token" | "lease_expired" | "lease_released" | "missing_lease" | "unknown_lease" | "lease_not_owned" | "unauthorized" | "forbidden" | "rate_limited" | "too_many_leases" | "unknown_upstream" | "body_too_large" | "request_timeout" | "unsupported_media_type" | "method_not_allowed" | "fence_busy" | "store_unavailable" | "upstream_unreachable" | "upstream_timeout" | "internal_error";
+            code: components["schemas"]["ProblemCode"];
             /** @description For `invalid_request`, the offending field. */
             field?: string;
             resource?: string;
@@ -695,21 +720,6 @@ export interface components {
                  *       "detail": "ttl_ms: must be between 100 and 3600000"
                  *     }
                  */
-                "application/problem+json": components["schemas"]["Problem"];
-            };
-        };
-        /**
-         * @description `missing_lease`: the write carries no `Fencing-Lease` header;
-         *     `invalid_request`: its path (dot segments, control characters) or its
-         *     HTTP framing (both `Content-Length` and `Transfer-Encoding`, and the
-         *     like: the connection is then closed) is refused. Nothing was
-         *     forwarded.
-         */
-        MissingLease: {
-            headers: {
-                [name: string]: unknown;
-            };
-            content: {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
@@ -781,19 +791,6 @@ export interface components {
             };
         };
         /**
-         * @description The write was refused and not forwarded: `stale_token` (a newer grant
-         *     exists; wins over `lease_expired`), `lease_expired` (expired, nothing
-         *     newer granted yet) or `lease_released` (its holder released it).
-         */
-        StaleWrite: {
-            headers: {
-                [name: string]: unknown;
-            };
-            content: {
-                "application/problem+json": components["schemas"]["Problem"];
-            };
-        };
-        /**
          * @description `unauthorized`: authentication is on and the request carries no API
          *     key or a wrong one.
          */
@@ -843,20 +840,6 @@ export interface components {
             };
         };
         /**
-         * @description The write was refused and not forwarded: `unknown_lease` (no such
-         *     lease was ever granted), `lease_not_owned` (the lease was acquired by
-         *     another key) or `forbidden` (the key's role or resource prefixes do
-         *     not allow it).
-         */
-        WriteForbidden: {
-            headers: {
-                [name: string]: unknown;
-            };
-            content: {
-                "application/problem+json": components["schemas"]["Problem"];
-            };
-        };
-        /**
          * @description `rate_limited`: the key is over its request rate; `too_many_leases`:
          *     it holds as many live leases as it may. Retry after `Retry-After`.
          */
@@ -874,25 +857,6 @@ export interface components {
                  *       "code": "rate_limited",
                  *       "detail": "key \"worker-1\" is over its rate of 50 requests/s",
                  *       "instance": "/v1/leases"
-                 *     }
-                 */
-                "application/problem+json": components["schemas"]["Problem"];
-            };
-        };
-        /** @description `unknown_upstream`: no upstream of that name is configured. */
-        UnknownUpstream: {
-            headers: {
-                [name: string]: unknown;
-            };
-            content: {
-                /**
-                 * @example {
-                 *       "type": "urn:fencegw:problem:unknown_upstream",
-                 *       "title": "Unknown upstream",
-                 *       "status": 404,
-                 *       "code": "unknown_upstream",
-                 *       "detail": "no upstream named \"ledger\" is configured",
-                 *       "instance": "/v1/proxy/ledger/entries"
                  *     }
                  */
                 "application/problem+json": components["schemas"]["Problem"];
@@ -983,58 +947,10 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description `upstream_unreachable`: the upstream could not be reached or broke the connection. */
-        UpstreamUnreachable: {
-            headers: {
-                [name: string]: unknown;
-            };
-            content: {
-                /**
-                 * @example {
-                 *       "type": "urn:fencegw:problem:upstream_unreachable",
-                 *       "title": "Upstream unreachable",
-                 *       "status": 502,
-                 *       "code": "upstream_unreachable",
-                 *       "detail": "the upstream could not be reached",
-                 *       "resource": "stmt:acct:88213"
-                 *     }
-                 */
-                "application/problem+json": components["schemas"]["Problem"];
-            };
-        };
-        /**
-         * @description `upstream_timeout`: the upstream did not answer within the forward
-         *     timeout. The outcome is unknown; the resource is closed to grants for
-         *     the drain period.
-         */
-        UpstreamTimeout: {
-            headers: {
-                [name: string]: unknown;
-            };
-            content: {
-                /**
-                 * @example {
-                 *       "type": "urn:fencegw:problem:upstream_timeout",
-                 *       "title": "Upstream timeout",
-                 *       "status": 504,
-                 *       "code": "upstream_timeout",
-                 *       "detail": "the upstream did not answer within 30s; the outcome is unknown and the resource is closed to grants for the drain period",
-                 *       "resource": "stmt:acct:88213"
-                 *     }
-                 */
-                "application/problem+json": components["schemas"]["Problem"];
-            };
-        };
     };
     parameters: {
         /** @description The secret lease id returned by acquireLease. */
         LeaseID: string;
-        /** @description The name of an upstream configured with `--upstream NAME=URL`. */
-        Upstream: string;
-        /** @description The path to request on the upstream (may contain slashes). */
-        ProxyPath: string;
-        /** @description The secret lease id under which the write is made. */
-        FencingLease: string;
     };
     requestBodies: never;
     headers: {
@@ -1383,8 +1299,11 @@ export interface operations {
                 resource?: components["schemas"]["ResourceName"];
                 /** @description Only rejections of writes by this holder. */
                 holder?: string;
-                /** @description Only rejections with this reason. */
-                code?: "stale_token" | "lease_expired" | "lease_released" | "unknown_lease" | "lease_not_owned";
+                /**
+                 * @description Only rejections with this reason: one of the known values of
+                 *     RejectionCode (another value is `400 invalid_request`).
+                 */
+                code?: components["schemas"]["RejectionCode"];
             };
             header?: {
                 /** @description The id of the last event received; missed events are replayed first. */
@@ -1395,7 +1314,15 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The event stream. */
+            /**
+             * @description The event stream. The `data:` of `event: rejection` is a
+             *     Rejection as JSON; that of `event: summary` is a JSON object
+             *     `{count, first_id, last_id, from, to, codes, gap}`: how many
+             *     rejections were folded, the first and last of their ids, the
+             *     times of the first and last, how many of each RejectionCode
+             *     (an object from code to count), and `gap: true` when more was
+             *     missed than one replay holds.
+             */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -1419,204 +1346,103 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
         };
     };
-    fencedGet: {
+    getIndex: {
         parameters: {
             query?: never;
-            header: {
-                /** @description The secret lease id under which the write is made. */
-                "Fencing-Lease": components["parameters"]["FencingLease"];
-            };
-            path: {
-                /** @description The name of an upstream configured with `--upstream NAME=URL`. */
-                upstream: components["parameters"]["Upstream"];
-                /** @description The path to request on the upstream (may contain slashes). */
-                path: components["parameters"]["ProxyPath"];
-            };
+            header?: never;
+            path?: never;
             cookie?: never;
         };
         requestBody?: never;
         responses: {
-            400: components["responses"]["MissingLease"];
-            401: components["responses"]["Unauthorized"];
-            403: components["responses"]["WriteForbidden"];
-            404: components["responses"]["UnknownUpstream"];
-            408: components["responses"]["RequestTimeout"];
-            409: components["responses"]["StaleWrite"];
-            413: components["responses"]["BodyTooLarge"];
-            429: components["responses"]["TooManyRequests"];
-            502: components["responses"]["UpstreamUnreachable"];
-            503: components["responses"]["Unavailable"];
-            504: components["responses"]["UpstreamTimeout"];
-            /** @description The upstream's answer, passed through unchanged. */
-            default: {
+            /** @description The index. */
+            200: {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
-            };
-        };
-    };
-    fencedPut: {
-        parameters: {
-            query?: never;
-            header: {
-                /** @description The secret lease id under which the write is made. */
-                "Fencing-Lease": components["parameters"]["FencingLease"];
-            };
-            path: {
-                /** @description The name of an upstream configured with `--upstream NAME=URL`. */
-                upstream: components["parameters"]["Upstream"];
-                /** @description The path to request on the upstream (may contain slashes). */
-                path: components["parameters"]["ProxyPath"];
-            };
-            cookie?: never;
-        };
-        /** @description Any body; forwarded as is. */
-        requestBody?: {
-            content: {
-                "application/octet-stream": string;
-            };
-        };
-        responses: {
-            400: components["responses"]["MissingLease"];
-            401: components["responses"]["Unauthorized"];
-            403: components["responses"]["WriteForbidden"];
-            404: components["responses"]["UnknownUpstream"];
-            408: components["responses"]["RequestTimeout"];
-            409: components["responses"]["StaleWrite"];
-            413: components["responses"]["BodyTooLarge"];
-            429: components["responses"]["TooManyRequests"];
-            502: components["responses"]["UpstreamUnreachable"];
-            503: components["responses"]["Unavailable"];
-            504: components["responses"]["UpstreamTimeout"];
-            /** @description The upstream's answer, passed through unchanged. */
-            default: {
-                headers: {
-                    [name: string]: unknown;
+                content: {
+                    /**
+                     * @example {
+                     *       "service": "fencegw",
+                     *       "api_version": "1.0.0",
+                     *       "api": "/v1/",
+                     *       "openapi_yaml": "/v1/openapi.yaml",
+                     *       "openapi_json": "/v1/openapi.json",
+                     *       "leases": "/v1/leases",
+                     *       "resources": "/v1/resources/{resource}",
+                     *       "rejections": "/v1/rejections",
+                     *       "rejections_stream": "/v1/rejections/stream",
+                     *       "proxy": "/v1/proxy/{upstream}/{path}",
+                     *       "dashboard": "/ui/",
+                     *       "metrics": "/metrics",
+                     *       "healthz": "/healthz",
+                     *       "readyz": "/readyz"
+                     *     }
+                     */
+                    "application/json": components["schemas"]["Index"];
                 };
-                content?: never;
             };
-        };
-    };
-    fencedPost: {
-        parameters: {
-            query?: never;
-            header: {
-                /** @description The secret lease id under which the write is made. */
-                "Fencing-Lease": components["parameters"]["FencingLease"];
-            };
-            path: {
-                /** @description The name of an upstream configured with `--upstream NAME=URL`. */
-                upstream: components["parameters"]["Upstream"];
-                /** @description The path to request on the upstream (may contain slashes). */
-                path: components["parameters"]["ProxyPath"];
-            };
-            cookie?: never;
-        };
-        /** @description Any body; forwarded as is. */
-        requestBody?: {
-            content: {
-                "application/octet-stream": string;
-            };
-        };
-        responses: {
-            400: components["responses"]["MissingLease"];
             401: components["responses"]["Unauthorized"];
-            403: components["responses"]["WriteForbidden"];
-            404: components["responses"]["UnknownUpstream"];
-            408: components["responses"]["RequestTimeout"];
-            409: components["responses"]["StaleWrite"];
-            413: components["responses"]["BodyTooLarge"];
+            403: components["responses"]["Forbidden"];
             429: components["responses"]["TooManyRequests"];
-            502: components["responses"]["UpstreamUnreachable"];
-            503: components["responses"]["Unavailable"];
-            504: components["responses"]["UpstreamTimeout"];
-            /** @description The upstream's answer, passed through unchanged. */
-            default: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content?: never;
-            };
         };
     };
-    fencedDelete: {
+    getOpenAPIYAML: {
         parameters: {
             query?: never;
-            header: {
-                /** @description The secret lease id under which the write is made. */
-                "Fencing-Lease": components["parameters"]["FencingLease"];
-            };
-            path: {
-                /** @description The name of an upstream configured with `--upstream NAME=URL`. */
-                upstream: components["parameters"]["Upstream"];
-                /** @description The path to request on the upstream (may contain slashes). */
-                path: components["parameters"]["ProxyPath"];
-            };
+            header?: never;
+            path?: never;
             cookie?: never;
         };
         requestBody?: never;
         responses: {
-            400: components["responses"]["MissingLease"];
-            401: components["responses"]["Unauthorized"];
-            403: components["responses"]["WriteForbidden"];
-            404: components["responses"]["UnknownUpstream"];
-            408: components["responses"]["RequestTimeout"];
-            409: components["responses"]["StaleWrite"];
-            413: components["responses"]["BodyTooLarge"];
-            429: components["responses"]["TooManyRequests"];
-            502: components["responses"]["UpstreamUnreachable"];
-            503: components["responses"]["Unavailable"];
-            504: components["responses"]["UpstreamTimeout"];
-            /** @description The upstream's answer, passed through unchanged. */
-            default: {
+            /** @description The OpenAPI document. */
+            200: {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/yaml": string;
+                };
             };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            429: components["responses"]["TooManyRequests"];
         };
     };
-    fencedPatch: {
+    getOpenAPIJSON: {
         parameters: {
             query?: never;
-            header: {
-                /** @description The secret lease id under which the write is made. */
-                "Fencing-Lease": components["parameters"]["FencingLease"];
-            };
-            path: {
-                /** @description The name of an upstream configured with `--upstream NAME=URL`. */
-                upstream: components["parameters"]["Upstream"];
-                /** @description The path to request on the upstream (may contain slashes). */
-                path: components["parameters"]["ProxyPath"];
-            };
+            header?: never;
+            path?: never;
             cookie?: never;
         };
-        /** @description Any body; forwarded as is. */
-        requestBody?: {
-            content: {
-                "application/octet-stream": string;
-            };
-        };
+        requestBody?: never;
         responses: {
-            400: components["responses"]["MissingLease"];
-            401: components["responses"]["Unauthorized"];
-            403: components["responses"]["WriteForbidden"];
-            404: components["responses"]["UnknownUpstream"];
-            408: components["responses"]["RequestTimeout"];
-            409: components["responses"]["StaleWrite"];
-            413: components["responses"]["BodyTooLarge"];
-            429: components["responses"]["TooManyRequests"];
-            502: components["responses"]["UpstreamUnreachable"];
-            503: components["responses"]["Unavailable"];
-            504: components["responses"]["UpstreamTimeout"];
-            /** @description The upstream's answer, passed through unchanged. */
-            default: {
+            /** @description The OpenAPI document. */
+            200: {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    /**
+                     * @example {
+                     *       "openapi": "3.0.3",
+                     *       "info": {
+                     *         "title": "fencegw",
+                     *         "version": "1.0.0"
+                     *       },
+                     *       "paths": {}
+                     *     }
+                     */
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
+                };
             };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            429: components["responses"]["TooManyRequests"];
         };
     };
     healthz: {
@@ -1694,8 +1520,11 @@ export interface operations {
                 resource?: components["schemas"]["ResourceName"];
                 /** @description Only rejections of writes by this holder. */
                 holder?: string;
-                /** @description Only rejections with this reason. */
-                code?: "stale_token" | "lease_expired" | "lease_released" | "unknown_lease" | "lease_not_owned";
+                /**
+                 * @description Only rejections with this reason: one of the known values of
+                 *     RejectionCode (another value is `400 invalid_request`).
+                 */
+                code?: components["schemas"]["RejectionCode"];
             };
             header?: never;
             path?: never;

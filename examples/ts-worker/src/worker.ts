@@ -54,9 +54,12 @@ function must<T>(value: T | undefined, what: string, got: unknown): T {
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-async function acquire(resource: string, holder: string, ttl_ms: number, wait_ms = 0): Promise<Lease> {
+// Acquire. wait_ms is optional in the generated types (the spec gives it
+// no `default`, which openapi-typescript 7 would turn into a required
+// property): without it the gateway answers at once.
+async function acquire(resource: string, holder: string, ttl_ms: number, wait_ms?: number): Promise<Lease> {
   const { data, error, response } = await api.POST("/v1/leases", {
-    body: { resource, holder, ttl_ms, wait_ms },
+    body: wait_ms === undefined ? { resource, holder, ttl_ms } : { resource, holder, ttl_ms, wait_ms },
   });
   return must(
     response.status === 201 ? data : undefined,
@@ -65,14 +68,17 @@ async function acquire(resource: string, holder: string, ttl_ms: number, wait_ms
   );
 }
 
-// A fenced write. The proxy's {path} parameter stands for several path
-// segments, which a generated client would percent-encode into one
-// ("a%2Fb"), so writes use plain fetch with the lease in Fencing-Lease.
-async function fencedWrite(lease: Lease, path: string, body: unknown): Promise<Response> {
-  return fetch(`${base}/v1/proxy/${encodeURIComponent(upstream)}/${path}`, {
+// A fenced write. The proxy is not an operation of the spec (a generated
+// client would percent-encode the slashes of a multi-segment path and fix
+// the content type; see the spec's description), so writes use plain
+// fetch against the same base URL, with the lease in Fencing-Lease. The
+// path, query and Content-Type go to the upstream exactly as sent.
+const WRITE_TYPE = "text/csv; charset=utf-8";
+async function fencedWrite(lease: Lease, pathAndQuery: string, body: string): Promise<Response> {
+  return fetch(`${base}/v1/proxy/${encodeURIComponent(upstream)}/${pathAndQuery}`, {
     method: "POST",
-    headers: { "Fencing-Lease": lease.lease_id, "Content-Type": "application/json" },
-    body: JSON.stringify(body),
+    headers: { "Fencing-Lease": lease.lease_id, "Content-Type": WRITE_TYPE },
+    body,
     signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
   });
 }
@@ -81,9 +87,15 @@ async function main(): Promise<void> {
   const acct = `${Date.now()}${Math.floor(Math.random() * 1000)}`;
   const resource = `stmt:acct:${acct}`;
   const writePath = `statements/${acct}/lines`;
+  const writeQuery = "?source=ts-worker&n=1";
   console.log(`fencegw at ${base}, upstream "${upstream}", resource ${resource}`);
 
-  console.log(`1. worker A acquires (ttl ${TTL_MS} ms)`);
+  console.log("0. the gateway says where things are (GET /v1, in the spec)");
+  const idx = await api.GET("/v1");
+  check(idx.data?.openapi_yaml === "/v1/openapi.yaml" && idx.data?.proxy === "/v1/proxy/{upstream}/{path}",
+    "GET /v1 lists the spec and the proxy", idx.data ?? idx.error);
+
+  console.log(`1. worker A acquires (ttl ${TTL_MS} ms, no wait_ms)`);
   const a = await acquire(resource, "worker-a", TTL_MS);
   check(a.state === "current" && a.token >= 1, `A holds token ${a.token}`, a);
   check(a.lease_id.length >= 22, "A's lease id is an unguessable secret", a.lease_id.length);
@@ -94,11 +106,11 @@ async function main(): Promise<void> {
   console.log("3. worker B acquires and writes");
   const b = await acquire(resource, "worker-b", 10_000, 2_000);
   check(b.token > a.token, `B's token ${b.token} > A's token ${a.token}`, b.token);
-  const bw = await fencedWrite(b, writePath, { line: "B's statement line", writer: "worker-b", token: b.token });
+  const bw = await fencedWrite(b, writePath + writeQuery, `worker-b,${b.token},B's statement line\n`);
   check(bw.status === 200, "B's write reaches the upstream (200)", { status: bw.status, body: await bw.text() });
 
   console.log("4. worker A wakes up and writes");
-  const aw = await fencedWrite(a, writePath, { line: "A's stale statement line", writer: "worker-a", token: a.token });
+  const aw = await fencedWrite(a, writePath + writeQuery, `worker-a,${a.token},A's stale statement line\n`);
   check(aw.status === 409, "A's write is refused with 409", aw.status);
   check(
     (aw.headers.get("content-type") ?? "").startsWith("application/problem+json"),
@@ -141,11 +153,13 @@ async function main(): Promise<void> {
     console.log("6. the upstream received only B's write");
     const res = await fetch(`${upstreamURL}/_received`, { signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS) });
     const all = (await res.json()) as Array<Record<string, string | null>>;
-    const here = all.filter((r) => r.path === `/${writePath}`);
+    const here = all.filter((r) => r.path?.startsWith(`/${writePath}`));
     check(here.length === 1, "exactly one write landed", here);
     const w = here[0];
     if (w) {
       check(w.body?.includes("worker-b") === true, "it is B's", w.body);
+      check(w.path === `/${writePath}${writeQuery}`, `at exactly the path and query sent (/${writePath}${writeQuery})`, w.path);
+      check(w.content_type === WRITE_TYPE, `with exactly the Content-Type sent (${WRITE_TYPE})`, w.content_type);
       check(w.fencing_token === String(b.token) && w.fencing_resource === resource,
         `with Fencing-Token ${b.token} and Fencing-Resource`, w);
       check(w.fencing_lease === null, "and without the Fencing-Lease secret", w.fencing_lease);
