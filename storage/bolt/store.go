@@ -74,6 +74,9 @@ type Options struct {
 	// MaxHistoryPerResource caps each resource's lease history; the oldest
 	// events are dropped. 0 means DefaultMaxHistoryPerResource.
 	MaxHistoryPerResource int
+	// MaxIdempotencyRecords caps the idempotency records kept (keys.go);
+	// the oldest go first. 0 means DefaultMaxIdempotencyRecords.
+	MaxIdempotencyRecords int
 	// Logger receives operational messages; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -117,6 +120,8 @@ type Store struct {
 	rejections   chan pendingRejection // to recordLoop
 	stopRecorder chan struct{}
 	recorderDone chan struct{}
+
+	keys *keyLog // idempotency records (keys.go)
 }
 
 var _ tokens.Store = (*Store)(nil)
@@ -136,6 +141,9 @@ func Open(path string, opts Options) (*Store, error) {
 	}
 	if opts.MaxHistoryPerResource <= 0 {
 		opts.MaxHistoryPerResource = DefaultMaxHistoryPerResource
+	}
+	if opts.MaxIdempotencyRecords <= 0 {
+		opts.MaxIdempotencyRecords = DefaultMaxIdempotencyRecords
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -174,6 +182,10 @@ func Open(path string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	if err := s.load(); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	if err := s.openKeys(); err != nil {
 		_ = db.Close()
 		return nil, err
 	}
@@ -305,6 +317,7 @@ func (s *Store) Close() error {
 	// idle.
 	close(s.stopRecorder)
 	<-s.recorderDone
+	s.closeKeys()
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		return tx.Bucket(bucketMeta).Put(keyClean, []byte{1})
 	})

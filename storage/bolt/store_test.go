@@ -412,3 +412,19 @@ func TestConcurrentRejectionsAreGrouped(t *testing.T) {
 		t.Fatalf("reopened store has %d, want %d", stored, callers*each)
 	}
 }
+
+func TestKeysConformance(t *testing.T) {
+	storagetest.RunKeys(t, storagetest.KeyHarness{
+		Open: func(t *testing.T) tokens.IdempotencyStore {
+			return openAt(t, filepath.Join(t.TempDir(), "data", "fencegw.db"), Options{})
+		},
+		Reopen: func(t *testing.T, s tokens.IdempotencyStore) tokens.IdempotencyStore {
+			b := s.(*Store)
+			path := b.db.Path()
+			if err := b.Close(); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			return openAt(t, path, Options{})
+		},
+	})
+}
