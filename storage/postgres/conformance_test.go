@@ -35,3 +35,30 @@ func TestConformance(t *testing.T) {
 		},
 	})
 }
+
+func TestKeysConformance(t *testing.T) {
+	pgtest.Require(t)
+	var mu sync.Mutex
+	schemas := map[tokens.IdempotencyStore]string{}
+	storagetest.RunKeys(t, storagetest.KeyHarness{
+		Open: func(t *testing.T) tokens.IdempotencyStore {
+			schema := pgtest.NewSchema(t)
+			s := pgtest.Open(t, schema, postgres.Options{})
+			mu.Lock()
+			schemas[s] = schema
+			mu.Unlock()
+			return s
+		},
+		Reopen: func(t *testing.T, s tokens.IdempotencyStore) tokens.IdempotencyStore {
+			mu.Lock()
+			schema := schemas[s]
+			mu.Unlock()
+			s.(*postgres.Store).Close()
+			re := pgtest.Open(t, schema, postgres.Options{})
+			mu.Lock()
+			schemas[re] = schema
+			mu.Unlock()
+			return re
+		},
+	})
+}

@@ -75,6 +75,9 @@ type Options struct {
 	MaxHistoryPerResource int
 	LeaseRetention        time.Duration
 	PruneInterval         time.Duration
+	// MaxIdempotencyRecords caps the idempotency records (idempotency.go);
+	// 0 means DefaultMaxIdempotencyRecords.
+	MaxIdempotencyRecords int64
 	// Schema, if set, is created if missing and used as search_path, so that
 	// tests (or several deployments) can share one database.
 	Schema string
@@ -92,6 +95,7 @@ type Store struct {
 	keySalt  string // the schema: advisory lock keys and channels are per schema
 	channel  string // NOTIFY channel for rejections
 	recorder *recorder
+	instance string // this process's records in idempotency_keys.owner
 
 	closeOnce    sync.Once
 	pruneStop    chan struct{}
@@ -129,6 +133,9 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	}
 	if opts.LeaseRetention <= 0 {
 		opts.LeaseRetention = DefaultLeaseRetention
+	}
+	if opts.MaxIdempotencyRecords <= 0 {
+		opts.MaxIdempotencyRecords = DefaultMaxIdempotencyRecords
 	}
 	if opts.PruneInterval == 0 {
 		opts.PruneInterval = DefaultPruneInterval
@@ -174,6 +181,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		log:      log,
 		keySalt:  opts.Schema,
 		channel:  channelName(opts.Schema),
+		instance: newInstance(),
 	}
 	s.recorder = newRecorder(s)
 	if err := s.migrate(ctx); err != nil {
@@ -195,6 +203,7 @@ func (s *Store) Close() {
 			close(s.pruneStop)
 			<-s.pruneDone
 		}
+		s.closeKeys()
 	})
 	s.recorder.close()
 	s.pool.Close()

@@ -24,6 +24,7 @@ type Pruned struct {
 	Rejections int64
 	Events     int64
 	Leases     int64
+	Keys       int64 // idempotency records
 }
 
 // pruneLoop runs Prune every PruneInterval until Close.
@@ -44,7 +45,7 @@ func (s *Store) pruneLoop() {
 		case err != nil:
 			s.log.Error("postgres retention", "err", err)
 		case p != Pruned{}:
-			s.log.Info("postgres retention", "rejections", p.Rejections, "events", p.Events, "leases", p.Leases)
+			s.log.Info("postgres retention", "rejections", p.Rejections, "events", p.Events, "leases", p.Leases, "idempotency_keys", p.Keys)
 		}
 	}
 }
@@ -129,6 +130,10 @@ func (s *Store) Prune(ctx context.Context) (Pruned, error) {
 	p.Leases = n
 	if err != nil {
 		return p, interpret("prune leases", err)
+	}
+	p.Keys, err = s.pruneKeys(ctx, conn)
+	if err != nil {
+		return p, interpret("prune idempotency keys", err)
 	}
 	return p, nil
 }
