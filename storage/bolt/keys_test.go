@@ -17,7 +17,9 @@ import (
 func TestKeysBounded(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "fencegw.db")
 	s := openAt(t, path, Options{MaxIdempotencyRecords: 5})
-	scope := func(i int) tokens.KeyScope { return tokens.KeyScope{Resource: "r", Upstream: "u", Key: fmt.Sprint("k", i)} }
+	scope := func(i int) tokens.KeyScope {
+		return tokens.KeyScope{Resource: "r", Upstream: "u", Key: fmt.Sprint("k", i)}
+	}
 	for i := range 20 {
 		if _, fresh, err := s.BeginKey(t.Context(), tokens.KeyBegin{Scope: scope(i), Attempt: "a", Fingerprint: "f",
 			InFlight: time.Minute, Window: time.Hour}); err != nil || !fresh {

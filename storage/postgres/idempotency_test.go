@@ -16,7 +16,9 @@ import (
 func TestKeysBounded(t *testing.T) {
 	t.Parallel()
 	s := pgtest.Open(t, pgtest.NewSchema(t), postgres.Options{MaxIdempotencyRecords: 5, PruneInterval: -1})
-	scope := func(i int) tokens.KeyScope { return tokens.KeyScope{Resource: "r", Upstream: "u", Key: fmt.Sprint("k", i)} }
+	scope := func(i int) tokens.KeyScope {
+		return tokens.KeyScope{Resource: "r", Upstream: "u", Key: fmt.Sprint("k", i)}
+	}
 	for i := range 20 {
 		window := time.Hour
 		if i == 19 {

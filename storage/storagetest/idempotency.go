@@ -1,9 +1,9 @@
 package storagetest
 
 import (
-	"strings"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
