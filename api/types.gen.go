@@ -117,8 +117,11 @@ type Problem struct {
 	// | `stale_token` | 409 | a newer grant exists (wins over `lease_expired`) |
 	// | `lease_expired` | 409 | the write's lease expired, nothing newer granted yet |
 	// | `lease_released` | 409 | the write's lease was released or revoked |
+	// | `idempotency_key_in_progress` | 409 | the first write with this `Idempotency-Key` is still in flight (`Retry-After`) |
+	// | `idempotency_outcome_unknown` | 409 | the first write with this `Idempotency-Key` was forwarded and its outcome is unknown; it is never forwarded again |
 	// | `body_too_large` | 413 | the body exceeds the limit |
 	// | `unsupported_media_type` | 415 | control calls take `application/json` |
+	// | `idempotency_key_mismatch` | 422 | the `Idempotency-Key` was first used for another method, path, query or body |
 	// | `rate_limited` | 429 | the key is over its request rate (`Retry-After`) |
 	// | `too_many_leases` | 429 | the key holds as many live leases as it may (`Retry-After`) |
 	// | `internal_error` | 500 | a bug in the gateway (logged) |
@@ -169,8 +172,11 @@ type Problem struct {
 // | `stale_token` | 409 | a newer grant exists (wins over `lease_expired`) |
 // | `lease_expired` | 409 | the write's lease expired, nothing newer granted yet |
 // | `lease_released` | 409 | the write's lease was released or revoked |
+// | `idempotency_key_in_progress` | 409 | the first write with this `Idempotency-Key` is still in flight (`Retry-After`) |
+// | `idempotency_outcome_unknown` | 409 | the first write with this `Idempotency-Key` was forwarded and its outcome is unknown; it is never forwarded again |
 // | `body_too_large` | 413 | the body exceeds the limit |
 // | `unsupported_media_type` | 415 | control calls take `application/json` |
+// | `idempotency_key_mismatch` | 422 | the `Idempotency-Key` was first used for another method, path, query or body |
 // | `rate_limited` | 429 | the key is over its request rate (`Retry-After`) |
 // | `too_many_leases` | 429 | the key holds as many live leases as it may (`Retry-After`) |
 // | `internal_error` | 500 | a bug in the gateway (logged) |

@@ -62,7 +62,11 @@ type Config struct {
 	// upstream, replacing any the client sent (the upstream's credentials,
 	// which workers then never hold).
 	UpstreamHeaders map[string]http.Header
-	Logger          *slog.Logger
+	// Idempotency, if set, applies Idempotency-Key on fenced writes
+	// (idempotency.go). Nil: a write with the header is refused (400),
+	// never forwarded without the protection its caller asked for.
+	Idempotency *tokens.Idempotency
+	Logger      *slog.Logger
 }
 
 // Gateway is the HTTP face of a tokens.Service.
@@ -76,6 +80,7 @@ type Gateway struct {
 	proxy     http.Handler
 	inflight  atomic.Int64
 	handler   http.Handler
+	keys      *keys // nil without Config.Idempotency
 }
 
 // New builds a Gateway serving svc.
@@ -100,6 +105,7 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	}
 	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport()}
 	g.obs = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
+	g.keys = newKeys(cfg.Idempotency, cfg.Registry, cfg.Logger)
 	g.proxy = g.newReverseProxy()
 	g.handler = g.framing(g.routes())
 	return g

@@ -79,6 +79,9 @@ var kinds = []struct {
 	{errRateLimited, http.StatusTooManyRequests, codeRateLimited, "Too many requests"},
 	{errTooManyLeases, http.StatusTooManyRequests, codeTooManyLeases, "Too many leases"},
 	{errBodyTimeout, http.StatusRequestTimeout, codeRequestTimeout, "Request timeout"},
+	{tokens.ErrKeyMismatch, http.StatusUnprocessableEntity, tokens.CodeKeyMismatch, "Idempotency key reused"},
+	{tokens.ErrKeyInProgress, http.StatusConflict, tokens.CodeKeyInProgress, "Idempotency key in progress"},
+	{tokens.ErrOutcomeUnknown, http.StatusConflict, tokens.CodeOutcomeUnknown, "Outcome unknown"},
 	{tokens.ErrFenceBusy, http.StatusServiceUnavailable, codeFenceBusy, "Fence busy"},
 	{tokens.ErrUnavailable, http.StatusServiceUnavailable, codeStoreUnavailable, "Store unavailable"},
 }

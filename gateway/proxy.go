@@ -42,7 +42,8 @@ type forward struct {
 	body         *bodyGuard // nil without a body
 	unknown      bool
 	failed       bool
-	badRequest   bool // failed by the client's fault (its body)
+	badRequest   bool   // failed by the client's fault (its body)
+	keyed        *keyed // nil without an Idempotency-Key (idempotency.go)
 }
 
 type forwardKey struct{}
@@ -79,10 +80,11 @@ func (g *Gateway) newReverseProxy() *httputil.ReverseProxy {
 				h[k] = v
 			}
 		},
-		Transport:    g.transport,
-		BufferPool:   newBufferPool(),
-		ErrorHandler: g.proxyError,
-		ErrorLog:     slogErrorLog(g.log),
+		Transport:      g.transport,
+		ModifyResponse: g.recordAnswer,
+		BufferPool:     newBufferPool(),
+		ErrorHandler:   g.proxyError,
+		ErrorLog:       slogErrorLog(g.log),
 	}
 }
 
@@ -136,6 +138,10 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	guard, lift := limitBody(w, r, g.cfg.BodyTimeout)
 	defer lift()
+	kw, ok := g.keyedWrite(w, r, rawPath)
+	if !ok {
+		return
+	}
 	// A client that does not take its answer must not hold the resource's
 	// shared lock (and so its grants) for longer than this.
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(g.cfg.ForwardTimeout + g.cfg.BodyTimeout))
@@ -154,7 +160,11 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, g.log, err)
 		return
 	}
-	f := &forward{permit: permit, name: name, upstream: base, path: path, rawPath: rawPath, token: strconv.FormatInt(permit.Lease.Token, 10), instance: r.URL.Path, body: guard}
+	if kw != nil && !g.beginKeyed(w, r, kw, permit, name) {
+		permit.Done(false)
+		return
+	}
+	f := &forward{permit: permit, name: name, upstream: base, path: path, rawPath: rawPath, token: strconv.FormatInt(permit.Lease.Token, 10), instance: r.URL.Path, body: guard, keyed: kw}
 	if f.rawPath == path {
 		f.rawPath = ""
 	}
@@ -164,6 +174,9 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	// (http.ErrAbortHandler on a broken response copy): a leaked shared lock
 	// would block every future grant of the resource.
 	defer func() {
+		if f.keyed != nil {
+			g.endKeyed(f)
+		}
 		permit.Done(f.unknown)
 		g.inflight.Add(-1)
 		g.obs.forwarded(f, time.Since(start))
