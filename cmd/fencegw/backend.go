@@ -18,6 +18,9 @@ type backend struct {
 	store  tokens.Store
 	locker tokens.Locker
 	fencer tokens.Fencer // nil: writes lock per write (embedded mode)
+	// keys keeps Idempotency-Key records: the bolt file, or PostgreSQL
+	// (also in the Redis mode: Redis is not durable).
+	keys tokens.IdempotencyStore
 	// onFree, if set, registers a func to call with each resource freed on
 	// any replica (waiting acquires are woken with it).
 	onFree func(func(resource string))
@@ -41,8 +44,9 @@ func openEmbedded(cfg config, log *slog.Logger) (*backend, error) {
 		return nil, fmt.Errorf("create data directory: %w", err)
 	}
 	store, err := bolt.Open(filepath.Join(cfg.Data, "fencegw.db"), bolt.Options{
-		CrashDrain: cfg.DrainPeriod,
-		Logger:     log,
+		CrashDrain:            cfg.DrainPeriod,
+		MaxIdempotencyRecords: cfg.IdempotencyMaxRecords,
+		Logger:                log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open embedded store in %s: %w", cfg.Data, err)
@@ -53,6 +57,7 @@ func openEmbedded(cfg config, log *slog.Logger) (*backend, error) {
 	return &backend{
 		mode:   "embedded (" + filepath.Join(cfg.Data, "fencegw.db") + ")",
 		store:  store,
+		keys:   store,
 		locker: tokens.NewLocalLocker(),
 		publish: func(r tokens.Rejection) {
 			if deliver != nil {

@@ -37,11 +37,13 @@ func openPostgres(ctx context.Context, cfg config, log *slog.Logger) (*backend, 
 		LockTimeout:      cfg.PGLockTimeout,
 		RestartDrain:     cfg.DrainPeriod,
 		Logger:           log,
+
+		MaxIdempotencyRecords: int64(cfg.IdempotencyMaxRecords),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open PostgreSQL: %w", err)
 	}
-	b := &backend{mode: "postgres", store: pg, close: pg.Close}
+	b := &backend{mode: "postgres", store: pg, keys: pg, close: pg.Close}
 	feed := fanout(pg)
 	var state postgres.StateReader // nil: PostgreSQL's own
 

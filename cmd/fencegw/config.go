@@ -48,6 +48,11 @@ type config struct {
 	PGFenceSessions    int
 	PGMaxFences        int
 	PGSessionCheck     time.Duration
+
+	// Idempotency-Key records (docs/idempotency.md).
+	IdempotencyWindow     time.Duration
+	IdempotencyMaxBody    int64
+	IdempotencyMaxRecords int
 }
 
 // errUsage marks a bad flag or config value: exit code 2.
@@ -133,6 +138,10 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 		MaxBody:        gateway.DefaultMaxBody,
 		LogLevel:       "info",
 		BodyTimeout:    gateway.DefaultBodyTimeout,
+
+		IdempotencyWindow:     tokens.DefaultIdempotencyWindow,
+		IdempotencyMaxBody:    tokens.DefaultIdempotencyMaxBody,
+		IdempotencyMaxRecords: 100_000,
 	}
 	ups := &upstreamList{m: map[string]*url.URL{}}
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
@@ -159,6 +168,9 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 	fs.DurationVar(&cfg.PGSessionCheck, "pg-session-check", 0, "a replica stops admitting writes when it could not confirm its lock session for this long (default 1s); a dead replica's resources drain for --drain-period plus this")
 	fs.DurationVar(&cfg.PGStatementTimeout, "pg-statement-timeout", 0, "PostgreSQL statement_timeout (default 5s)")
 	fs.DurationVar(&cfg.PGLockTimeout, "pg-lock-timeout", 0, "bound on an advisory lock wait without an earlier deadline (default 30s)")
+	fs.DurationVar(&cfg.IdempotencyWindow, "idempotency-window", cfg.IdempotencyWindow, "how long an Idempotency-Key's record (and the answer it replays) is kept")
+	fs.Var(byteSize{&cfg.IdempotencyMaxBody}, "idempotency-max-body", "largest upstream answer body kept for replay (like 64KiB); a longer one is replayed without its body")
+	fs.IntVar(&cfg.IdempotencyMaxRecords, "idempotency-max-records", cfg.IdempotencyMaxRecords, "most Idempotency-Key records kept; past it the oldest go first")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return cfg, flagHelp
@@ -235,6 +247,14 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 	}
 	if cfg.BodyTimeout <= 0 {
 		return cfg, usageError("--body-timeout must be positive")
+	}
+	switch {
+	case cfg.IdempotencyWindow < time.Minute:
+		return cfg, usageError("--idempotency-window must be at least 1m")
+	case cfg.IdempotencyMaxBody > 16<<20:
+		return cfg, usageError("--idempotency-max-body must be at most 16MiB (records are kept in the store)")
+	case cfg.IdempotencyMaxRecords < 1 || cfg.IdempotencyMaxRecords > 100_000_000:
+		return cfg, usageError("--idempotency-max-records must be between 1 and 100000000")
 	}
 	if err := parseSecurity(&cfg); err != nil {
 		return cfg, err

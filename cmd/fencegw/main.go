@@ -107,6 +107,9 @@ usage:
       --pg-lock-conns N        PostgreSQL lock pool = most concurrent writes per replica (128)
       --pg-statement-timeout D PostgreSQL statement_timeout (5s)
       --pg-lock-timeout D      bound on an advisory lock wait (30s)
+      --idempotency-window D   how long an Idempotency-Key's record is kept (24h)
+      --idempotency-max-body SIZE  largest answer body kept for replay (64KiB)
+      --idempotency-max-records N  most Idempotency-Key records kept; the oldest go first (100000)
   Every flag can come from the environment as FENCEGW_<FLAG>; FENCEGW_UPSTREAMS takes a comma-separated list.`
 
 var flagHelp = errors.New("help requested")
@@ -157,6 +160,13 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 		OnForwarded:    counts.Accepted,
 		UI:             web.Handler(svc, counts),
 		Logger:         logger,
+		Idempotency: tokens.NewIdempotency(tokens.IdempotencyConfig{
+			Store:    backend.keys,
+			Window:   cfg.IdempotencyWindow,
+			MaxBody:  int(cfg.IdempotencyMaxBody),
+			InFlight: cfg.ForwardTimeout + cfg.BodyTimeout,
+			Logger:   logger,
+		}),
 	}
 	if cfg.Auth != nil {
 		gwCfg.Auth, gwCfg.UpstreamHeaders = cfg.Auth.Keys, cfg.Auth.UpstreamHeaders
