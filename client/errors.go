@@ -41,6 +41,13 @@ var (
 	// the upstream (upstream_unreachable, 502; upstream_timeout, 504). After
 	// a timeout or a connection broken mid-request the write may still land.
 	ErrUpstream = errors.New("fencegw: upstream failed")
+	// ErrOutcomeUnknown: a fenced write with an Idempotency-Key was
+	// forwarded once and its outcome is unknown (the upstream timed out, a
+	// connection broke, the gateway stopped with it in flight); the gateway
+	// never forwards that key again (idempotency_outcome_unknown). It may
+	// have been applied: the caller decides, typically by reading the
+	// upstream's state. DoIdempotent returns it after retrying.
+	ErrOutcomeUnknown = errors.New("fencegw: outcome unknown")
 	// ErrReleased is the cause of a Lease's Context after Release succeeded.
 	ErrReleased = errors.New("fencegw: lease released")
 )
@@ -63,13 +70,22 @@ const (
 	// CodeRequestTimeout (408): the request body did not arrive within the
 	// gateway's body timeout. If the write's headers had reached the
 	// upstream its outcome is unknown and the resource drains.
-	CodeRequestTimeout       = "request_timeout"
-	CodeLeaseHeld            = "lease_held"             // 409: another holder has the resource (ErrLeaseHeld)
-	CodeLeaseLost            = "lease_lost"             // 409: renew or release of a lease no longer current (ErrLeaseLost)
-	CodeStaleToken           = "stale_token"            // 409: a newer grant exists (ErrStale)
-	CodeLeaseExpired         = "lease_expired"          // 409: the write's lease expired (ErrStale)
-	CodeLeaseReleased        = "lease_released"         // 409: the write's lease was released or revoked (ErrStale)
-	CodeBodyTooLarge         = "body_too_large"         // 413
+	CodeRequestTimeout = "request_timeout"
+	CodeLeaseHeld      = "lease_held"     // 409: another holder has the resource (ErrLeaseHeld)
+	CodeLeaseLost      = "lease_lost"     // 409: renew or release of a lease no longer current (ErrLeaseLost)
+	CodeStaleToken     = "stale_token"    // 409: a newer grant exists (ErrStale)
+	CodeLeaseExpired   = "lease_expired"  // 409: the write's lease expired (ErrStale)
+	CodeLeaseReleased  = "lease_released" // 409: the write's lease was released or revoked (ErrStale)
+	CodeBodyTooLarge   = "body_too_large" // 413
+	// CodeKeyInProgress (409): the first write with this Idempotency-Key
+	// is still in flight; see *Error.RetryAfter.
+	CodeKeyInProgress = "idempotency_key_in_progress"
+	// CodeOutcomeUnknown (409): the first write with this Idempotency-Key
+	// was forwarded and its outcome is unknown (ErrOutcomeUnknown).
+	CodeOutcomeUnknown = "idempotency_outcome_unknown"
+	// CodeKeyMismatch (422): the Idempotency-Key was first used for a
+	// request with another method, path, query or body.
+	CodeKeyMismatch          = "idempotency_key_mismatch"
 	CodeUnsupportedMediaType = "unsupported_media_type" // 415: control calls take application/json
 	CodeRateLimited          = "rate_limited"           // 429: the key is over its request rate; see *Error.RetryAfter
 	CodeTooManyLeases        = "too_many_leases"        // 429: the key holds as many live leases as it may; see *Error.RetryAfter
@@ -176,6 +192,8 @@ func (e *Error) Is(target error) bool {
 		return false
 	case ErrUpstream:
 		return e.Code == CodeUpstreamUnreachable || e.Code == CodeUpstreamTimeout
+	case ErrOutcomeUnknown:
+		return e.Code == CodeOutcomeUnknown
 	}
 	return false
 }
