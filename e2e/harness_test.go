@@ -130,7 +130,19 @@ func startWith(t *testing.T, store tokens.Store, locker tokens.Locker, ups map[s
 		}
 		targets[name] = u
 	}
-	g.gate = gateway.New(svc, gateway.Config{Upstreams: targets, ForwardTimeout: o.forwardTimeout, MaxBody: o.maxBody, Logger: log})
+	// Idempotency records live in the durable store: the store itself, or
+	// in the Redis mode the PostgreSQL ledger (which is also the locker).
+	keys, ok := store.(tokens.IdempotencyStore)
+	if !ok {
+		keys, _ = locker.(tokens.IdempotencyStore)
+	}
+	forward := o.forwardTimeout
+	if forward <= 0 {
+		forward = gateway.DefaultForwardTimeout
+	}
+	idem := tokens.NewIdempotency(tokens.IdempotencyConfig{Store: keys, InFlight: forward + gateway.DefaultBodyTimeout, Logger: log})
+	g.gate = gateway.New(svc, gateway.Config{Upstreams: targets, ForwardTimeout: o.forwardTimeout, MaxBody: o.maxBody, Logger: log,
+		Idempotency: idem})
 	g.srv = httptest.NewServer(g.gate)
 	g.URL = g.srv.URL
 	t.Cleanup(func() {
