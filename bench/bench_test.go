@@ -78,6 +78,9 @@ func newEnv(tb testing.TB, resources int) *env {
 		"bare-proxy": bench.BareProxyTarget(bare.URL),
 		"gateway":    bench.GatewayTarget("gateway", gw.URL, bench.UpstreamName, []string{one}),
 	}
+	keyed := bench.GatewayTarget("gateway-keyed", gw.URL, bench.UpstreamName, []string{one})
+	keyed.Keyed = true
+	e.targets[keyed.Name] = keyed
 	if resources > 0 {
 		many, err := bench.AcquireMany(ctx, e.client, gw.URL, "bench:spread", resources, 64, leaseTTL)
 		if err != nil {
@@ -121,6 +124,7 @@ func reportLatency(b *testing.B, s bench.Summary, unit string) {
 func benchWrites(b *testing.B, e *env, t bench.Target, clients int) {
 	ctx := context.Background()
 	before, fencedBefore, leakedBefore := e.up.Requests.Load(), e.up.Fenced.Load(), e.up.Leaked.Load()
+	commitsBefore := e.gw.Store.KeyCommits()
 	var rec bench.Recorder
 	var fail firstError
 	write := func(lat []time.Duration) []time.Duration {
@@ -164,6 +168,9 @@ func benchWrites(b *testing.B, e *env, t bench.Target, clients int) {
 		b.Fatalf("%s: %d writes carried %s, want %d", t.Name, fenced, "Fencing-Token", want)
 	}
 	reportLatency(b, rec.Summary(), "req")
+	if t.Keyed {
+		b.ReportMetric(float64(e.gw.Store.KeyCommits()-commitsBefore)/float64(b.N), "key-commits/write")
+	}
 }
 
 var writeSetups = []string{"direct", "bare-proxy", "gateway"}
@@ -173,7 +180,7 @@ var writeSetups = []string{"direct", "bare-proxy", "gateway"}
 // -bench.resources resources picked at random), in one run.
 func BenchmarkWrite(b *testing.B) {
 	e := newEnv(b, *spread)
-	names := slices.Concat(writeSetups, []string{"gateway-" + strconv.Itoa(*spread) + "-resources"})
+	names := slices.Concat(writeSetups, []string{"gateway-keyed", "gateway-" + strconv.Itoa(*spread) + "-resources"})
 	for _, name := range names {
 		b.Run(name, func(b *testing.B) { benchWrites(b, e, e.targets[name], *clients) })
 	}
@@ -184,7 +191,7 @@ func BenchmarkWrite(b *testing.B) {
 // without queueing behind other clients.
 func BenchmarkWriteSerial(b *testing.B) {
 	e := newEnv(b, *spread)
-	names := slices.Concat(writeSetups, []string{"gateway-" + strconv.Itoa(*spread) + "-resources"})
+	names := slices.Concat(writeSetups, []string{"gateway-keyed", "gateway-" + strconv.Itoa(*spread) + "-resources"})
 	for _, name := range names {
 		b.Run(name, func(b *testing.B) { benchWrites(b, e, e.targets[name], 1) })
 	}

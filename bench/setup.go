@@ -160,6 +160,8 @@ func StartGateway(dir string, upstream *url.URL) (*Gateway, error) {
 	gw := gateway.New(svc, gateway.Config{
 		Upstreams: map[string]*url.URL{UpstreamName: upstream},
 		Logger:    log,
+		Idempotency: tokens.NewIdempotency(tokens.IdempotencyConfig{Store: store,
+			InFlight: gateway.DefaultForwardTimeout + gateway.DefaultBodyTimeout, Logger: log}),
 	})
 	// Served as fencegw serve serves it: through the listener that refuses
 	// ambiguous framing, so its cost is in the figures.
@@ -200,7 +202,15 @@ type Target struct {
 	Name   string
 	URL    string
 	Leases []string
+	// Keyed: every write carries a fresh Idempotency-Key.
+	Keyed bool
 }
+
+// keyPrefix makes Idempotency-Keys unique across runs; keySeq within one.
+var (
+	keyPrefix = strconv.FormatInt(time.Now().UnixNano(), 36)
+	keySeq    atomic.Int64
+)
 
 // DirectTarget writes straight to the upstream.
 func DirectTarget(upstream *url.URL) Target {
@@ -239,6 +249,9 @@ func Write(ctx context.Context, c *http.Client, t Target, body []byte, i int) ([
 	req.Header.Set("Content-Type", "application/octet-stream")
 	if len(t.Leases) > 0 {
 		req.Header.Set(gateway.HeaderLease, t.Leases[i%len(t.Leases)])
+	}
+	if t.Keyed {
+		req.Header.Set(gateway.HeaderIdempotencyKey, `"`+keyPrefix+"-"+strconv.FormatInt(keySeq.Add(1), 36)+`"`)
 	}
 	resp, err := c.Do(req)
 	if err != nil {
