@@ -267,7 +267,7 @@ func (x *Idempotency) Begin(ctx context.Context, scope KeyScope, fingerprint str
 	if err != nil {
 		return nil, nil, err
 	}
-	if fresh {
+	if fresh || breakForgetIdempotency {
 		return &Claim{x: x, scope: scope, attempt: attempt}, nil, nil
 	}
 	if err := JudgeKey(rec, fingerprint, x.clock(rec)); err != nil {

@@ -33,10 +33,13 @@ const (
 	// did not acquire it: no write sent with another key's lease id reached
 	// the upstream, and no such renewal or release succeeded.
 	RuleForeignLease = "foreign-lease"
+	// RuleKeyOnce: a write sent with an Idempotency-Key, however often it
+	// was retried, reached the upstream at most once.
+	RuleKeyOnce = "idempotency-key-once"
 )
 
 // Rules lists every rule, in report order.
-var Rules = []string{RuleTokenOrder, RuleStaleApplied, RuleExactlyOnce, RuleRejectedApplied, RuleDuplicateToken, RuleStoreDown, RuleTokenMismatch, RuleForeignLease}
+var Rules = []string{RuleTokenOrder, RuleStaleApplied, RuleExactlyOnce, RuleRejectedApplied, RuleDuplicateToken, RuleStoreDown, RuleTokenMismatch, RuleForeignLease, RuleKeyOnce}
 
 // maxExamples bounds the violations kept per rule; all are counted.
 const maxExamples = 10
@@ -62,6 +65,9 @@ type Stats struct {
 	ForeignWrites   int            `json:"foreign_writes"`   // thieves' writes: sent with another principal's lease
 	ForeignOps      int            `json:"foreign_ops"`      // thieves' renewals and releases
 	ForeignRefused  int            `json:"foreign_refused"`  // of those, 403 lease_not_owned
+	KeyRetries      int            `json:"key_retries"`      // keyed writes sent again with their key
+	KeyReplayed     int            `json:"key_replayed"`     // retries answered from the gateway's record
+	KeyUnknown      int            `json:"key_unknown"`      // retries answered idempotency_outcome_unknown
 	Faults          map[string]int `json:"faults"`           // by kind
 	ViolationCounts map[string]int `json:"violation_counts"` // by rule
 }
@@ -95,6 +101,7 @@ func (r Report) String() string {
 	fmt.Fprintf(&b, "grants %d, writes %d: %d ok, %d stale rejected (%d stale attempts), %d unavailable, %d unknown outcome, %d other refused\n",
 		s.Grants, s.Writes, s.OK, s.StaleRejected, s.StaleAttempts, s.Unavailable, s.UnknownOutcome, s.OtherRefused)
 	fmt.Fprintf(&b, "upstream: %d arrivals, %d applied\n", s.Arrivals, s.Applied)
+	fmt.Fprintf(&b, "keyed retries: %d (%d replayed, %d outcome unknown)\n", s.KeyRetries, s.KeyReplayed, s.KeyUnknown)
 	fmt.Fprintf(&b, "thieves: %d writes, %d renewals/releases with another principal's lease; %d refused lease_not_owned\n",
 		s.ForeignWrites, s.ForeignOps, s.ForeignRefused)
 	kinds := make([]string, 0, len(s.Faults))
@@ -172,9 +179,22 @@ func Check(h History) Report {
 		m[g.Token] = g.Holder
 	}
 
+	// A write's first attempt is the one that may have been forwarded
+	// (retries under its key are answered from the gateway's record);
+	// keyed and retried say which ids had a key and more than one attempt.
 	writes := make(map[string]*Write, len(h.Writes))
+	keyed, retried := map[string]bool{}, map[string]bool{}
 	for i := range h.Writes {
-		writes[h.Writes[i].ID] = &h.Writes[i]
+		w := &h.Writes[i]
+		if prev := writes[w.ID]; prev == nil || w.Attempt < prev.Attempt {
+			writes[w.ID] = w
+		}
+		if w.Keyed {
+			keyed[w.ID] = true
+		}
+		if w.Attempt > 1 {
+			retried[w.ID] = true
+		}
 	}
 
 	// A lease's owner is the holder that got its grant (the holder is its
@@ -205,6 +225,9 @@ func Check(h History) Report {
 			last[a.Resource] = a
 		}
 		arrived[a.ID]++
+		if arrived[a.ID] == 2 && keyed[a.ID] {
+			flag(RuleKeyOnce, "write %s (%s, token %d) was sent with an Idempotency-Key and reached the upstream twice", a.ID, a.Resource, a.Token)
+		}
 		if w := writes[a.ID]; w != nil && arrived[a.ID] == 1 {
 			if owner, ok := foreign(w.LeaseID, w.By); ok {
 				flag(RuleForeignLease, "write %s sent by %s with lease %s of %s (%s, token %d) reached the upstream (answered %d %s)",
@@ -231,6 +254,15 @@ func Check(h History) Report {
 	// What the workers saw against what arrived.
 	foreignAnswered := 0 // thieves' writes that reached a gateway
 	for _, w := range h.Writes {
+		if w.Attempt > 1 {
+			st.KeyRetries++
+			switch {
+			case w.Status >= 200 && w.Status < 300 && w.Replayed:
+				st.KeyReplayed++
+			case w.Code == codeOutcomeUnknown:
+				st.KeyUnknown++
+			}
+		}
 		switch {
 		case w.Status >= 200 && w.Status < 300:
 			st.OK++
@@ -258,7 +290,9 @@ func Check(h History) Report {
 				st.ForeignRefused++
 			}
 		}
-		if !unknownOutcome(w.Status) && ((w.Status >= 400 && w.Status < 500) || w.Status == 503) {
+		// A refused retry says nothing about the attempt before it, whose
+		// outcome was open: only a write's sole attempt is held to this.
+		if !unknownOutcome(w.Status) && ((w.Status >= 400 && w.Status < 500) || w.Status == 503) && !retried[w.ID] {
 			if arrived[w.ID] > 0 {
 				flag(RuleRejectedApplied, "write %s (%s, token %d) refused with %d %s but reached the upstream", w.ID, w.Resource, w.Token, w.Status, w.Code)
 			}
@@ -312,7 +346,7 @@ func Check(h History) Report {
 			// write was sent: the gateway is at fault only for a grant that
 			// returned before that drain could have ended. Later, the write
 			// landed after the bound the gateway was configured with.
-			if h.DrainPeriod > 0 && unknownOutcome(w.Status) {
+			if h.DrainPeriod > 0 && (unknownOutcome(w.Status) || retried[a.ID]) {
 				if end := w.Sent.Add(h.DrainPeriod); end.Before(deadline) {
 					deadline = end
 				}

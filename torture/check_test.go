@@ -191,3 +191,36 @@ func TestCheckUnknownOutcomeAndDrain(t *testing.T) {
 		t.Errorf("strict check did not flag:\n%s", r)
 	}
 }
+
+// A keyed write with an open outcome (504) retried under a new lease: the
+// refused and replayed retries are not violations; a second arrival is.
+func TestCheckKeyedRetries(t *testing.T) {
+	h := good()
+	h.Grants = append(h.Grants, Grant{Resource: "r", Token: 3, Holder: "B", LeaseID: "LB2", Returned: at(2500)})
+	h.Writes = append(h.Writes,
+		Write{ID: "k1", Resource: "r", Token: 2, Status: 504, Code: "upstream_timeout", Sent: at(1100), Returned: at(1400), Keyed: true, Attempt: 1},
+		Write{ID: "k1", Resource: "r", Token: 2, Status: 409, Code: "lease_expired", Sent: at(2100), Returned: at(2101), Keyed: true, Attempt: 2},
+		Write{ID: "k1", Resource: "r", Token: 3, Status: 409, Code: codeOutcomeUnknown, Sent: at(2600), Returned: at(2601), Keyed: true, Attempt: 3},
+		Write{ID: "k2", Resource: "r", Token: 3, Status: 0, Sent: at(2700), Returned: at(2800), Keyed: true, Attempt: 1},
+		Write{ID: "k2", Resource: "r", Token: 3, Status: 200, Sent: at(2900), Returned: at(2901), Keyed: true, Attempt: 2, Replayed: true},
+	)
+	h.Arrivals = append(h.Arrivals,
+		// k1 lands after token 3 was granted, within a drain period of its sending.
+		Arrival{Seq: 4, Resource: "r", Token: 2, ID: "k1", Arrived: at(1101), Applied: at(1500)},
+		Arrival{Seq: 5, Resource: "r", Token: 3, ID: "k2", Arrived: at(2701), Applied: at(2702)},
+	)
+	h.DrainPeriod = 2 * time.Second
+	r := Check(h)
+	if !r.OK() {
+		t.Fatalf("keyed retries failed:\n%s", r)
+	}
+	if r.Stats.KeyRetries != 3 || r.Stats.KeyReplayed != 1 || r.Stats.KeyUnknown != 1 {
+		t.Errorf("stats: %+v", r.Stats)
+	}
+	// A gateway that forgot k2's record forwarded the retry too.
+	h.Arrivals = append(h.Arrivals, Arrival{Seq: 6, Resource: "r", Token: 3, ID: "k2", Arrived: at(2902), Applied: at(2903)})
+	r = Check(h)
+	if r.Stats.ViolationCounts[RuleKeyOnce] != 1 {
+		t.Fatalf("a keyed write that arrived twice: %s", r)
+	}
+}

@@ -36,6 +36,13 @@ type Write struct {
 	// finds the lease's owner in the grants.
 	LeaseID string `json:"l,omitempty"`
 	By      string `json:"by,omitempty"`
+	// Keyed: sent with Idempotency-Key set to its ID. Attempt counts its
+	// tries under that key from 1: a retry (Attempt > 1) is sent only after
+	// an unknown outcome or an in-progress answer, under the same lease.
+	Keyed   bool `json:"k,omitempty"`
+	Attempt int  `json:"a,omitempty"`
+	// Replayed: a 2xx answered from the gateway's record (Idempotent-Replayed).
+	Replayed bool `json:"rp,omitempty"`
 }
 
 // Lease operations a thief tries with another principal's lease.

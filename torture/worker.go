@@ -130,9 +130,10 @@ func (b *board) pick(rng *rand.Rand, thief string) (heldLease, bool) {
 }
 
 type answer struct {
-	status int
-	code   string
-	body   []byte
+	status   int
+	code     string
+	body     []byte
+	replayed bool
 }
 
 func (w *worker) do(ctx context.Context, method, url string, body []byte, header ...string) answer {
@@ -152,7 +153,7 @@ func (w *worker) do(ctx context.Context, method, url string, body []byte, header
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	a := answer{status: resp.StatusCode, body: b}
+	a := answer{status: resp.StatusCode, body: b, replayed: resp.Header.Get("Idempotent-Replayed") == "true"}
 	if resp.StatusCode >= 300 {
 		var p struct {
 			Code string `json:"code"`
@@ -179,23 +180,11 @@ func (w *worker) run(ctx context.Context) {
 			continue
 		}
 		res := cfg.Resources[w.rng.IntN(len(cfg.Resources))]
-		gi := w.rng.IntN(len(cfg.Gateways))
-		req, _ := json.Marshal(map[string]any{"resource": res, "holder": w.holder, "ttl_ms": cfg.TTL.Milliseconds(), "wait_ms": cfg.Wait.Milliseconds()})
-		a := w.do(ctx, "POST", cfg.Gateways[gi]+"/v1/leases", req, "Content-Type", "application/json")
-		if a.status != http.StatusCreated {
+		lease, granted, ok := w.acquire(ctx, res)
+		if !ok {
 			w.sleep(ctx, time.Duration(5+w.rng.IntN(30))*time.Millisecond)
 			continue
 		}
-		granted := time.Now() // monotonic: the worker's own view of its TTL
-		var lease struct {
-			LeaseID string `json:"lease_id"`
-			Token   int64  `json:"token"`
-		}
-		if err := json.Unmarshal(a.body, &lease); err != nil || lease.LeaseID == "" {
-			continue
-		}
-		w.rec.Grant(Grant{Resource: res, Token: lease.Token, Holder: w.holder, LeaseID: lease.LeaseID, Returned: now()})
-		w.board.post(w.holder, heldLease{ID: lease.LeaseID, Resource: res, Token: lease.Token})
 		release := w.rng.IntN(2) == 0
 	writes:
 		for range 1 + w.rng.IntN(max(cfg.MaxWrites, 1)) {
@@ -210,15 +199,53 @@ func (w *worker) run(ctx context.Context) {
 			}
 			w.seq++
 			id := w.holder + "." + strconv.Itoa(w.seq)
-			gi := w.rng.IntN(len(cfg.Gateways))
-			late := time.Since(granted) >= cfg.TTL
-			sent := now()
-			a := w.do(context.WithoutCancel(ctx), "POST", cfg.Gateways[gi]+"/v1/proxy/"+cfg.Upstream+"/w/"+url.PathEscape(res), []byte(id),
-				"Fencing-Lease", lease.LeaseID, "Content-Type", "text/plain", HeaderReplica, strconv.Itoa(gi))
-			w.rec.Write(Write{ID: id, Resource: res, Token: lease.Token, Status: a.status, Code: a.code, Sent: sent, Returned: now(), Late: late})
+			// Every write carries its id as its Idempotency-Key, and an
+			// answer that leaves its outcome open is retried with it, on
+			// any replica; if the lease ended meanwhile, under a new lease
+			// of the resource (the key's scope is the resource). The
+			// gateway must let it reach the upstream at most once
+			// (RuleKeyOnce).
+			var a answer
+			open := false
+			for attempt := 1; ; attempt++ {
+				gi := w.rng.IntN(len(cfg.Gateways))
+				late := time.Since(granted) >= cfg.TTL
+				sent := now()
+				a = w.do(context.WithoutCancel(ctx), "POST", cfg.Gateways[gi]+"/v1/proxy/"+cfg.Upstream+"/w/"+url.PathEscape(res), []byte(id),
+					"Fencing-Lease", lease.LeaseID, "Content-Type", "text/plain", HeaderReplica, strconv.Itoa(gi),
+					"Idempotency-Key", `"`+id+`"`)
+				w.rec.Write(Write{ID: id, Resource: res, Token: lease.Token, Status: a.status, Code: a.code, Sent: sent, Returned: now(), Late: late,
+					Keyed: true, Attempt: attempt, Replayed: a.replayed})
+				if attempt >= keyRetries+1 || ctx.Err() != nil {
+					break
+				}
+				if open && staleCodes[a.code] {
+					// Our lease ended while the write's outcome was open.
+					// The resource drains after the open outcome; keep asking.
+					w.board.drop(w.holder)
+					var next leaseRef
+					var at time.Time
+					ok := false
+					for end := time.Now().Add(w.cfg.Timeout); !ok && ctx.Err() == nil && time.Now().Before(end); {
+						if next, at, ok = w.acquire(ctx, res); !ok {
+							w.sleep(ctx, 100*time.Millisecond)
+						}
+					}
+					if !ok {
+						a = answer{status: 0} // still open: give the resource up below
+						break
+					}
+					lease, granted = next, at
+					continue
+				}
+				if open = unknownOutcome(a.status) || a.code == codeKeyInProgress; !open {
+					break
+				}
+				w.sleep(ctx, time.Duration(20+w.rng.IntN(80))*time.Millisecond)
+			}
 			switch {
 			case a.status >= 200 && a.status < 300:
-			case unknownOutcome(a.status):
+			case unknownOutcome(a.status) || a.code == codeOutcomeUnknown || a.code == codeKeyInProgress:
 				release = true // outcome unknown: give the resource up
 				break writes
 			default:
@@ -232,6 +259,42 @@ func (w *worker) run(ctx context.Context) {
 		w.board.drop(w.holder)
 	}
 }
+
+// leaseRef is a lease as a worker holds it.
+type leaseRef struct {
+	LeaseID string `json:"lease_id"`
+	Token   int64  `json:"token"`
+}
+
+// acquire takes a lease on res on a random replica, records the grant and
+// posts it on the board.
+func (w *worker) acquire(ctx context.Context, res string) (leaseRef, time.Time, bool) {
+	cfg := w.cfg
+	gi := w.rng.IntN(len(cfg.Gateways))
+	req, _ := json.Marshal(map[string]any{"resource": res, "holder": w.holder, "ttl_ms": cfg.TTL.Milliseconds(), "wait_ms": cfg.Wait.Milliseconds()})
+	a := w.do(ctx, "POST", cfg.Gateways[gi]+"/v1/leases", req, "Content-Type", "application/json")
+	if a.status != http.StatusCreated {
+		return leaseRef{}, time.Time{}, false
+	}
+	granted := time.Now() // monotonic: the worker's own view of its TTL
+	var lease leaseRef
+	if err := json.Unmarshal(a.body, &lease); err != nil || lease.LeaseID == "" {
+		return leaseRef{}, time.Time{}, false
+	}
+	w.rec.Grant(Grant{Resource: res, Token: lease.Token, Holder: w.holder, LeaseID: lease.LeaseID, Returned: now()})
+	w.board.post(w.holder, heldLease{ID: lease.LeaseID, Resource: res, Token: lease.Token})
+	return lease, granted, true
+}
+
+// keyRetries is how many times a keyed write whose outcome is open is
+// retried with its key.
+const keyRetries = 3
+
+// Problem codes of keyed retries.
+const (
+	codeKeyInProgress  = "idempotency_key_in_progress"
+	codeOutcomeUnknown = "idempotency_outcome_unknown"
+)
 
 // steal takes the lease id of another goroutine's current lease (another
 // principal's) and sends a write with it, then renews or releases it. A

@@ -164,7 +164,10 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 			Store:    backend.keys,
 			Window:   cfg.IdempotencyWindow,
 			MaxBody:  int(cfg.IdempotencyMaxBody),
-			InFlight: cfg.ForwardTimeout + cfg.BodyTimeout,
+			// A keyed write's body is read before its key is begun, so
+			// its record is in progress for the forward and the store
+			// calls that finish it (5 s each) at most.
+			InFlight: cfg.ForwardTimeout + 5*time.Second,
 			Logger:   logger,
 		}),
 	}
