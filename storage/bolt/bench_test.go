@@ -109,3 +109,48 @@ func BenchmarkLeaseLookupParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkKeyedWrite is the store's part of one keyed write: BeginKey then
+// FinishKey, serially (each a commit and its fsyncs) and from 64 goroutines
+// (the changes share commits).
+func BenchmarkKeyedWrite(b *testing.B) {
+	for _, par := range []int{0, 32} {
+		name := "serial"
+		if par > 0 {
+			name = "parallel-" + strconv.Itoa(par) + "xCPU"
+		}
+		b.Run(name, func(b *testing.B) {
+			s := openAt(b, filepath.Join(b.TempDir(), "fencegw.db"), Options{})
+			ctx := context.Background()
+			var n atomic.Int64
+			one := func() error {
+				sc := tokens.KeyScope{Resource: "bench", Upstream: "u", Key: strconv.FormatInt(n.Add(1), 10)}
+				if _, _, err := s.BeginKey(ctx, tokens.KeyBegin{Scope: sc, Attempt: "a", Fingerprint: "f", InFlight: time.Minute, Window: time.Hour}); err != nil {
+					return err
+				}
+				return s.FinishKey(ctx, sc, "a", tokens.KeyOutcome{State: tokens.KeyCompleted, Status: 200, Body: []byte(`{"ok":true}`), Window: time.Hour})
+			}
+			before := s.KeyCommits()
+			b.ResetTimer()
+			if par == 0 {
+				for range b.N {
+					if err := one(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			} else {
+				b.SetParallelism(par)
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						if err := one(); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "writes/s")
+			b.ReportMetric(float64(s.KeyCommits()-before)/float64(b.N), "commits/write")
+		})
+	}
+}
