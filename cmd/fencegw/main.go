@@ -161,9 +161,9 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 		UI:             web.Handler(svc, counts),
 		Logger:         logger,
 		Idempotency: tokens.NewIdempotency(tokens.IdempotencyConfig{
-			Store:    backend.keys,
-			Window:   cfg.IdempotencyWindow,
-			MaxBody:  int(cfg.IdempotencyMaxBody),
+			Store:   backend.keys,
+			Window:  cfg.IdempotencyWindow,
+			MaxBody: int(cfg.IdempotencyMaxBody),
 			// A keyed write's body is read before its key is begun, so
 			// its record is in progress for the forward and the store
 			// calls that finish it (5 s each) at most.
