@@ -138,6 +138,8 @@ func detailOf(e *tokens.Error) string {
 	switch {
 	case e.Field != "" && e.Detail != "":
 		return e.Field + ": " + e.Detail
+	case e.Kind == tokens.ErrUnavailable && e.Busy:
+		return "every connection of this gateway to the token store is in use; nothing was forwarded or granted (the gateway's log says which pool)"
 	case e.Kind == tokens.ErrUnavailable:
 		return "the token store cannot be reached; nothing was forwarded or granted"
 	case e.Detail != "":
