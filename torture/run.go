@@ -84,9 +84,13 @@ type Config struct {
 	DrainPeriod    time.Duration
 	GrantWait      time.Duration
 	Postgres       string // URL, postgres and redis modes
-	Redis          string // URL, redis mode
-	TokenBase      int64  // 0: do not seed
-	Faults         []string
+	// PGCluster is the pg_ctlcluster cluster the nemesis restarts ("main"
+	// if empty): a cluster of its own lets long runs leave the machine's
+	// PostgreSQL alone.
+	PGCluster string
+	Redis     string // URL, redis mode
+	TokenBase int64  // 0: do not seed
+	Faults    []string
 	// FaultGap is the pause between two faults (random in [gap/2, gap]).
 	FaultGap time.Duration
 	// TheftPermille of each worker's rounds are a theft (see
@@ -193,7 +197,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	var pg *Postgres
 	var rd *Redis
 	if cfg.Mode != ModeEmbedded {
-		pg = &Postgres{URL: cfg.Postgres}
+		pg = &Postgres{URL: cfg.Postgres, Cluster: cfg.PGCluster}
 		defer func() {
 			if err := pg.Ensure(context.WithoutCancel(ctx)); err != nil {
 				logf("could not restart PostgreSQL: %v", err)
