@@ -88,7 +88,10 @@ var kinds = []struct {
 func problemFor(err error) (p problem, internal bool) {
 	p = problem{Status: http.StatusInternalServerError, Code: codeInternalError, Title: "Internal error"}
 	var maxBytes *http.MaxBytesError
+	var tunnel *tunnelError
 	switch {
+	case errors.As(err, &tunnel):
+		return tunnel.problem(), false
 	case errors.As(err, &maxBytes):
 		p = problem{Status: http.StatusRequestEntityTooLarge, Code: codeBodyTooLarge, Title: "Body too large",
 			Detail: "the body exceeds the limit of " + strconv.FormatInt(maxBytes.Limit, 10) + " bytes"}

@@ -101,6 +101,11 @@ func newTransport() *http.Transport {
 
 // serveProxy handles /v1/proxy/{upstream}/{path...}.
 func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
+	if err := checkWriteRequest(r); err != nil { // pathrule.go
+		g.obs.write(outcomeBadRequest)
+		writeProblem(w, r, g.log, err)
+		return
+	}
 	name, rawPath, ok := strings.Cut(strings.TrimPrefix(r.URL.EscapedPath(), proxyPrefix), "/")
 	rawPath = "/" + rawPath
 	if !ok {
@@ -113,7 +118,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 			Detail: "no upstream named " + strconv.Quote(truncate(name, 64)) + " is configured"})
 		return
 	}
-	path, err := cleanProxyPath(rawPath)
+	path, err := checkProxyPath(rawPath) // pathrule.go
 	if err != nil {
 		g.obs.write(outcomeBadRequest)
 		writeProblem(w, r, g.log, err)
@@ -140,7 +145,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	// shared lock (and so its grants) for longer than this.
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(g.cfg.ForwardTimeout + g.cfg.BodyTimeout))
 
-	permit, err := g.svc.Admit(r.Context(), leaseID, tokens.Write{Method: r.Method, Upstream: name, Path: truncate(path, 512),
+	permit, err := g.svc.Admit(r.Context(), leaseID, tokens.Write{Method: r.Method, Upstream: name, Path: truncateUTF8(path, 512),
 		Principal: principalName(r.Context())})
 	if err == nil {
 		// The owner acquired it within its prefixes; this catches a key
@@ -228,24 +233,6 @@ func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	sendProblem(w, r, problem{Status: http.StatusBadGateway, Code: codeUpstreamUnreachable, Title: "Upstream unreachable", Instance: f.instance,
 		Detail: detail, Resource: f.permit.Lease.Resource})
-}
-
-// cleanProxyPath unescapes the path below the upstream and refuses dot
-// segments, so that the path forwarded is the path that was checked.
-func cleanProxyPath(raw string) (string, error) {
-	path, err := url.PathUnescape(raw)
-	if err != nil {
-		return "", requestError("path", "is not a valid percent-encoded path")
-	}
-	for seg := range strings.SplitSeq(path, "/") {
-		if seg == "." || seg == ".." {
-			return "", requestError("path", "must not contain . or .. segments")
-		}
-	}
-	if strings.ContainsAny(path, "\x00\r\n") {
-		return "", requestError("path", "must not contain control characters")
-	}
-	return path, nil
 }
 
 func truncate(s string, n int) string {
