@@ -149,17 +149,27 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		// HTTP Basic, which browsers cache and send on their own, only
+		// where the dashboard needs it (hosts.go).
+		basicOK := basicAllowed(r)
 		p, err := g.cfg.Auth.Authenticate(r)
+		if err == nil && !basicOK && isBasic(r) {
+			p, err = nil, &tokens.Error{Kind: ErrUnauthenticated,
+				Detail: "HTTP Basic is accepted only by the dashboard (reads under /ui/ and its live feed); this call takes Authorization: Bearer <key>"}
+		}
 		if err != nil {
 			// Browsers prompt for Basic (the dashboard); API clients use
 			// Bearer. A client that tried Bearer is only offered Bearer.
 			h := w.Header()
 			h.Add("WWW-Authenticate", `Bearer realm="fencegw"`)
-			if !strings.HasPrefix(strings.ToLower(r.Header.Get("Authorization")), "bearer ") {
+			if basicOK && !strings.HasPrefix(strings.ToLower(r.Header.Get("Authorization")), "bearer ") {
 				h.Add("WWW-Authenticate", `Basic realm="fencegw", charset="UTF-8"`)
 			}
-			writeProblem(w, r, g.log, &tokens.Error{Kind: ErrUnauthenticated,
-				Detail: "a valid API key is required (Authorization: Bearer <key>)"})
+			if tokens.Facts(err) == nil {
+				err = &tokens.Error{Kind: ErrUnauthenticated,
+					Detail: "a valid API key is required (Authorization: Bearer <key>)"}
+			}
+			writeProblem(w, r, g.log, err)
 			return
 		}
 		if ok, wait := g.cfg.Auth.Allow(p); !ok {

@@ -62,7 +62,13 @@ type Config struct {
 	// upstream, replacing any the client sent (the upstream's credentials,
 	// which workers then never hold).
 	UpstreamHeaders map[string]http.Header
-	Logger          *slog.Logger
+	// AllowedHosts are the names (host names or IP addresses; a port is
+	// ignored) that requests must carry in Host, so that a browser page
+	// cannot reach the gateway under a name it controls (DNS rebinding).
+	// Empty or "*": any Host (an embedder's choice; cmd/fencegw sets
+	// DefaultAllowedHosts or --allowed-hosts). /healthz and /readyz take any.
+	AllowedHosts []string
+	Logger       *slog.Logger
 }
 
 // Gateway is the HTTP face of a tokens.Service.
@@ -76,6 +82,7 @@ type Gateway struct {
 	proxy     http.Handler
 	inflight  atomic.Int64
 	handler   http.Handler
+	hosts     hostList
 }
 
 // New builds a Gateway serving svc.
@@ -98,7 +105,7 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport()}
+	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport(), hosts: newHostList(cfg.AllowedHosts)}
 	g.obs = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
 	g.proxy = g.newReverseProxy()
 	g.handler = g.framing(g.routes())
@@ -125,6 +132,7 @@ func (g *Gateway) Close() {
 func (g *Gateway) routes() http.Handler {
 	r := chi.NewRouter()
 	r.Use(g.recoverer)
+	r.Use(g.browserGuard) // hosts.go
 	if g.cfg.Auth != nil {
 		r.Use(g.authenticate)
 	}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -40,6 +41,10 @@ type config struct {
 	InsecureNoAuth bool
 	TLSCert        string
 	TLSKey         string
+	// AllowedHosts is the Host allow-list handed to the gateway (nil: no
+	// check, said at start); HostsFlag is --allowed-hosts as given.
+	AllowedHosts []string
+	HostsFlag    []string
 
 	PGMaxConns         int32
 	PGLockConns        int32
@@ -78,6 +83,31 @@ func (u *upstreamList) Set(v string) error {
 		return fmt.Errorf("upstream %q given twice", name)
 	}
 	u.m[name] = target
+	return nil
+}
+
+// hostNames is --allowed-hosts: comma-separated host names or IP
+// addresses (a port is ignored), repeatable; "*" turns the check off.
+type hostNames struct{ list *[]string }
+
+func (h hostNames) String() string {
+	if h.list == nil {
+		return ""
+	}
+	return strings.Join(*h.list, ",")
+}
+
+func (h hostNames) Set(v string) error {
+	for item := range strings.SplitSeq(v, ",") {
+		item = strings.TrimSpace(item)
+		switch {
+		case item == "":
+			continue
+		case item != "*" && (strings.ContainsAny(item, "/?#@ \t%*") || len(item) > 253):
+			return fmt.Errorf("%q is not a host name or address", item)
+		}
+		*h.list = append(*h.list, item)
+	}
 	return nil
 }
 
@@ -149,6 +179,7 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow listening on a non-loopback address without --auth-file")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; needs --tls-key)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "the private key of --tls-cert (PEM)")
+	fs.Var(hostNames{&cfg.HostsFlag}, "allowed-hosts", "the names clients reach the gateway by (comma-separated; '*': any); other Host headers are refused")
 	pgMax := fs.Int("pg-max-conns", 0, "PostgreSQL query pool size (default 16)")
 	pgLock := fs.Int("pg-lock-conns", 0, "PostgreSQL lock pool size: the most concurrent writes per replica (default 128)")
 	fs.DurationVar(&cfg.PGStatementTimeout, "pg-statement-timeout", 0, "PostgreSQL statement_timeout (default 5s)")
@@ -249,6 +280,17 @@ func parseSecurity(cfg *config) error {
 		if _, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey); err != nil {
 			return usageError("--tls-cert/--tls-key: %v", err)
 		}
+	}
+	switch {
+	case len(cfg.HostsFlag) > 0 && slices.Contains(cfg.HostsFlag, "*"):
+		cfg.AllowedHosts = nil
+	case len(cfg.HostsFlag) > 0:
+		cfg.AllowedHosts = append(append([]string(nil), gateway.LoopbackHosts...), cfg.HostsFlag...)
+		if host, _, err := net.SplitHostPort(cfg.Listen); err == nil && host != "" && net.ParseIP(host) != nil && !net.ParseIP(host).IsUnspecified() {
+			cfg.AllowedHosts = append(cfg.AllowedHosts, host)
+		}
+	default:
+		cfg.AllowedHosts = gateway.DefaultAllowedHosts(cfg.Listen)
 	}
 	if cfg.Auth == nil && !cfg.InsecureNoAuth && !loopback(cfg.Listen) {
 		return usageError("--listen %s is not a loopback address and there is no --auth-file: anyone who can reach it could take leases and write to the upstreams; add --auth-file, or --insecure-no-auth if something in front authenticates", cfg.Listen)

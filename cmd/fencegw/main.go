@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -102,6 +103,8 @@ usage:
       --auth-file PATH         API keys (sha256, role, resource prefixes, rate, caps) and upstream credentials
       --insecure-no-auth       allow a non-loopback --listen without --auth-file
       --tls-cert FILE          serve HTTPS (with --tls-key FILE)
+      --allowed-hosts NAMES    names clients use (comma-separated; '*': any); other Host headers get 403
+                               (default: loopback names and the --listen address on a loopback listen, else off)
       --log-level LEVEL        debug, info, warn, error (info)
       --pg-max-conns N         PostgreSQL query pool (16)
       --pg-lock-conns N        PostgreSQL lock pool = most concurrent writes per replica (128)
@@ -152,6 +155,7 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 		Registry:       reg,
 		OnForwarded:    counts.Accepted,
 		UI:             web.Handler(svc, counts),
+		AllowedHosts:   cfg.AllowedHosts,
 		Logger:         logger,
 	}
 	if cfg.Auth != nil {
@@ -203,6 +207,14 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 		fmt.Fprintf(stdout, "  authentication: %d API keys from %s\n", cfg.Auth.Keys.Len(), cfg.AuthFile)
 	} else {
 		fmt.Fprintln(stdout, "  authentication: off (no --auth-file)")
+	}
+	switch {
+	case cfg.AllowedHosts != nil:
+		fmt.Fprintf(stdout, "  Host check: %s\n", strings.Join(cfg.AllowedHosts, ", "))
+	case slices.Contains(cfg.HostsFlag, "*"):
+		fmt.Fprintln(stdout, "  Host check: off (--allowed-hosts '*')")
+	default:
+		fmt.Fprintf(stdout, "  Host check: off: --listen %s is not a loopback address and there is no --allowed-hosts; set it to the names clients use, so that a browser page cannot reach the gateway under a name it controls (DNS rebinding)\n", cfg.Listen)
 	}
 	if len(cfg.Upstreams) == 0 {
 		fmt.Fprintln(stdout, "  no upstreams configured: add --upstream NAME=URL to forward fenced writes")
