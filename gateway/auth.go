@@ -225,6 +225,21 @@ type bodyGuard struct {
 	timeout  time.Duration
 	done     atomic.Bool // read to its end
 	timedOut atomic.Bool // a read failed at the deadline
+	// broken is the error of a read that failed by the client's fault (a
+	// malformed chunked body, a connection closed mid-body), if any.
+	broken atomic.Pointer[error]
+}
+
+// brokenBy returns the error that made the client's body unreadable (not
+// its deadline, not its size limit), or nil.
+func (b *bodyGuard) brokenBy() error {
+	if b == nil {
+		return nil
+	}
+	if e := b.broken.Load(); e != nil {
+		return *e
+	}
+	return nil
 }
 
 // ranOut reports whether the body did not arrive in time: a read failed at
@@ -262,6 +277,11 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 	case err != nil && errors.Is(err, os.ErrDeadlineExceeded):
 		b.guard.timedOut.Store(true)
 		err = b.guard.err(err)
+	case err != nil:
+		var maxBytes *http.MaxBytesError
+		if !errors.As(err, &maxBytes) && !errors.Is(err, http.ErrBodyReadAfterClose) {
+			b.guard.broken.CompareAndSwap(nil, &err)
+		}
 	}
 	return n, err
 }

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -222,5 +224,40 @@ func TestProxyRefusesAmbiguousRequests(t *testing.T) {
 	}
 	if got := up.seen(); len(got) != 0 {
 		t.Fatalf("upstream got %+v", got)
+	}
+}
+
+// Issue 15 point 2: a client's malformed chunked body is its fault: 400
+// invalid_request naming the body, not 502 upstream_unreachable. The head
+// had left for the upstream, so the resource drains, and the answer says
+// so.
+func TestBrokenChunkedBodyIsTheClientsFault(t *testing.T) {
+	up := newRecorder(t)
+	tg := startFraming(t, up.URL, Config{}, false)
+	for i, body := range []string{
+		"5\r\nhello\r\nzz\r\nxx\r\n0\r\n\r\n", // a chunk size that is not hex
+		"5\r\nhello\r\n3\nabc\r\n0\r\n\r\n",   // a chunk line ending in a bare LF
+	} {
+		res := "broken" + strconv.Itoa(i)
+		lease := tg.lease(t, res)
+		resp, p, raw := tg.rawAnswer(t, "POST /v1/proxy/svc/chunks HTTP/1.1\r\nHost: gw\r\nFencing-Lease: "+lease+
+			"\r\nTransfer-Encoding: chunked\r\n\r\n"+body)
+		if resp.StatusCode != http.StatusBadRequest || p.Code != codeInvalidRequest || p.Field != "body" || p.Resource != res {
+			t.Fatalf("%q: %d %s; want 400 invalid_request naming the body", body, resp.StatusCode, raw)
+		}
+		st, err := tg.svc.Resource(t.Context(), res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if draining := st.DrainUntil.After(time.Now()); draining != strings.Contains(p.Detail, "closed to grants for the drain period") {
+			t.Fatalf("draining %v, but the answer says %q", draining, p.Detail)
+		}
+		t.Logf("%s", p.Detail)
+	}
+	rec := httptest.NewRecorder()
+	tg.g.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if !strings.Contains(rec.Body.String(), `fencegw_writes_total{outcome="bad_request"} 2`) ||
+		!strings.Contains(rec.Body.String(), `fencegw_writes_total{outcome="upstream_error"} 0`) {
+		t.Fatalf("metrics:\n%s", rec.Body.String())
 	}
 }

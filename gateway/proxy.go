@@ -193,9 +193,10 @@ func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	f.failed = true
 	timedOut := errors.Is(err, context.DeadlineExceeded) || errors.Is(r.Context().Err(), context.DeadlineExceeded)
 	var maxBytes *http.MaxBytesError
-	if bodyTimeout, tooLarge := f.body.ranOut(timedOut), errors.As(err, &maxBytes); bodyTimeout || tooLarge {
-		// The client's body was cut short: too slow (408) or too large
-		// (413), its fault and not the upstream's. The upstream never got a
+	broken := f.body.brokenBy() // a malformed chunked body, a client gone mid-body
+	if bodyTimeout, tooLarge := f.body.ranOut(timedOut), errors.As(err, &maxBytes); bodyTimeout || tooLarge || broken != nil {
+		// The client's body was cut short: too slow (408), too large
+		// (413) or malformed (400), its fault and not the upstream's. The upstream never got a
 		// complete request, but once the request's head left it may have
 		// acted on the part of the body it read (an upstream that streams
 		// a body in may commit line by line) and may still be doing so when
@@ -203,8 +204,11 @@ func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 		// request left, the outcome is unknown and the resource drains.
 		f.badRequest = true
 		f.unknown = f.wroteRequest.Load()
-		if bodyTimeout {
+		switch {
+		case bodyTimeout:
 			err = f.body.err(err)
+		case !tooLarge:
+			err = requestError("body", "could not be read ("+broken.Error()+")")
 		}
 		p, _ := problemFor(err)
 		p.Instance, p.Resource = f.instance, f.permit.Lease.Resource
