@@ -68,7 +68,12 @@ type Config struct {
 	// Empty or "*": any Host (an embedder's choice; cmd/fencegw sets
 	// DefaultAllowedHosts or --allowed-hosts). /healthz and /readyz take any.
 	AllowedHosts []string
-	Logger       *slog.Logger
+	// Routes bind path patterns under upstreams to the resources whose
+	// leases may write there (routes.go, ParseRoute). An upstream with
+	// routes refuses writes no route of it takes (403 resource_mismatch,
+	// recorded); one without takes any lease.
+	Routes []*Route
+	Logger *slog.Logger
 }
 
 // Gateway is the HTTP face of a tokens.Service.
@@ -83,6 +88,7 @@ type Gateway struct {
 	inflight  atomic.Int64
 	handler   http.Handler
 	hosts     hostList
+	bindings  routeTable
 }
 
 // New builds a Gateway serving svc.
@@ -105,7 +111,7 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport(), hosts: newHostList(cfg.AllowedHosts)}
+	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport(), hosts: newHostList(cfg.AllowedHosts), bindings: newRouteTable(cfg.Routes)}
 	g.obs = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
 	g.proxy = g.newReverseProxy()
 	g.handler = g.framing(g.routes())

@@ -74,6 +74,7 @@ var kinds = []struct {
 	{tokens.ErrLeaseReleased, http.StatusConflict, tokens.CodeLeaseReleased, "Lease released"},
 	{tokens.ErrUnknownLease, http.StatusForbidden, tokens.CodeUnknownLease, "Unknown lease"},
 	{tokens.ErrNotOwner, http.StatusForbidden, tokens.CodeNotOwner, "Lease not owned"},
+	{tokens.ErrWrongResource, http.StatusForbidden, tokens.CodeWrongResource, "Lease for another resource"},
 	{ErrUnauthenticated, http.StatusUnauthorized, codeUnauthorized, "Unauthorized"},
 	{errForbidden, http.StatusForbidden, codeForbidden, "Forbidden"},
 	{errRateLimited, http.StatusTooManyRequests, codeRateLimited, "Too many requests"},

@@ -145,13 +145,15 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	// shared lock (and so its grants) for longer than this.
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(g.cfg.ForwardTimeout + g.cfg.BodyTimeout))
 
-	permit, err := g.svc.Admit(r.Context(), leaseID, tokens.Write{Method: r.Method, Upstream: name, Path: truncateUTF8(path, 512),
-		Principal: principalName(r.Context())})
+	write := tokens.Write{Method: r.Method, Upstream: name, Path: truncateUTF8(path, 512), Principal: principalName(r.Context())}
+	permit, err := g.svc.Admit(r.Context(), leaseID, write)
 	if err == nil {
 		// The owner acquired it within its prefixes; this catches a key
 		// whose prefixes were narrowed since.
 		if err = mayUse(r.Context(), permit.Lease.Resource); err != nil {
 			permit.Done(false)
+		} else if err = g.bindings.check(name, rawPath, permit.Lease.Resource, permit.Lease.Token); err != nil { // routes.go
+			err = permit.Refuse(r.Context(), err, write)
 		}
 	}
 	if err != nil {

@@ -514,6 +514,8 @@ func codeOf(kind error) string {
 		return CodeLeaseReleased
 	case ErrNotOwner:
 		return CodeNotOwner
+	case ErrWrongResource: // route.go
+		return CodeWrongResource
 	default:
 		return CodeUnknownLease
 	}

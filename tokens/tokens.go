@@ -100,7 +100,7 @@ const (
 )
 
 // RejectionCodes lists every code a rejection can have, for filters.
-var RejectionCodes = []string{CodeStaleToken, CodeLeaseExpired, CodeLeaseReleased, CodeUnknownLease, CodeNotOwner}
+var RejectionCodes = []string{CodeStaleToken, CodeLeaseExpired, CodeLeaseReleased, CodeUnknownLease, CodeNotOwner, CodeWrongResource}
 
 // RejectionQuery selects rejections, newest first.
 type RejectionQuery struct {

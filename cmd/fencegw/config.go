@@ -45,6 +45,8 @@ type config struct {
 	// check, said at start); HostsFlag is --allowed-hosts as given.
 	AllowedHosts []string
 	HostsFlag    []string
+	// Routes bind path patterns under upstreams to resources (--route).
+	Routes []*gateway.Route
 
 	PGMaxConns         int32
 	PGLockConns        int32
@@ -108,6 +110,20 @@ func (h hostNames) Set(v string) error {
 		}
 		*h.list = append(*h.list, item)
 	}
+	return nil
+}
+
+// routeList is a repeatable --route UPSTREAM/PATTERN=RESOURCE.
+type routeList struct{ list *[]*gateway.Route }
+
+func (l routeList) String() string { return "" }
+
+func (l routeList) Set(v string) error {
+	r, err := gateway.ParseRoute(v)
+	if err != nil {
+		return err
+	}
+	*l.list = append(*l.list, r)
 	return nil
 }
 
@@ -179,6 +195,7 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow listening on a non-loopback address without --auth-file")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; needs --tls-key)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "the private key of --tls-cert (PEM)")
+	fs.Var(routeList{&cfg.Routes}, "route", "bind a path pattern under an upstream to the resources whose leases may write there, UPSTREAM/PATTERN=RESOURCE (repeatable)")
 	fs.Var(hostNames{&cfg.HostsFlag}, "allowed-hosts", "the names clients reach the gateway by (comma-separated; '*': any); other Host headers are refused")
 	pgMax := fs.Int("pg-max-conns", 0, "PostgreSQL query pool size (default 16)")
 	pgLock := fs.Int("pg-lock-conns", 0, "PostgreSQL lock pool size: the most concurrent writes per replica (default 128)")
@@ -203,8 +220,9 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 			return
 		}
 		key := "FENCEGW_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if f.Name == "upstream" {
-			v := getenv("FENCEGW_UPSTREAMS")
+		if f.Name == "upstream" || f.Name == "route" {
+			list := "FENCEGW_" + strings.ToUpper(f.Name) + "S"
+			v := getenv(list)
 			if v == "" {
 				v = getenv(key)
 			}
@@ -213,7 +231,7 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 					continue
 				}
 				if err := f.Value.Set(item); err != nil {
-					envErr = usageError("invalid value %q in FENCEGW_UPSTREAMS: %v", item, err)
+					envErr = usageError("invalid value %q in %s: %v", item, list, err)
 					return
 				}
 			}
@@ -229,6 +247,11 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 		return cfg, envErr
 	}
 	cfg.Upstreams = ups.m
+	for _, r := range cfg.Routes {
+		if _, ok := cfg.Upstreams[r.Upstream()]; !ok {
+			return cfg, usageError("--route %s: upstream %q is not configured (--upstream)", r, r.Upstream())
+		}
+	}
 	if *pgMax < 0 || *pgMax > 10000 || *pgLock < 0 || *pgLock > 10000 {
 		return cfg, usageError("--pg-max-conns and --pg-lock-conns must be between 1 and 10000")
 	}

@@ -79,3 +79,27 @@ func TestHostCheckAtStart(t *testing.T) {
 		}
 	}
 }
+
+// --route (FENCEGW_ROUTES) binds upstreams; a route for an unknown
+// upstream or a malformed one is a usage error naming it.
+func TestRouteFlag(t *testing.T) {
+	env := map[string]string{"FENCEGW_ROUTES": "st/accounts/{acct}/**=stmt:acct:{acct}, st/admin/**=ops:*"}
+	cfg, err := parseServe([]string{"--upstream", "st=http://127.0.0.1:1"}, func(k string) string { return env[k] })
+	if err != nil || len(cfg.Routes) != 2 || cfg.Routes[1].String() != "st/admin/**=ops:*" {
+		t.Fatalf("%+v %v", cfg.Routes, err)
+	}
+	cfg, err = parseServe([]string{"--upstream", "st=http://127.0.0.1:1", "--route", "st/a/{x}=r:{x}"}, func(k string) string { return env[k] })
+	if err != nil || len(cfg.Routes) != 1 {
+		t.Fatalf("the flag wins over the environment: %+v %v", cfg.Routes, err)
+	}
+	for args, msg := range map[string]string{
+		"--route nope/a=r":       `upstream "nope" is not configured`,
+		"--route st/a/{x}=r:{y}": "does not capture",
+		"--route st/**/a=r":      "last segment",
+	} {
+		_, err := parseServe(append([]string{"--upstream", "st=http://127.0.0.1:1"}, strings.Fields(args)...), func(string) string { return "" })
+		if err == nil || !strings.Contains(err.Error(), msg) {
+			t.Errorf("%s: %v, want %q", args, err, msg)
+		}
+	}
+}

@@ -103,6 +103,8 @@ usage:
       --auth-file PATH         API keys (sha256, role, resource prefixes, rate, caps) and upstream credentials
       --insecure-no-auth       allow a non-loopback --listen without --auth-file
       --tls-cert FILE          serve HTTPS (with --tls-key FILE)
+      --route U/PATTERN=RES    only leases of RES may write to PATTERN under upstream U (repeatable), like
+                               statements/accounts/{acct}/**=stmt:acct:{acct}; a bound upstream refuses the rest
       --allowed-hosts NAMES    names clients use (comma-separated; '*': any); other Host headers get 403
                                (default: loopback names and the --listen address on a loopback listen, else off)
       --log-level LEVEL        debug, info, warn, error (info)
@@ -110,7 +112,8 @@ usage:
       --pg-lock-conns N        PostgreSQL lock pool = most concurrent writes per replica (128)
       --pg-statement-timeout D PostgreSQL statement_timeout (5s)
       --pg-lock-timeout D      bound on an advisory lock wait (30s)
-  Every flag can come from the environment as FENCEGW_<FLAG>; FENCEGW_UPSTREAMS takes a comma-separated list.`
+  Every flag can come from the environment as FENCEGW_<FLAG>; FENCEGW_UPSTREAMS and FENCEGW_ROUTES take
+  comma-separated lists.`
 
 var flagHelp = errors.New("help requested")
 
@@ -156,6 +159,7 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 		OnForwarded:    counts.Accepted,
 		UI:             web.Handler(svc, counts),
 		AllowedHosts:   cfg.AllowedHosts,
+		Routes:         cfg.Routes,
 		Logger:         logger,
 	}
 	if cfg.Auth != nil {
@@ -221,6 +225,16 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 	}
 	for name, u := range cfg.Upstreams {
 		fmt.Fprintf(stdout, "  upstream %s -> %s (fenced writes: %s://%s/v1/proxy/%s/...)\n", name, u, scheme, addr, name)
+		bound := false
+		for _, r := range cfg.Routes {
+			if r.Upstream() == name {
+				fmt.Fprintf(stdout, "    route %s\n", r)
+				bound = true
+			}
+		}
+		if !bound {
+			fmt.Fprintln(stdout, "    any live lease may write here (no --route binds it to resources)")
+		}
 	}
 	if ready != nil {
 		ready <- addr
