@@ -64,6 +64,7 @@ const (
 	ProblemCodeNotFound             ProblemCode = "not_found"
 	ProblemCodeRateLimited          ProblemCode = "rate_limited"
 	ProblemCodeRequestTimeout       ProblemCode = "request_timeout"
+	ProblemCodeResourceMismatch     ProblemCode = "resource_mismatch"
 	ProblemCodeStaleToken           ProblemCode = "stale_token"
 	ProblemCodeStoreUnavailable     ProblemCode = "store_unavailable"
 	ProblemCodeTooManyLeases        ProblemCode = "too_many_leases"
@@ -108,6 +109,8 @@ func (e ProblemCode) Valid() bool {
 		return true
 	case ProblemCodeRequestTimeout:
 		return true
+	case ProblemCodeResourceMismatch:
+		return true
 	case ProblemCodeStaleToken:
 		return true
 	case ProblemCodeStoreUnavailable:
@@ -133,11 +136,12 @@ func (e ProblemCode) Valid() bool {
 
 // Defines values for RejectionCode.
 const (
-	RejectionCodeLeaseExpired  RejectionCode = "lease_expired"
-	RejectionCodeLeaseNotOwned RejectionCode = "lease_not_owned"
-	RejectionCodeLeaseReleased RejectionCode = "lease_released"
-	RejectionCodeStaleToken    RejectionCode = "stale_token"
-	RejectionCodeUnknownLease  RejectionCode = "unknown_lease"
+	RejectionCodeLeaseExpired     RejectionCode = "lease_expired"
+	RejectionCodeLeaseNotOwned    RejectionCode = "lease_not_owned"
+	RejectionCodeLeaseReleased    RejectionCode = "lease_released"
+	RejectionCodeResourceMismatch RejectionCode = "resource_mismatch"
+	RejectionCodeStaleToken       RejectionCode = "stale_token"
+	RejectionCodeUnknownLease     RejectionCode = "unknown_lease"
 )
 
 // Valid indicates whether the value is a known member of the RejectionCode enum.
@@ -148,6 +152,8 @@ func (e RejectionCode) Valid() bool {
 	case RejectionCodeLeaseNotOwned:
 		return true
 	case RejectionCodeLeaseReleased:
+		return true
+	case RejectionCodeResourceMismatch:
 		return true
 	case RejectionCodeStaleToken:
 		return true
@@ -225,7 +231,7 @@ type Problem struct {
 	Detail       *string     `json:"detail,omitempty"`
 	ExpiresAt    *time.Time  `json:"expires_at,omitempty"`
 
-	// Field For `invalid_request`, the offending field.
+	// Field The offending field or header (`invalid_request`, and `Host`, `Origin` or `Content-Type` on refusals of browser requests).
 	Field    *string `json:"field,omitempty"`
 	Holder   *string `json:"holder,omitempty"`
 	Instance *string `json:"instance,omitempty"`
@@ -258,6 +264,9 @@ type Rejection struct {
 	LeaseHint *string `json:"lease_hint,omitempty"`
 	Method    string  `json:"method"`
 	Path      string  `json:"path"`
+
+	// Principal The API key that presented the lease (absent without authentication). For `lease_not_owned` it is the caller, while `holder` is the lease's own.
+	Principal *string `json:"principal,omitempty"`
 
 	// Resource Empty for `unknown_lease`.
 	Resource string `json:"resource"`
@@ -2098,113 +2107,115 @@ func (sh *strictHandler) GetResource(w http.ResponseWriter, r *http.Request, res
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"5Fz9cts4kn8VFG+vIs9SX/7IJHJt1XpyyU5uM5lU4lSqJsyZEAlJGFOABgCtKC5X7TvcO9yD7ZNcdQMg",
-	"QYmS5dizszvrvyyJABqN/u4feB1lcr6Qggmjo9F1NGM0Zwr/fcuMWp1NDFPwKWc6U3xhuBTRKHrHMily",
-	"TYwkS8oNGbOJVIwoGMLFlHSWM1kwou1jMVGyFDnLSbmICTWkYFQbMjzoRXGksxmbU1hizgWfl/NoNIwj",
-	"s1qwaBRxYdiUqejm5iaOFlTROTOOvBdMZFxMXzGq2SaB5zNcXTG7GCM8J0CCIssZz2bEzBhZKm4Y4ZrM",
-	"ac6AFA4jLQeiOBJ0DiS4dbp2oThS7JeSK5ZHI6NKFtLvaNZGcTGNgGIc8/K/9iNPMVMqwXIyXhGa4SI4",
-	"vqJsQc2spgvHXfB8J0lz+vkVE1Mzi0bDwycxsLj6HLcQ/EbJz6s3sE4ryUABnDksyLQhUiAjy4U2itE5",
-	"6czpimRSGMoF0QXVM6YPttDvPt2Fne/dOu3EwbxETggVNUGZFBM+LRXLyZKbGUm73eq312c/PP/T+7ev",
-	"0i0E+gfvROQNPKwXUmiGUvqdzFfnUr6iaopSCsxhwsC/dLEoeEZhB/2FkuOCzf/4s4btXEfsM50vCjci",
-	"hxXGMl9dGCkvCpwqjnJmKC+iUQQnAL8S9jljDJRyxkjB59wANx6fnBw9JuOVYRq3qQ0VGUzYvxr2UYbg",
-	"e22oKXU0Oh4exZHhBpZG2omRkvgl3WZLJUYTJjI2XY4c4aM18m5CHv1BsUk0iv6jX5uavv1V99/Y8ZZz",
-	"zTNNm3OmI7Jjp53Hx+Sv/DsykQoFUMkiERktCh2T4YD8wL8DtcrZhJaFwadQ+/VBj5yRbFaKSxARNAhZ",
-	"CYybgJ0yM5YIuwAFQ0i40ZXwK0azGcubGlAwesU0yqC4FHIpEiFLk8k5s+QrpmWpMjQ7WSE1jJdkqqgw",
-	"GsmCh3IF+rNgisu8lwjg5gupxjzPmbiXEE2qWQL5uWQrkkSKLaQyOokI6LCQhpQ6IDeJtJmbEc0yM3ry",
-	"5HB4lET7iNMgEKcXweI7JKmm8UGEqJrOyc8lWz3SRIF3kqre30KxCf/MNMklbp4WhVza8wcpOiWptbdC",
-	"mgu5FCx301nrvaTam2xrvoU0M6ZgMXd+L8UVLXj+1srOvQ6R26kunBw2TIEpLuZ6ROalBp9MxswsGRNk",
-	"OBgQKnJy9HgAf1EcTTgr8mpE48gG9ZE5qkm91I6DW6frQY5vbdLUa5FVQfTdxUSqOctPSYqbStERaLKc",
-	"UXggEUslISIB5aLzMZ+WstTk+/PzN2Si6JyLaYxzWr9PcA4dI7vs8UshWAb01Dp74E4V/fP3yMl7HKiV",
-	"rBlME0dZqRQT5sLIS1D2o+M1Sx8aEBgSilvhQhT2ecEV0xfURKPocHD4uDscdo8G54PB6Hg4Ov72pyiO",
-	"ZrKAMGcULaW6ZKp7skOd/Zro6BpWoCE4T2vBQcYQt6UdMhNs/UHEpZ4vHVVssVslM1BSUvArr7UuevG7",
-	"gzBgPfztVvFvG0Xu6X4QKd9UYd8reU89t3spJOrdLrHQ5YIpzXJne4hgS6asT/lKYTjaJgz9SXFxvDzR",
-	"Xw6Lx5e/HOXfrn45XC1/fiwOL48///KtOpof0r5igi3vITZuy36rR3tIEA55QAmC+RoW3nIxj9HUK4Zf",
-	"5uBB4HN9AD0g4rU0LyDfudfpg6OZ4CzBSQtJdJnNKkX/6jNqHMBxfQCvJQRHdtUdTK+JexCeV9OlI9LY",
-	"YuiikbXOf57zOZPl/dTL+ZAL4+YK2AwxZtPRYNQJRw2xgWIZ41cupeCiDkvdVBB2Hw30aTMynEJUIQgX",
-	"wJyCmXry5UzCVm2YCHbdhY6VE7p71Bh4eKBsU1QWkOj1QQbY3J5T/S+qaL/g4i7G/0ktRO6QSM3ZHaK0",
-	"fgwPIlBrk6ZfcZiJ8KfZSbtd+KbrZ4vJ0YDoIJ84sEfdiBQSYQ8K8gvcs08v7Gl7WmY0J7RQjOar1oQi",
-	"EXVG4SXE2MjGiwnpNOQMwvcZvWKEZgZMlLBhzIIqFMxKWLkBkTyIiZZ7y1giQiGLCXhUzItSv3zFchch",
-	"nUv5AxUrJxL6fhpLDbvAbIzlmwmMc13DJIIdyCufrVGDVYGTgee57u+VCR8GfulcSjKnYlVNcYtMh4Q+",
-	"jEAHM9aJTHOjPi2lhp2SFPJmIPnC7iwdJYIbDIU0HBvupo6F8DtuQHh6BMMZf7BBGIRn+lAx0ntBSzOT",
-	"in9h93OUZThRIBWU2Nzl7M1LzytfxiGdMzcEFyHfMaqYOtgroR3WUvG+ufIOgWjQ+CACEc4IoW5pZkwY",
-	"xzWUCxF4DysZGVWKMzB7wJREAFcgKSI2Q5KCbRzwhw8fumf13NsKrUAws+WYKTVsSVeEZhlbGE06lrmn",
-	"5DuqeVY7K6pnY0lVjuXB6lQj+zSYwmL+pyRyjMRiw46im5WnK8oLOi6+os6Ge8W1LsalXsEnXc7nVK2i",
-	"UXRmjSAWutEoSlIAv2ArXHQnBZ/OjCsnRXF0RYuyUXOpp71nhnXSqKbAtMRNu6ucUi8PbNJGKnZRNplV",
-	"7xVOE+Nugg+SjApwkmPmnVPLBjenvF2PGlt5h0s1J9ixo831UADur1MbEztLu5MhpDOhvHAec5TArzMu",
-	"phhfTKRaUpXbRAGFiOUHMXxI62MB7d2QsERsFTHvxBeKXXFZakceKvJ64fDhjLUuFwupDMt/YDmn53g6",
-	"9zLa1YQXc5jxAg88MN+uiEuwhksMvWQkXAKn3qeefRLa62pRgosSt+hOy91K6APZ8La50xFp2Xu6vvm0",
-	"F9VSj+d7ZguQQYlxoeSCKcOtffNJ/roFPyMTxVh3ItWcFHTMChS7WTmnQlc+pLLXTXMd1AvWW01rRjq0",
-	"cbtZ9tY995rOkdGuRLlBty0W5KVyPk+QOS8KXvUc54zq0hVkA88EG4C9Yj2EC/P42BJvW4+uQhoHzUgs",
-	"iK61I+MIdLUiC7OAaDRYP+Lv5dL6Ct8nxSKkrdvZBNdIMmYY1cMh7Kbt8RplLXTdhL2qjzXLKy5+qsbI",
-	"8c8sM1UVc1NewsLRdU1WTg3DVChqOWNn5O40ppbLVrnaeL5qfLbGIvjrI+26qz3yjokcIluqSdpo5aa2",
-	"I8iumFpZ03pKBHwihZwSbpqCvl9NpUXmbaXoTgz5WkXBFP62Qbj3d/jkTVVja2PkxDLLupeYAHmZKVaE",
-	"i0wxquGnBavLM/AEVQa+poYMG9w7OmoR602V2qbob9mccgEzO53hc7au7pjTtCv8KVkUVNjTXslSEciZ",
-	"51JIIwXPwHNnlw1ynz59+mQPgtd0rdGPr9TOCbfndFw3XAJVaRRp/Tlu1dR3pjUQT12JOB3ZvG69dvRI",
-	"k4IayANw5VOSuppmOsL88fz8FVHU9itxsI9kbDkZ4hlH8ilJvVy7sa7CXtVFuTlNRFqXRTHGCcrShH3m",
-	"2mgbojABxuyjL3FX3LCctDMCV6rZAtbUSuMd7aZ7E+Tti2fk6fHJt8R5dZLLrJwzgTreNHo2PtmAuxgI",
-	"B2Myp9mMC9ZVjObwDWFKYcPZ4kf8TjY7dGE1t9HuaRT5taEFu/CSYn+qeWE/BxyZcw1qeOGrwa4eVH1e",
-	"61jiE42MNWwHrxVX1soHwewBLGIDk7BZU90a6M2ZmckcqcNeqyUozJXa8oqqzFQKjL/Xv64XBjVVghYX",
-	"eEStIrPWU7nex0b5+PR6c7qv8ZeuSLsuby8gRVhvfdo2pZxMmMhBL3Fsb7dH3fipDpivdzuejR99SH3d",
-	"ZrlthN0y6i68NS6rWA9P3799SQR2al3iY5UYHm/Z/ppZ9iE+UljtIraK3mZj37KfbRF3MyK6y8l6Q+Jt",
-	"wh11+zZd3kueN5164Azc0y59XM6YCEBxtss1KTXLW2PSzcPbJXP5ngLguCLyKmBq7uCDJ9LFARW5trKV",
-	"+y6d78t5fja2sPPUnG3mwrQJop5JZRxUxKfhHr4Xu+ARifLgR4hA25axxq+VWQsHvtupnE3Cns8XZoWp",
-	"RdoQm7R17R3S4SoJk5087gwIn/jew8Ge0lEGyL3d+ooBFIZBQRSFylTHUE1BD4Isx9c4xO4hQ3cq+ive",
-	"li5zw+bNf3bH4t5qVIYsokrRFXwW7LO5yEqlZUv6/YZqjF5T+0BalUhhFOng1g7Igk7ZKaFjDSrrgAsF",
-	"1QZ/uN0K2j20c0Gw5daawbaQ/DVbElWF5T4HP60AdibIxM7PXz1Izn3TSn2QAm1QOfz73/738MShH0Gu",
-	"07PuT4R2v5BB9ynpkQsyIn8mfdJNm8keF1dMGKlW/Xd/fd8dDIbN8sbhyeN1JO2CGgg3olH0Px/Puj/R",
-	"7pdB92nvYvTnfvfTH//Qpoae8iqabzIeK3kXpTA22Gju6y+2KYcVBXwE+C1Ih3rrDalODUGsGodzuiLa",
-	"8KIgBRX5wf5msRnabDPKNrsI8RIaLLEzyvuvNmuNiT7MGKJ5GhAe289qtC+FXAb6MJayYFQ0PdSm5XMJ",
-	"jDd9wU56D5mh77C9qMwuwbKGeE/TenvWjPmy25r3+ri3mKAtF9JgSWqvBXdUmLw1dqivbQUniCVZVipu",
-	"Vu9s48jWj/lf2ao1ffMdvImS8zCxf6RJtwsJTXfCC0Y6qSvekikT3Uu2Suv7BSgK2FqqtzQzZoEhvS9t",
-	"tq4PofhYyaVmSnvDW404JVSsSKmZQtChjdA9udQK5oJqvZS2cFrTQjXP1km5wfh8IjeJ8BvjiAOw2EVX",
-	"nvFVTfIBS2YVDtX3ddEW+OJNIoLqTaPAoze4izUAzWwVgXu8NDGS0EQslDQM8QUV7uCbb8xMyXI6++Yb",
-	"yP8bU10yttAN+bOhxoKpRFSaCwtSoZewCwyX/ZoWun88eEqeSTEpeGZSf+PEzJgDTlh8gienR55jYc8F",
-	"sfVdD8UyqXKW9xKRiOeQG2pCFatrBOm2TkZalQ0cRRSoHBcsTsRGYSCFkCWtijATmhltgRsw/Yp0Ur/t",
-	"NCYpciONE5E2Qhv4yVom+K82wvDJYl0Pes0OPeyQCxuAJuKW6zfIAhCm/rA39GDYCjtcigotOyK0aiLj",
-	"HnwneSzNLBHpM9sG6lqHaHednisq9ISp7nORSUhY05jM7ZFRQaRgZH1cnAhKJrDf3KNxCy4Y6cix7sL3",
-	"rne2OTPs2W1kECP4xp+7FK7Cy0S+kFyYSpgGZD3BBgsSIohRoBqw4IPqQNtQwadVyYwHvb8eOQNyLPeA",
-	"ybZA2boL7eS/uq7yrFpm5ABFaY+cNZFMe0HSOg6ylAiPWSJTZjQw4glZh0t5RoxwjnTLriuEE4jR2SYA",
-	"YQJZQsF0ExfAtS0UBzdyKhOe9hLxAb7kJnbHltGiIOPSkLQ/Y7Qwsy9OvPqImfqSEoE3QWjlJmKCMTLV",
-	"iUgbMI+Rw3mQpBwMjrJLtsJ/WEo6UsWbyAQQKuptf+zMeSK8PQePipYYgQ0HPfIcjBAYfgs0VrJgI5Je",
-	"cbYExewAvaMqTNExIrs007ELX1z+gN0HNL1ox+ImTTGZM7Dl+iAmqW2SpIno0EJLb/hjgvjb2Ge/OFmI",
-	"QNMHqEU0n3OREjtWsSt5yQ5AA0WOceLY3ayxMDBPdhcvWfnLEiCKLv8FW1AKfNaBkxJhzZ2/FsHNKLwX",
-	"AZPAQaG6GE14XgnkkWNNcNmiUZBe0y7i6qCY9SOSBaaHyRKRHg+GpIGVid3RNG5/eDxVePXFElJfH4GB",
-	"iJhpA1yR9PjwKWmgtFC8E9EEUBEQb9DHhthDTNtoW/nbJjxHo4ByJ0UB6rCgY15ws6rBoV6zxqyQYmqR",
-	"P2Sh+BXQJZgBMbGV9oJnTNhWn7vjdrag2Yx1D3sDSJpV4WIRPer3l8tlj+LPPammfTdW91+9fPb89bvn",
-	"OKYu/fkQJYqjK6a0y796A/uQXDBBFzwaRUe9Qe/IZeUY93m1jkbXN3HUd+LtPlkddx9K3qcL3gf+g1I1",
-	"v630qn/t/73BrCq4M/pxV0XMBXALpjJwSQyMsk1aWq4GBlHv9quB+ycGN59gJzV+Aeh2twdaE79GvmNk",
-	"FSTYGpANvFMfo7iijmD2Gp9CvRQYuPp0w8VS1gJSU0OuSV0V4hrTfIht7OMwD7g+MND26qoOZBK7PCgT",
-	"2llym2HZyaghUmT2Spy9YOWnICjmFnvooj+bsXJBHAzGXuPdhMAkAmGvEy64noFlQFeSukZ9ah0YLAXf",
-	"6B2t+ERMFGOnQU0UEm1VAnWlwWayi1IxJg3unEA2peWcAbcxNQUmMZ9sweGcDI5IgP2BAfsBfBLR2YD4",
-	"OD7RBrJ4E0d+4Fg4LmR2aSnC87FGQS6Yrd68zMEgBBeP64bOdzJf7cD7tOB82m6U7AS5+TR2aEtBFbxi",
-	"sDfUZg3/ctNMVUE71y/nHg6Gd9vVPndpQgjE5jNHW+/b1LCGPcEGt2IG4Ze6qRpepwl5vTd/rUy0AJnO",
-	"axFf2uitzY9RxGFoX9u4iaPjwWDbmtUx9dcuTuKw4e3D3q8hbo8HR7cPehFePT0ePLl9xNp9FBz29PZh",
-	"9b1BGDHcg7TGPXIcdLIPE1pgezD4cA8a15H7N3F0sg8T3zeAmXEIpHWVCRft2Hy/WYYAOaVTXeEpdPTp",
-	"puEb+9deom6seyxYGxjiLXPlD9Pe9LKlPWIfQ8xK1e+gYOF1IlxJsL6c4bANuszs5XM6BUvc4TmbLyQY",
-	"kIM6HoZpErHWjgru6YUwUjdvJ3AmeP3sYES4SYRtK4FHgixnBa6FFRgr2k20GHG3+9qIN2ze8VZ25b1/",
-	"qH4d3z6iukp3J8165W4D/kZy/tYnXtU9vQ2ZjqMpM23nYIOguv/mrSba89M6uON6F76xKQ5/YWaLKAx+",
-	"7+4vAA21esCH9H7/3Mrz26jCS6EXLDO7VWEtR2tbq36k79+ps5Y0BY7BXUDezP72njnekn89/2yYyHd7",
-	"FcgjhFySP9bK2nE1N5fvBI3Rgx75EROetTkyKqxzEGzJ8hGhor6B7D1GIqQKfQp4Bl9CaTiSdhch2PLe",
-	"Uf7XBZKNlvPN5jtzHtgunRz++4blToAaBuqfO+i+c1DwK0fpVSzx7xKlWxu3y2LvsLtX8pL9KoYXId71",
-	"ezuoIFi/5tooaqR6pIlUOVMxWc4kBswWGcDNqGpsJmIu59h73KxbucpLXVpy0Re+0851EG05t7atFQY6",
-	"dlEaWm1hbwcyFdhvW2t2IXYiPtjFYAMmKL/V6Iyxr2JxMQ1rcLnE25smEdmMiikjHV8Sh5ULucRiEJaX",
-	"XHmbgevNZCkMU+6WOsKK0BomAt1F9aXNzEkV0JAZ10ZiEzWTCg8gtUecp4RdMZghwGU2DgRyqyt5iamV",
-	"2Eyi7Pw+lUqEzaWWrjhud3caeD3SdHV2eOXsfL/Aejvyuno3mG9yYMEfy3ltF2Xb/SPs83cZNgc3Ulqo",
-	"Gfy0rw8L0Kq/XmTt5O1fIcL+10lPgaWVNe2gjhzsMPT2XSHXHlpx079eUDO7ubudr97feBPf+mz9Jso9",
-	"Hm68C7RKDKqeKqrtloQ7gIdo0mEONEK1FPE6nJZwkRVljnd4wa5rQyZcadNLxAuJ74tLA6RnConAgk4Z",
-	"GdPsknCBvfgeeeUAwxZ2Yqs7eoZvCkTYRhx29/G6PjzSZqNecW3e1nuMdze7MM+oWWK7DAiIqV9/ha2u",
-	"X0qmVq29rq/qbcW3EUINXl7GVgZS9PbFM3J0dPTUMmwLWZqLNZr2ARduUvMGTkjzL1sXwn5uY6HqvifC",
-	"VCsY63ANw9qGnWvrQDaFZr354/G9baQ5SPGuVyN8uq/zcujnj/b2w7bsqnoVQHjJoeWdZa0vGsuj0fDb",
-	"TfT/NlcZYvQrp/f3v/1fjf8eRW9+fHfusd+j6CtfbhR4tRq/HtVzoWVqo3QwGhwFXFm/y7HGl0HAFs+O",
-	"x5vb/PLl6fom3zf2eFnqAK8c7KzeyqCxkwrmjIF3A6QeDR9Hd8jnQyB9iyP/UTBrCT2+Vk7/FXLR38Y9",
-	"n6+jgZrOJvDTgX+rfHX9Xb+6cVH91A6RaHWM7ZBkf4D1pd/ldlQ2Ni/kMt6AVD+qLoxC3oTRsYOzpAHs",
-	"PSXLGS9YIqYB2h3vpt7S7u5BTnBM6pfKET4BSoJ3taLT9TvDl2y0NsP/wszbEOnxaycBFvhucSRt7+fc",
-	"y1od1zH44yfDu1TlwgsJW8Pxquhp00y0hr/LwtJvo/3PQnx0vKkn+IJzEqLuK2PgtLutpH5X2BPppJVz",
-	"+M/DF86rIL4oEenG9Zj0wGrPPwQpFVwfgL2hD3Z3Bz5+wgirgef/+Amcm2bqqp0ZCK90t5YKrg0ThOa5",
-	"YtpeGPLIe5wgbYDkRv3+8PDb3qA36A1HTwZPBuhG3XlsXGPw4ExuOyIOpYkn64Ga/k1sFeS+idDvrb37",
-	"38Yf7S9ucIrZlJbe5rFsm6OQUxjbQM/rxvjK9WxO4Opb9duPjMQqVPUq/urOAIK9+MSi+DOq1MoW6rZ2",
-	"7FHMHA0W09p1L97aJON7BBYCo2kO4Z7lrAMYBnupbP42Zvz3ux9fkzGb8fV34Tyy4TmmMGm/5P2UdFBQ",
-	"fE82EeGzcinIjIq8YCpGmKmDVOO7fs7evDxoJIeieu12IsJMkNDFglHVYEW1CiS//x8AAP//",
+	"5H39cts4su+roHj3VuRZ6st2MolcW7WeuclO7mYyqcSpVM1wjgmRkIQxCWgA0IqSctW+w3mH82D7JKe6",
+	"AZCgRMly7NnZj/xlSQTQaDT689fM5yiT5VIKJoyOJp+jBaM5U/jnW2bU+nxmmIJPOdOZ4kvDpYgm0TuW",
+	"SZFrYiRZUW7IlM2kYkTBEC7mpLdayIIRbR+LiZKVyFlOqmVMqCEFo9qQ8dEgiiOdLVhJYYmSC15WZTQZ",
+	"x5FZL1k0ibgwbM5UdHNzE0dLqmjJjCPvBRMZF/NXjGq2TeDFAldXzC7GCM8JkKDIasGzBTELRlaKG0a4",
+	"JiXNGZDCYaTlQBRHgpZAglunbxeKI8V+rbhieTQxqmIh/Y5mbRQX8wgoxjEv/99h5ClmKiVYTqZrQjNc",
+	"BMfXlC2pWTR04bhLnu8lqaQfXzExN4toMj5+GgOL689xB8FvlPy4fgPrdJIMFMCZw4JMGyIFMrJaaqMY",
+	"LUmvpGuSSWEoF0QXVC+YPtpBv/t0F3a+d+t0EwfzEjkjVDQEZVLM+LxSLCcrbhYk7ffr316ff//8T+/f",
+	"vkp3EOgfvBORN/CwXkqhGUrpNzJfX0j5iqo5SikwhwkDf9LlsuAZhR0Ml0pOC1b+8RcN2/kcsY+0XBZu",
+	"RA4rTGW+vjRSXhY4VRzlzFBeRJMITgB+JexjxhhcygUjBS+5AW48efz45AmZrg3TuE1tqMhgwuH1eIgy",
+	"BN9rQ02lo8np+CSODDewNNJOjJTEL+k2WykxmTGRsflq4gifbJB3E/LoD4rNokn0f4aNqhnaX/XwjR1v",
+	"Odc+07Q9Zzohe3bae3JK/sq/ITOpUACVLBKR0aLQMRmPyPf8G7hWOZvRqjD4FN5+fTQg5yRbVOIKRAQV",
+	"QlYB42agp8yCJcIuQEEREm50LfyK0WzB8vYNKBi9ZhplUFwJuRKJkJXJZMks+YppWakM1U5WSA3jJZkr",
+	"KoxGsuChXMH9WTLFZT5IBHDzhVRTnudM3EuIZvUsgfxcsTVJIsWWUhmdRATusJCGVDogN4m0Kc2EZpmZ",
+	"PH16PD5JokPEaRSI04tg8T2S1ND4IEJUT+fk54qtH2miwDpJ1exvqdiMf2Sa5BI3T4tCruz5gxSdkdTq",
+	"WyHNpVwJlrvprPZeUe1VtlXfQpoFU7CYO7+X4poWPH9rZedeh8jtVJdODluqwBSXpZ6QstJgk8mUmRVj",
+	"goxHI0JFTk6ejOBfFEczzoq8HtE6slFzZI5q0iy15+A26XqQ49uYNPW3yF5BtN3FTKqS5WckxU2laAg0",
+	"WS0oPJCIlZLgkcDlouWUzytZafLdxcUbMlO05GIe45zW7hOcQ8fILnv8UgiWAT3NnT1yp4r2+Tvk5D0O",
+	"1ErWAqaJo6xSiglzaeQVXPaT0w1NHyoQGBKKW+FcFPZxyRXTl9REk+h4dPykPx73T0YXo9HkdDw5/frH",
+	"KI4WsgA3ZxKtpLpiqv94z3X2a6Kha2mBluA8awQHGUPclvbITLD1BxGXZr50UrPFbpUs4JKSgl/7W+u8",
+	"F787cAM23d9+7f92UeSeHgae8k3t9r2S97zndi+FxHu3Tyx0tWRKs9zpHiLYiilrU75QGE52CcNwVlye",
+	"rh7rT8fFk6tfT/Kv178er1e/PBHHV6cff/1anZTHdKiYYKt7iI3bst/qyQEShEMeUIJgvpaGt1zMY1T1",
+	"iuGXOVgQ+NwcwACIeC3NC4h37nX6YGhmOEtw0kISXWWL+qJ/8Rm1DuC0OYDXEpwju+oepjfEPQjP6+nS",
+	"CWltMTTRyFpnPy94yWR1v+vlbMilcXMFbAYfs21o0OuEowbfQLGM8WsXUnDRuKVuKnC7T0b6rO0ZzsGr",
+	"EIQLYE7BTDP5aiFhq9ZNBL3uXMfaCN3dawwsPFC2LSpLCPSGIAOstOfU/IlXdFhwcRfl/7QRIndIpOHs",
+	"HlHaPIYHEaiNSdMvOMxE+NPspf0+fNP3s8XkZER0EE8c2aNueQqJsAcF8QXu2YcX9rQ9LQuaE1ooRvN1",
+	"Z0CRiCai8BJirGfjxYT0WnIG7vuCXjNCMwMqSlg3ZkkVCmYtrNyASB7FRMuDZSwRoZDFBCwqxkWpX75m",
+	"ufOQLqT8noq1Ewl9vxtLDbvEaIzl2wGMM13jJIIdyGsfrVGDWYHHI89zPTwoEj4O7NKFlKSkYl1PcYtM",
+	"h4Q+jEAHMzaBTHujPiylhp2RFOJmIPnS7iydJIIbdIU0HBvupvGF8DtuQHgGBN0Zf7CBG4Rn+lA+0ntB",
+	"K7OQin9i9zOUVThRIBWU2Njl/M1LzyufxiG9czcEFyHfMKqYOjoooB03UvG+vfIegWjR+CACEc4Irm5l",
+	"FkwYxzWUCxFYDysZGVWKM1B7wJREAFcgKCI2QpKCbR3whw8f+ufN3LsSrUAws+mYOTVsRdeEZhlbGk16",
+	"lrln5BuqedYYK6oXU0lVjunB+lQj+zSowqL8UxI5RmKyYU/SzcrTNeUFnRZfkGfDveJal9NKr+GTrsqS",
+	"qnU0ic6tEsRENypFSQrgF2yFi/6s4POFcemkKI6uaVG1ci7NtPeMsB63sikwLXHT7kunNMsDm7SRil1W",
+	"bWY1e4XTRL+b4IMkowKM5JR549Sxwe0pb79Hra28w6XaE+zZ0fZ6KAD3v1NbEztNu5chpDejvHAWc5LA",
+	"rwsu5uhfzKRaUZXbQAGFiOVHMXxIm2OB27slYYnYKWLeiC8Vu+ay0o48vMibicOHU9a6Wi6lMiz/nuWc",
+	"XuDp3Etp1xNeljDjJR54oL5dEpdgDpcYesVIuAROfUg++3Gor+tFCS5K3KJ7NXcnoQ+kw7vmTiekY+/p",
+	"5ubTQdRIPZ7vuU1ABinGpZJLpgy3+s0H+Zsa/JzMFGP9mVQlKeiUFSh2i6qkQtc2pNbXbXUd5As2S00b",
+	"SjrUcftZ9tY995qWyGiXotyi2yYL8ko5mydIyYuC1zXHklFduYRsYJlgA7BXzIdwYZ6cWuJt6dFlSOOg",
+	"GIkJ0Y1yZBzBXa3Jwiggmow2j/g7ubK2wtdJMQlp83Y2wDWSTBl69XAI+2l7skFZB103Ya3qp4blNRd/",
+	"rsfI6S8sM3UWc1tewsTR54asnBqGoVDUccZOyd1pTCOXnXK19Xxd+Oz0RfDXR9pVVwfkHRM5eLZUk7RV",
+	"yk1tRZBdM7W2qvWMCPhECjkn3LQF/bCcSofM20zRnRjypRcFQ/jbBuHe3+GTN3WOrYuRM8ssa15iAuRl",
+	"plgTLjLFqIaflqxJz8ATVBn4mhoybnHv5KRDrLev1K6L/paVlAuY2d0ZXrLN644xTfeFPyPLggp72mtZ",
+	"KQIxcymFNFLwDCx3dtUi99mzZ08PIHjjrrXq8fW1c8LtOR03BZfgqrSStP4cd97Ud6bTEU9dijid2Lhu",
+	"M3f0SJOCGogDcOUzkrqcZjrB+PHi4hVR1NYrcbD3ZGw6GfwZR/IZSb1cu7Euw17nRbk5S0TapEXRxwnS",
+	"0oR95Npo66IwAcrsJ5/irrlhOWlnBK7UswWsaS6NN7Tb5k2Qty++Jc9OH39NnFUnucyqkgm8422lZ/2T",
+	"LbiLAXcwJiXNFlywvmI0h28IUwoLzhY/4neyXaELs7mtck8rya8NLdillxT7U8ML+zngSMk1XMNLnw12",
+	"+aD680bFMhDMy5LrkppsgaNaUWxYIt5IuGykFIIVA6jEFk5hO8+60/krmVnIHCnG+qslKIyfumKNOvVU",
+	"CfTJN79uFoarqwQtLvHYOsVoo87y+RC95X3Wz9vTfYkNdYnbLp0sZzMmcriU+BA4/a5s2duqlNrscfqd",
+	"xL/THxSfc5Fi8PGtddv74ManRAqi2KzStMDYYqrkSuNltqkuDND3GO2tnxqf/PN+27b1o/faP3cZB+vE",
+	"d4y6y1EZF7hsesDv374kAovBLrayegIe79j+hub3UQRSWO8itrqkS42/Zb/YPPG203UXQfG6yqudO6qP",
+	"L1EXB12ZbbkNbJB72kWtqwUTARbPFtdmlWZ5pyu8faD75DA/UCgcp0Re+2ntHXzwRDr3oybXJtRyXxz0",
+	"5UDP49YW9p6kMwlcmC7h1AupjEOo+OjfowZj57MiUR5zCY5v1zJWv3Yya+kwf9s/KC4yvqRF98n67CrW",
+	"JJaKaSaMK2FYEnt0Ct+h+4WeRStTeTQgL0AjbYJrwGPnNqEIQTBTMVkteMFIag889b96d1+uxOA2X7pN",
+	"/fNyadYYkKWtm5B2zrNHuF3+ZbZXRHojwme+YnN0oHBXAd5xvwpCtxOdx8D3RP3QeJ7texq4pk4s4hDx",
+	"iPKwV3e94l1JBm5Y2f5jfwTjFWGtmyOqFF3DZ8E+msusUlp2JC3eUI0+f2ofSOvEMowiPdzaEVnSOTsj",
+	"TgId3KOg2uAPtyt2u4duLgi22plp2RXIvGYroupgxmcuzmpYYijQFxevHiRTcdNJfRA4blE5/vvf/vv4",
+	"scOMglyn5/0fCe1/IqP+MzIgl2RC/kyGpJ+2Q2QurpkwUq2H7/76vj8ajdtJoePHTzbxx0tqwCGLJtF/",
+	"/XTe/5H2P436zwaXkz8P+z//8Q9d19BTXsdAbcZj/vOyEoZ3qKu/2FIm5mHwEeC3ID3qjQ8EiA1wsy63",
+	"lnRNtOFFQQoq8qPDtXrb+dtlU2xMFqJMNBgSZ1MOX23R6TV+WDDEQLWAT7YK2Cr6CrkK7sNUyoJR0Taw",
+	"25rPhX1e9QU7GTxkXmOP7sXL7MJSq4gPVK235xowy+C25p0W3FtMUJcLaTCRd9CCe/JyXhs7rNyuNB24",
+	"xyyrFDfrd7bcZrPu/K9s3Rn0ess8U7IM0yGPNOn3wQr3Z2BQe6lLeZM5E/0rtk6brgwUBSzINVtaGLPE",
+	"oMcnhDvXB6PuAgntFW894oxQsSYVBBmClszCLz251Armkmq9kjbd3NBCNc82SbnBkGMmt4nwG+OInrCI",
+	"T5fU8rlg8gETjTV611fDURf4lFcigpxXKy2mt7iLQZdmNvfCPcqcGEloIpZKGoaojBqt8dVXZqFkNV98",
+	"9RXh5qw11RVjS92SP+tqLJlKRH1zYUEq9Ap2gRGAX9M2PJyOnpFvpZgVPDOp79MxC+bgJhbV4ckZkOeY",
+	"DnU+eNMho1gmVc7yQSIS8RyiZ02oYk1mJd1V/0nrZIujiAKV04LFidhKp6TgsqR16mpGM6OtawnTr0kv",
+	"9duGkBa5kcaJSFuuDfzkvMTYJ7lACcMnixA+GrRxDbBDLqz/nIhbmpaQBSBMw/Fg7CHENeK6EjXGeEJo",
+	"XXrHPfj6+1SaRSLqKNwaRLvr9EJRoWdM9Z+LTEKkn8aktEdGBZGCkc1xcSIomcF+c58MKLhgpCenug/f",
+	"u4rj9sywZ7eRUYyQJX/uUri8OBP5UnLnvoMwjchmngE0SIi7RoFqgamP6gPtwlKf1YlGHlRMB+QcyLHc",
+	"AybbtG7nLrST/7rJ59t6mYmDYaUDct7Gfx0E5Os5oFciPNKLzJnRwIinZBNk5hkxwTnSHbuucWEgRufb",
+	"sI0ZRAkF0200Bdc2vR70MdUqPB0k4gN8yU3sjg1iJjKtDEmHC0YLs/jkxGuISLNPKRHYP0NrMxET9JGp",
+	"TkTaAsdMHDqGJNVodJJdsTX+wVLSkyrexnM8AmVBc7xQNBHOCMSbeh0sK2pkhIVMahNgJVDbr48G5Dno",
+	"KLALFr2tZMEmJL3mbAX3tgdLTWovRscIl9NMx867ceEFlnRQM6Oai9skx6RkoOr1UUxSW3lKE9GjhZbe",
+	"LsQEQc2xj+1xshDWp4/wktG85CIldqxi1/KKHcEFFTm6kVPXrmSxdZ7sPnau+Q4UkFQX3YOqqAQ+6xBf",
+	"ibDa0PeacDMJm018BI63yWjC81peTxxrwiA7zPJvXD7iksuY00B4EEwPkyUiPR2NSQuAFLujabXUeJBa",
+	"2E9kCWl6cmAgwpC6UGwkPT1+RlrQN5T+RLRRaeSDyy20bgW4vK1aoM8y8NxnDxIhRQG3ZUmnvOBm3SBu",
+	"/cWbskKKuYVTkaXi10CXYAbExJYvCp4xYeunrnHwfEmzBesfD0YQU6vCuSp6MhyuVqsBxZ8HUs2Hbqwe",
+	"vnr57fPX757jmCbZ6T2YKI6umdIuPBuM7ENyyQRd8mgSnQxGgxMXtKNb6G99NPl8E0dDJ97uk1UB7kPF",
+	"h3TJh8B/uFTtb+t7Nfzs/7zBoCtoxP1pX77P+XdLpjKwWAx0to1pOvotA6d4d7/l4XHDzc+wkwYUAnS7",
+	"lozOuLAVDhnZZJowRWT98tS7MC7nI5jtjVR4LwX6tT4aca6WVZDUNDh20iSNuMYsALg+9nGYBywj6G/b",
+	"D6wDmcTSGcqEdoreBmB2MmqIFJntM7Rda34KgmJuAZ3OObQBLRfEYYtsb/Q2rigRiCWeccH1AjQDWprU",
+	"oR/SOkOHYbXeg29IxEwxdhZkfCEOVxVQVxms0DsnFl3WoJEHgi0tSwbcxsgVmMR8LAaH83h0QgJAFQw4",
+	"DDWViN4Wbsrxibbg2tvg/CPHwmkhsytLEZ6PVQpyyWxy52UOCiHo5m4qYt/IfL0HRNUBnupq09mLHPRR",
+	"7thmimrMyuhg/NIGqOimHcnC7dzseD4eje+2q0MalEJcyfYzJzubmBqsyIEIjluBmPBLU6kOe5RCXh/M",
+	"XysTHeiwi0bEV9a567JjFMEt2qc+buLodDTatWZ9TMONblQcNr592PsNGPPp6OT2QS/Cft7T0dPbR2w0",
+	"+eCwZ7cPa5oxYcT4ANJazfk46PEhTOjAQsLg4wNo3GyHuImjx4cw8X0L7RqH6GSXuHDejk0HtLMUIKd0",
+	"rmuQio5+vmnZxuFnL1E31jwWrAth8pa57IjpLunZzB+xjyEQqC6HUNDwOhEuY9h0vDjAiK4y29FP56CJ",
+	"ezxn5VKCAjlq/GGYJhEbxbag+THE5rp5e4ExwZ6+ownhJhG2aAYWCYKgNZgWVqCvaDfRocTd7hsl3tJ5",
+	"pzvZlQ/+offr9PYRdX/inW7WK9di+TvJ+VsfeNXNj1syHUdzZrrOwTpBTXnOa03U52eNc8f1PtBoWxz+",
+	"wswOURj9u5u/AInVaQEf0vr9c1+e3+cqvBR6yTKz/ypsxGhdazWPDP2LijaCpsAwuK7u7ejv4JnjHfHX",
+	"84+GiXy/VYE4QsgV+WNzWXsuJefinaBuejQgP2DAszFHRoU1DoKtWD4hVDRt3d5iJEKq0KaAZfAplJYh",
+	"6TYRgq3u7eV/mSPZqkjfbL+I6IH10uPj/1y33AlQS0H9czvdd3YKfmMvvfYl/lO8dKvj9mnsPXr3Wl6x",
+	"30TxIm6+eRkKFQTz11wbRY1UjzSRKrfYK4kOswUOcDOp656JKGWJpcntvJXLvDSpJed94YsCXYHRpnMb",
+	"3VoDy2PnpaHWFrblkqlAf9tcs3OxE/HBLgYbMEH6rQFvTH0Wi4t5mIPLJbbEmkRkCyrmjPR8ShxWLuQK",
+	"k0GYXnLpbQamN5OVMEy51n9EHaE2TASai/pLG5mT2qEhC66NxBprJhUeQGqPOE8Ju2YwQ4BEbR0IxFbX",
+	"8gpDK7EdRNn5fSiVCBtLeeCd3d1ZYPVI29TZ4bWx8/UCa+3I6/qFa77IgQl/TOd1dR9320fY57+l2xy0",
+	"+XRQM/rxUBsW4HN/O8/aydu/gof9rxOeAktrbdrDO3K0R9HbF7B89siLm+HnJTWLm7vr+fqlmDfxrc82",
+	"r/c84OHWC1brwKCuqeK13RFwB+gRTXrMYUqoliLeRNsSLrKiyrExGvS6NmTGlTaDRLyQ+BK+NACCphAI",
+	"LOmckSnNrggXWKofkFcODm1RKTa7oxf4+kVEdcRh8R/fgQCPdOmoV1ybt80e4/3FLowzGpbYKgPiZZp3",
+	"imGp69eKqXVnreuLalvxbYRQgx3hWMpAit6++JacnJw8swzbQZbmYoOmQ7CH29S8gRPS/NPOhbCe21qo",
+	"bqJFFGuNch1vQFy7oHVdFci20GwWfzz8t4s0hzje976Jn+9rvBw4+ifb77EruqrfrxC2dXS8CK7z7W15",
+	"NBl/vd3bsMtUhh0ItdH7+9/+p4GHT6I3P7y78NDwSfSFb4wKrFoDb4+auVAzdVE6moxOAq5sdq9s8GUU",
+	"sMWz48n2Nj99era5yfetPV5VOoAzBztrtjJq7aRGQaPj3cKwR+Mn0R3i+RBn32HIfxDMakIPv5Xzf4VY",
+	"9PcxzxebaKC2sQnsdGDfalvdfDesGzLqn7ohEp2GsRux7A+w6aRe7QZtY/FCruItxPWjugsX4ib0jh2c",
+	"JQ1Q8alto0nEPADDY1vOLeXuAcQEp6R5Ux/hM6AkeAEuGl2/M3xzSWcx/C/MvA2RHr91EGBx8RZH0vXS",
+	"04O01Wnjgz95Or5LVi7sV9jpjtdJTxtmojb8t0ws/T63/9sQPh1v3xN8azwJQfm1MnC3uyulflfYk+3R",
+	"tcbh/x6/cFYF8UWJSLe6Z9Ije3v+IUipoLsA9oY22LUW/PQzelgtuP9PP4Nx00xddzMD4ZWuqang2jBB",
+	"aJ4rpm0/kQfm4wRpCyQ3GQ7Hx18PRoPRYDx5Ono6QjPqzmOry8GDM7mtiDiUJp6sB2r619vViPw2gH+w",
+	"8R8qWP+j+20Y7mK2pWWwfSy75ijkHMa2wPW6Nb42PdsTuPxW80opIzELVf//BnVLAYK9+MyC/DOq1Nom",
+	"6nZW7FHMHA0W09p3bzPbJuM7BBbGiPEFd89y1gEMg73UOn8XM/7/ux9ekylb8M0XDD2y7jmGMOmw4sOU",
+	"9FBQfE02EeGzciXIgooce0SFNB5xjS9QOn/z8qgVHIr6XeaJCCNBQpdLRlWLFfUqEPz+bwAAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -299,6 +299,10 @@ func rejectionJSON(r tokens.Rejection) api.Rejection {
 		hint := r.LeaseHint
 		out.LeaseHint = &hint
 	}
+	if r.Principal != "" {
+		principal := r.Principal
+		out.Principal = &principal
+	}
 	if !r.LeaseEndedAt.IsZero() {
 		t := r.LeaseEndedAt.UTC()
 		out.LeaseEndedAt = &t

@@ -280,7 +280,10 @@ func startFraming(t *testing.T, up string, cfg Config, tlsOn bool) *testGateway 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close() })
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
 	target, _ := url.Parse(up)
 	cfg.Upstreams, cfg.Logger = map[string]*url.URL{"svc": target}, log
 	svc := tokens.New(tokens.Config{Store: store, Locker: tokens.NewLocalLocker(), Logger: log, DrainPeriod: time.Minute})

@@ -89,6 +89,7 @@ type Gateway struct {
 	handler   http.Handler
 	hosts     hostList
 	bindings  routeTable
+	byKey     *principalCounts
 }
 
 // New builds a Gateway serving svc.
@@ -113,6 +114,7 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	}
 	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport(), hosts: newHostList(cfg.AllowedHosts), bindings: newRouteTable(cfg.Routes)}
 	g.obs = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
+	g.byKey = newPrincipalCounts(cfg.Registry) // attribution.go
 	g.proxy = g.newReverseProxy()
 	g.handler = g.framing(g.routes())
 	return g

@@ -158,6 +158,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		g.obs.refused(err)
+		g.byKey.refused(write.Principal, err) // attribution.go
 		writeProblem(w, r, g.log, err)
 		return
 	}

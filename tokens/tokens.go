@@ -84,6 +84,10 @@ type Rejection struct {
 	Method       string
 	Upstream     string
 	Path         string
+	// Principal is the authenticated caller that presented the lease (""
+	// without authentication): for lease_not_owned the thief, while Holder
+	// is the lease's own.
+	Principal string
 	// LeaseEndedAt is when the presented lease expired or was released (zero
 	// if it was still live or unknown), so "arrived 15 s after its lease
 	// ended" can be shown.
