@@ -73,7 +73,12 @@ type Config struct {
 	// routes refuses writes no route of it takes (403 resource_mismatch,
 	// recorded); one without takes any lease.
 	Routes []*Route
-	Logger *slog.Logger
+	// MaxStreams and MaxStreamsPerKey cap the open live rejection streams,
+	// in all and per API key (defaults DefaultMaxStreams,
+	// DefaultMaxStreamsPerKey): past them, 429 rate_limited.
+	MaxStreams       int
+	MaxStreamsPerKey int
+	Logger           *slog.Logger
 }
 
 // Gateway is the HTTP face of a tokens.Service.
@@ -90,6 +95,7 @@ type Gateway struct {
 	hosts     hostList
 	bindings  routeTable
 	byKey     *principalCounts
+	streams   *streamSlots
 }
 
 // New builds a Gateway serving svc.
@@ -114,7 +120,8 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	}
 	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport(), hosts: newHostList(cfg.AllowedHosts), bindings: newRouteTable(cfg.Routes)}
 	g.obs = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
-	g.byKey = newPrincipalCounts(cfg.Registry) // attribution.go
+	g.byKey = newPrincipalCounts(cfg.Registry)                       // attribution.go
+	g.streams = newStreamSlots(cfg.MaxStreams, cfg.MaxStreamsPerKey) // streamcap.go
 	g.proxy = g.newReverseProxy()
 	g.handler = g.framing(g.routes())
 	return g

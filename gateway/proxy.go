@@ -68,6 +68,16 @@ func (g *Gateway) newReverseProxy() *httputil.ReverseProxy {
 				}
 			}
 			pr.SetXForwarded()
+			// The client's Host is the gateway's word only when the Host
+			// check vouched for it (hosts.go); otherwise it is dropped.
+			if g.hosts.any {
+				delete(h, "X-Forwarded-Host")
+			}
+			// A client's Trailer announcement would reach the upstream
+			// without the trailer values (Go copies the announcement, not
+			// the values read after the body), and trailers would bypass
+			// the header rules above: neither is forwarded.
+			pr.Out.Trailer = nil
 			h[HeaderToken] = []string{f.token}
 			h[HeaderResource] = []string{f.permit.Lease.Resource}
 			// With authentication the client's Authorization is its key at
