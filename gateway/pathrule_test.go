@@ -261,3 +261,12 @@ func TestBrokenChunkedBodyIsTheClientsFault(t *testing.T) {
 		t.Fatalf("metrics:\n%s", rec.Body.String())
 	}
 }
+
+func BenchmarkCheckProxyPath(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := checkProxyPath("/accounts/88213/lines;v=2"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

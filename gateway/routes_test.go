@@ -221,3 +221,13 @@ func TestRouteRefusesALeaseForAnotherResource(t *testing.T) {
 	}
 	tg.lease(t, "res:a")
 }
+
+func BenchmarkRouteCheck(b *testing.B) {
+	table := newRouteTable([]*Route{mustRoute(b, "statements/accounts/{acct}/**=stmt:acct:{acct}"), mustRoute(b, "statements/admin/**=ops:*")})
+	b.ReportAllocs()
+	for b.Loop() {
+		if table.check("statements", "/accounts/88213/lines", "stmt:acct:88213", 1) != nil {
+			b.Fatal("refused")
+		}
+	}
+}
