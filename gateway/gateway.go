@@ -67,6 +67,7 @@ type Config struct {
 	// cannot reach the gateway under a name it controls (DNS rebinding).
 	// Empty or "*": any Host (an embedder's choice; cmd/fencegw sets
 	// DefaultAllowedHosts or --allowed-hosts). /healthz and /readyz take any.
+	// X-Forwarded-Host reaches upstreams only when the Host was checked.
 	AllowedHosts []string
 	// Routes bind path patterns under upstreams to the resources whose
 	// leases may write there (routes.go, ParseRoute). An upstream with
