@@ -108,6 +108,7 @@ type Problem struct {
 	// | `forbidden` | 403 | the key's role or resource prefixes do not allow it |
 	// | `unknown_lease` | 403 | a fenced write under a lease never granted |
 	// | `lease_not_owned` | 403 | the lease was acquired with another key |
+	// | `resource_mismatch` | 403 | a fenced write under a lease for another resource than the path's route binds |
 	// | `not_found` | 404 | no such lease, resource or endpoint |
 	// | `unknown_upstream` | 404 | no upstream of that name is configured |
 	// | `method_not_allowed` | 405 | the endpoint does not take that method |
@@ -124,7 +125,7 @@ type Problem struct {
 	// | `internal_error` | 500 | a bug in the gateway (logged) |
 	// | `upstream_unreachable` | 502 | the upstream could not be reached or broke the connection |
 	// | `fence_busy` | 503 | a grant waited too long for in-flight writes or a drain period |
-	// | `store_unavailable` | 503 | the token store cannot be reached (fail closed) |
+	// | `store_unavailable` | 503 | the token store cannot be reached, or every connection to it is in use (fail closed) |
 	// | `upstream_timeout` | 504 | the upstream did not answer in time; the outcome is unknown |
 	//
 	//
@@ -134,7 +135,7 @@ type Problem struct {
 	Detail       *string     `json:"detail,omitempty"`
 	ExpiresAt    *time.Time  `json:"expires_at,omitempty"`
 
-	// Field For `invalid_request`, the offending field.
+	// Field The offending field or header (`invalid_request`, and `Host`, `Origin` or `Content-Type` on refusals of browser requests).
 	Field    *string `json:"field,omitempty"`
 	Holder   *string `json:"holder,omitempty"`
 	Instance *string `json:"instance,omitempty"`
@@ -160,6 +161,7 @@ type Problem struct {
 // | `forbidden` | 403 | the key's role or resource prefixes do not allow it |
 // | `unknown_lease` | 403 | a fenced write under a lease never granted |
 // | `lease_not_owned` | 403 | the lease was acquired with another key |
+// | `resource_mismatch` | 403 | a fenced write under a lease for another resource than the path's route binds |
 // | `not_found` | 404 | no such lease, resource or endpoint |
 // | `unknown_upstream` | 404 | no upstream of that name is configured |
 // | `method_not_allowed` | 405 | the endpoint does not take that method |
@@ -176,7 +178,7 @@ type Problem struct {
 // | `internal_error` | 500 | a bug in the gateway (logged) |
 // | `upstream_unreachable` | 502 | the upstream could not be reached or broke the connection |
 // | `fence_busy` | 503 | a grant waited too long for in-flight writes or a drain period |
-// | `store_unavailable` | 503 | the token store cannot be reached (fail closed) |
+// | `store_unavailable` | 503 | the token store cannot be reached, or every connection to it is in use (fail closed) |
 // | `upstream_timeout` | 504 | the upstream did not answer in time; the outcome is unknown |
 //
 // Example: stale_token
@@ -193,7 +195,9 @@ type Rejection struct {
 	// - `lease_expired`: the lease expired, nothing newer granted yet;
 	// - `lease_released`: its holder released it, or an admin revoked it;
 	// - `unknown_lease`: no such lease was ever granted;
-	// - `lease_not_owned`: the lease was acquired with another key.
+	// - `lease_not_owned`: the lease was acquired with another key;
+	// - `resource_mismatch`: the lease is for another resource than the
+	//   upstream's route binds to the path.
 	//
 	//
 	// Example: stale_token
@@ -212,6 +216,9 @@ type Rejection struct {
 	Method    string  `json:"method"`
 	Path      string  `json:"path"`
 
+	// Principal The API key that presented the lease (absent without authentication). For `lease_not_owned` it is the caller, while `holder` is the lease's own.
+	Principal *string `json:"principal,omitempty"`
+
 	// Resource Empty for `unknown_lease`.
 	Resource string `json:"resource"`
 
@@ -223,11 +230,13 @@ type Rejection struct {
 // RejectionCode Why a write was refused. An open set: the known values are below
 // (and in `x-extensible-enum`); a later gateway may record others.
 //
-// - `stale_token`: a newer grant exists for the resource;
-// - `lease_expired`: the lease expired, nothing newer granted yet;
-// - `lease_released`: its holder released it, or an admin revoked it;
-// - `unknown_lease`: no such lease was ever granted;
-// - `lease_not_owned`: the lease was acquired with another key.
+//   - `stale_token`: a newer grant exists for the resource;
+//   - `lease_expired`: the lease expired, nothing newer granted yet;
+//   - `lease_released`: its holder released it, or an admin revoked it;
+//   - `unknown_lease`: no such lease was ever granted;
+//   - `lease_not_owned`: the lease was acquired with another key;
+//   - `resource_mismatch`: the lease is for another resource than the
+//     upstream's route binds to the path.
 //
 // Example: stale_token
 type RejectionCode = string

@@ -1,9 +1,11 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"mime"
 	"net/http"
 	"strconv"
@@ -298,6 +300,10 @@ func rejectionJSON(r tokens.Rejection) api.Rejection {
 		hint := r.LeaseHint
 		out.LeaseHint = &hint
 	}
+	if r.Principal != "" {
+		principal := r.Principal
+		out.Principal = &principal
+	}
 	if !r.LeaseEndedAt.IsZero() {
 		t := r.LeaseEndedAt.UTC()
 		out.LeaseEndedAt = &t
@@ -357,15 +363,23 @@ func (g *Gateway) paramErrorHandler(w http.ResponseWriter, r *http.Request, err 
 	writeProblem(w, r, g.log, requestError(field, detail))
 }
 
-// controlBody bounds control-call bodies and insists they are JSON.
+// controlBody bounds control-call bodies and insists they are JSON: a body
+// needs Content-Type: application/json (or +json), which a cross-site page
+// cannot send without a CORS preflight the gateway never grants (hosts.go),
+// and must be one JSON value with nothing after it.
 func (g *Gateway) controlBody(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
-			if ct := r.Header.Get("Content-Type"); ct != "" {
+			hasBody := r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody
+			if ct := r.Header.Get("Content-Type"); ct != "" || hasBody {
 				mt, _, err := mime.ParseMediaType(ct)
 				if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+					detail := "control calls take application/json"
+					if ct == "" {
+						detail = "a control call with a body needs Content-Type: application/json"
+					}
 					sendProblem(w, r, problem{Status: http.StatusUnsupportedMediaType, Code: codeUnsupportedMedia,
-						Title: "Unsupported media type", Detail: "control calls take application/json"})
+						Title: "Unsupported media type", Field: "Content-Type", Detail: detail})
 					return
 				}
 			}
@@ -376,7 +390,39 @@ func (g *Gateway) controlBody(next http.Handler) http.Handler {
 			r.Body = http.MaxBytesReader(w, r.Body, g.cfg.MaxControlBody)
 			_, lift := limitBody(w, r, g.cfg.BodyTimeout)
 			defer lift()
+			if hasBody {
+				data, err := io.ReadAll(r.Body)
+				if err != nil {
+					var maxBytes *http.MaxBytesError
+					if !errors.As(err, &maxBytes) && !errors.Is(err, errBodyTimeout) {
+						err = requestError("body", "could not be read: "+err.Error())
+					}
+					writeProblem(w, r, g.log, err)
+					return
+				}
+				if err := oneJSONValue(data); err != nil {
+					writeProblem(w, r, g.log, err)
+					return
+				}
+				r.Body = io.NopCloser(bytes.NewReader(data))
+			}
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// oneJSONValue refuses data that holds something after its first JSON
+// value (a second object, garbage). A value that does not parse is left to
+// the generated decoder, whose errors name the field.
+func oneJSONValue(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var v json.RawMessage
+	if dec.Decode(&v) != nil {
+		return nil
+	}
+	end := dec.InputOffset()
+	if _, err := dec.Token(); err != io.EOF {
+		return requestError("body", "must be one JSON value; there is more after byte "+strconv.FormatInt(end, 10))
+	}
+	return nil
 }

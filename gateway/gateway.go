@@ -62,7 +62,24 @@ type Config struct {
 	// upstream, replacing any the client sent (the upstream's credentials,
 	// which workers then never hold).
 	UpstreamHeaders map[string]http.Header
-	Logger          *slog.Logger
+	// AllowedHosts are the names (host names or IP addresses; a port is
+	// ignored) that requests must carry in Host, so that a browser page
+	// cannot reach the gateway under a name it controls (DNS rebinding).
+	// Empty or "*": any Host (an embedder's choice; cmd/fencegw sets
+	// DefaultAllowedHosts or --allowed-hosts). /healthz and /readyz take any.
+	// X-Forwarded-Host reaches upstreams only when the Host was checked.
+	AllowedHosts []string
+	// Routes bind path patterns under upstreams to the resources whose
+	// leases may write there (routes.go, ParseRoute). An upstream with
+	// routes refuses writes no route of it takes (403 resource_mismatch,
+	// recorded); one without takes any lease.
+	Routes []*Route
+	// MaxStreams and MaxStreamsPerKey cap the open live rejection streams,
+	// in all and per API key (defaults DefaultMaxStreams,
+	// DefaultMaxStreamsPerKey): past them, 429 rate_limited.
+	MaxStreams       int
+	MaxStreamsPerKey int
+	Logger           *slog.Logger
 }
 
 // Gateway is the HTTP face of a tokens.Service.
@@ -76,6 +93,10 @@ type Gateway struct {
 	proxy     http.Handler
 	inflight  atomic.Int64
 	handler   http.Handler
+	hosts     hostList
+	bindings  routeTable
+	byKey     *principalCounts
+	streams   *streamSlots
 }
 
 // New builds a Gateway serving svc.
@@ -98,8 +119,10 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport()}
+	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport(), hosts: newHostList(cfg.AllowedHosts), bindings: newRouteTable(cfg.Routes)}
 	g.obs = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
+	g.byKey = newPrincipalCounts(cfg.Registry)                       // attribution.go
+	g.streams = newStreamSlots(cfg.MaxStreams, cfg.MaxStreamsPerKey) // streamcap.go
 	g.proxy = g.newReverseProxy()
 	g.handler = g.framing(g.routes())
 	return g
@@ -125,6 +148,7 @@ func (g *Gateway) Close() {
 func (g *Gateway) routes() http.Handler {
 	r := chi.NewRouter()
 	r.Use(g.recoverer)
+	r.Use(g.browserGuard) // hosts.go
 	if g.cfg.Auth != nil {
 		r.Use(g.authenticate)
 	}

@@ -66,7 +66,7 @@ func newMetrics(reg prometheus.Registerer, inflight func() float64) *metrics {
 	for _, o := range []string{outcomeForwarded, outcomeRejected, outcomeUpstreamError, outcomeUnknownUpstream, outcomeBadRequest, outcomeUnavailable} {
 		m.writes[o] = writes.WithLabelValues(o)
 	}
-	for _, c := range []string{tokens.CodeStaleToken, tokens.CodeLeaseExpired, tokens.CodeLeaseReleased, tokens.CodeUnknownLease, tokens.CodeNotOwner} {
+	for _, c := range tokens.RejectionCodes {
 		m.rejections[c] = rejections.WithLabelValues(c)
 	}
 	for _, r := range []string{"granted", codeLeaseHeld, codeFenceBusy, codeStoreUnavailable, codeInvalidRequest, "other"} {

@@ -92,6 +92,7 @@ type Service struct {
 	log         *slog.Logger
 	stale       *staleCache
 	waiters     *waiters
+	flood       floodGate // flood.go
 }
 
 // New returns a Service; Store and Locker are required.
@@ -628,6 +629,23 @@ func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state 
 		Method:       w.Method,
 		Upstream:     w.Upstream,
 		Path:         w.Path,
+		Principal:    w.Principal,
+	}
+	// Issue 15: a flood of unauthenticated unknown leases is recorded at a
+	// bounded rate (flood.go); a refusal for another principal's lease is
+	// recorded with its resource's current token (Admit refuses it before
+	// reading the state) and logged.
+	switch {
+	case e.Kind == ErrUnknownLease && w.Principal == "" && !s.flood.record(s.now(), s.log):
+		return refusal
+	case e.Kind == ErrNotOwner:
+		if state.Name == "" && lease.Resource != "" {
+			if st, err := s.store.Resource(ctx, lease.Resource); err == nil {
+				state, rej.CurrentToken = st, st.Token
+			}
+		}
+		s.log.Warn("write under another principal's lease refused", "principal", w.Principal, "resource", lease.Resource,
+			"holder", lease.Holder, "lease", rej.LeaseHint, "token", lease.Token, "method", w.Method, "upstream", w.Upstream, "path", w.Path)
 	}
 	if current := state.Lease; current != nil && current.ID == lease.ID {
 		lease = *current
@@ -662,6 +680,8 @@ func codeOf(kind error) string {
 		return CodeLeaseReleased
 	case ErrNotOwner:
 		return CodeNotOwner
+	case ErrWrongResource: // route.go
+		return CodeWrongResource
 	default:
 		return CodeUnknownLease
 	}

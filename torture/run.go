@@ -249,7 +249,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	args := []string{"--upstream", "rec=" + up.URL, "--forward-timeout", cfg.ForwardTimeout.String(),
 		"--drain-period", cfg.DrainPeriod.String(), "--grant-wait", cfg.GrantWait.String(), "--log-level", "warn",
-		"--auth-file", authPath}
+		"--auth-file", authPath, "--route", WritePathRoute("rec")}
 	switch cfg.Mode {
 	case ModeEmbedded:
 		data := filepath.Join(cfg.Dir, "data")
@@ -306,7 +306,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	for g := range cfg.WorkerGroups {
 		wc := WorkerConfig{Name: groupNames[g], Gateways: urls, Upstream: "rec", Resources: resources,
 			Goroutines: cfg.Goroutines, TTL: cfg.TTL, Wait: cfg.TTL, Timeout: cfg.ForwardTimeout + cfg.DrainPeriod + 3*time.Second,
-			MaxWrites: cfg.MaxWrites, Seed: cfg.Seed + uint64(g), Keys: groupKeys[g], TheftPermille: cfg.TheftPermille}
+			MaxWrites: cfg.MaxWrites, Seed: cfg.Seed + uint64(g), Keys: groupKeys[g], TheftPermille: cfg.TheftPermille,
+			RouteTheftPermille: cfg.TheftPermille}
 		if len(cfg.WorkerCommand) == 0 {
 			wc.StallPermille = 60
 			workers.Go(func() { RunWorkers(workCtx, wc, rec) })

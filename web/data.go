@@ -217,6 +217,8 @@ type Step struct {
 	Upstream     string    `json:"upstream,omitempty"`
 	Path         string    `json:"path,omitempty"`
 	LeaseEndedAt time.Time `json:"lease_ended_at,omitzero"`
+	// Principal: the API key that presented the lease (issue 15).
+	Principal string `json:"principal,omitempty"`
 }
 
 // Timeline is a resource's story.
@@ -339,7 +341,8 @@ func timeline(ctx context.Context, src Source, counts *Counts, name string) (Tim
 	var runs []Step
 	for _, r := range rejs {
 		if run != nil && run.Token == r.Token && run.Holder == r.Holder && run.Code == r.Code &&
-			run.Method == r.Method && run.Upstream == r.Upstream && run.Path == r.Path && run.CurrentToken == r.CurrentToken {
+			run.Method == r.Method && run.Upstream == r.Upstream && run.Path == r.Path && run.CurrentToken == r.CurrentToken &&
+			run.Principal == r.Principal {
 			run.Count++
 			run.Last = r.At
 			continue
@@ -348,7 +351,8 @@ func timeline(ctx context.Context, src Source, counts *Counts, name string) (Tim
 			runs = append(runs, *run)
 		}
 		run = &Step{At: r.At, Kind: StepRejected, Token: r.Token, Holder: r.Holder, Count: 1, Code: r.Code,
-			CurrentToken: r.CurrentToken, Method: r.Method, Upstream: r.Upstream, Path: r.Path, LeaseEndedAt: r.LeaseEndedAt}
+			CurrentToken: r.CurrentToken, Method: r.Method, Upstream: r.Upstream, Path: r.Path, LeaseEndedAt: r.LeaseEndedAt,
+			Principal: r.Principal}
 	}
 	if run != nil {
 		runs = append(runs, *run)

@@ -45,7 +45,7 @@ const csp = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 's
 // Handler serves the dashboard under /ui/ from src; counts (may be nil)
 // supplies accepted-write counts and totals since start.
 func Handler(src Source, counts *Counts) http.Handler {
-	h := &handler{src: src, counts: counts, log: slog.Default()}
+	h := &handler{src: validUTF8{src}, counts: counts, log: slog.Default()} // utf8.go
 	static, _ := fs.Sub(assets, "static")
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ui/{$}", h.overview)

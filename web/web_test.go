@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/fencegw/fencegw/tokens"
 )
@@ -267,6 +268,24 @@ func TestOverviewRefusesBadFilters(t *testing.T) {
 	for _, q := range []string{"", "range=24h&code=lease_not_owned", "resource=stmt:acct:88213&holder=worker-3"} {
 		if resp, body := get(t, h, "/ui/api/overview?"+q); resp.StatusCode != http.StatusOK {
 			t.Errorf("?%s: %d %s", q, resp.StatusCode, body)
+		}
+	}
+}
+
+// Issue 15: the dashboard shows who presented a refused lease, and never
+// emits invalid UTF-8, whatever an old record holds.
+func TestDashboardShowsPrincipalAndValidUTF8(t *testing.T) {
+	src := incident()
+	src.rejs = append(src.rejs, tokens.Rejection{ID: 3, At: src.now.Add(-time.Second), Resource: "stmt:acct:88213", Code: tokens.CodeNotOwner,
+		Token: 34, CurrentToken: 34, Holder: "worker-5\xff", Method: "PUT", Upstream: "statements", Path: "/lines/\xc0\xae\xe2\x82", Principal: "thief-key"})
+	h := Handler(src, NewCounts())
+	for _, path := range []string{"/ui/?range=15m", "/ui/resources/stmt:acct:88213", "/ui/api/overview?range=15m", "/ui/api/resources/stmt:acct:88213"} {
+		resp, body := get(t, h, path)
+		if resp.StatusCode != 200 || !utf8.ValidString(body) {
+			t.Fatalf("%s: %d, valid UTF-8 %v:\n%s", path, resp.StatusCode, utf8.ValidString(body), body)
+		}
+		if !strings.Contains(body, "thief-key") && path != "/ui/api/overview?range=15m" { // its JSON has counts, not rows
+			t.Errorf("%s does not name the key that presented the lease", path)
 		}
 	}
 }

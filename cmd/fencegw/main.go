@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -102,12 +103,17 @@ usage:
       --auth-file PATH         API keys (sha256, role, resource prefixes, rate, caps) and upstream credentials
       --insecure-no-auth       allow a non-loopback --listen without --auth-file
       --tls-cert FILE          serve HTTPS (with --tls-key FILE)
+      --route U/PATTERN=RES    only leases of RES may write to PATTERN under upstream U (repeatable), like
+                               statements/accounts/{acct}/**=stmt:acct:{acct}; a bound upstream refuses the rest
+      --allowed-hosts NAMES    names clients use (comma-separated; '*': any); other Host headers get 403
+                               (default: loopback names and the --listen address on a loopback listen, else off)
       --log-level LEVEL        debug, info, warn, error (info)
       --pg-max-conns N         PostgreSQL query pool (16)
       --pg-lock-conns N        PostgreSQL lock pool = most concurrent writes per replica (128)
       --pg-statement-timeout D PostgreSQL statement_timeout (5s)
       --pg-lock-timeout D      bound on an advisory lock wait (30s)
-  Every flag can come from the environment as FENCEGW_<FLAG>; FENCEGW_UPSTREAMS takes a comma-separated list.`
+  Every flag can come from the environment as FENCEGW_<FLAG>; FENCEGW_UPSTREAMS and FENCEGW_ROUTES take
+  comma-separated lists.`
 
 var flagHelp = errors.New("help requested")
 
@@ -156,6 +162,8 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 		Registry:       reg,
 		OnForwarded:    counts.Accepted,
 		UI:             web.Handler(svc, counts),
+		AllowedHosts:   cfg.AllowedHosts,
+		Routes:         cfg.Routes,
 		Logger:         logger,
 	}
 	if cfg.Auth != nil {
@@ -208,11 +216,29 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 	} else {
 		fmt.Fprintln(stdout, "  authentication: off (no --auth-file)")
 	}
+	switch {
+	case cfg.AllowedHosts != nil:
+		fmt.Fprintf(stdout, "  Host check: %s\n", strings.Join(cfg.AllowedHosts, ", "))
+	case slices.Contains(cfg.HostsFlag, "*"):
+		fmt.Fprintln(stdout, "  Host check: off (--allowed-hosts '*')")
+	default:
+		fmt.Fprintf(stdout, "  Host check: off: --listen %s is not a loopback address and there is no --allowed-hosts; set it to the names clients use, so that a browser page cannot reach the gateway under a name it controls (DNS rebinding)\n", cfg.Listen)
+	}
 	if len(cfg.Upstreams) == 0 {
 		fmt.Fprintln(stdout, "  no upstreams configured: add --upstream NAME=URL to forward fenced writes")
 	}
 	for name, u := range cfg.Upstreams {
 		fmt.Fprintf(stdout, "  upstream %s -> %s (fenced writes: %s://%s/v1/proxy/%s/...)\n", name, u, scheme, addr, name)
+		bound := false
+		for _, r := range cfg.Routes {
+			if r.Upstream() == name {
+				fmt.Fprintf(stdout, "    route %s\n", r)
+				bound = true
+			}
+		}
+		if !bound {
+			fmt.Fprintln(stdout, "    any live lease may write here (no --route binds it to resources)")
+		}
 	}
 	if ready != nil {
 		ready <- addr

@@ -477,7 +477,7 @@ func (s *Store) Rejections(ctx context.Context, q tokens.RejectionQuery) ([]toke
 	case limit > MaxRejections:
 		limit = MaxRejections
 	}
-	sql := `SELECT id, at, resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at
+	sql := `SELECT id, at, resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at, principal
 		FROM rejections`
 	if len(where) > 0 {
 		sql += " WHERE " + strings.Join(where, " AND ")
@@ -491,7 +491,7 @@ func (s *Store) Rejections(ctx context.Context, q tokens.RejectionQuery) ([]toke
 		var r tokens.Rejection
 		var ended *time.Time
 		err := row.Scan(&r.ID, &r.At, &r.Resource, &r.Code, &r.Token, &r.CurrentToken, &r.Holder, &r.LeaseHint,
-			&r.Method, &r.Upstream, &r.Path, &ended)
+			&r.Method, &r.Upstream, &r.Path, &ended, &r.Principal)
 		if ended != nil {
 			r.LeaseEndedAt = *ended
 		}

@@ -75,7 +75,8 @@
     tok.appendChild(document.createTextNode(' '));
     tok.appendChild(el('span', 'muted', 'vs'));
     tok.appendChild(document.createTextNode(' ' + r.current_token));
-    cell(tr, r.holder);
+    var who = cell(tr, r.holder);
+    if (r.principal) who.appendChild(el('span', 'muted', ' · key ' + r.principal));
     cell(tr, el('span', 'code ' + r.code, r.code));
     if (r.lease_ended_at) {
       cell(tr, human(Date.parse(r.at) - Date.parse(r.lease_ended_at)));
