@@ -212,7 +212,10 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (Lease, error
 		// that never came (another replica's release while its
 		// notification was lost).
 		sleep := time.Second
-		if retryAfter > 0 && retryAfter < sleep {
+		switch {
+		case errors.Is(err, ErrFenceBusy) && retryAfter > 0:
+			sleep = retryAfter // a drain's end is known
+		case retryAfter > 0 && retryAfter < sleep:
 			sleep = retryAfter
 		}
 		next := now.Add(sleep)
