@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -123,6 +124,11 @@ func TestPostgresConnectionsBoundedUnderSlowWrites(t *testing.T) {
 			t.Fatalf("grant %d: %v", i, ans)
 		}
 		leases[i] = l
+		// The first write after idle takes the fence (a round trip);
+		// the 512 below are the steady state.
+		if w := fencedWrite(p.url(), l.LeaseID, "/fast", "warm"+strconv.Itoa(i)); w.code != http.StatusOK {
+			t.Fatalf("warm-up write %d: %v", i, w)
+		}
 	}
 	var wg sync.WaitGroup
 	var failed atomic.Int64
@@ -163,4 +169,16 @@ func TestPostgresConnectionsBoundedUnderSlowWrites(t *testing.T) {
 		t.Fatalf("%d PostgreSQL connections with 512 writes in flight; want at most 32", n)
 	}
 	t.Logf("512 writes in flight: %d PostgreSQL connections (pg_stat_activity)", n)
+
+	// They were admitted on the replica's fences, without a round trip,
+	// but for at most one per resource whose fence went idle (2 s) during
+	// the warm-up.
+	m := call("GET", p.url()+"/metrics", nil)
+	match := regexp.MustCompile(`(?m)^fencegw_fence_local_admits_total (\S+)$`).FindSubmatch(m.body)
+	if match == nil {
+		t.Fatalf("no fencegw_fence_local_admits_total in /metrics")
+	}
+	if local, _ := strconv.ParseFloat(string(match[1]), 64); local < 512-64 {
+		t.Fatalf("%v writes admitted without a round trip; want at least 448 of the 512 after the warm-up", local)
+	}
 }

@@ -137,6 +137,7 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 		return err
 	}
 	defer backend.close()
+	reg.MustRegister(backend.collectors...)
 
 	svc := tokens.New(tokens.Config{
 		Store:       backend.store,
