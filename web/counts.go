@@ -48,7 +48,12 @@ type tokenCount struct {
 func NewCounts() *Counts { return &Counts{started: time.Now()} }
 
 // Started is when counting began.
-func (c *Counts) Started() time.Time { return c.started }
+func (c *Counts) Started() time.Time {
+	if c == nil {
+		return time.Time{}
+	}
+	return c.started
+}
 
 // Accepted counts one write under token that the gateway forwarded and the
 // upstream answered. Safe for concurrent use; nil-safe.

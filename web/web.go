@@ -27,6 +27,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/fencegw/fencegw/tokens"
@@ -128,6 +129,15 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	// The feed goes live after the newest rejection recorded before the
+	// page's own read of the store, so that nothing falls between the two:
+	// the stream replays anything after it (rows the page already shows are
+	// skipped by app.js), and the aggregates include everything up to it.
+	newest, err := h.src.Rejections(r.Context(), tokens.RejectionQuery{Limit: 1})
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
 	ov, err := overview(r.Context(), h.src, h.counts, f)
 	if err != nil {
 		h.fail(w, r, err)
@@ -136,13 +146,6 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 	p := overviewPage{Title: "Rejected stale writes", Filter: f, Ranges: ranges, Overview: ov, Counted: h.counts != nil,
 		Reasons: reasons,
 		Chart:   drawChart(ov, f.Range)}
-	// The feed goes live after the newest rejection the page already shows;
-	// the stream replays anything recorded in between.
-	newest, err := h.src.Rejections(r.Context(), tokens.RejectionQuery{Limit: 1})
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
 	if len(newest) > 0 {
 		p.AfterID = newest[0].ID
 	}
@@ -164,6 +167,20 @@ func (h *handler) overviewJSON(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, ov)
 }
 
+// pageOf reads ?page=N (1-based; absent: the first page; a page past the
+// last shows the last).
+func pageOf(r *http.Request) (int, error) {
+	v := r.URL.Query().Get("page")
+	if v == "" {
+		return 1, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, tokens.Invalid("page", "must be a whole number from 1")
+	}
+	return n, nil
+}
+
 type resourcePage struct {
 	Title string
 	Timeline
@@ -175,7 +192,12 @@ func (h *handler) resource(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/ui/resources/"+url.PathEscape(strings.TrimSpace(r.URL.Query().Get("name"))), http.StatusSeeOther)
 		return
 	}
-	tl, err := timeline(r.Context(), h.src, h.counts, r.PathValue("name"))
+	page, err := pageOf(r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	tl, err := timeline(r.Context(), h.src, h.counts, r.PathValue("name"), page)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -184,7 +206,12 @@ func (h *handler) resource(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) resourceJSON(w http.ResponseWriter, r *http.Request) {
-	tl, err := timeline(r.Context(), h.src, h.counts, r.PathValue("name"))
+	page, err := pageOf(r)
+	if err != nil {
+		h.failJSON(w, r, err)
+		return
+	}
+	tl, err := timeline(r.Context(), h.src, h.counts, r.PathValue("name"), page)
 	if err != nil {
 		h.failJSON(w, r, err)
 		return

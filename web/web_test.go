@@ -139,7 +139,12 @@ func TestTimelineTellsTheStoryInOrder(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d: %s", resp.StatusCode, body)
 	}
-	want := []string{"acquired token <b>33</b>", "renewed token 33", "00:41:37.000", "<b>expired</b>", "acquired token <b>34</b>", "00:41:52.000", "<b class=\"bad\">rejected</b>", "15 s after its lease ended", "×2 until 00:41:53.000"}
+	// The account first, then the story newest first, the incident marked.
+	want := []string{`id="account"`, "wrote with token", "15 s after its lease expired (00:41:37.000)", "worker-5</b> held the resource with token 34 (granted 00:41:40.000)",
+		"2 times until 00:41:53.000; nothing reached the upstream",
+		`class="step rejected incident"`, "00:41:52.000", "<b class=\"bad\">rejected</b>", "15 s after its lease ended", "×2 until 00:41:53.000",
+		`class="step granted incident"`, "acquired token <b>34</b>", `class="step expired incident"`, "<b>expired</b>",
+		`class="step renewed"`, "renewed token 33", `class="step granted"`, "acquired token <b>33</b>", "0 writes accepted under it"}
 	at := 0
 	for _, w := range want {
 		i := strings.Index(body[at:], w)
@@ -159,7 +164,7 @@ func TestTimelineTellsTheStoryInOrder(t *testing.T) {
 	}
 	_, js := get(t, h, "/ui/api/resources/stmt:acct:88213")
 	kinds := []string{}
-	for _, k := range []string{`"kind":"granted"`, `"kind":"renewed"`, `"kind":"expired"`, `"kind":"granted"`, `"kind":"rejected"`} {
+	for _, k := range []string{`"kind":"rejected"`, `"kind":"granted"`, `"kind":"expired"`, `"kind":"renewed"`, `"kind":"granted"`} {
 		kinds = append(kinds, k)
 	}
 	at = 0
