@@ -238,11 +238,11 @@ type Step struct {
 
 // Timeline is a resource's story.
 type Timeline struct {
-	Resource string           `json:"resource"`
-	Now      time.Time        `json:"now"`
-	Token    int64            `json:"token"`
-	Current  *LeaseView       `json:"current,omitempty"`
-	State    string           `json:"state"`
+	Resource string     `json:"resource"`
+	Now      time.Time  `json:"now"`
+	Token    int64      `json:"token"`
+	Current  *LeaseView `json:"current,omitempty"`
+	State    string     `json:"state"`
 	// Account sums up the newest refused write (Account.Incidents 0: none).
 	Account Account `json:"account"`
 	// Steps is one page of rows, newest first; Page of Pages, Rows in all.
