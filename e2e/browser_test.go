@@ -33,6 +33,7 @@ import (
 type dash struct {
 	URL    string
 	gate   *gateway.Gateway
+	svc    *tokens.Service
 	counts *web.Counts
 }
 
@@ -54,6 +55,7 @@ func startDashboard(t testing.TB, ups map[string]string) *dash {
 		u, _ := url.Parse(raw)
 		targets[name] = u
 	}
+	d.svc = svc
 	d.gate = gateway.New(svc, gateway.Config{Upstreams: targets, Logger: log,
 		OnForwarded: d.counts.Accepted, UI: web.Handler(svc, d.counts)})
 	srv := httptest.NewServer(d.gate)
@@ -305,8 +307,8 @@ func TestBrowserIncidentLiveFeedAndTimeline(t *testing.T) {
 	if !strings.Contains(steps[0], "×41") {
 		t.Errorf("the burst is not folded into one step: %q", steps[0])
 	}
-	if n := eval[int](t, ctx, `document.querySelectorAll('#timeline li.incident').length`); n != 3 {
-		t.Errorf("%d steps marked as the incident, want 3 (the refusals, the new grant, the expiry)", n)
+	if n := eval[int](t, ctx, `document.querySelectorAll('#timeline li.incident').length`); n != 4 {
+		t.Errorf("%d steps marked as the incident, want 4 (the refusals, the new grant, the expiry, the stale token's grant)", n)
 	}
 	screenshot(t, ctx, "resource", "resource.png")
 	if n := dialogs.Load(); n != 0 {

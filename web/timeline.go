@@ -2,6 +2,8 @@ package web
 
 import (
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -76,9 +78,9 @@ func routine(s Step) bool {
 // what the page shows: incidents marked, the account of the newest one,
 // newest first, routine runs folded, and page (1-based) of the rows.
 func (tl *Timeline) lay(steps []Step, page int) {
-	// Mark each refused write and what explains it: the end of its
-	// lease (expiry, release, revocation, a refused renewal or release)
-	// and the grant that superseded it.
+	// Mark each refused write and what explains it: the grant of its
+	// token, the end of its lease (expiry, release, revocation, a refused
+	// renewal or release) and the grant that superseded it.
 	type key struct {
 		kind  StepKind
 		token int64
@@ -98,12 +100,9 @@ func (tl *Timeline) lay(steps []Step, page int) {
 		newest = i
 		for _, k := range []key{
 			{StepExpired, s.Token}, {StepReleased, s.Token}, {StepRevoked, s.Token},
-			{StepRenewRefused, s.Token}, {StepReleaseRefused, s.Token}, {StepGranted, s.CurrentToken},
+			{StepRenewRefused, s.Token}, {StepReleaseRefused, s.Token}, {StepGranted, s.CurrentToken}, {StepGranted, s.Token},
 		} {
 			for _, j := range at[k] {
-				if k.kind == StepGranted && s.CurrentToken == s.Token {
-					continue
-				}
 				steps[j].Incident = true
 			}
 		}
@@ -139,7 +138,7 @@ func (tl *Timeline) lay(steps []Step, page int) {
 			j++
 		}
 		if j-i >= minRun {
-			rows = append(rows, fold(steps[i:j]))
+			rows = append(rows, foldBlock(steps[i:j])...)
 			i = j
 			continue
 		}
@@ -155,6 +154,38 @@ func (tl *Timeline) lay(steps []Step, page int) {
 	tl.Page = min(max(page, 1), tl.Pages)
 	from := (tl.Page - 1) * timelineRows
 	tl.Steps = rows[from:min(from+timelineRows, len(rows))]
+}
+
+// foldBlock folds a block of routine steps (newest first) into rows: a
+// stretch of minRun or more steps by one holder is a row of its own ("40
+// grants and 40 releases by warm-up"); the short stretches between them
+// (holders taking turns) fold together, or stay as they are if fewer than
+// minRun.
+func foldBlock(block []Step) []Step {
+	var rows, mixed []Step
+	flush := func() {
+		if len(mixed) >= minRun {
+			rows = append(rows, fold(mixed))
+		} else {
+			rows = append(rows, mixed...)
+		}
+		mixed = nil
+	}
+	for i := 0; i < len(block); {
+		j := i + 1
+		for j < len(block) && block[j].Holder == block[i].Holder {
+			j++
+		}
+		if j-i >= minRun {
+			flush()
+			rows = append(rows, fold(block[i:j]))
+		} else {
+			mixed = append(mixed, block[i:j]...)
+		}
+		i = j
+	}
+	flush()
+	return rows
 }
 
 // fold sums up routine steps, newest first, into one row.
@@ -187,4 +218,22 @@ func fold(steps []Step) Step {
 		}
 	}
 	return Step{At: r.From, Last: r.To, Kind: StepRun, Run: r}
+}
+
+// What sums up the run's steps: "40 grants and 40 releases",
+// "3 grants, 2 renewals and 3 expiries".
+func (r *Run) What() string {
+	var parts []string
+	for _, p := range []struct {
+		n         int
+		one, many string
+	}{{r.Grants, "grant", "grants"}, {r.Renewals, "renewal", "renewals"}, {r.Releases, "release", "releases"}, {r.Expiries, "expiry", "expiries"}} {
+		if p.n > 0 {
+			parts = append(parts, strconv.Itoa(p.n)+" "+plural(p.n, p.one, p.many))
+		}
+	}
+	if len(parts) <= 1 {
+		return strings.Join(parts, "")
+	}
+	return strings.Join(parts[:len(parts)-1], ", ") + " and " + parts[len(parts)-1]
 }

@@ -144,7 +144,7 @@ func TestTimelineTellsTheStoryInOrder(t *testing.T) {
 		"2 times until 00:41:53.000; nothing reached the upstream",
 		`class="step rejected incident"`, "00:41:52.000", "<b class=\"bad\">rejected</b>", "15 s after its lease ended", "×2 until 00:41:53.000",
 		`class="step granted incident"`, "acquired token <b>34</b>", `class="step expired incident"`, "<b>expired</b>",
-		`class="step renewed"`, "renewed token 33", `class="step granted"`, "acquired token <b>33</b>", "0 writes accepted under it"}
+		`class="step renewed"`, "renewed token 33", `class="step granted incident"`, "acquired token <b>33</b>", "0 writes accepted under it"}
 	at := 0
 	for _, w := range want {
 		i := strings.Index(body[at:], w)
