@@ -19,6 +19,7 @@ import (
 type control struct {
 	svc *tokens.Service
 	obs *metrics
+	sig *signals
 }
 
 var _ api.StrictServerInterface = (*control)(nil)
@@ -126,6 +127,7 @@ func (c *control) RenewLease(ctx context.Context, req api.RenewLeaseRequestObjec
 	}
 	lease, err := c.svc.Renew(ctx, req.LeaseId, ttl, principalName(ctx))
 	if err != nil {
+		c.sig.leaseRefused("renew", req.LeaseId, err, c.svc.Now())
 		return nil, err
 	}
 	return api.RenewLease200JSONResponse(leaseJSON(lease, tokens.StateCurrent, lease.TTL)), nil
@@ -133,6 +135,7 @@ func (c *control) RenewLease(ctx context.Context, req api.RenewLeaseRequestObjec
 
 func (c *control) ReleaseLease(ctx context.Context, req api.ReleaseLeaseRequestObject) (api.ReleaseLeaseResponseObject, error) {
 	if _, err := c.svc.Release(ctx, req.LeaseId, principalName(ctx)); err != nil {
+		c.sig.leaseRefused("release", req.LeaseId, err, c.svc.Now())
 		return nil, err
 	}
 	return api.ReleaseLease204Response{}, nil

@@ -75,6 +75,8 @@ type Gateway struct {
 	transport *http.Transport
 	proxy     http.Handler
 	inflight  atomic.Int64
+	ages      *inflightAges
+	sig       *signals
 	handler   http.Handler
 }
 
@@ -100,6 +102,9 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	}
 	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport()}
 	g.obs = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
+	g.ages = newInflightAges(cfg.ForwardTimeout + cfg.BodyTimeout)
+	g.sig = newSignals(cfg.Registry, svc, g.ages)
+	g.obs.drains = g.sig.drains
 	g.proxy = g.newReverseProxy()
 	g.handler = g.framing(g.routes())
 	return g
@@ -150,7 +155,7 @@ func (g *Gateway) routes() http.Handler {
 		r.Get("/", http.RedirectHandler("/ui/", http.StatusFound).ServeHTTP)
 	}
 
-	strict := api.NewStrictHandlerWithOptions(&control{svc: g.svc, obs: g.obs}, nil, api.StrictHTTPServerOptions{
+	strict := api.NewStrictHandlerWithOptions(&control{svc: g.svc, obs: g.obs, sig: g.sig}, nil, api.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc: g.requestErrorHandler,
 		ResponseErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
 			writeProblem(w, r, g.log, err)
