@@ -131,7 +131,7 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/leases (the `AcquireLease` operationId).
-	AcquireLeaseWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	AcquireLeaseWithBody(ctx context.Context, params *AcquireLeaseParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// AcquireLease Acquire a lease and a fencing token
 	//
@@ -148,7 +148,7 @@ type ClientInterface interface {
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /v1/leases (the `AcquireLease` operationId).
-	AcquireLease(ctx context.Context, body AcquireLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	AcquireLease(ctx context.Context, params *AcquireLeaseParams, body AcquireLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ReleaseLease Release a lease
 	//
@@ -176,7 +176,7 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/leases/{lease_id}/renew (the `RenewLease` operationId).
-	RenewLeaseWithBody(ctx context.Context, leaseId LeaseID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	RenewLeaseWithBody(ctx context.Context, leaseId LeaseID, params *RenewLeaseParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// RenewLease Extend a lease
 	//
@@ -187,7 +187,7 @@ type ClientInterface interface {
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /v1/leases/{lease_id}/renew (the `RenewLease` operationId).
-	RenewLease(ctx context.Context, leaseId LeaseID, body RenewLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	RenewLease(ctx context.Context, leaseId LeaseID, params *RenewLeaseParams, body RenewLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// RevokeLease Revoke a lease (admin)
 	//
@@ -295,8 +295,8 @@ func (c *Client) Readyz(ctx context.Context, reqEditors ...RequestEditorFn) (*ht
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/leases (the `AcquireLease` operationId).
-func (c *Client) AcquireLeaseWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewAcquireLeaseRequestWithBody(c.Server, contentType, body)
+func (c *Client) AcquireLeaseWithBody(ctx context.Context, params *AcquireLeaseParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewAcquireLeaseRequestWithBody(c.Server, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -322,8 +322,8 @@ func (c *Client) AcquireLeaseWithBody(ctx context.Context, contentType string, b
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/leases (the `AcquireLease` operationId).
-func (c *Client) AcquireLease(ctx context.Context, body AcquireLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewAcquireLeaseRequest(c.Server, body)
+func (c *Client) AcquireLease(ctx context.Context, params *AcquireLeaseParams, body AcquireLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewAcquireLeaseRequest(c.Server, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -380,8 +380,8 @@ func (c *Client) GetLease(ctx context.Context, leaseId LeaseID, reqEditors ...Re
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/leases/{lease_id}/renew (the `RenewLease` operationId).
-func (c *Client) RenewLeaseWithBody(ctx context.Context, leaseId LeaseID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewRenewLeaseRequestWithBody(c.Server, leaseId, contentType, body)
+func (c *Client) RenewLeaseWithBody(ctx context.Context, leaseId LeaseID, params *RenewLeaseParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRenewLeaseRequestWithBody(c.Server, leaseId, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -401,8 +401,8 @@ func (c *Client) RenewLeaseWithBody(ctx context.Context, leaseId LeaseID, conten
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/leases/{lease_id}/renew (the `RenewLease` operationId).
-func (c *Client) RenewLease(ctx context.Context, leaseId LeaseID, body RenewLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewRenewLeaseRequest(c.Server, leaseId, body)
+func (c *Client) RenewLease(ctx context.Context, leaseId LeaseID, params *RenewLeaseParams, body RenewLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRenewLeaseRequest(c.Server, leaseId, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -559,18 +559,18 @@ func NewReadyzRequest(server string) (*http.Request, error) {
 }
 
 // NewAcquireLeaseRequest calls the generic AcquireLease builder with application/json body
-func NewAcquireLeaseRequest(server string, body AcquireLeaseJSONRequestBody) (*http.Request, error) {
+func NewAcquireLeaseRequest(server string, params *AcquireLeaseParams, body AcquireLeaseJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewAcquireLeaseRequestWithBody(server, "application/json", bodyReader)
+	return NewAcquireLeaseRequestWithBody(server, params, "application/json", bodyReader)
 }
 
 // NewAcquireLeaseRequestWithBody constructs an http.Request for the AcquireLease method, with any body, and a specified content type
-func NewAcquireLeaseRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+func NewAcquireLeaseRequestWithBody(server string, params *AcquireLeaseParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -594,6 +594,21 @@ func NewAcquireLeaseRequestWithBody(server string, contentType string, body io.R
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.FencingClientTime != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Fencing-Client-Time", *params.FencingClientTime, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Fencing-Client-Time", headerParam0)
+		}
+
+	}
 
 	return req, nil
 }
@@ -667,18 +682,18 @@ func NewGetLeaseRequest(server string, leaseId LeaseID) (*http.Request, error) {
 }
 
 // NewRenewLeaseRequest calls the generic RenewLease builder with application/json body
-func NewRenewLeaseRequest(server string, leaseId LeaseID, body RenewLeaseJSONRequestBody) (*http.Request, error) {
+func NewRenewLeaseRequest(server string, leaseId LeaseID, params *RenewLeaseParams, body RenewLeaseJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewRenewLeaseRequestWithBody(server, leaseId, "application/json", bodyReader)
+	return NewRenewLeaseRequestWithBody(server, leaseId, params, "application/json", bodyReader)
 }
 
 // NewRenewLeaseRequestWithBody constructs an http.Request for the RenewLease method, with any body, and a specified content type
-func NewRenewLeaseRequestWithBody(server string, leaseId LeaseID, contentType string, body io.Reader) (*http.Request, error) {
+func NewRenewLeaseRequestWithBody(server string, leaseId LeaseID, params *RenewLeaseParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -709,6 +724,21 @@ func NewRenewLeaseRequestWithBody(server string, leaseId LeaseID, contentType st
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.FencingClientTime != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Fencing-Client-Time", *params.FencingClientTime, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Fencing-Client-Time", headerParam0)
+		}
+
+	}
 
 	return req, nil
 }
@@ -962,7 +992,7 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/leases (the `AcquireLease` operationId).
-	AcquireLeaseWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*AcquireLeaseResponse, error)
+	AcquireLeaseWithBodyWithResponse(ctx context.Context, params *AcquireLeaseParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*AcquireLeaseResponse, error)
 
 	// AcquireLeaseWithResponse Acquire a lease and a fencing token
 	//
@@ -979,7 +1009,7 @@ type ClientWithResponsesInterface interface {
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/leases (the `AcquireLease` operationId).
-	AcquireLeaseWithResponse(ctx context.Context, body AcquireLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*AcquireLeaseResponse, error)
+	AcquireLeaseWithResponse(ctx context.Context, params *AcquireLeaseParams, body AcquireLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*AcquireLeaseResponse, error)
 
 	// ReleaseLeaseWithResponse Release a lease
 	//
@@ -1011,7 +1041,7 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/leases/{lease_id}/renew (the `RenewLease` operationId).
-	RenewLeaseWithBodyWithResponse(ctx context.Context, leaseId LeaseID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RenewLeaseResponse, error)
+	RenewLeaseWithBodyWithResponse(ctx context.Context, leaseId LeaseID, params *RenewLeaseParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RenewLeaseResponse, error)
 
 	// RenewLeaseWithResponse Extend a lease
 	//
@@ -1022,7 +1052,7 @@ type ClientWithResponsesInterface interface {
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/leases/{lease_id}/renew (the `RenewLease` operationId).
-	RenewLeaseWithResponse(ctx context.Context, leaseId LeaseID, body RenewLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*RenewLeaseResponse, error)
+	RenewLeaseWithResponse(ctx context.Context, leaseId LeaseID, params *RenewLeaseParams, body RenewLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*RenewLeaseResponse, error)
 
 	// RevokeLeaseWithResponse Revoke a lease (admin)
 	//
@@ -2044,8 +2074,8 @@ func (c *ClientWithResponses) ReadyzWithResponse(ctx context.Context, reqEditors
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/leases (the `AcquireLease` operationId).
-func (c *ClientWithResponses) AcquireLeaseWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*AcquireLeaseResponse, error) {
-	rsp, err := c.AcquireLeaseWithBody(ctx, contentType, body, reqEditors...)
+func (c *ClientWithResponses) AcquireLeaseWithBodyWithResponse(ctx context.Context, params *AcquireLeaseParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*AcquireLeaseResponse, error) {
+	rsp, err := c.AcquireLeaseWithBody(ctx, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -2067,8 +2097,8 @@ func (c *ClientWithResponses) AcquireLeaseWithBodyWithResponse(ctx context.Conte
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/leases (the `AcquireLease` operationId).
-func (c *ClientWithResponses) AcquireLeaseWithResponse(ctx context.Context, body AcquireLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*AcquireLeaseResponse, error) {
-	rsp, err := c.AcquireLease(ctx, body, reqEditors...)
+func (c *ClientWithResponses) AcquireLeaseWithResponse(ctx context.Context, params *AcquireLeaseParams, body AcquireLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*AcquireLeaseResponse, error) {
+	rsp, err := c.AcquireLease(ctx, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -2117,8 +2147,8 @@ func (c *ClientWithResponses) GetLeaseWithResponse(ctx context.Context, leaseId 
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/leases/{lease_id}/renew (the `RenewLease` operationId).
-func (c *ClientWithResponses) RenewLeaseWithBodyWithResponse(ctx context.Context, leaseId LeaseID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RenewLeaseResponse, error) {
-	rsp, err := c.RenewLeaseWithBody(ctx, leaseId, contentType, body, reqEditors...)
+func (c *ClientWithResponses) RenewLeaseWithBodyWithResponse(ctx context.Context, leaseId LeaseID, params *RenewLeaseParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RenewLeaseResponse, error) {
+	rsp, err := c.RenewLeaseWithBody(ctx, leaseId, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -2134,8 +2164,8 @@ func (c *ClientWithResponses) RenewLeaseWithBodyWithResponse(ctx context.Context
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/leases/{lease_id}/renew (the `RenewLease` operationId).
-func (c *ClientWithResponses) RenewLeaseWithResponse(ctx context.Context, leaseId LeaseID, body RenewLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*RenewLeaseResponse, error) {
-	rsp, err := c.RenewLease(ctx, leaseId, body, reqEditors...)
+func (c *ClientWithResponses) RenewLeaseWithResponse(ctx context.Context, leaseId LeaseID, params *RenewLeaseParams, body RenewLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*RenewLeaseResponse, error) {
+	rsp, err := c.RenewLease(ctx, leaseId, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}

@@ -315,6 +315,9 @@ type ResourceState struct {
 	TtlMs int64 `json:"ttl_ms"`
 }
 
+// FencingClientTime defines model for FencingClientTime.
+type FencingClientTime = string
+
 // FencingLease defines model for FencingLease.
 type FencingLease = string
 
@@ -360,6 +363,34 @@ type Unavailable = Problem
 // UnsupportedMediaType An RFC 9457 problem document.
 type UnsupportedMediaType = Problem
 
+// AcquireLeaseParams defines parameters for AcquireLease.
+type AcquireLeaseParams struct {
+	// FencingClientTime The caller's wall-clock time when it sent the request (RFC 3339),
+	// optionally followed by `;rtt=` and the round trip in milliseconds of
+	// its previous call to the gateway: `2026-11-30T00:41:37.120Z;rtt=4`.
+	// Lease time is the gateway's, so this changes nothing about the
+	// lease; the gateway estimates the holder's clock offset from it
+	// (the caller's time plus half the round trip, minus the gateway's
+	// time on arrival), exports it as `fencegw_holder_clock_offset_seconds`
+	// and shows it next to the holder on the dashboard. A malformed value
+	// is `400 invalid_request` naming this header.
+	FencingClientTime *FencingClientTime `json:"Fencing-Client-Time,omitempty"`
+}
+
+// RenewLeaseParams defines parameters for RenewLease.
+type RenewLeaseParams struct {
+	// FencingClientTime The caller's wall-clock time when it sent the request (RFC 3339),
+	// optionally followed by `;rtt=` and the round trip in milliseconds of
+	// its previous call to the gateway: `2026-11-30T00:41:37.120Z;rtt=4`.
+	// Lease time is the gateway's, so this changes nothing about the
+	// lease; the gateway estimates the holder's clock offset from it
+	// (the caller's time plus half the round trip, minus the gateway's
+	// time on arrival), exports it as `fencegw_holder_clock_offset_seconds`
+	// and shows it next to the holder on the dashboard. A malformed value
+	// is `400 invalid_request` naming this header.
+	FencingClientTime *FencingClientTime `json:"Fencing-Client-Time,omitempty"`
+}
+
 // ListRejectionsParams defines parameters for ListRejections.
 type ListRejectionsParams struct {
 	// Resource Only rejections of this resource.
@@ -385,7 +416,7 @@ type RenewLeaseJSONRequestBody = RenewRequest
 type ServerInterface interface {
 	// AcquireLease Acquire a lease and a fencing token
 	// (POST /v1/leases)
-	AcquireLease(w http.ResponseWriter, r *http.Request)
+	AcquireLease(w http.ResponseWriter, r *http.Request, params AcquireLeaseParams)
 	// ReleaseLease Release a lease
 	// (DELETE /v1/leases/{lease_id})
 	ReleaseLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID)
@@ -394,7 +425,7 @@ type ServerInterface interface {
 	GetLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID)
 	// RenewLease Extend a lease
 	// (POST /v1/leases/{lease_id}/renew)
-	RenewLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID)
+	RenewLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID, params RenewLeaseParams)
 	// RevokeLease Revoke a lease (admin)
 	// (POST /v1/leases/{lease_id}/revoke)
 	RevokeLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID)
@@ -412,7 +443,7 @@ type Unimplemented struct{}
 
 // AcquireLease Acquire a lease and a fencing token
 // (POST /v1/leases)
-func (_ Unimplemented) AcquireLease(w http.ResponseWriter, r *http.Request) {
+func (_ Unimplemented) AcquireLease(w http.ResponseWriter, r *http.Request, params AcquireLeaseParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -430,7 +461,7 @@ func (_ Unimplemented) GetLease(w http.ResponseWriter, r *http.Request, leaseId 
 
 // RenewLease Extend a lease
 // (POST /v1/leases/{lease_id}/renew)
-func (_ Unimplemented) RenewLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID) {
+func (_ Unimplemented) RenewLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID, params RenewLeaseParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -464,8 +495,35 @@ type MiddlewareFunc func(http.Handler) http.Handler
 // AcquireLease operation middleware
 func (siw *ServerInterfaceWrapper) AcquireLease(w http.ResponseWriter, r *http.Request) {
 
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params AcquireLeaseParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Fencing-Client-Time" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Fencing-Client-Time")]; found {
+		var FencingClientTime FencingClientTime
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Fencing-Client-Time", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Fencing-Client-Time", valueList[0], &FencingClientTime, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Fencing-Client-Time", Err: err})
+			return
+		}
+
+		params.FencingClientTime = &FencingClientTime
+
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.AcquireLease(w, r)
+		siw.Handler.AcquireLease(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -542,8 +600,32 @@ func (siw *ServerInterfaceWrapper) RenewLease(w http.ResponseWriter, r *http.Req
 		return
 	}
 
+	// Parameter object where we will unmarshal all parameters from the context
+	var params RenewLeaseParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Fencing-Client-Time" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Fencing-Client-Time")]; found {
+		var FencingClientTime FencingClientTime
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Fencing-Client-Time", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Fencing-Client-Time", valueList[0], &FencingClientTime, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Fencing-Client-Time", Err: err})
+			return
+		}
+
+		params.FencingClientTime = &FencingClientTime
+
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.RenewLease(w, r, leaseId)
+		siw.Handler.RenewLease(w, r, leaseId, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -866,7 +948,8 @@ type UnavailableApplicationProblemPlusJSONResponse struct {
 type UnsupportedMediaTypeApplicationProblemPlusJSONResponse Problem
 
 type AcquireLeaseRequestObject struct {
-	Body *AcquireLeaseJSONRequestBody
+	Params AcquireLeaseParams
+	Body   *AcquireLeaseJSONRequestBody
 }
 
 type AcquireLeaseResponseObject interface {
@@ -1277,6 +1360,7 @@ func (response GetLease503ApplicationProblemPlusJSONResponse) VisitGetLeaseRespo
 
 type RenewLeaseRequestObject struct {
 	LeaseId LeaseID `json:"lease_id"`
+	Params  RenewLeaseParams
 	Body    *RenewLeaseJSONRequestBody
 }
 
@@ -1897,8 +1981,10 @@ type strictHandler struct {
 }
 
 // AcquireLease operation middleware
-func (sh *strictHandler) AcquireLease(w http.ResponseWriter, r *http.Request) {
+func (sh *strictHandler) AcquireLease(w http.ResponseWriter, r *http.Request, params AcquireLeaseParams) {
 	var request AcquireLeaseRequestObject
+
+	request.Params = params
 
 	var body AcquireLeaseJSONRequestBody
 	if err := runtime.BindJSONBody(r, &body); err != nil {
@@ -1980,10 +2066,11 @@ func (sh *strictHandler) GetLease(w http.ResponseWriter, r *http.Request, leaseI
 }
 
 // RenewLease operation middleware
-func (sh *strictHandler) RenewLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID) {
+func (sh *strictHandler) RenewLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID, params RenewLeaseParams) {
 	var request RenewLeaseRequestObject
 
 	request.LeaseId = leaseId
+	request.Params = params
 
 	var body RenewLeaseJSONRequestBody
 	if err := runtime.BindJSONBody(r, &body); err != nil {
@@ -2098,113 +2185,118 @@ func (sh *strictHandler) GetResource(w http.ResponseWriter, r *http.Request, res
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"5Fz9cts4kn8VFG+vIs9SX/7IJHJt1XpyyU5uM5lU4lSqJsyZEAlJGFOABgCtKC5X7TvcO9yD7ZNcdQMg",
-	"QYmS5dizszvrvyyJABqN/u4feB1lcr6Qggmjo9F1NGM0Zwr/fcuMWp1NDFPwKWc6U3xhuBTRKHrHMily",
-	"TYwkS8oNGbOJVIwoGMLFlHSWM1kwou1jMVGyFDnLSbmICTWkYFQbMjzoRXGksxmbU1hizgWfl/NoNIwj",
-	"s1qwaBRxYdiUqejm5iaOFlTROTOOvBdMZFxMXzGq2SaB5zNcXTG7GCM8J0CCIssZz2bEzBhZKm4Y4ZrM",
-	"ac6AFA4jLQeiOBJ0DiS4dbp2oThS7JeSK5ZHI6NKFtLvaNZGcTGNgGIc8/K/9iNPMVMqwXIyXhGa4SI4",
-	"vqJsQc2spgvHXfB8J0lz+vkVE1Mzi0bDwycxsLj6HLcQ/EbJz6s3sE4ryUABnDksyLQhUiAjy4U2itE5",
-	"6czpimRSGMoF0QXVM6YPttDvPt2Fne/dOu3EwbxETggVNUGZFBM+LRXLyZKbGUm73eq312c/PP/T+7ev",
-	"0i0E+gfvROQNPKwXUmiGUvqdzFfnUr6iaopSCsxhwsC/dLEoeEZhB/2FkuOCzf/4s4btXEfsM50vCjci",
-	"hxXGMl9dGCkvCpwqjnJmKC+iUQQnAL8S9jljDJRyxkjB59wANx6fnBw9JuOVYRq3qQ0VGUzYvxr2UYbg",
-	"e22oKXU0Oh4exZHhBpZG2omRkvgl3WZLJUYTJjI2XY4c4aM18m5CHv1BsUk0iv6jX5uavv1V99/Y8ZZz",
-	"zTNNm3OmI7Jjp53Hx+Sv/DsykQoFUMkiERktCh2T4YD8wL8DtcrZhJaFwadQ+/VBj5yRbFaKSxARNAhZ",
-	"CYybgJ0yM5YIuwAFQ0i40ZXwK0azGcubGlAwesU0yqC4FHIpEiFLk8k5s+QrpmWpMjQ7WSE1jJdkqqgw",
-	"GsmCh3IF+rNgisu8lwjg5gupxjzPmbiXEE2qWQL5uWQrkkSKLaQyOokI6LCQhpQ6IDeJtJmbEc0yM3ry",
-	"5HB4lET7iNMgEKcXweI7JKmm8UGEqJrOyc8lWz3SRIF3kqre30KxCf/MNMklbp4WhVza8wcpOiWptbdC",
-	"mgu5FCx301nrvaTam2xrvoU0M6ZgMXd+L8UVLXj+1srOvQ6R26kunBw2TIEpLuZ6ROalBp9MxswsGRNk",
-	"OBgQKnJy9HgAf1EcTTgr8mpE48gG9ZE5qkm91I6DW6frQY5vbdLUa5FVQfTdxUSqOctPSYqbStERaLKc",
-	"UXggEUslISIB5aLzMZ+WstTk+/PzN2Si6JyLaYxzWr9PcA4dI7vs8UshWAb01Dp74E4V/fP3yMl7HKiV",
-	"rBlME0dZqRQT5sLIS1D2o+M1Sx8aEBgSilvhQhT2ecEV0xfURKPocHD4uDscdo8G54PB6Hg4Ov72pyiO",
-	"ZrKAMGcULaW6ZKp7skOd/Zro6BpWoCE4T2vBQcYQt6UdMhNs/UHEpZ4vHVVssVslM1BSUvArr7UuevG7",
-	"gzBgPfztVvFvG0Xu6X4QKd9UYd8reU89t3spJOrdLrHQ5YIpzXJne4hgS6asT/lKYTjaJgz9SXFxvDzR",
-	"Xw6Lx5e/HOXfrn45XC1/fiwOL48///KtOpof0r5igi3vITZuy36rR3tIEA55QAmC+RoW3nIxj9HUK4Zf",
-	"5uBB4HN9AD0g4rU0LyDfudfpg6OZ4CzBSQtJdJnNKkX/6jNqHMBxfQCvJQRHdtUdTK+JexCeV9OlI9LY",
-	"YuiikbXOf57zOZPl/dTL+ZAL4+YK2AwxZtPRYNQJRw2xgWIZ41cupeCiDkvdVBB2Hw30aTMynEJUIQgX",
-	"wJyCmXry5UzCVm2YCHbdhY6VE7p71Bh4eKBsU1QWkOj1QQbY3J5T/S+qaL/g4i7G/0ktRO6QSM3ZHaK0",
-	"fgwPIlBrk6ZfcZiJ8KfZSbtd+KbrZ4vJ0YDoIJ84sEfdiBQSYQ8K8gvcs08v7Gl7WmY0J7RQjOar1oQi",
-	"EXVG4SXE2MjGiwnpNOQMwvcZvWKEZgZMlLBhzIIqFMxKWLkBkTyIiZZ7y1giQiGLCXhUzItSv3zFchch",
-	"nUv5AxUrJxL6fhpLDbvAbIzlmwmMc13DJIIdyCufrVGDVYGTgee57u+VCR8GfulcSjKnYlVNcYtMh4Q+",
-	"jEAHM9aJTHOjPi2lhp2SFPJmIPnC7iwdJYIbDIU0HBvupo6F8DtuQHh6BMMZf7BBGIRn+lAx0ntBSzOT",
-	"in9h93OUZThRIBWU2Nzl7M1LzytfxiGdMzcEFyHfMaqYOtgroR3WUvG+ufIOgWjQ+CACEc4IoW5pZkwY",
-	"xzWUCxF4DysZGVWKMzB7wJREAFcgKSI2Q5KCbRzwhw8fumf13NsKrUAws+WYKTVsSVeEZhlbGE06lrmn",
-	"5DuqeVY7K6pnY0lVjuXB6lQj+zSYwmL+pyRyjMRiw46im5WnK8oLOi6+os6Ge8W1LsalXsEnXc7nVK2i",
-	"UXRmjSAWutEoSlIAv2ArXHQnBZ/OjCsnRXF0RYuyUXOpp71nhnXSqKbAtMRNu6ucUi8PbNJGKnZRNplV",
-	"7xVOE+Nugg+SjApwkmPmnVPLBjenvF2PGlt5h0s1J9ixo831UADur1MbEztLu5MhpDOhvHAec5TArzMu",
-	"phhfTKRaUpXbRAGFiOUHMXxI62MB7d2QsERsFTHvxBeKXXFZakceKvJ64fDhjLUuFwupDMt/YDmn53g6",
-	"9zLa1YQXc5jxAg88MN+uiEuwhksMvWQkXAKn3qeefRLa62pRgosSt+hOy91K6APZ8La50xFp2Xu6vvm0",
-	"F9VSj+d7ZguQQYlxoeSCKcOtffNJ/roFPyMTxVh3ItWcFHTMChS7WTmnQlc+pLLXTXMd1AvWW01rRjq0",
-	"cbtZ9tY995rOkdGuRLlBty0W5KVyPk+QOS8KXvUc54zq0hVkA88EG4C9Yj2EC/P42BJvW4+uQhoHzUgs",
-	"iK61I+MIdLUiC7OAaDRYP+Lv5dL6Ct8nxSKkrdvZBNdIMmYY1cMh7Kbt8RplLXTdhL2qjzXLKy5+qsbI",
-	"8c8sM1UVc1NewsLRdU1WTg3DVChqOWNn5O40ppbLVrnaeL5qfLbGIvjrI+26qz3yjokcIluqSdpo5aa2",
-	"I8iumFpZ03pKBHwihZwSbpqCvl9NpUXmbaXoTgz5WkXBFP62Qbj3d/jkTVVja2PkxDLLupeYAHmZKVaE",
-	"i0wxquGnBavLM/AEVQa+poYMG9w7OmoR602V2qbob9mccgEzO53hc7au7pjTtCv8KVkUVNjTXslSEciZ",
-	"51JIIwXPwHNnlw1ynz59+mQPgtd0rdGPr9TOCbfndFw3XAJVaRRp/Tlu1dR3pjUQT12JOB3ZvG69dvRI",
-	"k4IayANw5VOSuppmOsL88fz8FVHU9itxsI9kbDkZ4hlH8ilJvVy7sa7CXtVFuTlNRFqXRTHGCcrShH3m",
-	"2mgbojABxuyjL3FX3LCctDMCV6rZAtbUSuMd7aZ7E+Tti2fk6fHJt8R5dZLLrJwzgTreNHo2PtmAuxgI",
-	"B2Myp9mMC9ZVjObwDWFKYcPZ4kf8TjY7dGE1t9HuaRT5taEFu/CSYn+qeWE/BxyZcw1qeOGrwa4eVH1e",
-	"61jiE42MNWwHrxVX1soHwewBLGIDk7BZU90a6M2ZmckcqcNeqyUozJXa8oqqzFQKjL/Xv64XBjVVghYX",
-	"eEStIrPWU7nex0b5+PR6c7qv8ZeuSLsuby8gRVhvfdo2pZxMmMhBL3Fsb7dH3fipDpivdzuejR99SH3d",
-	"ZrlthN0y6i68NS6rWA9P3799SQR2al3iY5UYHm/Z/ppZ9iE+UljtIraK3mZj37KfbRF3MyK6y8l6Q+Jt",
-	"wh11+zZd3kueN5164Azc0y59XM6YCEBxtss1KTXLW2PSzcPbJXP5ngLguCLyKmBq7uCDJ9LFARW5trKV",
-	"+y6d78t5fja2sPPUnG3mwrQJop5JZRxUxKfhHr4Xu+ARifLgR4hA25axxq+VWQsHvtupnE3Cns8XZoWp",
-	"RdoQm7R17R3S4SoJk5087gwIn/jew8Ge0lEGyL3d+ooBFIZBQRSFylTHUE1BD4Isx9c4xO4hQ3cq+ive",
-	"li5zw+bNf3bH4t5qVIYsokrRFXwW7LO5yEqlZUv6/YZqjF5T+0BalUhhFOng1g7Igk7ZKaFjDSrrgAsF",
-	"1QZ/uN0K2j20c0Gw5daawbaQ/DVbElWF5T4HP60AdibIxM7PXz1Izn3TSn2QAm1QOfz73/738MShH0Gu",
-	"07PuT4R2v5BB9ynpkQsyIn8mfdJNm8keF1dMGKlW/Xd/fd8dDIbN8sbhyeN1JO2CGgg3olH0Px/Puj/R",
-	"7pdB92nvYvTnfvfTH//Qpoae8iqabzIeK3kXpTA22Gju6y+2KYcVBXwE+C1Ih3rrDalODUGsGodzuiLa",
-	"8KIgBRX5wf5msRnabDPKNrsI8RIaLLEzyvuvNmuNiT7MGKJ5GhAe289qtC+FXAb6MJayYFQ0PdSm5XMJ",
-	"jDd9wU56D5mh77C9qMwuwbKGeE/TenvWjPmy25r3+ri3mKAtF9JgSWqvBXdUmLw1dqivbQUniCVZVipu",
-	"Vu9s48jWj/lf2ao1ffMdvImS8zCxf6RJtwsJTXfCC0Y6qSvekikT3Uu2Suv7BSgK2FqqtzQzZoEhvS9t",
-	"tq4PofhYyaVmSnvDW404JVSsSKmZQtChjdA9udQK5oJqvZS2cFrTQjXP1km5wfh8IjeJ8BvjiAOw2EVX",
-	"nvFVTfIBS2YVDtX3ddEW+OJNIoLqTaPAoze4izUAzWwVgXu8NDGS0EQslDQM8QUV7uCbb8xMyXI6++Yb",
-	"yP8bU10yttAN+bOhxoKpRFSaCwtSoZewCwyX/ZoWun88eEqeSTEpeGZSf+PEzJgDTlh8gienR55jYc8F",
-	"sfVdD8UyqXKW9xKRiOeQG2pCFatrBOm2TkZalQ0cRRSoHBcsTsRGYSCFkCWtijATmhltgRsw/Yp0Ur/t",
-	"NCYpciONE5E2Qhv4yVom+K82wvDJYl0Pes0OPeyQCxuAJuKW6zfIAhCm/rA39GDYCjtcigotOyK0aiLj",
-	"HnwneSzNLBHpM9sG6lqHaHednisq9ISp7nORSUhY05jM7ZFRQaRgZH1cnAhKJrDf3KNxCy4Y6cix7sL3",
-	"rne2OTPs2W1kECP4xp+7FK7Cy0S+kFyYSpgGZD3BBgsSIohRoBqw4IPqQNtQwadVyYwHvb8eOQNyLPeA",
-	"ybZA2boL7eS/uq7yrFpm5ABFaY+cNZFMe0HSOg6ylAiPWSJTZjQw4glZh0t5RoxwjnTLriuEE4jR2SYA",
-	"YQJZQsF0ExfAtS0UBzdyKhOe9hLxAb7kJnbHltGiIOPSkLQ/Y7Qwsy9OvPqImfqSEoE3QWjlJmKCMTLV",
-	"iUgbMI+Rw3mQpBwMjrJLtsJ/WEo6UsWbyAQQKuptf+zMeSK8PQePipYYgQ0HPfIcjBAYfgs0VrJgI5Je",
-	"cbYExewAvaMqTNExIrs007ELX1z+gN0HNL1ox+ImTTGZM7Dl+iAmqW2SpIno0EJLb/hjgvjb2Ge/OFmI",
-	"QNMHqEU0n3OREjtWsSt5yQ5AA0WOceLY3ayxMDBPdhcvWfnLEiCKLv8FW1AKfNaBkxJhzZ2/FsHNKLwX",
-	"AZPAQaG6GE14XgnkkWNNcNmiUZBe0y7i6qCY9SOSBaaHyRKRHg+GpIGVid3RNG5/eDxVePXFElJfH4GB",
-	"iJhpA1yR9PjwKWmgtFC8E9EEUBEQb9DHhthDTNtoW/nbJjxHo4ByJ0UB6rCgY15ws6rBoV6zxqyQYmqR",
-	"P2Sh+BXQJZgBMbGV9oJnTNhWn7vjdrag2Yx1D3sDSJpV4WIRPer3l8tlj+LPPammfTdW91+9fPb89bvn",
-	"OKYu/fkQJYqjK6a0y796A/uQXDBBFzwaRUe9Qe/IZeUY93m1jkbXN3HUd+LtPlkddx9K3qcL3gf+g1I1",
-	"v630qn/t/73BrCq4M/pxV0XMBXALpjJwSQyMsk1aWq4GBlHv9quB+ycGN59gJzV+Aeh2twdaE79GvmNk",
-	"FSTYGpANvFMfo7iijmD2Gp9CvRQYuPp0w8VS1gJSU0OuSV0V4hrTfIht7OMwD7g+MND26qoOZBK7PCgT",
-	"2llym2HZyaghUmT2Spy9YOWnICjmFnvooj+bsXJBHAzGXuPdhMAkAmGvEy64noFlQFeSukZ9ah0YLAXf",
-	"6B2t+ERMFGOnQU0UEm1VAnWlwWayi1IxJg3unEA2peWcAbcxNQUmMZ9sweGcDI5IgP2BAfsBfBLR2YD4",
-	"OD7RBrJ4E0d+4Fg4LmR2aSnC87FGQS6Yrd68zMEgBBeP64bOdzJf7cD7tOB82m6U7AS5+TR2aEtBFbxi",
-	"sDfUZg3/ctNMVUE71y/nHg6Gd9vVPndpQgjE5jNHW+/b1LCGPcEGt2IG4Ze6qRpepwl5vTd/rUy0AJnO",
-	"axFf2uitzY9RxGFoX9u4iaPjwWDbmtUx9dcuTuKw4e3D3q8hbo8HR7cPehFePT0ePLl9xNp9FBz29PZh",
-	"9b1BGDHcg7TGPXIcdLIPE1pgezD4cA8a15H7N3F0sg8T3zeAmXEIpHWVCRft2Hy/WYYAOaVTXeEpdPTp",
-	"puEb+9deom6seyxYGxjiLXPlD9Pe9LKlPWIfQ8xK1e+gYOF1IlxJsL6c4bANuszs5XM6BUvc4TmbLyQY",
-	"kIM6HoZpErHWjgru6YUwUjdvJ3AmeP3sYES4SYRtK4FHgixnBa6FFRgr2k20GHG3+9qIN2ze8VZ25b1/",
-	"qH4d3z6iukp3J8165W4D/kZy/tYnXtU9vQ2ZjqMpM23nYIOguv/mrSba89M6uON6F76xKQ5/YWaLKAx+",
-	"7+4vAA21esCH9H7/3Mrz26jCS6EXLDO7VWEtR2tbq36k79+ps5Y0BY7BXUDezP72njnekn89/2yYyHd7",
-	"FcgjhFySP9bK2nE1N5fvBI3Rgx75EROetTkyKqxzEGzJ8hGhor6B7D1GIqQKfQp4Bl9CaTiSdhch2PLe",
-	"Uf7XBZKNlvPN5jtzHtgunRz++4blToAaBuqfO+i+c1DwK0fpVSzx7xKlWxu3y2LvsLtX8pL9KoYXId71",
-	"ezuoIFi/5tooaqR6pIlUOVMxWc4kBswWGcDNqGpsJmIu59h73KxbucpLXVpy0Re+0851EG05t7atFQY6",
-	"dlEaWm1hbwcyFdhvW2t2IXYiPtjFYAMmKL/V6Iyxr2JxMQ1rcLnE25smEdmMiikjHV8Sh5ULucRiEJaX",
-	"XHmbgevNZCkMU+6WOsKK0BomAt1F9aXNzEkV0JAZ10ZiEzWTCg8gtUecp4RdMZghwGU2DgRyqyt5iamV",
-	"2Eyi7Pw+lUqEzaWWrjhud3caeD3SdHV2eOXsfL/Aejvyuno3mG9yYMEfy3ltF2Xb/SPs83cZNgc3Ulqo",
-	"Gfy0rw8L0Kq/XmTt5O1fIcL+10lPgaWVNe2gjhzsMPT2XSHXHlpx079eUDO7ubudr97feBPf+mz9Jso9",
-	"Hm68C7RKDKqeKqrtloQ7gIdo0mEONEK1FPE6nJZwkRVljnd4wa5rQyZcadNLxAuJ74tLA6RnConAgk4Z",
-	"GdPsknCBvfgeeeUAwxZ2Yqs7eoZvCkTYRhx29/G6PjzSZqNecW3e1nuMdze7MM+oWWK7DAiIqV9/ha2u",
-	"X0qmVq29rq/qbcW3EUINXl7GVgZS9PbFM3J0dPTUMmwLWZqLNZr2ARduUvMGTkjzL1sXwn5uY6HqvifC",
-	"VCsY63ANw9qGnWvrQDaFZr354/G9baQ5SPGuVyN8uq/zcujnj/b2w7bsqnoVQHjJoeWdZa0vGsuj0fDb",
-	"TfT/NlcZYvQrp/f3v/1fjf8eRW9+fHfusd+j6CtfbhR4tRq/HtVzoWVqo3QwGhwFXFm/y7HGl0HAFs+O",
-	"x5vb/PLl6fom3zf2eFnqAK8c7KzeyqCxkwrmjIF3A6QeDR9Hd8jnQyB9iyP/UTBrCT2+Vk7/FXLR38Y9",
-	"n6+jgZrOJvDTgX+rfHX9Xb+6cVH91A6RaHWM7ZBkf4D1pd/ldlQ2Ni/kMt6AVD+qLoxC3oTRsYOzpAHs",
-	"PSXLGS9YIqYB2h3vpt7S7u5BTnBM6pfKET4BSoJ3taLT9TvDl2y0NsP/wszbEOnxaycBFvhucSRt7+fc",
-	"y1od1zH44yfDu1TlwgsJW8Pxquhp00y0hr/LwtJvo/3PQnx0vKkn+IJzEqLuK2PgtLutpH5X2BPppJVz",
-	"+M/DF86rIL4oEenG9Zj0wGrPPwQpFVwfgL2hD3Z3Bz5+wgirgef/+Amcm2bqqp0ZCK90t5YKrg0ThOa5",
-	"YtpeGPLIe5wgbYDkRv3+8PDb3qA36A1HTwZPBuhG3XlsXGPw4ExuOyIOpYkn64Ga/k1sFeS+idDvrb37",
-	"38Yf7S9ucIrZlJbe5rFsm6OQUxjbQM/rxvjK9WxO4Opb9duPjMQqVPUq/urOAIK9+MSi+DOq1MoW6rZ2",
-	"7FHMHA0W09p1L97aJON7BBYCo2kO4Z7lrAMYBnupbP42Zvz3ux9fkzGb8fV34Tyy4TmmMGm/5P2UdFBQ",
-	"fE82EeGzcinIjIq8YCpGmKmDVOO7fs7evDxoJIeieu12IsJMkNDFglHVYEW1CiS//x8AAP//",
+	"5H37bhs50u+rFPrsQezZ1s12MomMBdaTk+zkbCYTJA4CzHQ+N9VNWRy3SA3JtqIEBvYdvnf4Hmyf5EMV",
+	"yb5ILVlOPDt7yV+W1CSLxWJdf9X5HGVqvlCSS2ui8edoxlnONf35hlu9OptarvFTzk2mxcIKJaNx9JZn",
+	"SuYGrIIlExYmfKo0B41DhLyEg+VMFRyMeywGrUqZ8xzKRQzMQsGZsTA67EdxZLIZnzNcYi6kmJfzaDyK",
+	"I7ta8GgcCWn5JdfRzc1NHC2YZnNuPXnPucyEvHxaCC7tuZjzTSrPZxwyVhRcPzCwZEXRywqVXYEVcw7L",
+	"GZcgLBguLdgZEv9ryY2FgzfPn8Lx8fGTwziRiuZiRbGCqSoKteQ5TFaQnmpr/5QCk7kbi/sDq8UChIS5",
+	"KArh9w5qmkhhDSw0vxaqNEQRMg7HXTLLl2w1hvRoePSoNxr1jofnw+H4ZDQ+/rY/Ohr+RAudpP1EvuTM",
+	"cEe7MM3RD0wMBucTBrIZk5fcgFR2hgfBJqqk7SUSmc5PmwOBGyvmzHI33UwVObHKcUlNp4ZbmGo1B2ET",
+	"eWCb7CQ6FkVpYMaK6RoTYpgLWa4RmUgaoyQwrcU1Kw5j4B8XSluD58AMpFMuM365vHCUXBAdF46OC8/P",
+	"NJHIdDNTSxom+UcbuOmG4Qr4KWdmNlFM5304gzkrpkrPeQ7XrCh5IoWB9GQ4BCGvWSHyC3/6KUg2R8YR",
+	"N91t6CcyiiP+kc0XBQrl7qOK4kig8LmxURxJhrIZ5LXnBLZHEtuSfvbxJZeXdhaNH51UF8BYLeRlhOLv",
+	"JyAx6JZ1wzPN3e3iIHLAO6dhORPZjDiy1MKS8MxZzvu3EeoWiiPkjNA8j8ZWl7xJ8iaNNObF/9uPPM1t",
+	"qaW7UCyjRWh8RdmC2VlNF427EPlOkhpcHB09jlGnVJ+7mPpaq4+r17hOJ8lIAUpX0A1etMqFsZqzORzM",
+	"2QoyJS0TEkzBzIybwy30+093Yec7v043cTgvqCkwWROUKTkVl6XmOSyFnUHa61W/vTr74dmf3r15mW4h",
+	"MDx4JyJv8GGzUNJwUsvfqXx1rtRLpi9JSpE5XFr8ky0WhcgY7mCw0GpS8PkffzG4nc/17cIROa4wUfnq",
+	"wip1UdBUcZRzy0QRjSM8AfwV+MeM89ypmULMhUVuPHr48PgRTFaWG9qmsUxmOOHgejQgGcLvjWW2NNH4",
+	"ZHQcR1ZYuthIO1ilICzpN1tqOfaqaewJH6+Rd9Pk0R80n0bj6P8Mats6cL+awWs33nGufaZpe850DDt2",
+	"evDoBP4qvoOp0iSAWhWJRO1sYhgN4QfxHV6rnE9ZWVh6im6/OURtmM1KeYUiQgohK5FxUzTMzlDQAgwt",
+	"P6DlCsKvOctmPG/fgIKza25IBuWVVEuZSFXaTM352FtVo0qdkdrJCmVwvIJLzaQ1RBapao33Z8G1UDlq",
+	"W9R2Sk9EnnP5VUI0rWZpyM8VX0ESaU6mJ4kA77BUFkrTIDeJjJ3bMcsyO378+Gh0nET7iNOwIU7PG4vv",
+	"kKSaxnsRomo6Lz9XfPXAgEZ3TOl6fwvNp+IjN5Ar2jxD58adP0rRKaRO30plL9RS8txP57T3kpmgsp36",
+	"Rn+Da1zMn98LZ1ffONn5qkNcM9EtVWCLi7kZw7w06ITChNsl5xJGwyH5ZsePhvgviqOp4EVejWgd2bA+",
+	"Mk811EvtOLh1uu7l+Nb9kXHLNyXb7T2ZU0hpU+SycAPLGcMHErnUCl1wvFxsPhGXJXqd35+fv4apJucm",
+	"dt4S2X2gOUwcXNlEZkpKniE99Z099KdK9vl74uRXHKiTrBlOE0dZqTWX9sKqK7zsxydrmr6pQHBIU9wK",
+	"76Lwjwuhublgtss9O/n2pyiOnHMYjaOl0ldc9x7uuM5hTTJ0LS3QEpwnteA459xvaYfMNLZ+L+JSz5eO",
+	"K7Z4P3iGlxQKcR1urfdewu7QDViP93pVwNdFkX960AgNbyq376X6ynvu9lIoune7xMKUC64Nz73uAcmX",
+	"XDub8oXCcLxNGAbT4uJk+dB8OioeXf16nH+7+vVotfzlkTy6Ovn467f6eH7EBppLvvwKsfFbDls93kOC",
+	"aMg9ShDO19Lwjot5TKpec/oyRwuCn+sD6CMRr5R9jrHfV50+GpopzdI4aanAlNmsuuhffEatAzipD+CV",
+	"QufIrbqD6TVx98Lzarp0DK0tNk00sdbbT4wWVfl118vbkAvr52qwGX3MtqEhrxOPGn0DzTMurn1IIWTt",
+	"lvqp0O0+HprTtmd4iV6FBCGROQW39eTLmcKtOjcR9bp3HeM6n3JXr7Fh4ZGyTVFZYKA3QBngc3dO9Z90",
+	"RQeFkHdR/o9rIfKHBDVnd4jS+jHci0CtTZp+wWG69Aye5kHa6+E3vTBbDMdDMI144tAddctTSKQ7KIwv",
+	"aM8hvHCnHWiZsRxYoTnLV50BBeWpfEQRJMQ6zyaICRy05Azd9xm75sAyiypKOjdmwTQJZiWswqJIHvpc",
+	"2X4ylsimkMWAFpXiojQsX7Hce0jnSv3A5MqLhPm6G8ssv6BojOebAYw3XaMkwh2o6xCtMUtZgYfDwHMz",
+	"2CsSPmrYpXOlYM7kqpriFpluEno/At2YsQ5k2hsNYSmz/BRSjJuR5Au3s3ScSGHJFTJ4bLSb2hei74RF",
+	"4ekDuTPhYBtuUOoyf/fjI72TrLQzpcUn/nWGsmxO1JAKBi52OXv9IvAqpHHg4MwPoUXgO84014d7BbSj",
+	"WiretVfeIRAtGu9FIJozoqtb2hmX1nON5EI2rIeTjIxpLSgZjkxJJHIFgyJwEZKSfOOA379/3zur596W",
+	"aEWCeSu/DSzL+MIaOHDMPYXvmBFZbaxCNprSg3Uy2T2NqrCY/ymJPCMp2bAj6ebk6ZqJgk2KL8iz0V5p",
+	"rYtJaVb4yZTzOdOraBydOSVIlR1SigoK5BduRcjetBCXM+vTSVEcUUK9mXOpp/3KCOthK5uC04Kfdlc6",
+	"pV4e2WSs0vyibDOr3iueJvndQA9CxiQayQkPxqljg5tT3n6PWlt5S0u1J9ixo831SAC+/k5tTOw17U6G",
+	"wMGUicJbzHEiQ6UJ/Yup0kumcxcokBDx/DDGD2l9LHh7NyQskVtFLBjxqoDmyKOLvJ44vD9lbcrFQmnL",
+	"8x94Ltg5nc5XKe1qwos5znhBB95Q3z6JSxU2A5ZdcWguQVPvk89+2NTX1aJAi4JfdKfm7iT0nnR419zp",
+	"GDr2nq5vPu1HtdTT+Z65BGQjxbjQasG1FU6/hSB/XYOfwVRz3psqPYeCTXhBYjcr50yayobU1cOWum7k",
+	"C9ZLTWtKuqnjdrPsjX/uFZsTo32KcoNulyzIS+1tXrvQHMOcM1P6hGzDMuEGcK+UDxHSPjpxxLtau8+Q",
+	"xo3qOyVE1+rvcYR3tSKLooBoPFw/4u/V0tmKAAygJKTL27kA1yqYcPLq8RB20/ZojbIOum6ataqfa5ZX",
+	"XPxQjVGTX3hmqyzmprw0E0efa7JyZjmFQlHHGXsld6cxtVx2ytXG81Xhs9MXoV8fGF9d7cNbLvNQT2+V",
+	"clNXEeTXXK+caj0FiZ+gUJcgbFvQ98updMi8yxTdiSFfelEohL9tEO39LT15U+XYuhg5dcxy5iUGJC+z",
+	"xQqEzDRnBn9a8Do9g08wbQlkYWHU4t7xcYdYb16pbRf9DZ8zIXHmooH5WMOVYEzTfeFPYVEw6U57pUoN",
+	"GDPPlVRWSZE5dEeL3CdPnjzeg+C1u9aqx1fXzgt34HRcF1waV6WVpA3nuPWmvrWdjnjqU8Tp2MV167mj",
+	"BwYKZjEOoJVPIfU5zXRM8eP5+UvQzNUraXDwZFw6Gf0ZT/IppEGu/VifYa/yosKeJjKt06Lk4zTS0sA/",
+	"CmONR5JIVGY/hxR3xQ3HSTcjcqWarcGa+tIEQ7tp3iS8ef4Unpw8/Ba8VYdcZeWcS7rjbaXn/JMNfJdF",
+	"dzCGOctmQvKe5izHb4BrTQVnhx8JO9ms0DWzua1yTyvJbywr+EWQFPdTzQv3ucGRuTB4DS9CNtjng6rP",
+	"axVLeqIVsTbLwWvJlbX0QWP2BixiA5OwmVPd6ujNuZ2pnKhjDkiGBDVjpa64okozlZL87/Wv64XxmmrJ",
+	"igs6ok6RWaupfN5HRwX/9PPmdF9iL32Sdl3enmOIsF76dGVKNZ1ymeO9pLH93RZ146faYf682/Bs/Bhc",
+	"6s9dmtt52B2j7sJb66OKdff03ZsXNQyNV5cYH+/Y/ppaDi4+UVjtInYXvUvHvuG/uCTupkd0l5MNiiTo",
+	"hDve7dvu8l7yvGnUG8bAP+3DR4J/1qA4V+WalobnnT7p5uHtkrl8TwHwXJF55TC1d/A+EOn9gIpcl9nK",
+	"Q5Uu1OUCP1tb2HlqXjcLabsE0cyUth4qEsLwAN+LvfNIRAW0L3qgXcs45dfJrIUH3+28nG3Cns0XdkWh",
+	"RdoSm7Rz7R3S4TMJ0508PhiCmIbaw+Ge0lE2kHu77ys5UOQGNbwouky1D9UW9IaT5fkaN7F7xNCdF/2l",
+	"6AqXheXz9h+7ffGgNSpFFjGt2Qo/S/7RXmSlNqoj/H7NDHmvqXsgrVKkBOU9oK0dwoJd8lNgE4Jne+BC",
+	"wYylH27Xgm4P3VyQfLk1Z7DNJX/Fl6ArtzzE4KcVwM42IrHz85f3EnPfdFLfCIE2qBz9/W//ffTQox9R",
+	"rtOz3k/Aep9g2HsCfbiAMfwZBtBL28GekNdcWqVXg7d/fdcbDkft9MbRw0frSNoFs+huROPov34+6/3E",
+	"ep+GvSf9i/GfB70Pf/xD1zUMlFfefJvxlMm7KKV1zkZ7X39xRTnKKNAjyG8JByxobwx1aghiVTicsxUY",
+	"K4oCCibzw/3VYtu12aaUXXTRxEsY1MReKe+/2qzTJ3o/44TmaUF4XD2rVb6Uatm4DxOlCs5k20Jtar4A",
+	"lZ9u7KR/nxH6Dt1Ll9kHWE4R76lab4+aXZ+B21qw+rS3GEiXS2UpJbXXgjsyTEEbe9TXtoQT+pI8K7Ww",
+	"q7eucOTyx+KvfNUZvoUKHrVetHoooNfDgKY3FQWHg9AvAZdc9q74Kq0bakgUqLRUb2lm7YJc+pDa7Fwf",
+	"XfGJVkvDtdlopTgFJldQGq4JdOg89EAuc4K5YMYslUuc1rQwI7J1Um7IP5+qTSLCxgThABx20adnQlYT",
+	"3lPKrMKhhrou6YKQvElkI3vTSvCYDe5SDsBwl0UQAS8NVgFL5EIrywlfUOEOvvnGzrQqL2fffIPxf2uq",
+	"K84XpiV/ztVYcJ3I6ubigkyaJe6C3OWwpoPunwyfwFMlp4XIbBparOyMe+CEwycEcvrwjBJ73omtez00",
+	"z5TOed5PZCKfYWxogGle5wjSbZWMtEobeIoYUjkpeJzIjcRAii5L3RA1ZZk1DriB06/gIA3bTmNIiRtp",
+	"nMi05drgT04z4V+1EsZPDut62G9X6HGHQjoHNJG39JsRC1CYBqP+KIBhK+xwKSu07BhYVUSmPYRK8kTZ",
+	"WSLTp64M1HMG0e06PddMminXvWcyUxiwpjHM3ZExCUpyWB8XJ5LBFPebBzRuISSHAzUxPfze1842Z8Y9",
+	"+40MYwLfhHNX0md4ucwXSkhbCVNHr9NBG0FMAtWCBR9WB9qFCj6tUmaiUfvrwxmS47iHTPYtc127MF7+",
+	"q3aVp9UyYw8oSvtw1kYy7QVJO/CQpUQGzBJccktNX49hHS4VGDGmOdItu64QTihGZ5sAhClGCQU3bVyA",
+	"MC5R3OjIqVR42k/ke/xS2NgfG3UHTkoL6WDGWWFnn7x4DQgz9SkFSZ0grDITsWthZCaRaQvmMfY4D0jK",
+	"4fA4u+Ir+oOncKB0vIlMQKFiQffHXp0nMuhztKikiQnYcNiHZ6iEUPE7oLFWBR9Dei34Ei/mAdI7rtwU",
+	"E/sORBN798XHD1R9INVLeixu0xTDnKMuN4cxpK5IkibygBVGBcUfA+Fv4xD90mRNBJo5pFvE8rmQKbix",
+	"ml+rK34Yu25C9BMnvrPGwcAC2T1qsgrNEiiKPv5FXUDtjiqAkxLp1F1oixB23OyLwEnwoOi6WAMirwTy",
+	"2LOm0WzRSkiv3S7weVCK+gnJgtPjZIlMT4YjaGFlYn80re6PgKdqtr44Qur2ERxIiJkuwBWkJ0dPoIXS",
+	"IvFOZBtABSjeeB9bYo8+batsFbpNRJ765tZEKlngdViwiSiEXdXg0HCzJrxQ8tIhf2ChxTXSJblFMXGZ",
+	"9kJkXLpSn+9xO1uwbMZ7R/0hBs268L6IGQ8Gy+Wyz+jnvtKXAz/WDF6+ePrs1dtnNKZO/QUXJYqja66N",
+	"j7/6Q/eQWnDJFiIaR8f9Yf/YR+Xk94VrHY0/38TRwIu3/+TuuP9QigFbiAHyHy9V+9vqXg0+hz9vKKpq",
+	"NEn/vCsj5h24BdcZmiSOStkFLR2tgQ2vd3tr4P6Bwc0H3EmNX0C6ffdAZ+DXinesqpwElwNyjncafBSf",
+	"1JHctfFpupeSHNcQbnhfymlAZmvINdRZIWEozEffxj2O8wjfvu1aV01DJqnKQzJhvCZ3EZabjFlQMnMt",
+	"ca7BKkwBJOYOe+i9PxexCgkeBuPaeDchMIkk2OtUSGFmqBnIlKS+UJ9C6NemuNnsKMUncqo5P23kRDHQ",
+	"1iVSV1oqJnsvlXzSRs8JRlNGzTlym0JTZBIPwRYezsPhMTSwPzhgP4BPIg82ID6eT6yFLN7EkR96Fk4K",
+	"lV05iuh8nFJQC+6yNy9yVAiNxuMoXr8+XSJdPzLYfAfBzYeqKPSdylc7MEMdWKGurpSdQLkQCo9cOqmC",
+	"aAz3huusYWhu2uEu3vD1Bt+j4ehuu9qnH6cJo+jqr9/Ws1NDI/YELNyKO8Rf6sJssyWnyeu9+evkqgMM",
+	"dV5fk6XzALtsISMshwn5kZs4OhkOt61ZHdNgrfmSho1uH/ZuDbV7Mjy+fdDzZvvqyfDx7SPWelpo2JPb",
+	"h9W9hzhitAdprV50GvRwHyZ0QP9w8NEeNK6j/2/i6OE+THzXAnfGTTCuz254j8nlDNqpDJRTdmkqTIaJ",
+	"Pty07Ovgc5CoG2diC94FqHjDfQrFdhfOXHoQ3GOEe6lqJgythEmkTyvWDR4eH2HKzDWws0vU5gci5/OF",
+	"QgVyWPvUOE0i10pajV6/JhTVz3vQMEjUwnY4pneVuNIUWjWMlFZonnhB/qbbRIch8Luv33rR0nknW9mV",
+	"9/+h9+vk9hFVO96dbtZL31H4O8n5mxC8Vb1+GzIdR5fcdp2Dc6TqGl7QmqTPT2sHUZhdGMm2OPyF2y2i",
+	"MPx3N38N4FGnBbxP6/fPfXl+n6vwQpoFz+zuq3A3RzW8l2ct8GoYBt/EvBlB7j1zvCWGe/bRcpnvtioY",
+	"i0i1hD/Wl/XA5+3GjbdXueLqYR9+pKBpbY6MSWccJF/yfAxM1l3MwWIkUummTUHLENIwLUPSbSIkX/5T",
+	"RApf5oy2St83m+/uuWfd9vDoP9e190LYUnL/3I77nR2L39jTr/yR/xRP3+nJXVp/h+6+Vlf8N1HeBDWv",
+	"3x/CJFAeXRirmVX6gQGlc65jWM4UOd0OoSDsuCqwJnKu5u4tixv5M58BqlNc3oOjl0n6SqZLK9f6ucJi",
+	"x97TI80vXZci1w0b4HLe3k1P5Hu3GG7ANtKANUpkErJpQl42c4G5cq9UTKR7vyIchNQ8rlyoJSWlKM3l",
+	"0+wczXemSmm59t3yBG8ibZhIMjnVly66h8opgpkwVlExN1OaDiB1R5ynwK85ztDAh7YOBOOza3VF4Znc",
+	"DMTc/CEcS6SLx5Y+Se92d9qwnNA2l254ZTBD3cJZTHhVvaMsFFuo8EBpxa6G3W4bi/v8t3S9G50xHdQM",
+	"f9rXhjVQs7+dd+7l7V/BS//XCXGRpZU2PaA7crhD0bt3lnwOEI+bwecFs7Obu+v56j2SN/Gtz9ZvxNzj",
+	"4dY7Savgoqrt0rXdErQ3YCoGDrgHrzCjZLwO6wUhs6LMqZcY9bqxMBXa2H4in9NLeSFtIE5TDCYW7JLD",
+	"hGVXICRhAvrw0gOXHfzFZYjMjN5YSPCRuIkyoNcG4CNdOuqlMPZNvcd4d9GNYpWaJa7aQcCc+jVcVHL7",
+	"teR61Vlz+6IaW3wbIcxSEzWVVIii8OJjx7AtZBkh12jaB+S4Sc1rPCEjPm1diOrKrYWqvlOCy1Zw2tEa",
+	"lrYLw9dVCW0LzXoRKuCMu0jz0OZdr2j48LXGy6Owf3ZdGNuiq+qVBM1mi453p3W+8CyPxqNvN7sQtpnK",
+	"Zq9AZfT+/rf/qXHo4+j1j2/PAwZ9HH3hS5YaVq3G0Uf1XKSZuigdjofHDa6s95Ss8WXYYEtgx6PNbX76",
+	"9GR9k+9ae7wqTQM33dhZvZVhaycV3Joc7xZYPho9iu4QzzcB/R2G/EfJnSYMOF91+a8Qi/4+5vl8HZXU",
+	"NjYNO92wb5Wtrr8bVJ0f1U/dUI1Ow9gNjQ4HWDcfL7ejw6kAopbxBrT7QdW4inETecceVpM24PcpLGei",
+	"4Im8bKDuqUf2lrJ7H2OCE6hfbgdiipQ03hlLRjfsjF720VmU/wu3b5qIk986CHAAfIdn6XpP6F7a6qT2",
+	"wR89Ht0lK9dsjNjqjleJUxdmkjb8t0ws/T63/2kTpx1v3hN60To00f+VMvC3uystf1f4FRyklXH4v0fP",
+	"vVUhnFMi0402nfTQ3Z5/CGKr0caAeyMb7HsYfv5AHlarr+DnD2jcDNfX3cwgmKfvniqEsVwCy3PNjWtc",
+	"Ch0ANEHaAuuNB4PR0bf9YX/YH40fDx8PyYz689hopwggUeGqKh4tSicbAKPhjXAV9L/dKdBf+z8InP/R",
+	"/QIJfzHb0tLfPJZtcxTqEse2UPymNb4yPZsT+PxW/RYmqygLVf2XAFXvAoHOxNR1E2RM65VL1G2t+pOY",
+	"eRoctrbnXwC2Scb3BHBERrMc3T3HWQ90bOyl0vnbmPH/3/74CiZ8JtbfyfPAuecUwqSDUgxSOCBBCXXd",
+	"RDafVUsJMybzguuY4K4e2k3vHDp7/eKwFRzK6vXfiWxGgsAWC850ixXVKhj8/m8AAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -56,8 +56,9 @@ func startDashboard(t testing.TB, ups map[string]string) *dash {
 		targets[name] = u
 	}
 	d.svc = svc
-	d.gate = gateway.New(svc, gateway.Config{Upstreams: targets, Logger: log,
-		OnForwarded: d.counts.Accepted, UI: web.Handler(svc, d.counts)})
+	clocks := tokens.NewClocks()
+	d.gate = gateway.New(svc, gateway.Config{Upstreams: targets, Logger: log, Clocks: clocks,
+		OnForwarded: d.counts.Accepted, UI: web.Handler(svc, d.counts, web.WithClocks(clocks))})
 	srv := httptest.NewServer(d.gate)
 	d.URL = srv.URL
 	t.Cleanup(func() {

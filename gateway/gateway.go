@@ -62,7 +62,11 @@ type Config struct {
 	// upstream, replacing any the client sent (the upstream's credentials,
 	// which workers then never hold).
 	UpstreamHeaders map[string]http.Header
-	Logger          *slog.Logger
+	// Clocks receives each holder's clock offset from the Fencing-Client-Time
+	// header of its acquires and renewals (share it with the dashboard).
+	// Nil: one of the gateway's own.
+	Clocks *tokens.Clocks
+	Logger *slog.Logger
 }
 
 // Gateway is the HTTP face of a tokens.Service.
@@ -100,11 +104,19 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Clocks == nil {
+		cfg.Clocks = tokens.NewClocks()
+	}
 	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport()}
 	g.obs = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
 	g.ages = newInflightAges(cfg.ForwardTimeout + cfg.BodyTimeout)
 	g.sig = newSignals(cfg.Registry, svc, g.ages)
 	g.obs.drains = g.sig.drains
+	now := time.Now
+	if svc != nil {
+		now = svc.Now
+	}
+	cfg.Registry.MustRegister(newClockCollector(cfg.Clocks, now))
 	g.proxy = g.newReverseProxy()
 	g.handler = g.framing(g.routes())
 	return g
@@ -155,7 +167,7 @@ func (g *Gateway) routes() http.Handler {
 		r.Get("/", http.RedirectHandler("/ui/", http.StatusFound).ServeHTTP)
 	}
 
-	strict := api.NewStrictHandlerWithOptions(&control{svc: g.svc, obs: g.obs, sig: g.sig}, nil, api.StrictHTTPServerOptions{
+	strict := api.NewStrictHandlerWithOptions(&control{svc: g.svc, obs: g.obs, sig: g.sig, clocks: g.cfg.Clocks}, nil, api.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc: g.requestErrorHandler,
 		ResponseErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
 			writeProblem(w, r, g.log, err)

@@ -404,6 +404,10 @@ type LeaseView struct {
 	ExpiresAt time.Time     `json:"expires_at"`
 	Remaining time.Duration `json:"-"`
 	TTLms     int64         `json:"ttl_ms"`
+	// ClockOffset is the holder's clock minus the gateway's, if it sent
+	// Fencing-Client-Time lately; ClockOff: by a second or more.
+	ClockOffset *time.Duration `json:"clock_offset_ns,omitempty"`
+	ClockOff    bool           `json:"-"`
 }
 
 func leaseView(l tokens.Lease, now time.Time) LeaseView {

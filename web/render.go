@@ -20,6 +20,7 @@ var funcs = template.FuncMap{
 	"axisY":       func(h int) int { return h - chartFoot },
 	"labelY":      func(h int) int { return h - 4 },
 	"plural":      plural,
+	"offset":      offset,
 	"inc":         func(n int) int { return n + 1 },
 	"dec":         func(n int) int { return n - 1 },
 	"rowFrom":     func(page int) int { return (page-1)*timelineRows + 1 },
@@ -141,4 +142,15 @@ func drawChart(ov Overview, r Range) chart {
 		})
 	}
 	return c
+}
+
+// offset shows a clock offset with its sign: "+9.0 s ahead", "-850 ms behind".
+func offset(d *time.Duration) string {
+	switch {
+	case *d > 0:
+		return "+" + human(*d) + " ahead"
+	case *d < 0:
+		return "-" + human(-*d) + " behind"
+	}
+	return "in step"
 }

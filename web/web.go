@@ -29,6 +29,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/fencegw/fencegw/tokens"
 )
@@ -45,8 +46,11 @@ const csp = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 's
 
 // Handler serves the dashboard under /ui/ from src; counts (may be nil)
 // supplies accepted-write counts and totals since start.
-func Handler(src Source, counts *Counts) http.Handler {
+func Handler(src Source, counts *Counts, opts ...Option) http.Handler {
 	h := &handler{src: src, counts: counts, log: slog.Default()}
+	for _, o := range opts {
+		o(h)
+	}
 	static, _ := fs.Sub(assets, "static")
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ui/{$}", h.overview)
@@ -57,9 +61,17 @@ func Handler(src Source, counts *Counts) http.Handler {
 	return secure(mux)
 }
 
+// Option configures Handler.
+type Option func(*handler)
+
+// WithClocks shows each holder's clock offset (as the gateway estimated it
+// from Fencing-Client-Time) next to the holder in the leases table.
+func WithClocks(c *tokens.Clocks) Option { return func(h *handler) { h.clocks = c } }
+
 type handler struct {
 	src    Source
 	counts *Counts
+	clocks *tokens.Clocks
 	log    *slog.Logger
 }
 
@@ -117,6 +129,7 @@ type overviewPage struct {
 	Ranges  []Range
 	Reasons []string
 	Counted bool
+	Clocked bool
 	Chart   chart
 	Overview
 	StreamURL string
@@ -143,7 +156,8 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	p := overviewPage{Title: "Rejected stale writes", Filter: f, Ranges: ranges, Overview: ov, Counted: h.counts != nil,
+	h.clockOf(ov.Leases, ov.Now)
+	p := overviewPage{Title: "Rejected stale writes", Filter: f, Ranges: ranges, Overview: ov, Counted: h.counts != nil, Clocked: h.clocks != nil,
 		Reasons: reasons,
 		Chart:   drawChart(ov, f.Range)}
 	if len(newest) > 0 {
@@ -164,6 +178,7 @@ func (h *handler) overviewJSON(w http.ResponseWriter, r *http.Request) {
 		h.failJSON(w, r, err)
 		return
 	}
+	h.clockOf(ov.Leases, ov.Now)
 	writeJSON(w, ov)
 }
 
@@ -301,4 +316,18 @@ func streamURL(f Filter) string {
 		u += "?" + strings.Join(parts, "&")
 	}
 	return u
+}
+
+// clockSkewShown is the clock offset from which the leases table marks a
+// holder's clock as off.
+const clockSkewShown = time.Second
+
+// clockOf fills in the holders' clock offsets, where known.
+func (h *handler) clockOf(leases []LeaseView, now time.Time) {
+	for i := range leases {
+		if o, ok := h.clocks.Offset(leases[i].Holder, now); ok {
+			leases[i].ClockOffset = &o.Offset
+			leases[i].ClockOff = o.Offset >= clockSkewShown || o.Offset <= -clockSkewShown
+		}
+	}
 }

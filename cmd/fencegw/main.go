@@ -144,14 +144,18 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 	// write path does not touch the store); rejections come from every
 	// replica through the backend's feed.
 	counts := web.NewCounts()
+	// Holders' clock offsets (Fencing-Client-Time): exported as a metric
+	// by the gateway, shown next to the holder by the dashboard.
+	clocks := tokens.NewClocks()
 	gwCfg := gateway.Config{
+		Clocks:         clocks,
 		Upstreams:      cfg.Upstreams,
 		ForwardTimeout: cfg.ForwardTimeout,
 		MaxBody:        cfg.MaxBody,
 		BodyTimeout:    cfg.BodyTimeout,
 		Registry:       reg,
 		OnForwarded:    counts.Accepted,
-		UI:             web.Handler(svc, counts),
+		UI:             web.Handler(svc, counts, web.WithClocks(clocks)),
 		Logger:         logger,
 	}
 	if cfg.Auth != nil {
