@@ -225,6 +225,11 @@ func TestBrowserIncidentLiveFeedAndTimeline(t *testing.T) {
 	do(t, "DELETE", d.URL+"/v1/leases/"+inv.LeaseID, nil)
 	wantProblem(t, write(t, d.URL, "statements", "/inventory/SKU-001", inv, `{"qty":3}`), 409, "lease_released")
 	inv2 := acquire(t, d.URL, "inventory/SKU-001", "restock-8", 30*time.Minute)
+	// restock-8's clock is 9 s behind: its renewal says so.
+	if a := do(t, "POST", d.URL+"/v1/leases/"+inv2.LeaseID+"/renew", map[string]any{},
+		gateway.HeaderClientTime, lyingClock(-9*time.Second, 2*time.Millisecond)); a.Status != 200 {
+		t.Fatalf("renew: %d %s", a.Status, a.Body)
+	}
 	write(t, d.URL, "statements", "/inventory/SKU-001", inv2, `{"qty":5}`)
 	inx := acquire(t, d.URL, "invoice:2291", "billing-2", 200*time.Millisecond)
 	time.Sleep(300 * time.Millisecond)
