@@ -204,8 +204,23 @@ func TestBrowserAcrossReplicas(t *testing.T) {
 			t.Logf("%s: replica A's cards, chart, leases and feed agreed %v after the 409 through replica B", mode, took.Round(time.Millisecond))
 			screenshot(t, ctx, "overview", "")
 
-			within(t, ctx, 15*time.Second, "open resource on replica A", chromedp.Navigate(a+"/ui/resources/"+url.PathEscape(res)))
-			steps := eval[[]string](t, ctx, `Array.from(document.querySelectorAll('#timeline li')).map(li => li.textContent.replace(/\s+/g, ' ').trim())`)
+			// Writes accepted under each token are counted by every replica
+			// and stored once a second: replica A's page counts worker-3's
+			// write through B.
+			var steps []string
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				within(t, ctx, 15*time.Second, "open resource on replica A", chromedp.Navigate(a+"/ui/resources/"+url.PathEscape(res)))
+				steps = eval[[]string](t, ctx, `Array.from(document.querySelectorAll('#timeline li')).map(li => li.textContent.replace(/\s+/g, ' ').trim())`)
+				if slices.ContainsFunc(steps, func(s string) bool { return strings.Contains(s, "worker-3 acquired token 1") && strings.Contains(s, "1 write accepted under it") }) &&
+					slices.ContainsFunc(steps, func(s string) bool { return strings.Contains(s, "worker-5 acquired token 2") && strings.Contains(s, "1 write accepted under it") }) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("replica A's timeline does not count each token's write:\n%s", strings.Join(steps, "\n"))
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
 			at := 0
 			for _, w := range []string{
 				"worker-3 wrote POST statements/lines with token 1: rejected stale_token, current token 2",

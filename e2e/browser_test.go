@@ -45,6 +45,7 @@ func startDashboard(t testing.TB, ups map[string]string) *dash {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	d := &dash{counts: web.NewCounts()}
+	stopCounts := d.counts.Persist(store, time.Second, log)
 	svc := tokens.New(tokens.Config{Store: store, Locker: tokens.NewLocalLocker(), Logger: log,
 		OnRejection: func(r tokens.Rejection) {
 			d.counts.Rejected(r)
@@ -64,6 +65,7 @@ func startDashboard(t testing.TB, ups map[string]string) *dash {
 	t.Cleanup(func() {
 		d.gate.Close()
 		srv.Close()
+		stopCounts()
 		_ = store.Close()
 	})
 	return d

@@ -215,8 +215,8 @@ type Step struct {
 	Holder string    `json:"holder"`
 	// Granted, renewed: until when.
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
-	// Granted: writes forwarded under this token by this gateway process
-	// since it started (not through other replicas, not before a restart).
+	// Granted: writes forwarded under this token (see Timeline.Durable);
+	// nil without counts.
 	Accepted *uint64 `json:"accepted_writes,omitempty"`
 	// Rejected: the refused write(s). Consecutive refusals of the same
 	// token, holder, reason and target are one step with Count > 1,
@@ -250,10 +250,10 @@ type Timeline struct {
 	Page     int              `json:"page"`
 	Pages    int              `json:"pages"`
 	Rows     int              `json:"rows"`
-	Accepted map[int64]uint64 `json:"-"`
-	// Counted: accepted writes were counted (by this process, since
-	// CountedSince).
+	// Counted: accepted writes are counted. Durable: by every replica,
+	// kept in the store; else by this process since CountedSince.
 	Counted      bool      `json:"-"`
+	Durable      bool      `json:"accepted_writes_durable"`
 	CountedSince time.Time `json:"-"`
 	// RejectionsFrom: rejections before this time were not read (the
 	// newest timelineRejs only); zero if all were.
@@ -276,8 +276,8 @@ func timeline(ctx context.Context, src Source, counts *Counts, name string, page
 	if now.IsZero() {
 		now = src.Now()
 	}
-	tl := Timeline{Resource: name, Now: now, Token: res.Token, Accepted: counts.Tokens(name), State: "free",
-		Counted: counts != nil, CountedSince: counts.Started()}
+	tl := Timeline{Resource: name, Now: now, Token: res.Token, State: "free",
+		Counted: counts != nil, Durable: counts.Durable(), CountedSince: counts.Started()}
 	if h := res.Holder(now); h != nil {
 		v := leaseView(*h, now)
 		tl.Current, tl.State = &v, "held"
@@ -305,12 +305,6 @@ func timeline(ctx context.Context, src Source, counts *Counts, name string, page
 		switch ev.Kind {
 		case tokens.EventGranted:
 			step.ExpiresAt = ev.ExpiresAt
-			if n, ok := tl.Accepted[ev.Token]; ok {
-				step.Accepted = &n
-			} else if counts != nil {
-				zero := uint64(0)
-				step.Accepted = &zero
-			}
 			ends[ev.Token] = &grantEnd{holder: ev.Holder, expiresAt: ev.ExpiresAt}
 			order = append(order, ev.Token)
 		case tokens.EventRenewed:
@@ -391,6 +385,25 @@ func timeline(ctx context.Context, src Source, counts *Counts, name string, page
 		return cmp.Or(a.At.Compare(b.At), cmp.Compare(rank[a.Kind], rank[b.Kind]))
 	})
 	tl.lay(tl.Steps, page)
+	if counts != nil {
+		// Only the grants on this page: one read of the counts.
+		var granted []int64
+		for _, s := range tl.Steps {
+			if s.Kind == StepGranted {
+				granted = append(granted, s.Token)
+			}
+		}
+		n, err := counts.Writes(ctx, name, granted)
+		if err != nil {
+			return Timeline{}, err
+		}
+		for i := range tl.Steps {
+			if tl.Steps[i].Kind == StepGranted {
+				v := n[tl.Steps[i].Token]
+				tl.Steps[i].Accepted = &v
+			}
+		}
+	}
 	return tl, nil
 }
 

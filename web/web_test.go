@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -219,16 +218,9 @@ func TestCounts(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	got := c.Tokens("a")
-	keys := slices.Sorted(func(yield func(int64) bool) {
-		for k := range got {
-			if !yield(k) {
-				return
-			}
-		}
-	})
-	if len(keys) != tokensPerResource || keys[len(keys)-1] != 12 {
-		t.Fatalf("tokens kept: %v", keys)
+	got, err := c.Writes(t.Context(), "a", []int64{1, 12, 13})
+	if err != nil || len(got) != 2 || got[1] != 800 || got[12] != 800 {
+		t.Fatalf("Writes = %v, %v; want 800 for tokens 1 and 12", got, err)
 	}
 	if c.Totals().Accepted != 8*12*100 {
 		t.Fatalf("total %d", c.Totals().Accepted)

@@ -140,10 +140,14 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 		Logger:      logger,
 		OnRejection: func(r tokens.Rejection) { backend.publish(r) },
 	})
-	// Accepted-write counts are this replica's own (kept in memory: the
-	// write path does not touch the store); rejections come from every
-	// replica through the backend's feed.
+	// Accepted-write counts: counted in memory on the write path, added to
+	// the store once a second (every storage mode keeps them), so the
+	// dashboard shows every replica's and survives restarts.
 	counts := web.NewCounts()
+	if wc, ok := backend.store.(tokens.WriteCounter); ok {
+		stopCounts := counts.Persist(wc, time.Second, logger)
+		defer stopCounts() // after the drain below, before the store closes
+	}
 	// Holders' clock offsets (Fencing-Client-Time): exported as a metric
 	// by the gateway, shown next to the holder by the dashboard.
 	clocks := tokens.NewClocks()
