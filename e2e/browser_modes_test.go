@@ -212,8 +212,12 @@ func TestBrowserAcrossReplicas(t *testing.T) {
 			for {
 				within(t, ctx, 15*time.Second, "open resource on replica A", chromedp.Navigate(a+"/ui/resources/"+url.PathEscape(res)))
 				steps = eval[[]string](t, ctx, `Array.from(document.querySelectorAll('#timeline li')).map(li => li.textContent.replace(/\s+/g, ' ').trim())`)
-				if slices.ContainsFunc(steps, func(s string) bool { return strings.Contains(s, "worker-3 acquired token 1") && strings.Contains(s, "1 write accepted under it") }) &&
-					slices.ContainsFunc(steps, func(s string) bool { return strings.Contains(s, "worker-5 acquired token 2") && strings.Contains(s, "1 write accepted under it") }) {
+				if slices.ContainsFunc(steps, func(s string) bool {
+					return strings.Contains(s, "worker-3 acquired token 1") && strings.Contains(s, "1 write accepted under it")
+				}) &&
+					slices.ContainsFunc(steps, func(s string) bool {
+						return strings.Contains(s, "worker-5 acquired token 2") && strings.Contains(s, "1 write accepted under it")
+					}) {
 					break
 				}
 				if time.Now().After(deadline) {

@@ -246,10 +246,10 @@ type Timeline struct {
 	// Account sums up the newest refused write (Account.Incidents 0: none).
 	Account Account `json:"account"`
 	// Steps is one page of rows, newest first; Page of Pages, Rows in all.
-	Steps    []Step           `json:"steps"`
-	Page     int              `json:"page"`
-	Pages    int              `json:"pages"`
-	Rows     int              `json:"rows"`
+	Steps []Step `json:"steps"`
+	Page  int    `json:"page"`
+	Pages int    `json:"pages"`
+	Rows  int    `json:"rows"`
 	// Counted: accepted writes are counted. Durable: by every replica,
 	// kept in the store; else by this process since CountedSince.
 	Counted      bool      `json:"-"`
