@@ -286,6 +286,9 @@ type ResourceState struct {
 	TtlMs int64 `json:"ttl_ms"`
 }
 
+// FencingClientTime defines model for FencingClientTime.
+type FencingClientTime = string
+
 // LeaseID defines model for LeaseID.
 type LeaseID = string
 
@@ -321,6 +324,34 @@ type Unavailable = Problem
 
 // UnsupportedMediaType An RFC 9457 problem document.
 type UnsupportedMediaType = Problem
+
+// AcquireLeaseParams defines parameters for AcquireLease.
+type AcquireLeaseParams struct {
+	// FencingClientTime The caller's wall-clock time when it sent the request (RFC 3339),
+	// optionally followed by `;rtt=` and the round trip in milliseconds of
+	// its previous call to the gateway: `2026-11-30T00:41:37.120Z;rtt=4`.
+	// Lease time is the gateway's, so this changes nothing about the
+	// lease; the gateway estimates the holder's clock offset from it
+	// (the caller's time plus half the round trip, minus the gateway's
+	// time on arrival), exports it as `fencegw_holder_clock_offset_seconds`
+	// and shows it next to the holder on the dashboard. A malformed value
+	// is `400 invalid_request` naming this header.
+	FencingClientTime *FencingClientTime `json:"Fencing-Client-Time,omitempty"`
+}
+
+// RenewLeaseParams defines parameters for RenewLease.
+type RenewLeaseParams struct {
+	// FencingClientTime The caller's wall-clock time when it sent the request (RFC 3339),
+	// optionally followed by `;rtt=` and the round trip in milliseconds of
+	// its previous call to the gateway: `2026-11-30T00:41:37.120Z;rtt=4`.
+	// Lease time is the gateway's, so this changes nothing about the
+	// lease; the gateway estimates the holder's clock offset from it
+	// (the caller's time plus half the round trip, minus the gateway's
+	// time on arrival), exports it as `fencegw_holder_clock_offset_seconds`
+	// and shows it next to the holder on the dashboard. A malformed value
+	// is `400 invalid_request` naming this header.
+	FencingClientTime *FencingClientTime `json:"Fencing-Client-Time,omitempty"`
+}
 
 // ListRejectionsParams defines parameters for ListRejections.
 type ListRejectionsParams struct {

@@ -20,8 +20,10 @@ import (
 // control implements the generated strict server over a tokens.Service.
 // Handlers return domain errors; one error handler turns them into problems.
 type control struct {
-	svc *tokens.Service
-	obs *metrics
+	svc    *tokens.Service
+	obs    *metrics
+	sig    *signals
+	clocks *tokens.Clocks
 }
 
 var _ server.StrictServerInterface = (*control)(nil)
@@ -30,10 +32,14 @@ func (c *control) AcquireLease(ctx context.Context, req server.AcquireLeaseReque
 	if req.Body == nil {
 		return nil, requestError("body", "a JSON object is required")
 	}
+	arrived := c.svc.Now()
 	b := req.Body
 	in := tokens.AcquireRequest{Resource: b.Resource, TTL: millis(b.TtlMs)}
 	if b.Holder != nil {
 		in.Holder = *b.Holder
+	}
+	if err := c.observeClock(req.Params.FencingClientTime, in.Holder, arrived); err != nil {
+		return nil, err
 	}
 	if b.WaitMs != nil {
 		in.Wait = millis(*b.WaitMs)
@@ -116,6 +122,15 @@ func (c *control) GetLease(ctx context.Context, req server.GetLeaseRequestObject
 }
 
 func (c *control) RenewLease(ctx context.Context, req server.RenewLeaseRequestObject) (server.RenewLeaseResponseObject, error) {
+	arrived := c.svc.Now()
+	var clientSent time.Time
+	var rtt time.Duration
+	if v := req.Params.FencingClientTime; v != nil {
+		var err error
+		if clientSent, rtt, err = parseClientTime(*v); err != nil {
+			return nil, err
+		}
+	}
 	var ttl time.Duration // 0: the lease's own TTL
 	if req.Body != nil && req.Body.TtlMs != nil {
 		if ttl = millis(*req.Body.TtlMs); ttl == 0 {
@@ -129,13 +144,21 @@ func (c *control) RenewLease(ctx context.Context, req server.RenewLeaseRequestOb
 	}
 	lease, err := c.svc.Renew(ctx, req.LeaseId, ttl, principalName(ctx))
 	if err != nil {
+		c.sig.leaseRefused("renew", req.LeaseId, err, c.svc.Now())
+		if f := tokens.Facts(err); f != nil && f.Holder != "" && !clientSent.IsZero() {
+			c.clocks.Observe(f.Holder, clientSent, rtt, arrived) // the holder the refusal is about
+		}
 		return nil, err
+	}
+	if !clientSent.IsZero() {
+		c.clocks.Observe(lease.Holder, clientSent, rtt, arrived)
 	}
 	return server.RenewLease200JSONResponse(leaseJSON(lease, tokens.StateCurrent, lease.TTL)), nil
 }
 
 func (c *control) ReleaseLease(ctx context.Context, req server.ReleaseLeaseRequestObject) (server.ReleaseLeaseResponseObject, error) {
 	if _, err := c.svc.Release(ctx, req.LeaseId, principalName(ctx)); err != nil {
+		c.sig.leaseRefused("release", req.LeaseId, err, c.svc.Now())
 		return nil, err
 	}
 	return server.ReleaseLease204Response{}, nil

@@ -79,7 +79,11 @@ type Config struct {
 	// DefaultMaxStreamsPerKey): past them, 429 rate_limited.
 	MaxStreams       int
 	MaxStreamsPerKey int
-	Logger           *slog.Logger
+	// Clocks receives each holder's clock offset from the Fencing-Client-Time
+	// header of its acquires and renewals (share it with the dashboard).
+	// Nil: one of the gateway's own.
+	Clocks *tokens.Clocks
+	Logger *slog.Logger
 }
 
 // Gateway is the HTTP face of a tokens.Service.
@@ -92,6 +96,8 @@ type Gateway struct {
 	transport *http.Transport
 	proxy     http.Handler
 	inflight  atomic.Int64
+	ages      *inflightAges
+	sig       *signals
 	handler   http.Handler
 	hosts     hostList
 	bindings  routeTable
@@ -119,10 +125,21 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Clocks == nil {
+		cfg.Clocks = tokens.NewClocks()
+	}
 	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport(), hosts: newHostList(cfg.AllowedHosts), bindings: newRouteTable(cfg.Routes)}
 	g.obs = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
 	g.byKey = newPrincipalCounts(cfg.Registry)                       // attribution.go
 	g.streams = newStreamSlots(cfg.MaxStreams, cfg.MaxStreamsPerKey) // streamcap.go
+	g.ages = newInflightAges(cfg.ForwardTimeout + cfg.BodyTimeout)
+	g.sig = newSignals(cfg.Registry, svc, g.ages)
+	g.obs.drains = g.sig.drains
+	now := time.Now
+	if svc != nil {
+		now = svc.Now
+	}
+	cfg.Registry.MustRegister(newClockCollector(cfg.Clocks, now))
 	g.proxy = g.newReverseProxy()
 	g.handler = g.framing(g.routes())
 	return g
@@ -178,7 +195,7 @@ func (g *Gateway) routes() http.Handler {
 		r.Get("/", http.RedirectHandler("/ui/", http.StatusFound).ServeHTTP)
 	}
 
-	strict := server.NewStrictHandlerWithOptions(&control{svc: g.svc, obs: g.obs}, nil, server.StrictHTTPServerOptions{
+	strict := server.NewStrictHandlerWithOptions(&control{svc: g.svc, obs: g.obs, sig: g.sig, clocks: g.cfg.Clocks}, nil, server.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc: g.requestErrorHandler,
 		ResponseErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
 			writeProblem(w, r, g.log, err)

@@ -178,12 +178,14 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	g.inflight.Add(1)
 	start := time.Now()
+	slot := g.ages.begin(start)
 	// Done runs even if the proxy aborts the handler with a panic
 	// (http.ErrAbortHandler on a broken response copy): a leaked shared lock
 	// would block every future grant of the resource.
 	defer func() {
 		permit.Done(f.unknown)
 		g.inflight.Add(-1)
+		g.ages.end(slot)
 		g.obs.forwarded(f, time.Since(start))
 		if !f.failed && g.cfg.OnForwarded != nil {
 			g.cfg.OnForwarded(permit.Lease.Resource, permit.Lease.Token)

@@ -151,18 +151,26 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 	if backend.onFree != nil {
 		backend.onFree(svc.Wake)
 	}
-	// Accepted-write counts are this replica's own (kept in memory: the
-	// write path does not touch the store); rejections come from every
-	// replica through the backend's feed.
+	// Accepted-write counts: counted in memory on the write path, added to
+	// the store once a second (every storage mode keeps them), so the
+	// dashboard shows every replica's and survives restarts.
 	counts := web.NewCounts()
+	if wc, ok := backend.store.(tokens.WriteCounter); ok {
+		stopCounts := counts.Persist(wc, time.Second, logger)
+		defer stopCounts() // after the drain below, before the store closes
+	}
+	// Holders' clock offsets (Fencing-Client-Time): exported as a metric
+	// by the gateway, shown next to the holder by the dashboard.
+	clocks := tokens.NewClocks()
 	gwCfg := gateway.Config{
+		Clocks:         clocks,
 		Upstreams:      cfg.Upstreams,
 		ForwardTimeout: cfg.ForwardTimeout,
 		MaxBody:        cfg.MaxBody,
 		BodyTimeout:    cfg.BodyTimeout,
 		Registry:       reg,
 		OnForwarded:    counts.Accepted,
-		UI:             web.Handler(svc, counts),
+		UI:             web.Handler(svc, counts, web.WithClocks(clocks)),
 		AllowedHosts:   cfg.AllowedHosts,
 		Routes:         cfg.Routes,
 		Logger:         logger,

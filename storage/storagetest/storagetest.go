@@ -78,6 +78,7 @@ func Run(t *testing.T, h Harness) {
 		{"Owner", testOwner},
 		{"Revoke", testRevoke},
 		{"RevokeEnded", testRevokeEnded},
+		{"WriteCounts", testWriteCounts},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
