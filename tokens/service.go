@@ -352,6 +352,13 @@ func (s *Service) forget(ctx context.Context, leaseID string) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
+	// A lease that is no longer its resource's live one cannot change any
+	// fence (the store refuses it, or, released already, changes nothing),
+	// and its release must not make every replica give the current
+	// holder's fence up.
+	if state, err := s.store.Resource(ctx, lease.Resource); err == nil && Judge(lease, state, s.clock(state)) != nil {
+		return func() {}, nil
+	}
 	lockCtx, cancel := context.WithTimeout(ctx, s.grantWait)
 	defer cancel()
 	unlock, err := s.locker.Exclusive(lockCtx, lease.Resource)
