@@ -109,7 +109,11 @@ usage:
                                (default: loopback names and the --listen address on a loopback listen, else off)
       --log-level LEVEL        debug, info, warn, error (info)
       --pg-max-conns N         PostgreSQL query pool (16)
-      --pg-lock-conns N        PostgreSQL lock pool = most concurrent writes per replica (128)
+      --pg-lock-conns N        PostgreSQL connections for grants, releases, revokes holding or waiting for a lock (8)
+      --pg-fence-sessions N    PostgreSQL sessions holding this replica's shared fences across writes (4)
+      --pg-max-fences N        most resources this replica keeps fenced, one advisory lock each (4096)
+      --pg-session-check D     stop admitting writes when the lock session was not confirmed for this long;
+                               a dead replica's resources drain for --drain-period plus this (1s)
       --pg-statement-timeout D PostgreSQL statement_timeout (5s)
       --pg-lock-timeout D      bound on an advisory lock wait (30s)
   Every flag can come from the environment as FENCEGW_<FLAG>; FENCEGW_UPSTREAMS and FENCEGW_ROUTES take
