@@ -21,7 +21,13 @@ import (
 // most handlers do once they have the whole request; and records when.
 type lateUpstream struct {
 	*httptest.Server
-	slow     time.Duration
+	slow time.Duration
+	// barrier, if set, holds each slow write until that many are in
+	// flight (or 20 s passed), so that a test sees them all at once on a
+	// loaded machine.
+	barrier  int64
+	all      chan struct{}
+	allOnce  sync.Once
 	arrived  chan string
 	mu       sync.Mutex
 	applied  map[string]time.Time
@@ -29,14 +35,26 @@ type lateUpstream struct {
 }
 
 func newLateUpstream(t *testing.T, slow time.Duration) *lateUpstream {
-	u := &lateUpstream{slow: slow, arrived: make(chan string, 1024), applied: map[string]time.Time{}}
+	u := &lateUpstream{slow: slow, arrived: make(chan string, 4096), applied: map[string]time.Time{}, all: make(chan struct{})}
 	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		u.inflight.Add(1)
+		n := u.inflight.Add(1)
 		defer u.inflight.Add(-1)
 		b, _ := io.ReadAll(r.Body)
 		body := string(b) + " token " + r.Header.Get("Fencing-Token")
-		u.arrived <- body
+		select {
+		case u.arrived <- body:
+		default:
+		}
 		if r.URL.Path == "/slow" {
+			if u.barrier > 0 {
+				if n >= u.barrier {
+					u.allOnce.Do(func() { close(u.all) })
+				}
+				select {
+				case <-u.all:
+				case <-time.After(20 * time.Second):
+				}
+			}
 			time.Sleep(u.slow)
 		}
 		u.mu.Lock()
@@ -116,6 +134,7 @@ func TestPostgresReplicaKilledInWrite(t *testing.T) {
 func TestPostgresConnectionsBoundedUnderSlowWrites(t *testing.T) {
 	pg := startPostgres(t)
 	up := newLateUpstream(t, 2*time.Second)
+	up.barrier = 512
 	p := startReplicas(t, 1, "--postgres", pg.URL(), "--upstream", "svc="+up.URL, "--forward-timeout", "10s")[0]
 	leases := make([]lease, 64)
 	for i := range leases {
@@ -143,8 +162,9 @@ func TestPostgresConnectionsBoundedUnderSlowWrites(t *testing.T) {
 			}
 		}()
 	}
-	for deadline := time.Now().Add(10 * time.Second); up.inflight.Load() < 512 && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
+	select {
+	case <-up.all:
+	case <-time.After(20 * time.Second):
 	}
 	held := up.inflight.Load()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
