@@ -105,7 +105,7 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/leases (the `AcquireLease` operationId).
-	AcquireLeaseWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	AcquireLeaseWithBody(ctx context.Context, params *AcquireLeaseParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// AcquireLease Acquire a lease and a fencing token
 	//
@@ -122,7 +122,7 @@ type ClientInterface interface {
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /v1/leases (the `AcquireLease` operationId).
-	AcquireLease(ctx context.Context, body AcquireLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	AcquireLease(ctx context.Context, params *AcquireLeaseParams, body AcquireLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ReleaseLease Release a lease
 	//
@@ -150,7 +150,7 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/leases/{lease_id}/renew (the `RenewLease` operationId).
-	RenewLeaseWithBody(ctx context.Context, leaseId LeaseID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	RenewLeaseWithBody(ctx context.Context, leaseId LeaseID, params *RenewLeaseParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// RenewLease Extend a lease
 	//
@@ -161,7 +161,7 @@ type ClientInterface interface {
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /v1/leases/{lease_id}/renew (the `RenewLease` operationId).
-	RenewLease(ctx context.Context, leaseId LeaseID, body RenewLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	RenewLease(ctx context.Context, leaseId LeaseID, params *RenewLeaseParams, body RenewLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// RevokeLease Revoke a lease (admin)
 	//
@@ -213,8 +213,8 @@ type ClientInterface interface {
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/leases (the `AcquireLease` operationId).
-func (c *Client) AcquireLeaseWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewAcquireLeaseRequestWithBody(c.Server, contentType, body)
+func (c *Client) AcquireLeaseWithBody(ctx context.Context, params *AcquireLeaseParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewAcquireLeaseRequestWithBody(c.Server, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -240,8 +240,8 @@ func (c *Client) AcquireLeaseWithBody(ctx context.Context, contentType string, b
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/leases (the `AcquireLease` operationId).
-func (c *Client) AcquireLease(ctx context.Context, body AcquireLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewAcquireLeaseRequest(c.Server, body)
+func (c *Client) AcquireLease(ctx context.Context, params *AcquireLeaseParams, body AcquireLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewAcquireLeaseRequest(c.Server, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -298,8 +298,8 @@ func (c *Client) GetLease(ctx context.Context, leaseId LeaseID, reqEditors ...Re
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/leases/{lease_id}/renew (the `RenewLease` operationId).
-func (c *Client) RenewLeaseWithBody(ctx context.Context, leaseId LeaseID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewRenewLeaseRequestWithBody(c.Server, leaseId, contentType, body)
+func (c *Client) RenewLeaseWithBody(ctx context.Context, leaseId LeaseID, params *RenewLeaseParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRenewLeaseRequestWithBody(c.Server, leaseId, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -319,8 +319,8 @@ func (c *Client) RenewLeaseWithBody(ctx context.Context, leaseId LeaseID, conten
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/leases/{lease_id}/renew (the `RenewLease` operationId).
-func (c *Client) RenewLease(ctx context.Context, leaseId LeaseID, body RenewLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewRenewLeaseRequest(c.Server, leaseId, body)
+func (c *Client) RenewLease(ctx context.Context, leaseId LeaseID, params *RenewLeaseParams, body RenewLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRenewLeaseRequest(c.Server, leaseId, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -396,18 +396,18 @@ func (c *Client) GetResource(ctx context.Context, resource ResourceName, reqEdit
 }
 
 // NewAcquireLeaseRequest calls the generic AcquireLease builder with application/json body
-func NewAcquireLeaseRequest(server string, body AcquireLeaseJSONRequestBody) (*http.Request, error) {
+func NewAcquireLeaseRequest(server string, params *AcquireLeaseParams, body AcquireLeaseJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewAcquireLeaseRequestWithBody(server, "application/json", bodyReader)
+	return NewAcquireLeaseRequestWithBody(server, params, "application/json", bodyReader)
 }
 
 // NewAcquireLeaseRequestWithBody constructs an http.Request for the AcquireLease method, with any body, and a specified content type
-func NewAcquireLeaseRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+func NewAcquireLeaseRequestWithBody(server string, params *AcquireLeaseParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -431,6 +431,21 @@ func NewAcquireLeaseRequestWithBody(server string, contentType string, body io.R
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.FencingClientTime != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Fencing-Client-Time", *params.FencingClientTime, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Fencing-Client-Time", headerParam0)
+		}
+
+	}
 
 	return req, nil
 }
@@ -504,18 +519,18 @@ func NewGetLeaseRequest(server string, leaseId LeaseID) (*http.Request, error) {
 }
 
 // NewRenewLeaseRequest calls the generic RenewLease builder with application/json body
-func NewRenewLeaseRequest(server string, leaseId LeaseID, body RenewLeaseJSONRequestBody) (*http.Request, error) {
+func NewRenewLeaseRequest(server string, leaseId LeaseID, params *RenewLeaseParams, body RenewLeaseJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewRenewLeaseRequestWithBody(server, leaseId, "application/json", bodyReader)
+	return NewRenewLeaseRequestWithBody(server, leaseId, params, "application/json", bodyReader)
 }
 
 // NewRenewLeaseRequestWithBody constructs an http.Request for the RenewLease method, with any body, and a specified content type
-func NewRenewLeaseRequestWithBody(server string, leaseId LeaseID, contentType string, body io.Reader) (*http.Request, error) {
+func NewRenewLeaseRequestWithBody(server string, leaseId LeaseID, params *RenewLeaseParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -546,6 +561,21 @@ func NewRenewLeaseRequestWithBody(server string, leaseId LeaseID, contentType st
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.FencingClientTime != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Fencing-Client-Time", *params.FencingClientTime, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Fencing-Client-Time", headerParam0)
+		}
+
+	}
 
 	return req, nil
 }
@@ -767,7 +797,7 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/leases (the `AcquireLease` operationId).
-	AcquireLeaseWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*AcquireLeaseResponse, error)
+	AcquireLeaseWithBodyWithResponse(ctx context.Context, params *AcquireLeaseParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*AcquireLeaseResponse, error)
 
 	// AcquireLeaseWithResponse Acquire a lease and a fencing token
 	//
@@ -784,7 +814,7 @@ type ClientWithResponsesInterface interface {
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/leases (the `AcquireLease` operationId).
-	AcquireLeaseWithResponse(ctx context.Context, body AcquireLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*AcquireLeaseResponse, error)
+	AcquireLeaseWithResponse(ctx context.Context, params *AcquireLeaseParams, body AcquireLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*AcquireLeaseResponse, error)
 
 	// ReleaseLeaseWithResponse Release a lease
 	//
@@ -816,7 +846,7 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/leases/{lease_id}/renew (the `RenewLease` operationId).
-	RenewLeaseWithBodyWithResponse(ctx context.Context, leaseId LeaseID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RenewLeaseResponse, error)
+	RenewLeaseWithBodyWithResponse(ctx context.Context, leaseId LeaseID, params *RenewLeaseParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RenewLeaseResponse, error)
 
 	// RenewLeaseWithResponse Extend a lease
 	//
@@ -827,7 +857,7 @@ type ClientWithResponsesInterface interface {
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/leases/{lease_id}/renew (the `RenewLease` operationId).
-	RenewLeaseWithResponse(ctx context.Context, leaseId LeaseID, body RenewLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*RenewLeaseResponse, error)
+	RenewLeaseWithResponse(ctx context.Context, leaseId LeaseID, params *RenewLeaseParams, body RenewLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*RenewLeaseResponse, error)
 
 	// RevokeLeaseWithResponse Revoke a lease (admin)
 	//
@@ -1648,8 +1678,8 @@ func (r GetResourceResponse) ContentType() string {
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/leases (the `AcquireLease` operationId).
-func (c *ClientWithResponses) AcquireLeaseWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*AcquireLeaseResponse, error) {
-	rsp, err := c.AcquireLeaseWithBody(ctx, contentType, body, reqEditors...)
+func (c *ClientWithResponses) AcquireLeaseWithBodyWithResponse(ctx context.Context, params *AcquireLeaseParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*AcquireLeaseResponse, error) {
+	rsp, err := c.AcquireLeaseWithBody(ctx, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -1671,8 +1701,8 @@ func (c *ClientWithResponses) AcquireLeaseWithBodyWithResponse(ctx context.Conte
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/leases (the `AcquireLease` operationId).
-func (c *ClientWithResponses) AcquireLeaseWithResponse(ctx context.Context, body AcquireLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*AcquireLeaseResponse, error) {
-	rsp, err := c.AcquireLease(ctx, body, reqEditors...)
+func (c *ClientWithResponses) AcquireLeaseWithResponse(ctx context.Context, params *AcquireLeaseParams, body AcquireLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*AcquireLeaseResponse, error) {
+	rsp, err := c.AcquireLease(ctx, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -1721,8 +1751,8 @@ func (c *ClientWithResponses) GetLeaseWithResponse(ctx context.Context, leaseId 
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/leases/{lease_id}/renew (the `RenewLease` operationId).
-func (c *ClientWithResponses) RenewLeaseWithBodyWithResponse(ctx context.Context, leaseId LeaseID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RenewLeaseResponse, error) {
-	rsp, err := c.RenewLeaseWithBody(ctx, leaseId, contentType, body, reqEditors...)
+func (c *ClientWithResponses) RenewLeaseWithBodyWithResponse(ctx context.Context, leaseId LeaseID, params *RenewLeaseParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RenewLeaseResponse, error) {
+	rsp, err := c.RenewLeaseWithBody(ctx, leaseId, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -1738,8 +1768,8 @@ func (c *ClientWithResponses) RenewLeaseWithBodyWithResponse(ctx context.Context
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/leases/{lease_id}/renew (the `RenewLease` operationId).
-func (c *ClientWithResponses) RenewLeaseWithResponse(ctx context.Context, leaseId LeaseID, body RenewLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*RenewLeaseResponse, error) {
-	rsp, err := c.RenewLease(ctx, leaseId, body, reqEditors...)
+func (c *ClientWithResponses) RenewLeaseWithResponse(ctx context.Context, leaseId LeaseID, params *RenewLeaseParams, body RenewLeaseJSONRequestBody, reqEditors ...RequestEditorFn) (*RenewLeaseResponse, error) {
+	rsp, err := c.RenewLease(ctx, leaseId, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}

@@ -108,6 +108,7 @@ type Problem struct {
 	// | `forbidden` | 403 | the key's role or resource prefixes do not allow it |
 	// | `unknown_lease` | 403 | a fenced write under a lease never granted |
 	// | `lease_not_owned` | 403 | the lease was acquired with another key |
+	// | `resource_mismatch` | 403 | a fenced write under a lease for another resource than the path's route binds |
 	// | `not_found` | 404 | no such lease, resource or endpoint |
 	// | `unknown_upstream` | 404 | no upstream of that name is configured |
 	// | `method_not_allowed` | 405 | the endpoint does not take that method |
@@ -127,7 +128,7 @@ type Problem struct {
 	// | `internal_error` | 500 | a bug in the gateway (logged) |
 	// | `upstream_unreachable` | 502 | the upstream could not be reached or broke the connection |
 	// | `fence_busy` | 503 | a grant waited too long for in-flight writes or a drain period |
-	// | `store_unavailable` | 503 | the token store cannot be reached (fail closed) |
+	// | `store_unavailable` | 503 | the token store cannot be reached, or every connection to it is in use (fail closed) |
 	// | `upstream_timeout` | 504 | the upstream did not answer in time; the outcome is unknown |
 	//
 	//
@@ -137,7 +138,7 @@ type Problem struct {
 	Detail       *string     `json:"detail,omitempty"`
 	ExpiresAt    *time.Time  `json:"expires_at,omitempty"`
 
-	// Field For `invalid_request`, the offending field.
+	// Field The offending field or header (`invalid_request`, and `Host`, `Origin` or `Content-Type` on refusals of browser requests).
 	Field    *string `json:"field,omitempty"`
 	Holder   *string `json:"holder,omitempty"`
 	Instance *string `json:"instance,omitempty"`
@@ -163,6 +164,7 @@ type Problem struct {
 // | `forbidden` | 403 | the key's role or resource prefixes do not allow it |
 // | `unknown_lease` | 403 | a fenced write under a lease never granted |
 // | `lease_not_owned` | 403 | the lease was acquired with another key |
+// | `resource_mismatch` | 403 | a fenced write under a lease for another resource than the path's route binds |
 // | `not_found` | 404 | no such lease, resource or endpoint |
 // | `unknown_upstream` | 404 | no upstream of that name is configured |
 // | `method_not_allowed` | 405 | the endpoint does not take that method |
@@ -182,7 +184,7 @@ type Problem struct {
 // | `internal_error` | 500 | a bug in the gateway (logged) |
 // | `upstream_unreachable` | 502 | the upstream could not be reached or broke the connection |
 // | `fence_busy` | 503 | a grant waited too long for in-flight writes or a drain period |
-// | `store_unavailable` | 503 | the token store cannot be reached (fail closed) |
+// | `store_unavailable` | 503 | the token store cannot be reached, or every connection to it is in use (fail closed) |
 // | `upstream_timeout` | 504 | the upstream did not answer in time; the outcome is unknown |
 //
 // Example: stale_token
@@ -199,7 +201,9 @@ type Rejection struct {
 	// - `lease_expired`: the lease expired, nothing newer granted yet;
 	// - `lease_released`: its holder released it, or an admin revoked it;
 	// - `unknown_lease`: no such lease was ever granted;
-	// - `lease_not_owned`: the lease was acquired with another key.
+	// - `lease_not_owned`: the lease was acquired with another key;
+	// - `resource_mismatch`: the lease is for another resource than the
+	//   upstream's route binds to the path.
 	//
 	//
 	// Example: stale_token
@@ -218,6 +222,9 @@ type Rejection struct {
 	Method    string  `json:"method"`
 	Path      string  `json:"path"`
 
+	// Principal The API key that presented the lease (absent without authentication). For `lease_not_owned` it is the caller, while `holder` is the lease's own.
+	Principal *string `json:"principal,omitempty"`
+
 	// Resource Empty for `unknown_lease`.
 	Resource string `json:"resource"`
 
@@ -229,11 +236,13 @@ type Rejection struct {
 // RejectionCode Why a write was refused. An open set: the known values are below
 // (and in `x-extensible-enum`); a later gateway may record others.
 //
-// - `stale_token`: a newer grant exists for the resource;
-// - `lease_expired`: the lease expired, nothing newer granted yet;
-// - `lease_released`: its holder released it, or an admin revoked it;
-// - `unknown_lease`: no such lease was ever granted;
-// - `lease_not_owned`: the lease was acquired with another key.
+//   - `stale_token`: a newer grant exists for the resource;
+//   - `lease_expired`: the lease expired, nothing newer granted yet;
+//   - `lease_released`: its holder released it, or an admin revoked it;
+//   - `unknown_lease`: no such lease was ever granted;
+//   - `lease_not_owned`: the lease was acquired with another key;
+//   - `resource_mismatch`: the lease is for another resource than the
+//     upstream's route binds to the path.
 //
 // Example: stale_token
 type RejectionCode = string
@@ -283,6 +292,9 @@ type ResourceState struct {
 	TtlMs int64 `json:"ttl_ms"`
 }
 
+// FencingClientTime defines model for FencingClientTime.
+type FencingClientTime = string
+
 // LeaseID defines model for LeaseID.
 type LeaseID = string
 
@@ -318,6 +330,34 @@ type Unavailable = Problem
 
 // UnsupportedMediaType An RFC 9457 problem document.
 type UnsupportedMediaType = Problem
+
+// AcquireLeaseParams defines parameters for AcquireLease.
+type AcquireLeaseParams struct {
+	// FencingClientTime The caller's wall-clock time when it sent the request (RFC 3339),
+	// optionally followed by `;rtt=` and the round trip in milliseconds of
+	// its previous call to the gateway: `2026-11-30T00:41:37.120Z;rtt=4`.
+	// Lease time is the gateway's, so this changes nothing about the
+	// lease; the gateway estimates the holder's clock offset from it
+	// (the caller's time plus half the round trip, minus the gateway's
+	// time on arrival), exports it as `fencegw_holder_clock_offset_seconds`
+	// and shows it next to the holder on the dashboard. A malformed value
+	// is `400 invalid_request` naming this header.
+	FencingClientTime *FencingClientTime `json:"Fencing-Client-Time,omitempty"`
+}
+
+// RenewLeaseParams defines parameters for RenewLease.
+type RenewLeaseParams struct {
+	// FencingClientTime The caller's wall-clock time when it sent the request (RFC 3339),
+	// optionally followed by `;rtt=` and the round trip in milliseconds of
+	// its previous call to the gateway: `2026-11-30T00:41:37.120Z;rtt=4`.
+	// Lease time is the gateway's, so this changes nothing about the
+	// lease; the gateway estimates the holder's clock offset from it
+	// (the caller's time plus half the round trip, minus the gateway's
+	// time on arrival), exports it as `fencegw_holder_clock_offset_seconds`
+	// and shows it next to the holder on the dashboard. A malformed value
+	// is `400 invalid_request` naming this header.
+	FencingClientTime *FencingClientTime `json:"Fencing-Client-Time,omitempty"`
+}
 
 // ListRejectionsParams defines parameters for ListRejections.
 type ListRejectionsParams struct {

@@ -175,7 +175,7 @@ func (c *Client) Acquire(ctx context.Context, resource string, opts AcquireOptio
 	// The lease's time is counted from here, on the monotonic clock: the
 	// gateway starts its count only once the request arrives, later.
 	sent := time.Now()
-	resp, err := c.api.AcquireLeaseWithResponse(ctx, body)
+	resp, err := c.api.AcquireLeaseWithResponse(ctx, acquireClock(), body)
 	if err != nil {
 		return nil, transportError(OpAcquire, err)
 	}

@@ -64,6 +64,7 @@ const (
 	CodeForbidden        = "forbidden"          // 403: the key's role or resource prefixes do not allow the call
 	CodeUnknownLease     = "unknown_lease"      // 403: a write under a lease never granted (an ErrStale)
 	CodeLeaseNotOwned    = "lease_not_owned"    // 403: the lease was acquired with another API key
+	CodeResourceMismatch = "resource_mismatch"  // 403: the lease is for another resource than the path's route binds
 	CodeNotFound         = "not_found"          // 404: no such lease, resource or endpoint
 	CodeUnknownUpstream  = "unknown_upstream"   // 404: no upstream of that name is configured
 	CodeMethodNotAllowed = "method_not_allowed" // 405

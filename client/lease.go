@@ -47,11 +47,33 @@ type Lease struct {
 	relMu sync.Mutex // serialises Release
 
 	mu       sync.Mutex
-	deadline time.Time   // local, monotonic: the lease counts as lost from then on
-	expiry   *time.Timer // fires at deadline
-	lastErr  error       // the last failed renewal, for the loss's message
-	released bool        // the gateway confirmed our release
-	final    error       // the gateway said the lease is lost
+	deadline time.Time     // local, monotonic: the lease counts as lost from then on
+	expiry   *time.Timer   // fires at deadline
+	lastErr  error         // the last failed renewal, for the loss's message
+	released bool          // the gateway confirmed our release
+	final    error         // the gateway said the lease is lost
+	rtt      time.Duration // the round trip of the last acquire or renewal, for the clock header
+}
+
+// HeaderClientTime tells the gateway the caller's wall-clock time (and the
+// round trip of its previous call) on acquire and renew, so that the
+// gateway can report a drifting worker clock. It changes nothing about the
+// lease: lease time is the gateway's.
+const HeaderClientTime = "Fencing-Client-Time"
+
+// clientTime is the Fencing-Client-Time value for a call sent now after a
+// previous round trip of rtt (0: unknown).
+func clientTime(rtt time.Duration) *string {
+	v := time.Now().UTC().Format(time.RFC3339Nano)
+	if rtt > 0 {
+		v += fmt.Sprintf(";rtt=%.1f", float64(rtt.Microseconds())/1000)
+	}
+	return &v
+}
+
+// acquireClock is the clock header of an acquire (no earlier round trip).
+func acquireClock() *api.AcquireLeaseParams {
+	return &api.AcquireLeaseParams{FencingClientTime: clientTime(0)}
 }
 
 func newLease(ctx context.Context, c *Client, l *api.Lease, ttl, margin time.Duration, sent time.Time) *Lease {
@@ -64,6 +86,7 @@ func newLease(ctx context.Context, c *Client, l *api.Lease, ttl, margin time.Dur
 		ttl:      ttl,
 		margin:   margin,
 		loopDone: make(chan struct{}),
+		rtt:      time.Since(sent),
 	}
 	// The lease's life is independent of the acquire call's context, but
 	// keeps its values.
@@ -240,11 +263,17 @@ func (l *Lease) renew() (sent time.Time, err error) {
 	ctx, cancel := context.WithDeadline(l.loopCtx, l.Deadline())
 	defer cancel()
 	ms := l.ttl.Milliseconds()
+	l.mu.Lock()
+	clock := &api.RenewLeaseParams{FencingClientTime: clientTime(l.rtt)}
+	l.mu.Unlock()
 	sent = time.Now()
-	resp, err := l.c.api.RenewLeaseWithResponse(ctx, l.id, api.RenewRequest{TtlMs: &ms})
+	resp, err := l.c.api.RenewLeaseWithResponse(ctx, l.id, clock, api.RenewRequest{TtlMs: &ms})
 	if err != nil {
 		return sent, transportError(OpRenew, err)
 	}
+	l.mu.Lock()
+	l.rtt = time.Since(sent)
+	l.mu.Unlock()
 	if resp.StatusCode() != http.StatusOK || resp.JSON200 == nil {
 		return sent, answerError(OpRenew, resp.HTTPResponse, resp.Body)
 	}

@@ -189,6 +189,7 @@ func TestBrowserAcrossReplicas(t *testing.T) {
 			waitLive(t, ctx)
 			// worker-3 wakes up and writes through replica B; replica A's page shows it.
 			wantProblem(t, write(t, b, "statements", "/lines", w3, `{"line":99}`), 409, "stale_token")
+			refused := time.Now()
 			took := feedRowWith(t, ctx, "worker-3")
 			t.Logf("%s: the stale write through replica B appeared on replica A's live feed %v after its 409", mode, took.Round(time.Millisecond))
 			row := eval[string](t, ctx, `document.querySelector('#feed tbody tr[data-id]').textContent`)
@@ -197,20 +198,39 @@ func TestBrowserAcrossReplicas(t *testing.T) {
 					t.Errorf("feed row %q lacks %q", row, want)
 				}
 			}
-			// The range total is the store's, so replica A counts B's refusal.
-			within(t, ctx, 10*time.Second, "counts refresh without reload",
-				chromedp.Poll[chromedp.Void](`(document.dispatchEvent(new Event('visibilitychange')), document.getElementById('total-range').textContent === '1')`,
-					chromedp.WithPollingInterval(250*time.Millisecond)))
+			// The counts are the store's, so replica A counts B's refusal, and
+			// its cards, chart and leases follow its feed within a second.
+			took = waitAgree(t, ctx, refused, time.Second, agreement(1, "worker-5/2"))
+			t.Logf("%s: replica A's cards, chart, leases and feed agreed %v after the 409 through replica B", mode, took.Round(time.Millisecond))
 			screenshot(t, ctx, "overview", "")
 
-			within(t, ctx, 15*time.Second, "open resource on replica A", chromedp.Navigate(a+"/ui/resources/"+url.PathEscape(res)))
-			steps := eval[[]string](t, ctx, `Array.from(document.querySelectorAll('#timeline li')).map(li => li.textContent.replace(/\s+/g, ' ').trim())`)
+			// Writes accepted under each token are counted by every replica
+			// and stored once a second: replica A's page counts worker-3's
+			// write through B.
+			var steps []string
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				within(t, ctx, 15*time.Second, "open resource on replica A", chromedp.Navigate(a+"/ui/resources/"+url.PathEscape(res)))
+				steps = eval[[]string](t, ctx, `Array.from(document.querySelectorAll('#timeline li')).map(li => li.textContent.replace(/\s+/g, ' ').trim())`)
+				if slices.ContainsFunc(steps, func(s string) bool {
+					return strings.Contains(s, "worker-3 acquired token 1") && strings.Contains(s, "1 write accepted under it")
+				}) &&
+					slices.ContainsFunc(steps, func(s string) bool {
+						return strings.Contains(s, "worker-5 acquired token 2") && strings.Contains(s, "1 write accepted under it")
+					}) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("replica A's timeline does not count each token's write:\n%s", strings.Join(steps, "\n"))
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
 			at := 0
 			for _, w := range []string{
-				"worker-3 acquired token 1",
-				"token 1 of worker-3 expired",
-				"worker-5 acquired token 2",
 				"worker-3 wrote POST statements/lines with token 1: rejected stale_token, current token 2",
+				"worker-5 acquired token 2",
+				"token 1 of worker-3 expired",
+				"worker-3 acquired token 1",
 			} {
 				i := slices.IndexFunc(steps[at:], func(s string) bool { return strings.Contains(s, w) })
 				if i < 0 {

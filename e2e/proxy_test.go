@@ -97,7 +97,7 @@ func TestBadInput(t *testing.T) {
 		{"resource script", "POST", "/v1/leases", `{"resource":"<script>","ttl_ms":1000}`, nil, 400, "invalid_request", "resource"},
 		{"resource too long", "POST", "/v1/leases", `{"resource":"` + strings.Repeat("x", 257) + `","ttl_ms":1000}`, nil, 400, "invalid_request", "resource"},
 		{"holder too long", "POST", "/v1/leases", `{"resource":"r","holder":"` + strings.Repeat("h", 129) + `","ttl_ms":1000}`, nil, 400, "invalid_request", "holder"},
-		{"wrong media type", "POST", "/v1/leases", "resource=r", []string{"Content-Type", "application/x-www-form-urlencoded"}, 415, "unsupported_media_type", ""},
+		{"wrong media type", "POST", "/v1/leases", "resource=r", []string{"Content-Type", "application/x-www-form-urlencoded"}, 415, "unsupported_media_type", "Content-Type"},
 		{"control body too large", "POST", "/v1/leases", `{"resource":"r","holder":"` + strings.Repeat("h", 70<<10) + `","ttl_ms":1000}`, nil, 413, "body_too_large", ""},
 		{"renew ttl too short", "POST", "/v1/leases/" + l.LeaseID + "/renew", `{"ttl_ms":5}`, nil, 400, "invalid_request", "ttl_ms"},
 		{"bad resource in path", "GET", "/v1/resources/a%20b", nil, nil, 400, "invalid_request", "resource"},

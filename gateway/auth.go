@@ -149,17 +149,27 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		// HTTP Basic, which browsers cache and send on their own, only
+		// where the dashboard needs it (hosts.go).
+		basicOK := basicAllowed(r)
 		p, err := g.cfg.Auth.Authenticate(r)
+		if err == nil && !basicOK && isBasic(r) {
+			p, err = nil, &tokens.Error{Kind: ErrUnauthenticated,
+				Detail: "HTTP Basic is accepted only by the dashboard (reads under /ui/ and its live feed); this call takes Authorization: Bearer <key>"}
+		}
 		if err != nil {
 			// Browsers prompt for Basic (the dashboard); API clients use
 			// Bearer. A client that tried Bearer is only offered Bearer.
 			h := w.Header()
 			h.Add("WWW-Authenticate", `Bearer realm="fencegw"`)
-			if !strings.HasPrefix(strings.ToLower(r.Header.Get("Authorization")), "bearer ") {
+			if basicOK && !strings.HasPrefix(strings.ToLower(r.Header.Get("Authorization")), "bearer ") {
 				h.Add("WWW-Authenticate", `Basic realm="fencegw", charset="UTF-8"`)
 			}
-			writeProblem(w, r, g.log, &tokens.Error{Kind: ErrUnauthenticated,
-				Detail: "a valid API key is required (Authorization: Bearer <key>)"})
+			if tokens.Facts(err) == nil {
+				err = &tokens.Error{Kind: ErrUnauthenticated,
+					Detail: "a valid API key is required (Authorization: Bearer <key>)"}
+			}
+			writeProblem(w, r, g.log, err)
 			return
 		}
 		if ok, wait := g.cfg.Auth.Allow(p); !ok {
@@ -215,6 +225,21 @@ type bodyGuard struct {
 	timeout  time.Duration
 	done     atomic.Bool // read to its end
 	timedOut atomic.Bool // a read failed at the deadline
+	// broken is the error of a read that failed by the client's fault (a
+	// malformed chunked body, a connection closed mid-body), if any.
+	broken atomic.Pointer[error]
+}
+
+// brokenBy returns the error that made the client's body unreadable (not
+// its deadline, not its size limit), or nil.
+func (b *bodyGuard) brokenBy() error {
+	if b == nil {
+		return nil
+	}
+	if e := b.broken.Load(); e != nil {
+		return *e
+	}
+	return nil
 }
 
 // ranOut reports whether the body did not arrive in time: a read failed at
@@ -252,6 +277,11 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 	case err != nil && errors.Is(err, os.ErrDeadlineExceeded):
 		b.guard.timedOut.Store(true)
 		err = b.guard.err(err)
+	case err != nil:
+		var maxBytes *http.MaxBytesError
+		if !errors.As(err, &maxBytes) && !errors.Is(err, http.ErrBodyReadAfterClose) {
+			b.guard.broken.CompareAndSwap(nil, &err)
+		}
 	}
 	return n, err
 }

@@ -1,9 +1,11 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"mime"
 	"net/http"
 	"strconv"
@@ -18,8 +20,10 @@ import (
 // control implements the generated strict server over a tokens.Service.
 // Handlers return domain errors; one error handler turns them into problems.
 type control struct {
-	svc *tokens.Service
-	obs *metrics
+	svc    *tokens.Service
+	obs    *metrics
+	sig    *signals
+	clocks *tokens.Clocks
 }
 
 var _ server.StrictServerInterface = (*control)(nil)
@@ -28,10 +32,14 @@ func (c *control) AcquireLease(ctx context.Context, req server.AcquireLeaseReque
 	if req.Body == nil {
 		return nil, requestError("body", "a JSON object is required")
 	}
+	arrived := c.svc.Now()
 	b := req.Body
 	in := tokens.AcquireRequest{Resource: b.Resource, TTL: millis(b.TtlMs)}
 	if b.Holder != nil {
 		in.Holder = *b.Holder
+	}
+	if err := c.observeClock(req.Params.FencingClientTime, in.Holder, arrived); err != nil {
+		return nil, err
 	}
 	if b.WaitMs != nil {
 		in.Wait = millis(*b.WaitMs)
@@ -114,6 +122,15 @@ func (c *control) GetLease(ctx context.Context, req server.GetLeaseRequestObject
 }
 
 func (c *control) RenewLease(ctx context.Context, req server.RenewLeaseRequestObject) (server.RenewLeaseResponseObject, error) {
+	arrived := c.svc.Now()
+	var clientSent time.Time
+	var rtt time.Duration
+	if v := req.Params.FencingClientTime; v != nil {
+		var err error
+		if clientSent, rtt, err = parseClientTime(*v); err != nil {
+			return nil, err
+		}
+	}
 	var ttl time.Duration // 0: the lease's own TTL
 	if req.Body != nil && req.Body.TtlMs != nil {
 		if ttl = millis(*req.Body.TtlMs); ttl == 0 {
@@ -127,13 +144,21 @@ func (c *control) RenewLease(ctx context.Context, req server.RenewLeaseRequestOb
 	}
 	lease, err := c.svc.Renew(ctx, req.LeaseId, ttl, principalName(ctx))
 	if err != nil {
+		c.sig.leaseRefused("renew", req.LeaseId, err, c.svc.Now())
+		if f := tokens.Facts(err); f != nil && f.Holder != "" && !clientSent.IsZero() {
+			c.clocks.Observe(f.Holder, clientSent, rtt, arrived) // the holder the refusal is about
+		}
 		return nil, err
+	}
+	if !clientSent.IsZero() {
+		c.clocks.Observe(lease.Holder, clientSent, rtt, arrived)
 	}
 	return server.RenewLease200JSONResponse(leaseJSON(lease, tokens.StateCurrent, lease.TTL)), nil
 }
 
 func (c *control) ReleaseLease(ctx context.Context, req server.ReleaseLeaseRequestObject) (server.ReleaseLeaseResponseObject, error) {
 	if _, err := c.svc.Release(ctx, req.LeaseId, principalName(ctx)); err != nil {
+		c.sig.leaseRefused("release", req.LeaseId, err, c.svc.Now())
 		return nil, err
 	}
 	return server.ReleaseLease204Response{}, nil
@@ -298,6 +323,10 @@ func rejectionJSON(r tokens.Rejection) api.Rejection {
 		hint := r.LeaseHint
 		out.LeaseHint = &hint
 	}
+	if r.Principal != "" {
+		principal := r.Principal
+		out.Principal = &principal
+	}
 	if !r.LeaseEndedAt.IsZero() {
 		t := r.LeaseEndedAt.UTC()
 		out.LeaseEndedAt = &t
@@ -357,15 +386,23 @@ func (g *Gateway) paramErrorHandler(w http.ResponseWriter, r *http.Request, err 
 	writeProblem(w, r, g.log, requestError(field, detail))
 }
 
-// controlBody bounds control-call bodies and insists they are JSON.
+// controlBody bounds control-call bodies and insists they are JSON: a body
+// needs Content-Type: application/json (or +json), which a cross-site page
+// cannot send without a CORS preflight the gateway never grants (hosts.go),
+// and must be one JSON value with nothing after it.
 func (g *Gateway) controlBody(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
-			if ct := r.Header.Get("Content-Type"); ct != "" {
+			hasBody := r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody
+			if ct := r.Header.Get("Content-Type"); ct != "" || hasBody {
 				mt, _, err := mime.ParseMediaType(ct)
 				if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+					detail := "control calls take application/json"
+					if ct == "" {
+						detail = "a control call with a body needs Content-Type: application/json"
+					}
 					sendProblem(w, r, problem{Status: http.StatusUnsupportedMediaType, Code: codeUnsupportedMedia,
-						Title: "Unsupported media type", Detail: "control calls take application/json"})
+						Title: "Unsupported media type", Field: "Content-Type", Detail: detail})
 					return
 				}
 			}
@@ -376,7 +413,39 @@ func (g *Gateway) controlBody(next http.Handler) http.Handler {
 			r.Body = http.MaxBytesReader(w, r.Body, g.cfg.MaxControlBody)
 			_, lift := limitBody(w, r, g.cfg.BodyTimeout)
 			defer lift()
+			if hasBody {
+				data, err := io.ReadAll(r.Body)
+				if err != nil {
+					var maxBytes *http.MaxBytesError
+					if !errors.As(err, &maxBytes) && !errors.Is(err, errBodyTimeout) {
+						err = requestError("body", "could not be read: "+err.Error())
+					}
+					writeProblem(w, r, g.log, err)
+					return
+				}
+				if err := oneJSONValue(data); err != nil {
+					writeProblem(w, r, g.log, err)
+					return
+				}
+				r.Body = io.NopCloser(bytes.NewReader(data))
+			}
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// oneJSONValue refuses data that holds something after its first JSON
+// value (a second object, garbage). A value that does not parse is left to
+// the generated decoder, whose errors name the field.
+func oneJSONValue(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var v json.RawMessage
+	if dec.Decode(&v) != nil {
+		return nil
+	}
+	end := dec.InputOffset()
+	if _, err := dec.Token(); err != io.EOF {
+		return requestError("body", "must be one JSON value; there is more after byte "+strconv.FormatInt(end, 10))
+	}
+	return nil
 }

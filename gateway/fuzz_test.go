@@ -97,13 +97,13 @@ func FuzzCleanProxyPath(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, raw string) {
-		path, err := cleanProxyPath(raw)
+		path, err := checkProxyPath(raw)
 		if err != nil {
 			return
 		}
 		for _, seg := range strings.Split(path, "/") {
 			if seg == "." || seg == ".." {
-				t.Fatalf("cleanProxyPath(%q) = %q keeps a dot segment", raw, path)
+				t.Fatalf("checkProxyPath(%q) = %q keeps a dot segment", raw, path)
 			}
 		}
 	})

@@ -62,6 +62,27 @@ type Config struct {
 	// upstream, replacing any the client sent (the upstream's credentials,
 	// which workers then never hold).
 	UpstreamHeaders map[string]http.Header
+	// AllowedHosts are the names (host names or IP addresses; a port is
+	// ignored) that requests must carry in Host, so that a browser page
+	// cannot reach the gateway under a name it controls (DNS rebinding).
+	// Empty or "*": any Host (an embedder's choice; cmd/fencegw sets
+	// DefaultAllowedHosts or --allowed-hosts). /healthz and /readyz take any.
+	// X-Forwarded-Host reaches upstreams only when the Host was checked.
+	AllowedHosts []string
+	// Routes bind path patterns under upstreams to the resources whose
+	// leases may write there (routes.go, ParseRoute). An upstream with
+	// routes refuses writes no route of it takes (403 resource_mismatch,
+	// recorded); one without takes any lease.
+	Routes []*Route
+	// MaxStreams and MaxStreamsPerKey cap the open live rejection streams,
+	// in all and per API key (defaults DefaultMaxStreams,
+	// DefaultMaxStreamsPerKey): past them, 429 rate_limited.
+	MaxStreams       int
+	MaxStreamsPerKey int
+	// Clocks receives each holder's clock offset from the Fencing-Client-Time
+	// header of its acquires and renewals (share it with the dashboard).
+	// Nil: one of the gateway's own.
+	Clocks *tokens.Clocks
 	// Idempotency, if set, applies Idempotency-Key on fenced writes
 	// (idempotency.go). Nil: a write with the header is refused (400),
 	// never forwarded without the protection its caller asked for.
@@ -79,7 +100,13 @@ type Gateway struct {
 	transport *http.Transport
 	proxy     http.Handler
 	inflight  atomic.Int64
+	ages      *inflightAges
+	sig       *signals
 	handler   http.Handler
+	hosts     hostList
+	bindings  routeTable
+	byKey     *principalCounts
+	streams   *streamSlots
 	keys      *keys // nil without Config.Idempotency
 }
 
@@ -103,8 +130,21 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport()}
+	if cfg.Clocks == nil {
+		cfg.Clocks = tokens.NewClocks()
+	}
+	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport(), hosts: newHostList(cfg.AllowedHosts), bindings: newRouteTable(cfg.Routes)}
 	g.obs = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
+	g.byKey = newPrincipalCounts(cfg.Registry)                       // attribution.go
+	g.streams = newStreamSlots(cfg.MaxStreams, cfg.MaxStreamsPerKey) // streamcap.go
+	g.ages = newInflightAges(cfg.ForwardTimeout + cfg.BodyTimeout)
+	g.sig = newSignals(cfg.Registry, svc, g.ages)
+	g.obs.drains = g.sig.drains
+	now := time.Now
+	if svc != nil {
+		now = svc.Now
+	}
+	cfg.Registry.MustRegister(newClockCollector(cfg.Clocks, now))
 	g.keys = newKeys(cfg.Idempotency, cfg.Registry, cfg.Logger)
 	g.proxy = g.newReverseProxy()
 	g.handler = g.framing(g.routes())
@@ -131,6 +171,7 @@ func (g *Gateway) Close() {
 func (g *Gateway) routes() http.Handler {
 	r := chi.NewRouter()
 	r.Use(g.recoverer)
+	r.Use(g.browserGuard) // hosts.go
 	if g.cfg.Auth != nil {
 		r.Use(g.authenticate)
 	}
@@ -160,7 +201,7 @@ func (g *Gateway) routes() http.Handler {
 		r.Get("/", http.RedirectHandler("/ui/", http.StatusFound).ServeHTTP)
 	}
 
-	strict := server.NewStrictHandlerWithOptions(&control{svc: g.svc, obs: g.obs}, nil, server.StrictHTTPServerOptions{
+	strict := server.NewStrictHandlerWithOptions(&control{svc: g.svc, obs: g.obs, sig: g.sig, clocks: g.cfg.Clocks}, nil, server.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc: g.requestErrorHandler,
 		ResponseErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
 			writeProblem(w, r, g.log, err)

@@ -26,6 +26,7 @@ type metrics struct {
 	grants     map[string]prometheus.Counter
 	forwardDur prometheus.Observer
 	subs       prometheus.Gauge
+	drains     prometheus.Counter // fencegw_drains_total (signals.go)
 }
 
 func newMetrics(reg prometheus.Registerer, inflight func() float64) *metrics {
@@ -66,7 +67,7 @@ func newMetrics(reg prometheus.Registerer, inflight func() float64) *metrics {
 	for _, o := range []string{outcomeForwarded, outcomeRejected, outcomeUpstreamError, outcomeUnknownUpstream, outcomeBadRequest, outcomeUnavailable} {
 		m.writes[o] = writes.WithLabelValues(o)
 	}
-	for _, c := range []string{tokens.CodeStaleToken, tokens.CodeLeaseExpired, tokens.CodeLeaseReleased, tokens.CodeUnknownLease, tokens.CodeNotOwner} {
+	for _, c := range tokens.RejectionCodes {
 		m.rejections[c] = rejections.WithLabelValues(c)
 	}
 	for _, r := range []string{"granted", codeLeaseHeld, codeFenceBusy, codeStoreUnavailable, codeInvalidRequest, "other"} {
@@ -93,6 +94,9 @@ func (m *metrics) refused(err error) {
 }
 
 func (m *metrics) forwarded(f *forward, d time.Duration) {
+	if f.unknown && m.drains != nil {
+		m.drains.Inc() // Permit.Done(true) put the resource in a drain period
+	}
 	if f.failed {
 		if f.badRequest {
 			m.writes[outcomeBadRequest].Inc()

@@ -74,6 +74,7 @@ var kinds = []struct {
 	{tokens.ErrLeaseReleased, http.StatusConflict, tokens.CodeLeaseReleased, "Lease released"},
 	{tokens.ErrUnknownLease, http.StatusForbidden, tokens.CodeUnknownLease, "Unknown lease"},
 	{tokens.ErrNotOwner, http.StatusForbidden, tokens.CodeNotOwner, "Lease not owned"},
+	{tokens.ErrWrongResource, http.StatusForbidden, tokens.CodeWrongResource, "Lease for another resource"},
 	{ErrUnauthenticated, http.StatusUnauthorized, codeUnauthorized, "Unauthorized"},
 	{errForbidden, http.StatusForbidden, codeForbidden, "Forbidden"},
 	{errRateLimited, http.StatusTooManyRequests, codeRateLimited, "Too many requests"},
@@ -91,7 +92,10 @@ var kinds = []struct {
 func problemFor(err error) (p problem, internal bool) {
 	p = problem{Status: http.StatusInternalServerError, Code: codeInternalError, Title: "Internal error"}
 	var maxBytes *http.MaxBytesError
+	var tunnel *tunnelError
 	switch {
+	case errors.As(err, &tunnel):
+		return tunnel.problem(), false
 	case errors.As(err, &maxBytes):
 		p = problem{Status: http.StatusRequestEntityTooLarge, Code: codeBodyTooLarge, Title: "Body too large",
 			Detail: "the body exceeds the limit of " + strconv.FormatInt(maxBytes.Limit, 10) + " bytes"}
@@ -141,6 +145,8 @@ func detailOf(e *tokens.Error) string {
 	switch {
 	case e.Field != "" && e.Detail != "":
 		return e.Field + ": " + e.Detail
+	case e.Kind == tokens.ErrUnavailable && e.Busy:
+		return "every connection of this gateway to the token store is in use; nothing was forwarded or granted (the gateway's log says which pool)"
 	case e.Kind == tokens.ErrUnavailable:
 		return "the token store cannot be reached; nothing was forwarded or granted"
 	case e.Detail != "":

@@ -69,6 +69,16 @@ func (g *Gateway) newReverseProxy() *httputil.ReverseProxy {
 				}
 			}
 			pr.SetXForwarded()
+			// The client's Host is the gateway's word only when the Host
+			// check vouched for it (hosts.go); otherwise it is dropped.
+			if g.hosts.any {
+				delete(h, "X-Forwarded-Host")
+			}
+			// A client's Trailer announcement would reach the upstream
+			// without the trailer values (Go copies the announcement, not
+			// the values read after the body), and trailers would bypass
+			// the header rules above: neither is forwarded.
+			pr.Out.Trailer = nil
 			h[HeaderToken] = []string{f.token}
 			h[HeaderResource] = []string{f.permit.Lease.Resource}
 			// With authentication the client's Authorization is its key at
@@ -103,6 +113,11 @@ func newTransport() *http.Transport {
 
 // serveProxy handles /v1/proxy/{upstream}/{path...}.
 func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
+	if err := checkWriteRequest(r); err != nil { // pathrule.go
+		g.obs.write(outcomeBadRequest)
+		writeProblem(w, r, g.log, err)
+		return
+	}
 	name, rawPath, ok := strings.Cut(strings.TrimPrefix(r.URL.EscapedPath(), proxyPrefix), "/")
 	rawPath = "/" + rawPath
 	if !ok {
@@ -115,7 +130,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 			Detail: "no upstream named " + strconv.Quote(truncate(name, 64)) + " is configured"})
 		return
 	}
-	path, err := cleanProxyPath(rawPath)
+	path, err := checkProxyPath(rawPath) // pathrule.go
 	if err != nil {
 		g.obs.write(outcomeBadRequest)
 		writeProblem(w, r, g.log, err)
@@ -146,17 +161,20 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	// shared lock (and so its grants) for longer than this.
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(g.cfg.ForwardTimeout + g.cfg.BodyTimeout))
 
-	permit, err := g.svc.Admit(r.Context(), leaseID, tokens.Write{Method: r.Method, Upstream: name, Path: truncate(path, 512),
-		Principal: principalName(r.Context())})
+	write := tokens.Write{Method: r.Method, Upstream: name, Path: truncateUTF8(path, 512), Principal: principalName(r.Context())}
+	permit, err := g.svc.Admit(r.Context(), leaseID, write)
 	if err == nil {
 		// The owner acquired it within its prefixes; this catches a key
 		// whose prefixes were narrowed since.
 		if err = mayUse(r.Context(), permit.Lease.Resource); err != nil {
 			permit.Done(false)
+		} else if err = g.bindings.check(name, rawPath, permit.Lease.Resource, permit.Lease.Token); err != nil { // routes.go
+			err = permit.Refuse(r.Context(), err, write)
 		}
 	}
 	if err != nil {
 		g.obs.refused(err)
+		g.byKey.refused(write.Principal, err) // attribution.go
 		writeProblem(w, r, g.log, err)
 		return
 	}
@@ -170,6 +188,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	g.inflight.Add(1)
 	start := time.Now()
+	slot := g.ages.begin(start)
 	// Done runs even if the proxy aborts the handler with a panic
 	// (http.ErrAbortHandler on a broken response copy): a leaked shared lock
 	// would block every future grant of the resource.
@@ -179,6 +198,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		}
 		permit.Done(f.unknown)
 		g.inflight.Add(-1)
+		g.ages.end(slot)
 		g.obs.forwarded(f, time.Since(start))
 		if !f.failed && g.cfg.OnForwarded != nil {
 			g.cfg.OnForwarded(permit.Lease.Resource, permit.Lease.Token)
@@ -201,9 +221,10 @@ func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	f.failed = true
 	timedOut := errors.Is(err, context.DeadlineExceeded) || errors.Is(r.Context().Err(), context.DeadlineExceeded)
 	var maxBytes *http.MaxBytesError
-	if bodyTimeout, tooLarge := f.body.ranOut(timedOut), errors.As(err, &maxBytes); bodyTimeout || tooLarge {
-		// The client's body was cut short: too slow (408) or too large
-		// (413), its fault and not the upstream's. The upstream never got a
+	broken := f.body.brokenBy() // a malformed chunked body, a client gone mid-body
+	if bodyTimeout, tooLarge := f.body.ranOut(timedOut), errors.As(err, &maxBytes); bodyTimeout || tooLarge || broken != nil {
+		// The client's body was cut short: too slow (408), too large
+		// (413) or malformed (400), its fault and not the upstream's. The upstream never got a
 		// complete request, but once the request's head left it may have
 		// acted on the part of the body it read (an upstream that streams
 		// a body in may commit line by line) and may still be doing so when
@@ -211,8 +232,11 @@ func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 		// request left, the outcome is unknown and the resource drains.
 		f.badRequest = true
 		f.unknown = f.wroteRequest.Load()
-		if bodyTimeout {
+		switch {
+		case bodyTimeout:
 			err = f.body.err(err)
+		case !tooLarge:
+			err = requestError("body", "could not be read ("+broken.Error()+")")
 		}
 		p, _ := problemFor(err)
 		p.Instance, p.Resource = f.instance, f.permit.Lease.Resource
@@ -241,24 +265,6 @@ func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	sendProblem(w, r, problem{Status: http.StatusBadGateway, Code: codeUpstreamUnreachable, Title: "Upstream unreachable", Instance: f.instance,
 		Detail: detail, Resource: f.permit.Lease.Resource})
-}
-
-// cleanProxyPath unescapes the path below the upstream and refuses dot
-// segments, so that the path forwarded is the path that was checked.
-func cleanProxyPath(raw string) (string, error) {
-	path, err := url.PathUnescape(raw)
-	if err != nil {
-		return "", requestError("path", "is not a valid percent-encoded path")
-	}
-	for seg := range strings.SplitSeq(path, "/") {
-		if seg == "." || seg == ".." {
-			return "", requestError("path", "must not contain . or .. segments")
-		}
-	}
-	if strings.ContainsAny(path, "\x00\r\n") {
-		return "", requestError("path", "must not contain control characters")
-	}
-	return path, nil
 }
 
 func truncate(s string, n int) string {

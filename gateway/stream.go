@@ -116,6 +116,12 @@ func (g *Gateway) serveStream(w http.ResponseWriter, r *http.Request) {
 		lastID = id
 		break // a reconnect's Last-Event-ID wins over the first connection's ?after=
 	}
+	release, err := g.streams.take(principalName(r.Context())) // streamcap.go
+	if err != nil {
+		writeProblem(w, r, g.log, err)
+		return
+	}
+	defer release()
 	// Subscribe before reading the backlog so nothing falls between the two.
 	live, unsubscribe := g.feed.subscribe(streamBuffer)
 	defer unsubscribe()

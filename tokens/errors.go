@@ -47,7 +47,10 @@ type Error struct {
 	Holder       string
 	ExpiresAt    time.Time
 	RetryAfter   time.Duration // when retrying later may succeed
-	Cause        error
+	// Busy, with ErrUnavailable: the store answers, but every connection
+	// this process may open to it is in use (see Busy).
+	Busy  bool
+	Cause error
 }
 
 func (e *Error) Error() string {
@@ -84,6 +87,13 @@ func Invalid(field, detail string) error {
 // fails closed (503) instead of guessing.
 func Unavailable(op string, cause error) error {
 	return &Error{Kind: ErrUnavailable, Detail: op, Cause: cause, RetryAfter: time.Second}
+}
+
+// Busy is Unavailable for a store that is reachable but whose connections
+// from this process are all in use: the answer must not say "cannot be
+// reached", and the operator's fix is a pool size, not the network.
+func Busy(op string, cause error) error {
+	return &Error{Kind: ErrUnavailable, Detail: op, Cause: cause, RetryAfter: time.Second, Busy: true}
 }
 
 // Facts returns the *Error inside err, or nil.

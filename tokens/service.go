@@ -92,6 +92,7 @@ type Service struct {
 	log         *slog.Logger
 	stale       *staleCache
 	waiters     *waiters
+	flood       floodGate // flood.go
 }
 
 // New returns a Service; Store and Locker are required.
@@ -211,7 +212,10 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (Lease, error
 		// that never came (another replica's release while its
 		// notification was lost).
 		sleep := time.Second
-		if retryAfter > 0 && retryAfter < sleep {
+		switch {
+		case errors.Is(err, ErrFenceBusy) && retryAfter > 0:
+			sleep = retryAfter // a drain's end is known
+		case retryAfter > 0 && retryAfter < sleep:
 			sleep = retryAfter
 		}
 		next := now.Add(sleep)
@@ -347,6 +351,13 @@ func (s *Service) forget(ctx context.Context, leaseID string) (func(), error) {
 	lease, err := s.store.Lease(ctx, leaseID)
 	if err != nil {
 		return nil, err
+	}
+	// A lease that is no longer its resource's live one cannot change any
+	// fence (the store refuses it, or, released already, changes nothing),
+	// and its release must not make every replica give the current
+	// holder's fence up.
+	if state, err := s.store.Resource(ctx, lease.Resource); err == nil && Judge(lease, state, s.clock(state)) != nil {
+		return func() {}, nil
 	}
 	lockCtx, cancel := context.WithTimeout(ctx, s.grantWait)
 	defer cancel()
@@ -628,6 +639,23 @@ func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state 
 		Method:       w.Method,
 		Upstream:     w.Upstream,
 		Path:         w.Path,
+		Principal:    w.Principal,
+	}
+	// Issue 15: a flood of unauthenticated unknown leases is recorded at a
+	// bounded rate (flood.go); a refusal for another principal's lease is
+	// recorded with its resource's current token (Admit refuses it before
+	// reading the state) and logged.
+	switch {
+	case e.Kind == ErrUnknownLease && w.Principal == "" && !s.flood.record(s.now(), s.log):
+		return refusal
+	case e.Kind == ErrNotOwner:
+		if state.Name == "" && lease.Resource != "" {
+			if st, err := s.store.Resource(ctx, lease.Resource); err == nil {
+				state, rej.CurrentToken = st, st.Token
+			}
+		}
+		s.log.Warn("write under another principal's lease refused", "principal", w.Principal, "resource", lease.Resource,
+			"holder", lease.Holder, "lease", rej.LeaseHint, "token", lease.Token, "method", w.Method, "upstream", w.Upstream, "path", w.Path)
 	}
 	if current := state.Lease; current != nil && current.ID == lease.ID {
 		lease = *current
@@ -662,6 +690,8 @@ func codeOf(kind error) string {
 		return CodeLeaseReleased
 	case ErrNotOwner:
 		return CodeNotOwner
+	case ErrWrongResource: // route.go
+		return CodeWrongResource
 	default:
 		return CodeUnknownLease
 	}

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 )
 
 // Lease is one grant of a resource to a holder. The ID is a secret known only
@@ -84,6 +85,10 @@ type Rejection struct {
 	Method       string
 	Upstream     string
 	Path         string
+	// Principal is the authenticated caller that presented the lease (""
+	// without authentication): for lease_not_owned the thief, while Holder
+	// is the lease's own.
+	Principal string
 	// LeaseEndedAt is when the presented lease expired or was released (zero
 	// if it was still live or unknown), so "arrived 15 s after its lease
 	// ended" can be shown.
@@ -100,7 +105,7 @@ const (
 )
 
 // RejectionCodes lists every code a rejection can have, for filters.
-var RejectionCodes = []string{CodeStaleToken, CodeLeaseExpired, CodeLeaseReleased, CodeUnknownLease, CodeNotOwner}
+var RejectionCodes = []string{CodeStaleToken, CodeLeaseExpired, CodeLeaseReleased, CodeUnknownLease, CodeNotOwner, CodeWrongResource}
 
 // RejectionQuery selects rejections, newest first.
 type RejectionQuery struct {
@@ -153,6 +158,12 @@ func resourceByte(c byte) bool {
 }
 
 // ValidateHolder checks a holder label: at most max bytes of printable UTF-8.
+// Holders are shown on the dashboard and in logs, so characters that change
+// how the text around them reads are refused too: controls (C0, DEL, C1),
+// format characters (Unicode Cf: bidi embeddings, overrides and isolates,
+// zero-width spaces and joiners, soft hyphens, the BOM) and line or
+// paragraph separators. A holder "worker-1\u202Eexe.dat" would otherwise
+// show as another name.
 func (l Limits) ValidateHolder(holder string) error {
 	if len(holder) > l.MaxHolder {
 		return Invalid("holder", "longer than "+strconv.Itoa(l.MaxHolder)+" bytes")
@@ -160,6 +171,10 @@ func (l Limits) ValidateHolder(holder string) error {
 	for _, r := range holder {
 		if r == '\uFFFD' || r < 0x20 || r == 0x7f {
 			return Invalid("holder", "must be printable UTF-8")
+		}
+		if r >= 0x80 && (unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp)) {
+			return Invalid("holder", "must not contain invisible or direction-changing characters (like U+"+
+				strings.ToUpper(strconv.FormatInt(int64(r), 16))+")")
 		}
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"time"
+	"unicode/utf8"
 )
 
 // The live feed carries rejections between replicas (PostgreSQL NOTIFY,
@@ -24,6 +25,7 @@ type wireRejection struct {
 	Method       string    `json:"m,omitempty"`
 	Upstream     string    `json:"u,omitempty"`
 	Path         string    `json:"p,omitempty"`
+	Principal    string    `json:"pr,omitempty"`
 	LeaseEndedAt time.Time `json:"le,omitzero"`
 }
 
@@ -33,7 +35,11 @@ const maxFeedPath = 2048
 // EncodeRejection is the live feed's payload for r.
 func EncodeRejection(r Rejection) ([]byte, error) {
 	if len(r.Path) > maxFeedPath {
-		r.Path = r.Path[:maxFeedPath] + "…"
+		n := maxFeedPath
+		for n > 0 && !utf8.RuneStart(r.Path[n]) {
+			n-- // never cut a character in two
+		}
+		r.Path = r.Path[:n] + "…"
 	}
 	return json.Marshal(wireRejection(r))
 }

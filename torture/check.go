@@ -33,13 +33,17 @@ const (
 	// did not acquire it: no write sent with another key's lease id reached
 	// the upstream, and no such renewal or release succeeded.
 	RuleForeignLease = "foreign-lease"
+	// RuleForeignRoute: no write sent to one resource's path under a
+	// lease of another resource (a route theft) reached the upstream: the
+	// gateway's route bindings refuse it.
+	RuleForeignRoute = "foreign-route"
 	// RuleKeyOnce: a write sent with an Idempotency-Key, however often it
 	// was retried, reached the upstream at most once.
 	RuleKeyOnce = "idempotency-key-once"
 )
 
 // Rules lists every rule, in report order.
-var Rules = []string{RuleTokenOrder, RuleStaleApplied, RuleExactlyOnce, RuleRejectedApplied, RuleDuplicateToken, RuleStoreDown, RuleTokenMismatch, RuleForeignLease, RuleKeyOnce}
+var Rules = []string{RuleTokenOrder, RuleStaleApplied, RuleExactlyOnce, RuleRejectedApplied, RuleDuplicateToken, RuleStoreDown, RuleTokenMismatch, RuleForeignLease, RuleForeignRoute, RuleKeyOnce}
 
 // maxExamples bounds the violations kept per rule; all are counted.
 const maxExamples = 10
@@ -65,6 +69,8 @@ type Stats struct {
 	ForeignWrites   int            `json:"foreign_writes"`   // thieves' writes: sent with another principal's lease
 	ForeignOps      int            `json:"foreign_ops"`      // thieves' renewals and releases
 	ForeignRefused  int            `json:"foreign_refused"`  // of those, 403 lease_not_owned
+	RouteThefts     int            `json:"route_thefts"`     // writes under a lease of one resource to another's path
+	RouteRefused    int            `json:"route_refused"`    // of those, 403 resource_mismatch
 	KeyRetries      int            `json:"key_retries"`      // keyed writes sent again with their key
 	KeyReplayed     int            `json:"key_replayed"`     // retries answered from the gateway's record
 	KeyUnknown      int            `json:"key_unknown"`      // retries answered idempotency_outcome_unknown
@@ -77,8 +83,9 @@ type Report struct {
 	Stats      Stats       `json:"stats"`
 	Violations []Violation `json:"violations"` // up to maxExamples per rule
 	// Void, if set, says why the run proves nothing: no fault, no stale
-	// write attempted, no write accepted, or no answer to a write sent with
-	// another principal's lease.
+	// write attempted, no write accepted, no answer to a write sent with
+	// another principal's lease, or none to a write sent to another
+	// resource's path.
 	Void string `json:"void,omitempty"`
 }
 
@@ -104,6 +111,7 @@ func (r Report) String() string {
 	fmt.Fprintf(&b, "keyed retries: %d (%d replayed, %d outcome unknown)\n", s.KeyRetries, s.KeyReplayed, s.KeyUnknown)
 	fmt.Fprintf(&b, "thieves: %d writes, %d renewals/releases with another principal's lease; %d refused lease_not_owned\n",
 		s.ForeignWrites, s.ForeignOps, s.ForeignRefused)
+	fmt.Fprintf(&b, "route thieves: %d writes to another resource's path; %d refused resource_mismatch\n", s.RouteThefts, s.RouteRefused)
 	kinds := make([]string, 0, len(s.Faults))
 	for k := range s.Faults {
 		kinds = append(kinds, k)
@@ -141,6 +149,10 @@ var staleCodes = map[string]bool{"stale_token": true, "lease_expired": true, "le
 // codeNotOwned is the refusal of a write, renewal or release with another
 // principal's lease (tokens.CodeNotOwner).
 const codeNotOwned = "lease_not_owned"
+
+// codeWrongResource is the refusal of a write to a path whose route binds
+// another resource than the lease's (tokens.CodeWrongResource).
+const codeWrongResource = "resource_mismatch"
 
 // unknownOutcome: the write may or may not have landed. 408 and 413 are
 // the gateway cutting a body it had started to forward (too slow, too
@@ -186,7 +198,7 @@ func Check(h History) Report {
 	keyed, retried := map[string]bool{}, map[string]bool{}
 	for i := range h.Writes {
 		w := &h.Writes[i]
-		if prev := writes[w.ID]; prev == nil || w.Attempt < prev.Attempt {
+		if prev := writes[w.ID]; prev == nil || !w.Keyed || w.Attempt < prev.Attempt {
 			writes[w.ID] = w
 		}
 		if w.Keyed {
@@ -234,6 +246,10 @@ func Check(h History) Report {
 					a.ID, w.By, w.LeaseID, owner, a.Resource, a.Token, w.Status, w.Code)
 			}
 		}
+		if w := writes[a.ID]; w != nil && arrived[a.ID] == 1 && w.Route != "" && w.Route != w.Resource {
+			flag(RuleForeignRoute, "write %s under a lease of %s (token %d) to the path of %s reached the upstream (answered %d %s)",
+				a.ID, w.Resource, w.Token, w.Route, w.Status, w.Code)
+		}
 		if !a.Applied.IsZero() {
 			applied[a.ID]++
 			st.Applied++
@@ -253,6 +269,7 @@ func Check(h History) Report {
 
 	// What the workers saw against what arrived.
 	foreignAnswered := 0 // thieves' writes that reached a gateway
+	routeAnswered := 0   // route thieves' writes that reached a gateway
 	for _, w := range h.Writes {
 		if w.Attempt > 1 {
 			st.KeyRetries++
@@ -288,6 +305,15 @@ func Check(h History) Report {
 			}
 			if w.Status == 403 && w.Code == codeNotOwned {
 				st.ForeignRefused++
+			}
+		}
+		if w.Route != "" && w.Route != w.Resource {
+			st.RouteThefts++
+			if w.Status != 0 {
+				routeAnswered++
+			}
+			if w.Status == 403 && w.Code == codeWrongResource {
+				st.RouteRefused++
 			}
 		}
 		// A refused retry says nothing about the attempt before it, whose
@@ -368,6 +394,8 @@ func Check(h History) Report {
 		r.Void = "no stale write was attempted"
 	case foreignAnswered == 0:
 		r.Void = "no write sent with another principal's lease was answered"
+	case routeAnswered == 0:
+		r.Void = "no write sent to another resource's path was answered"
 	}
 	return r
 }

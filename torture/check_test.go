@@ -26,6 +26,8 @@ func good() History {
 			{ID: "b1", Resource: "r", Token: 2, Status: 200, Sent: at(700), Returned: at(710), LeaseID: "LB", By: "B"},
 			{ID: "b2", Resource: "r", Token: 2, Status: 504, Code: "upstream_timeout", Sent: at(720), Returned: at(1020)},
 			{ID: "c1", Resource: "r", Token: 2, Status: 403, Code: "lease_not_owned", Sent: at(1490), Returned: at(1510), LeaseID: "LB", By: "C"},
+			// B's own lease on r, sent to the path of q: refused.
+			{ID: "b3", Resource: "r", Token: 2, Status: 403, Code: "resource_mismatch", Sent: at(1515), Returned: at(1516), Route: "q"},
 		},
 		LeaseOps: []LeaseOp{
 			{Op: OpRelease, LeaseID: "LB", By: "C", Resource: "r", Status: 403, Code: "lease_not_owned", Sent: at(1511), Returned: at(1512)},
@@ -44,8 +46,8 @@ func TestCheckGoodHistoryPasses(t *testing.T) {
 	if !r.OK() {
 		t.Fatalf("good history failed:\n%s", r)
 	}
-	if r.Stats.OK != 2 || r.Stats.StaleRejected != 1 || r.Stats.UnknownOutcome != 1 || r.Stats.Applied != 3 || r.Stats.OtherRefused != 1 ||
-		r.Stats.ForeignWrites != 1 || r.Stats.ForeignOps != 1 || r.Stats.ForeignRefused != 2 {
+	if r.Stats.OK != 2 || r.Stats.StaleRejected != 1 || r.Stats.UnknownOutcome != 1 || r.Stats.Applied != 3 || r.Stats.OtherRefused != 2 ||
+		r.Stats.ForeignWrites != 1 || r.Stats.ForeignOps != 1 || r.Stats.ForeignRefused != 2 || r.Stats.RouteThefts != 1 || r.Stats.RouteRefused != 1 {
 		t.Errorf("stats: %+v", r.Stats)
 	}
 }
@@ -111,6 +113,13 @@ func TestCheckCatchesEachRule(t *testing.T) {
 			// thief C released B's lease.
 			h.LeaseOps[0].Status, h.LeaseOps[0].Code = 204, ""
 		}},
+		{RuleForeignRoute, func(h *History) {
+			// a build that skips the route check: B's write under its
+			// lease of r to q's path was forwarded and applied (as a write
+			// on r, with r's token: every other rule holds).
+			h.Writes[5].Status, h.Writes[5].Code = 200, ""
+			h.Arrivals = append(h.Arrivals, Arrival{Seq: 4, Resource: "r", Token: 2, ID: "b3", Arrived: at(1515), Applied: at(1516)})
+		}},
 	}
 	for _, c := range cases {
 		t.Run(c.rule, func(t *testing.T) {
@@ -143,6 +152,9 @@ func TestCheckVoidRuns(t *testing.T) {
 		},
 		"no thief answered": func(h *History) {
 			h.Writes[4].Status, h.Writes[4].Code = 0, "" // the gateway was down
+		},
+		"no route thief answered": func(h *History) {
+			h.Writes[5].Status, h.Writes[5].Code = 0, ""
 		},
 		"no accepted write": func(h *History) {
 			h.Writes = h.Writes[1:2]

@@ -43,6 +43,11 @@ type Write struct {
 	Attempt int  `json:"a,omitempty"`
 	// Replayed: a 2xx answered from the gateway's record (Idempotent-Replayed).
 	Replayed bool `json:"rp,omitempty"`
+	// Route is set on a route theft: a write sent, under a live lease of
+	// Resource held by its sender, to the path of the resource Route, whose
+	// route binds it to another resource. The gateway must refuse it (403
+	// resource_mismatch); the upstream must never get it.
+	Route string `json:"route,omitempty"`
 }
 
 // Lease operations a thief tries with another principal's lease.

@@ -84,9 +84,13 @@ type Config struct {
 	DrainPeriod    time.Duration
 	GrantWait      time.Duration
 	Postgres       string // URL, postgres and redis modes
-	Redis          string // URL, redis mode
-	TokenBase      int64  // 0: do not seed
-	Faults         []string
+	// PGCluster is the pg_ctlcluster cluster the nemesis restarts ("main"
+	// if empty): a cluster of its own lets long runs leave the machine's
+	// PostgreSQL alone.
+	PGCluster string
+	Redis     string // URL, redis mode
+	TokenBase int64  // 0: do not seed
+	Faults    []string
 	// FaultGap is the pause between two faults (random in [gap/2, gap]).
 	FaultGap time.Duration
 	// TheftPermille of each worker's rounds are a theft (see
@@ -193,7 +197,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	var pg *Postgres
 	var rd *Redis
 	if cfg.Mode != ModeEmbedded {
-		pg = &Postgres{URL: cfg.Postgres}
+		pg = &Postgres{URL: cfg.Postgres, Cluster: cfg.PGCluster}
 		defer func() {
 			if err := pg.Ensure(context.WithoutCancel(ctx)); err != nil {
 				logf("could not restart PostgreSQL: %v", err)
@@ -245,7 +249,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	args := []string{"--upstream", "rec=" + up.URL, "--forward-timeout", cfg.ForwardTimeout.String(),
 		"--drain-period", cfg.DrainPeriod.String(), "--grant-wait", cfg.GrantWait.String(), "--log-level", "warn",
-		"--auth-file", authPath}
+		"--auth-file", authPath, "--route", WritePathRoute("rec")}
 	switch cfg.Mode {
 	case ModeEmbedded:
 		data := filepath.Join(cfg.Dir, "data")
@@ -302,7 +306,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	for g := range cfg.WorkerGroups {
 		wc := WorkerConfig{Name: groupNames[g], Gateways: urls, Upstream: "rec", Resources: resources,
 			Goroutines: cfg.Goroutines, TTL: cfg.TTL, Wait: cfg.TTL, Timeout: cfg.ForwardTimeout + cfg.DrainPeriod + 3*time.Second,
-			MaxWrites: cfg.MaxWrites, Seed: cfg.Seed + uint64(g), Keys: groupKeys[g], TheftPermille: cfg.TheftPermille}
+			MaxWrites: cfg.MaxWrites, Seed: cfg.Seed + uint64(g), Keys: groupKeys[g], TheftPermille: cfg.TheftPermille,
+			RouteTheftPermille: cfg.TheftPermille}
 		if len(cfg.WorkerCommand) == 0 {
 			wc.StallPermille = 60
 			workers.Go(func() { RunWorkers(workCtx, wc, rec) })

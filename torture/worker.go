@@ -8,7 +8,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -40,7 +39,20 @@ type WorkerConfig struct {
 	// with the lease id of another goroutine's current lease, which the
 	// gateway must refuse (403 lease_not_owned).
 	TheftPermille int `json:"theft_permille,omitempty"`
+	// RouteTheftPermille of a goroutine's grants are followed by a write
+	// under that (live, own) lease to another resource's path, which the
+	// gateway's route bindings must refuse (403 resource_mismatch). It
+	// needs the gateway started with WritePathRoute.
+	RouteTheftPermille int `json:"route_theft_permille,omitempty"`
 }
+
+// WritePath is the path, below the upstream, of the writes to resource:
+// /w/ and the resource name, whose characters need no escaping.
+func WritePath(resource string) string { return "/w/" + resource }
+
+// WritePathRoute is the --route that binds upstream's write paths to their
+// resources (resources are made of three segments: torture/NONCE/NN).
+func WritePathRoute(upstream string) string { return upstream + "/w/{a}/{b}/{c}={a}/{b}/{c}" }
 
 // Recorder receives a worker's observations; it must be safe for
 // concurrent use.
@@ -185,6 +197,9 @@ func (w *worker) run(ctx context.Context) {
 			w.sleep(ctx, time.Duration(5+w.rng.IntN(30))*time.Millisecond)
 			continue
 		}
+		if len(cfg.Resources) > 1 && w.rng.IntN(1000) < cfg.RouteTheftPermille {
+			w.routeTheft(ctx, res, lease.LeaseID, lease.Token)
+		}
 		release := w.rng.IntN(2) == 0
 	writes:
 		for range 1 + w.rng.IntN(max(cfg.MaxWrites, 1)) {
@@ -211,7 +226,7 @@ func (w *worker) run(ctx context.Context) {
 				gi := w.rng.IntN(len(cfg.Gateways))
 				late := time.Since(granted) >= cfg.TTL
 				sent := now()
-				a = w.do(context.WithoutCancel(ctx), "POST", cfg.Gateways[gi]+"/v1/proxy/"+cfg.Upstream+"/w/"+url.PathEscape(res), []byte(id),
+				a = w.do(context.WithoutCancel(ctx), "POST", cfg.Gateways[gi]+"/v1/proxy/"+cfg.Upstream+WritePath(res), []byte(id),
 					"Fencing-Lease", lease.LeaseID, "Content-Type", "text/plain", HeaderReplica, strconv.Itoa(gi),
 					"Idempotency-Key", `"`+id+`"`)
 				w.rec.Write(Write{ID: id, Resource: res, Token: lease.Token, Status: a.status, Code: a.code, Sent: sent, Returned: now(), Late: late,
@@ -310,7 +325,7 @@ func (w *worker) steal(ctx context.Context) bool {
 	id := w.holder + "." + strconv.Itoa(w.seq)
 	gi := w.rng.IntN(len(cfg.Gateways))
 	sent := now()
-	a := w.do(context.WithoutCancel(ctx), "POST", cfg.Gateways[gi]+"/v1/proxy/"+cfg.Upstream+"/w/"+url.PathEscape(l.Resource), []byte(id),
+	a := w.do(context.WithoutCancel(ctx), "POST", cfg.Gateways[gi]+"/v1/proxy/"+cfg.Upstream+WritePath(l.Resource), []byte(id),
 		"Fencing-Lease", l.ID, "Content-Type", "text/plain", HeaderReplica, strconv.Itoa(gi))
 	w.rec.Write(Write{ID: id, Resource: l.Resource, Token: l.Token, Status: a.status, Code: a.code, Sent: sent, Returned: now(),
 		LeaseID: l.ID, By: w.holder})
@@ -329,6 +344,24 @@ func (w *worker) steal(ctx context.Context) bool {
 	op.Status, op.Code, op.Returned = a.status, a.code, now()
 	w.rec.LeaseOp(op)
 	return true
+}
+
+// routeTheft sends a write under the goroutine's own live lease of res to
+// the path of another resource. A gateway with route bindings refuses it
+// (403 resource_mismatch) and forwards nothing.
+func (w *worker) routeTheft(ctx context.Context, res, leaseID string, token int64) {
+	cfg := w.cfg
+	other := cfg.Resources[w.rng.IntN(len(cfg.Resources))]
+	for other == res {
+		other = cfg.Resources[w.rng.IntN(len(cfg.Resources))]
+	}
+	w.seq++
+	id := w.holder + "." + strconv.Itoa(w.seq)
+	gi := w.rng.IntN(len(cfg.Gateways))
+	sent := now()
+	a := w.do(context.WithoutCancel(ctx), "POST", cfg.Gateways[gi]+"/v1/proxy/"+cfg.Upstream+WritePath(other), []byte(id),
+		"Fencing-Lease", leaseID, "Content-Type", "text/plain", HeaderReplica, strconv.Itoa(gi))
+	w.rec.Write(Write{ID: id, Resource: res, Token: token, Status: a.status, Code: a.code, Sent: sent, Returned: now(), Route: other})
 }
 
 // memRecorder collects observations in memory.

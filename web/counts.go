@@ -1,6 +1,8 @@
 package web
 
 import (
+	"context"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -8,47 +10,76 @@ import (
 	"github.com/fencegw/fencegw/tokens"
 )
 
-// Counts keeps in-memory counters for the dashboard: accepted writes per
-// resource and token, and totals since the process started. The write path
-// calls Accepted once per forwarded write, so it never touches disk and
-// takes no lock in the common case (an existing resource, one of its
-// recent tokens): a sync.Map load, a short scan and an atomic add.
+// Counts counts forwarded writes per resource and token, for the timeline's
+// "writes accepted under it", and totals of this process.
 //
-// Counters are per process and reset on restart; with several gateway
-// replicas each counts its own writes.
+// The write path calls Accepted once per forwarded write: a sync.Map load
+// and one atomic add, never a store round trip. With Persist, a flusher
+// adds what was counted to the store (a tokens.WriteCounter) in one batch
+// a second, and readers add the store's counts (every replica's, every
+// earlier process's) to what this process has not flushed yet. A crash
+// loses at most the last interval's counts; another replica's last
+// interval shows once it flushes.
 type Counts struct {
-	started   time.Time
-	resources sync.Map // string -> *resourceCounts
-	nres      atomic.Int64
-	accepted  atomic.Uint64
-	rejected  atomic.Uint64
-	overflow  atomic.Uint64 // accepted writes of resources past maxCountedResources
+	started  time.Time
+	res      sync.Map // resource -> *resourceCounts
+	nEntries atomic.Int64
+	accepted atomic.Uint64
+	rejected atomic.Uint64
+	overflow atomic.Uint64 // writes not counted per token (past maxCountedTokens)
+
+	// flushMu orders a flush (Lock: store the batch, then advance flushed)
+	// against readers (RLock: the store's counts plus the unflushed part),
+	// so that a count is never both in the store and unflushed, nor in
+	// neither. The write path never takes it.
+	flushMu sync.RWMutex
+	store   tokens.WriteCounter
+	pending map[tokenKey]uint64 // counts of retired entries not yet stored
 }
 
-// Past maxCountedResources, writes to new resources count only in the
-// total, so a client inventing resource names cannot grow memory without
-// bound. Each resource remembers its tokensPerResource newest tokens.
+// Bounds of Counts. Past maxCountedTokens (resource, token) pairs in
+// memory, writes count only in the totals, so a client inventing resource
+// names cannot grow memory without bound. With Persist, a pair retires
+// from memory after idleFlushes flushes without a write, and a resource
+// with none left retires too.
 const (
-	maxCountedResources = 100_000
-	tokensPerResource   = 8
+	maxCountedTokens = 100_000
+	idleFlushes      = 3
+	// maxPending bounds the retired counts kept while the store refuses
+	// them; past it they are dropped (and the page undercounts).
+	maxPending = 100_000
+	closedBit  = uint64(1) << 63
 )
 
+type tokenKey struct {
+	resource string
+	token    int64
+}
+
+// resourceCounts are one resource's tokens. Entries are created, and the
+// resource retired, under mu; counting into an existing entry takes no lock.
 type resourceCounts struct {
-	mu    sync.Mutex // taken only to start counting a new token
-	slots [tokensPerResource]tokenCount
-	next  int // the slot the next new token takes (oldest first)
+	tokens sync.Map // int64 -> *tokenCount
+	mu     sync.Mutex
+	dead   bool // retired: count in a fresh resourceCounts
 }
 
 type tokenCount struct {
-	token atomic.Int64
-	n     atomic.Uint64
+	n       atomic.Uint64 // writes counted; closedBit once retired
+	flushed uint64        // of n, stored (guarded by Counts.flushMu)
+	idle    int           // flushes without a write (the flusher's own)
 }
 
 // NewCounts returns empty counters that started now.
-func NewCounts() *Counts { return &Counts{started: time.Now()} }
+func NewCounts() *Counts { return &Counts{started: time.Now(), pending: map[tokenKey]uint64{}} }
 
 // Started is when counting began.
-func (c *Counts) Started() time.Time { return c.started }
+func (c *Counts) Started() time.Time {
+	if c == nil {
+		return time.Time{}
+	}
+	return c.started
+}
 
 // Accepted counts one write under token that the gateway forwarded and the
 // upstream answered. Safe for concurrent use; nil-safe.
@@ -57,42 +88,39 @@ func (c *Counts) Accepted(resource string, token int64) {
 		return
 	}
 	c.accepted.Add(1)
-	v, ok := c.resources.Load(resource)
-	if !ok {
-		if c.nres.Load() >= maxCountedResources {
-			c.overflow.Add(1)
+	for {
+		v, ok := c.res.Load(resource)
+		if !ok {
+			v, _ = c.res.LoadOrStore(resource, &resourceCounts{})
+		}
+		rc := v.(*resourceCounts)
+		e, ok := rc.tokens.Load(token)
+		if !ok {
+			rc.mu.Lock()
+			if rc.dead { // retired by the flusher: start over
+				rc.mu.Unlock()
+				c.res.CompareAndDelete(resource, rc)
+				continue
+			}
+			if e, ok = rc.tokens.Load(token); !ok {
+				if c.nEntries.Load() >= maxCountedTokens {
+					rc.mu.Unlock()
+					c.overflow.Add(1)
+					return
+				}
+				e = &tokenCount{}
+				rc.tokens.Store(token, e)
+				c.nEntries.Add(1)
+			}
+			rc.mu.Unlock()
+		}
+		if e.(*tokenCount).n.Add(1)&closedBit == 0 {
 			return
 		}
-		var loaded bool
-		v, loaded = c.resources.LoadOrStore(resource, &resourceCounts{})
-		if !loaded {
-			c.nres.Add(1)
-		}
+		// The flusher retired this entry before the add (its count was
+		// taken without it): count in a fresh one.
+		rc.tokens.CompareAndDelete(token, e)
 	}
-	v.(*resourceCounts).add(token)
-}
-
-func (rc *resourceCounts) add(token int64) {
-	for i := range rc.slots {
-		if rc.slots[i].token.Load() == token {
-			rc.slots[i].n.Add(1)
-			return
-		}
-	}
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	for i := range rc.slots { // another writer may have added it meanwhile
-		if rc.slots[i].token.Load() == token {
-			rc.slots[i].n.Add(1)
-			return
-		}
-	}
-	s := &rc.slots[rc.next]
-	rc.next = (rc.next + 1) % tokensPerResource
-	// A reader may briefly see the new token with the old count; counts
-	// are for humans, and the window is one store.
-	s.n.Store(1)
-	s.token.Store(token)
 }
 
 // Rejected counts one refused write. Safe for concurrent use; nil-safe.
@@ -103,23 +131,171 @@ func (c *Counts) Rejected(tokens.Rejection) {
 	c.rejected.Add(1)
 }
 
-// Tokens returns the accepted-write counts of resource's recent tokens.
-func (c *Counts) Tokens(resource string) map[int64]uint64 {
-	out := map[int64]uint64{}
+// Durable reports whether the counts are kept in a store (Persist).
+func (c *Counts) Durable() bool {
 	if c == nil {
-		return out
+		return false
 	}
-	v, ok := c.resources.Load(resource)
-	if !ok {
-		return out
+	c.flushMu.RLock()
+	defer c.flushMu.RUnlock()
+	return c.store != nil
+}
+
+// Writes returns the accepted-write counts of resource's given tokens:
+// with Persist, the store's plus this process's unflushed ones; without,
+// this process's since it started.
+func (c *Counts) Writes(ctx context.Context, resource string, toks []int64) (map[int64]uint64, error) {
+	out := map[int64]uint64{}
+	if c == nil || len(toks) == 0 {
+		return out, nil
 	}
-	rc := v.(*resourceCounts)
-	for i := range rc.slots {
-		if t := rc.slots[i].token.Load(); t != 0 {
-			out[t] = rc.slots[i].n.Load()
+	c.flushMu.RLock()
+	defer c.flushMu.RUnlock()
+	if c.store != nil {
+		stored, err := c.store.Writes(ctx, resource, toks)
+		if err != nil {
+			return nil, err
+		}
+		out = stored
+	}
+	var rc *resourceCounts
+	if v, ok := c.res.Load(resource); ok {
+		rc = v.(*resourceCounts)
+	}
+	for _, t := range toks {
+		if rc != nil {
+			if v, ok := rc.tokens.Load(t); ok {
+				e := v.(*tokenCount)
+				if n := e.n.Load() &^ closedBit; n > e.flushed {
+					out[t] += n - e.flushed
+				}
+			}
+		}
+		if n := c.pending[tokenKey{resource, t}]; n > 0 {
+			out[t] += n
 		}
 	}
-	return out
+	return out, nil
+}
+
+// Persist keeps the counts in store from now on: it adds what was counted
+// to the store every interval, in one batch. stop flushes once more
+// (call it after the last write was answered) and ends the flusher.
+func (c *Counts) Persist(store tokens.WriteCounter, every time.Duration, log *slog.Logger) (stop func()) {
+	if log == nil {
+		log = slog.Default()
+	}
+	c.flushMu.Lock()
+	c.store = store
+	c.flushMu.Unlock()
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		failing := false
+		for {
+			select {
+			case <-quit:
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				if err := c.flush(ctx); err != nil {
+					log.Error("store the last accepted-write counts", "err", err)
+				}
+				cancel()
+				return
+			case <-t.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), every+time.Second)
+			err := c.flush(ctx)
+			cancel()
+			if err != nil && !failing {
+				log.Warn("store accepted-write counts (retrying every interval)", "err", err)
+			}
+			failing = err != nil
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(quit)
+			<-done
+		})
+	}
+}
+
+// flush adds every count not yet stored to the store, in one batch, and
+// retires idle entries.
+func (c *Counts) flush(ctx context.Context) error {
+	c.flushMu.Lock()
+	defer c.flushMu.Unlock()
+	type taken struct {
+		e   *tokenCount
+		cur uint64
+	}
+	var took []taken
+	batch := map[tokenKey]uint64{}
+	c.res.Range(func(rk, rv any) bool {
+		resource, rc := rk.(string), rv.(*resourceCounts)
+		live := 0
+		rc.tokens.Range(func(tk, tv any) bool {
+			k, e := tokenKey{resource, tk.(int64)}, tv.(*tokenCount)
+			live++
+			cur := e.n.Load()
+			if cur != e.flushed {
+				e.idle = 0
+				took = append(took, taken{e, cur})
+				batch[k] += cur - e.flushed
+				return true
+			}
+			if e.idle++; e.idle < idleFlushes {
+				return true
+			}
+			// Retire it: from here on, a writer sees closedBit and counts
+			// in a fresh entry; what it counted before the Or is in old.
+			old := e.n.Or(closedBit)
+			rc.tokens.Delete(tk)
+			c.nEntries.Add(-1)
+			live--
+			if old > e.flushed {
+				c.pending[k] += old - e.flushed
+			}
+			return true
+		})
+		if live == 0 {
+			// No entry left: retire the resource, unless a writer is
+			// creating one (entries are created under mu).
+			rc.mu.Lock()
+			empty := true
+			rc.tokens.Range(func(any, any) bool { empty = false; return false })
+			if empty {
+				rc.dead = true
+				c.res.Delete(resource)
+			}
+			rc.mu.Unlock()
+		}
+		return true
+	})
+	for k, n := range c.pending {
+		batch[k] += n
+	}
+	if len(batch) == 0 {
+		return nil
+	}
+	writes := make([]tokens.TokenWrites, 0, len(batch))
+	for k, n := range batch {
+		writes = append(writes, tokens.TokenWrites{Resource: k.resource, Token: k.token, N: n})
+	}
+	if err := c.store.AddWrites(ctx, writes); err != nil {
+		if len(c.pending) > maxPending {
+			clear(c.pending)
+		}
+		return err
+	}
+	for _, t := range took {
+		t.e.flushed = t.cur
+	}
+	clear(c.pending)
+	return nil
 }
 
 // Totals are process-wide counts since Started.

@@ -97,8 +97,14 @@ type Overview struct {
 	Resources []Count            `json:"top_resources"`
 	Holders   []Count            `json:"top_holders"`
 	Recent    []tokens.Rejection `json:"-"`
-	Leases    []LeaseView        `json:"leases"`
-	// Totals since the gateway started; nil without Counts.
+	// ResourceCount is how many resources had rejections aggregated.
+	ResourceCount int         `json:"resource_count"`
+	Leases        []LeaseView `json:"leases"`
+	// LeasesMore: more than len(Leases) leases are held; only the
+	// soonest to expire are listed.
+	LeasesMore bool `json:"leases_more,omitempty"`
+	// Totals of this gateway process since it started (not the store's,
+	// not other replicas'); nil without Counts.
 	Totals *Totals `json:"totals,omitempty"`
 }
 
@@ -133,9 +139,10 @@ func overview(ctx context.Context, src Source, counts *Counts, f Filter) (Overvi
 				continue
 			}
 			ov.Total++
-			if i := int(r.At.Sub(ov.From) / f.Range.Bucket); i >= 0 && i < n {
-				ov.Buckets[i].Count++
-			}
+			// Every rejection counted in Total is in a bar, so the chart
+			// and the cards cannot disagree: one stamped by a store clock
+			// slightly ahead of the gateway's goes in the last bar.
+			ov.Buckets[min(max(int(r.At.Sub(ov.From)/f.Range.Bucket), 0), n-1)].Count++
 			codes[r.Code]++
 			resources[r.Resource]++
 			holders[r.Holder]++
@@ -157,12 +164,16 @@ func overview(ctx context.Context, src Source, counts *Counts, f Filter) (Overvi
 			ov.Truncated = len(more) > 0
 		}
 	}
+	ov.ResourceCount = len(resources)
 	ov.Codes = top(codes, len(codes))
 	ov.Resources = top(resources, topN)
 	ov.Holders = top(holders, topN)
-	leases, err := src.CurrentLeases(ctx, leaseRows)
+	leases, err := src.CurrentLeases(ctx, leaseRows+1)
 	if err != nil {
 		return Overview{}, err
+	}
+	if len(leases) > leaseRows {
+		leases, ov.LeasesMore = leases[:leaseRows], true
 	}
 	for _, l := range leases {
 		ov.Leases = append(ov.Leases, leaseView(l, now))
@@ -196,7 +207,7 @@ const (
 	StepRejected       StepKind = "rejected"
 )
 
-// Step is one row of a resource's timeline, oldest first.
+// Step is one row of a resource's timeline.
 type Step struct {
 	At     time.Time `json:"at"`
 	Kind   StepKind  `json:"kind"`
@@ -204,7 +215,8 @@ type Step struct {
 	Holder string    `json:"holder"`
 	// Granted, renewed: until when.
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
-	// Granted: writes forwarded under this token (since the gateway started).
+	// Granted: writes forwarded under this token (see Timeline.Durable);
+	// nil without counts.
 	Accepted *uint64 `json:"accepted_writes,omitempty"`
 	// Rejected: the refused write(s). Consecutive refusals of the same
 	// token, holder, reason and target are one step with Count > 1,
@@ -217,17 +229,34 @@ type Step struct {
 	Upstream     string    `json:"upstream,omitempty"`
 	Path         string    `json:"path,omitempty"`
 	LeaseEndedAt time.Time `json:"lease_ended_at,omitzero"`
+	// Principal: the API key that presented the lease (issue 15).
+	Principal string `json:"principal,omitempty"`
+	// Incident: a refused write or an event that explains one (the end of
+	// its lease, the grant that superseded it). Never folded into a run.
+	Incident bool `json:"incident,omitempty"`
+	// Run: this row stands for a run of routine steps, from At to Last.
+	Run *Run `json:"run,omitempty"`
 }
 
 // Timeline is a resource's story.
 type Timeline struct {
-	Resource string           `json:"resource"`
-	Now      time.Time        `json:"now"`
-	Token    int64            `json:"token"`
-	Current  *LeaseView       `json:"current,omitempty"`
-	State    string           `json:"state"`
-	Steps    []Step           `json:"steps"`
-	Accepted map[int64]uint64 `json:"-"`
+	Resource string     `json:"resource"`
+	Now      time.Time  `json:"now"`
+	Token    int64      `json:"token"`
+	Current  *LeaseView `json:"current,omitempty"`
+	State    string     `json:"state"`
+	// Account sums up the newest refused write (Account.Incidents 0: none).
+	Account Account `json:"account"`
+	// Steps is one page of rows, newest first; Page of Pages, Rows in all.
+	Steps []Step `json:"steps"`
+	Page  int    `json:"page"`
+	Pages int    `json:"pages"`
+	Rows  int    `json:"rows"`
+	// Counted: accepted writes are counted. Durable: by every replica,
+	// kept in the store; else by this process since CountedSince.
+	Counted      bool      `json:"-"`
+	Durable      bool      `json:"accepted_writes_durable"`
+	CountedSince time.Time `json:"-"`
 	// RejectionsFrom: rejections before this time were not read (the
 	// newest timelineRejs only); zero if all were.
 	RejectionsFrom time.Time `json:"rejections_from,omitzero"`
@@ -238,7 +267,9 @@ type Timeline struct {
 // rejections. Expiries are not events in the history: a lease that was not
 // released or renewed past its ExpiresAt, and was followed by a later
 // grant (or by nothing, with ExpiresAt in the past), expired at ExpiresAt.
-func timeline(ctx context.Context, src Source, counts *Counts, name string) (Timeline, error) {
+//
+// The rows are laid out for people by Timeline.lay: page is 1-based.
+func timeline(ctx context.Context, src Source, counts *Counts, name string, page int) (Timeline, error) {
 	res, err := src.Resource(ctx, name)
 	if err != nil {
 		return Timeline{}, err
@@ -247,7 +278,8 @@ func timeline(ctx context.Context, src Source, counts *Counts, name string) (Tim
 	if now.IsZero() {
 		now = src.Now()
 	}
-	tl := Timeline{Resource: name, Now: now, Token: res.Token, Accepted: counts.Tokens(name), State: "free"}
+	tl := Timeline{Resource: name, Now: now, Token: res.Token, State: "free",
+		Counted: counts != nil, Durable: counts.Durable(), CountedSince: counts.Started()}
 	if h := res.Holder(now); h != nil {
 		v := leaseView(*h, now)
 		tl.Current, tl.State = &v, "held"
@@ -275,12 +307,6 @@ func timeline(ctx context.Context, src Source, counts *Counts, name string) (Tim
 		switch ev.Kind {
 		case tokens.EventGranted:
 			step.ExpiresAt = ev.ExpiresAt
-			if n, ok := tl.Accepted[ev.Token]; ok {
-				step.Accepted = &n
-			} else if counts != nil {
-				zero := uint64(0)
-				step.Accepted = &zero
-			}
 			ends[ev.Token] = &grantEnd{holder: ev.Holder, expiresAt: ev.ExpiresAt}
 			order = append(order, ev.Token)
 		case tokens.EventRenewed:
@@ -288,7 +314,7 @@ func timeline(ctx context.Context, src Source, counts *Counts, name string) (Tim
 			if e := ends[ev.Token]; e != nil {
 				e.expiresAt = ev.ExpiresAt
 			}
-		case tokens.EventReleased:
+		case tokens.EventReleased, tokens.EventRevoked:
 			if e := ends[ev.Token]; e != nil {
 				e.released = true
 			}
@@ -339,7 +365,8 @@ func timeline(ctx context.Context, src Source, counts *Counts, name string) (Tim
 	var runs []Step
 	for _, r := range rejs {
 		if run != nil && run.Token == r.Token && run.Holder == r.Holder && run.Code == r.Code &&
-			run.Method == r.Method && run.Upstream == r.Upstream && run.Path == r.Path && run.CurrentToken == r.CurrentToken {
+			run.Method == r.Method && run.Upstream == r.Upstream && run.Path == r.Path && run.CurrentToken == r.CurrentToken &&
+			run.Principal == r.Principal {
 			run.Count++
 			run.Last = r.At
 			continue
@@ -348,7 +375,8 @@ func timeline(ctx context.Context, src Source, counts *Counts, name string) (Tim
 			runs = append(runs, *run)
 		}
 		run = &Step{At: r.At, Kind: StepRejected, Token: r.Token, Holder: r.Holder, Count: 1, Code: r.Code,
-			CurrentToken: r.CurrentToken, Method: r.Method, Upstream: r.Upstream, Path: r.Path, LeaseEndedAt: r.LeaseEndedAt}
+			CurrentToken: r.CurrentToken, Method: r.Method, Upstream: r.Upstream, Path: r.Path, LeaseEndedAt: r.LeaseEndedAt,
+			Principal: r.Principal}
 	}
 	if run != nil {
 		runs = append(runs, *run)
@@ -356,10 +384,30 @@ func timeline(ctx context.Context, src Source, counts *Counts, name string) (Tim
 	tl.Steps = append(tl.Steps, runs...)
 	// Time order; at equal times the story order: a grant ends the previous
 	// lease's story before a rejection of it is told.
-	rank := map[StepKind]int{StepExpired: 0, StepReleased: 1, StepGranted: 2, StepRenewed: 3, StepRenewRefused: 4, StepReleaseRefused: 5, StepRejected: 6}
+	rank := map[StepKind]int{StepExpired: 0, StepReleased: 1, StepRevoked: 1, StepGranted: 2, StepRenewed: 3, StepRenewRefused: 4, StepReleaseRefused: 5, StepRejected: 6}
 	slices.SortStableFunc(tl.Steps, func(a, b Step) int {
 		return cmp.Or(a.At.Compare(b.At), cmp.Compare(rank[a.Kind], rank[b.Kind]))
 	})
+	tl.lay(tl.Steps, page)
+	if counts != nil {
+		// Only the grants on this page: one read of the counts.
+		var granted []int64
+		for _, s := range tl.Steps {
+			if s.Kind == StepGranted {
+				granted = append(granted, s.Token)
+			}
+		}
+		n, err := counts.Writes(ctx, name, granted)
+		if err != nil {
+			return Timeline{}, err
+		}
+		for i := range tl.Steps {
+			if tl.Steps[i].Kind == StepGranted {
+				v := n[tl.Steps[i].Token]
+				tl.Steps[i].Accepted = &v
+			}
+		}
+	}
 	return tl, nil
 }
 
@@ -373,6 +421,10 @@ type LeaseView struct {
 	ExpiresAt time.Time     `json:"expires_at"`
 	Remaining time.Duration `json:"-"`
 	TTLms     int64         `json:"ttl_ms"`
+	// ClockOffset is the holder's clock minus the gateway's, if it sent
+	// Fencing-Client-Time lately; ClockOff: by a second or more.
+	ClockOffset *time.Duration `json:"clock_offset_ns,omitempty"`
+	ClockOff    bool           `json:"-"`
 }
 
 func leaseView(l tokens.Lease, now time.Time) LeaseView {

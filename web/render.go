@@ -19,6 +19,35 @@ var funcs = template.FuncMap{
 	"resourceURL": func(name string) string { return "/ui/resources/" + url.PathEscape(name) },
 	"axisY":       func(h int) int { return h - chartFoot },
 	"labelY":      func(h int) int { return h - 4 },
+	"plural":      plural,
+	"offset":      offset,
+	"inc":         func(n int) int { return n + 1 },
+	"dec":         func(n int) int { return n - 1 },
+	"rowFrom":     func(page int) int { return (page-1)*timelineRows + 1 },
+	"rowTo":       func(page, rows int) int { return min(page*timelineRows, rows) },
+}
+
+// plural picks the singular for exactly one: "1 write", "2 writes", "0 writes".
+func plural(n any, one, many string) string {
+	switch v := n.(type) {
+	case int:
+		if v == 1 {
+			return one
+		}
+	case int64:
+		if v == 1 {
+			return one
+		}
+	case uint64:
+		if v == 1 {
+			return one
+		}
+	case *uint64:
+		if v != nil && *v == 1 {
+			return one
+		}
+	}
+	return many
 }
 
 func queryEscape(s string) string { return url.QueryEscape(s) }
@@ -68,6 +97,7 @@ type chart struct {
 	W, H   int
 	Bars   []bar
 	Max    int
+	Sum    int // the bars' total: the range's total, always
 	From   string
 	To     string
 	Bucket string
@@ -89,6 +119,7 @@ func drawChart(ov Overview, r Range) chart {
 	c := chart{W: chartW, H: chartH, Bucket: human(r.Bucket)}
 	for _, b := range ov.Buckets {
 		c.Max = max(c.Max, b.Count)
+		c.Sum += b.Count
 	}
 	if len(ov.Buckets) == 0 {
 		return c
@@ -111,4 +142,15 @@ func drawChart(ov Overview, r Range) chart {
 		})
 	}
 	return c
+}
+
+// offset shows a clock offset with its sign: "+9.0 s ahead", "-850 ms behind".
+func offset(d *time.Duration) string {
+	switch {
+	case *d > 0:
+		return "+" + human(*d) + " ahead"
+	case *d < 0:
+		return "-" + human(-*d) + " behind"
+	}
+	return "in step"
 }

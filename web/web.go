@@ -27,7 +27,9 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/fencegw/fencegw/tokens"
 )
@@ -44,8 +46,11 @@ const csp = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 's
 
 // Handler serves the dashboard under /ui/ from src; counts (may be nil)
 // supplies accepted-write counts and totals since start.
-func Handler(src Source, counts *Counts) http.Handler {
-	h := &handler{src: src, counts: counts, log: slog.Default()}
+func Handler(src Source, counts *Counts, opts ...Option) http.Handler {
+	h := &handler{src: validUTF8{src}, counts: counts, log: slog.Default()} // utf8.go
+	for _, o := range opts {
+		o(h)
+	}
 	static, _ := fs.Sub(assets, "static")
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ui/{$}", h.overview)
@@ -56,9 +61,17 @@ func Handler(src Source, counts *Counts) http.Handler {
 	return secure(mux)
 }
 
+// Option configures Handler.
+type Option func(*handler)
+
+// WithClocks shows each holder's clock offset (as the gateway estimated it
+// from Fencing-Client-Time) next to the holder in the leases table.
+func WithClocks(c *tokens.Clocks) Option { return func(h *handler) { h.clocks = c } }
+
 type handler struct {
 	src    Source
 	counts *Counts
+	clocks *tokens.Clocks
 	log    *slog.Logger
 }
 
@@ -116,6 +129,7 @@ type overviewPage struct {
 	Ranges  []Range
 	Reasons []string
 	Counted bool
+	Clocked bool
 	Chart   chart
 	Overview
 	StreamURL string
@@ -128,21 +142,24 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	ov, err := overview(r.Context(), h.src, h.counts, f)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	p := overviewPage{Title: "Rejected stale writes", Filter: f, Ranges: ranges, Overview: ov, Counted: h.counts != nil,
-		Reasons: reasons,
-		Chart:   drawChart(ov, f.Range)}
-	// The feed goes live after the newest rejection the page already shows;
-	// the stream replays anything recorded in between.
+	// The feed goes live after the newest rejection recorded before the
+	// page's own read of the store, so that nothing falls between the two:
+	// the stream replays anything after it (rows the page already shows are
+	// skipped by app.js), and the aggregates include everything up to it.
 	newest, err := h.src.Rejections(r.Context(), tokens.RejectionQuery{Limit: 1})
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
+	ov, err := overview(r.Context(), h.src, h.counts, f)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.clockOf(ov.Leases, ov.Now)
+	p := overviewPage{Title: "Rejected stale writes", Filter: f, Ranges: ranges, Overview: ov, Counted: h.counts != nil, Clocked: h.clocks != nil,
+		Reasons: reasons,
+		Chart:   drawChart(ov, f.Range)}
 	if len(newest) > 0 {
 		p.AfterID = newest[0].ID
 	}
@@ -161,7 +178,22 @@ func (h *handler) overviewJSON(w http.ResponseWriter, r *http.Request) {
 		h.failJSON(w, r, err)
 		return
 	}
+	h.clockOf(ov.Leases, ov.Now)
 	writeJSON(w, ov)
+}
+
+// pageOf reads ?page=N (1-based; absent: the first page; a page past the
+// last shows the last).
+func pageOf(r *http.Request) (int, error) {
+	v := r.URL.Query().Get("page")
+	if v == "" {
+		return 1, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, tokens.Invalid("page", "must be a whole number from 1")
+	}
+	return n, nil
 }
 
 type resourcePage struct {
@@ -175,7 +207,12 @@ func (h *handler) resource(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/ui/resources/"+url.PathEscape(strings.TrimSpace(r.URL.Query().Get("name"))), http.StatusSeeOther)
 		return
 	}
-	tl, err := timeline(r.Context(), h.src, h.counts, r.PathValue("name"))
+	page, err := pageOf(r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	tl, err := timeline(r.Context(), h.src, h.counts, r.PathValue("name"), page)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -184,7 +221,12 @@ func (h *handler) resource(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) resourceJSON(w http.ResponseWriter, r *http.Request) {
-	tl, err := timeline(r.Context(), h.src, h.counts, r.PathValue("name"))
+	page, err := pageOf(r)
+	if err != nil {
+		h.failJSON(w, r, err)
+		return
+	}
+	tl, err := timeline(r.Context(), h.src, h.counts, r.PathValue("name"), page)
 	if err != nil {
 		h.failJSON(w, r, err)
 		return
@@ -274,4 +316,18 @@ func streamURL(f Filter) string {
 		u += "?" + strings.Join(parts, "&")
 	}
 	return u
+}
+
+// clockSkewShown is the clock offset from which the leases table marks a
+// holder's clock as off.
+const clockSkewShown = time.Second
+
+// clockOf fills in the holders' clock offsets, where known.
+func (h *handler) clockOf(leases []LeaseView, now time.Time) {
+	for i := range leases {
+		if o, ok := h.clocks.Offset(leases[i].Holder, now); ok {
+			leases[i].ClockOffset = &o.Offset
+			leases[i].ClockOff = o.Offset >= clockSkewShown || o.Offset <= -clockSkewShown
+		}
+	}
 }

@@ -2,6 +2,7 @@ package web
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/fencegw/fencegw/tokens"
 )
@@ -139,7 +141,12 @@ func TestTimelineTellsTheStoryInOrder(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d: %s", resp.StatusCode, body)
 	}
-	want := []string{"acquired token <b>33</b>", "renewed token 33", "00:41:37.000", "<b>expired</b>", "acquired token <b>34</b>", "00:41:52.000", "<b class=\"bad\">rejected</b>", "15 s after its lease ended", "×2 until 00:41:53.000"}
+	// The account first, then the story newest first, the incident marked.
+	want := []string{`id="account"`, "wrote with token", "15 s after its lease expired (00:41:37.000)", "worker-5</b> held the resource with token 34 (granted 00:41:40.000)",
+		"2 times until 00:41:53.000; nothing reached the upstream",
+		`class="step rejected incident"`, "00:41:52.000", "<b class=\"bad\">rejected</b>", "15 s after its lease ended", "×2 until 00:41:53.000",
+		`class="step granted incident"`, "acquired token <b>34</b>", `class="step expired incident"`, "<b>expired</b>",
+		`class="step renewed"`, "renewed token 33", `class="step granted incident"`, "acquired token <b>33</b>", "0 writes accepted under it"}
 	at := 0
 	for _, w := range want {
 		i := strings.Index(body[at:], w)
@@ -159,7 +166,7 @@ func TestTimelineTellsTheStoryInOrder(t *testing.T) {
 	}
 	_, js := get(t, h, "/ui/api/resources/stmt:acct:88213")
 	kinds := []string{}
-	for _, k := range []string{`"kind":"granted"`, `"kind":"renewed"`, `"kind":"expired"`, `"kind":"granted"`, `"kind":"rejected"`} {
+	for _, k := range []string{`"kind":"rejected"`, `"kind":"granted"`, `"kind":"expired"`, `"kind":"renewed"`, `"kind":"granted"`} {
 		kinds = append(kinds, k)
 	}
 	at = 0
@@ -214,16 +221,9 @@ func TestCounts(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	got := c.Tokens("a")
-	keys := slices.Sorted(func(yield func(int64) bool) {
-		for k := range got {
-			if !yield(k) {
-				return
-			}
-		}
-	})
-	if len(keys) != tokensPerResource || keys[len(keys)-1] != 12 {
-		t.Fatalf("tokens kept: %v", keys)
+	got, err := c.Writes(t.Context(), "a", []int64{1, 12, 13})
+	if err != nil || len(got) != 2 || got[1] != 800 || got[12] != 800 {
+		t.Fatalf("Writes = %v, %v; want 800 for tokens 1 and 12", got, err)
 	}
 	if c.Totals().Accepted != 8*12*100 {
 		t.Fatalf("total %d", c.Totals().Accepted)
@@ -267,6 +267,92 @@ func TestOverviewRefusesBadFilters(t *testing.T) {
 	for _, q := range []string{"", "range=24h&code=lease_not_owned", "resource=stmt:acct:88213&holder=worker-3"} {
 		if resp, body := get(t, h, "/ui/api/overview?"+q); resp.StatusCode != http.StatusOK {
 			t.Errorf("?%s: %d %s", q, resp.StatusCode, body)
+		}
+	}
+}
+
+// Issue 15: the dashboard shows who presented a refused lease, and never
+// emits invalid UTF-8, whatever an old record holds.
+func TestDashboardShowsPrincipalAndValidUTF8(t *testing.T) {
+	src := incident()
+	src.rejs = append(src.rejs, tokens.Rejection{ID: 3, At: src.now.Add(-time.Second), Resource: "stmt:acct:88213", Code: tokens.CodeNotOwner,
+		Token: 34, CurrentToken: 34, Holder: "worker-5\xff", Method: "PUT", Upstream: "statements", Path: "/lines/\xc0\xae\xe2\x82", Principal: "thief-key"})
+	h := Handler(src, NewCounts())
+	for _, path := range []string{"/ui/?range=15m", "/ui/resources/stmt:acct:88213", "/ui/api/overview?range=15m", "/ui/api/resources/stmt:acct:88213"} {
+		resp, body := get(t, h, path)
+		if resp.StatusCode != 200 || !utf8.ValidString(body) {
+			t.Fatalf("%s: %d, valid UTF-8 %v:\n%s", path, resp.StatusCode, utf8.ValidString(body), body)
+		}
+		if !strings.Contains(body, "thief-key") && path != "/ui/api/overview?range=15m" { // its JSON has counts, not rows
+			t.Errorf("%s does not name the key that presented the lease", path)
+		}
+	}
+}
+
+// A long story pages by timelineRows rows, newest first; routine runs fold.
+func TestTimelinePagesAndFolds(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 7, 0, 0, 0, time.UTC)
+	const res = "stmt:acct:1"
+	src := &fakeSource{now: t0.Add(time.Hour), res: map[string]tokens.Resource{}}
+	at := t0
+	tok := int64(0)
+	// 40 quick cycles by warm-up, then 60 incidents: a grant that expires,
+	// the next grant, a stale write of the expired one.
+	for range 40 {
+		tok++
+		src.events = append(src.events,
+			tokens.Event{At: at, Resource: res, Kind: tokens.EventGranted, Token: tok, Holder: "warm-up", ExpiresAt: at.Add(time.Minute)},
+			tokens.Event{At: at.Add(time.Millisecond), Resource: res, Kind: tokens.EventReleased, Token: tok, Holder: "warm-up"})
+		at = at.Add(5 * time.Millisecond)
+	}
+	for i := range 60 {
+		tok++
+		src.events = append(src.events, tokens.Event{At: at, Resource: res, Kind: tokens.EventGranted, Token: tok, Holder: "worker-3", ExpiresAt: at.Add(time.Second)})
+		at = at.Add(2 * time.Second)
+		src.rejs = append(src.rejs, tokens.Rejection{ID: int64(i + 1), At: at, Resource: res, Code: tokens.CodeStaleToken, Token: tok, CurrentToken: tok + 1,
+			Holder: "worker-3", Method: "POST", Upstream: "up", Path: "/x", LeaseEndedAt: at.Add(-time.Second)})
+	}
+	tok++
+	src.events = append(src.events, tokens.Event{At: at.Add(-time.Second), Resource: res, Kind: tokens.EventGranted, Token: tok, Holder: "worker-5", ExpiresAt: at.Add(time.Hour)})
+	src.res[res] = tokens.Resource{Name: res, Token: tok, Now: src.now}
+	h := Handler(src, NewCounts())
+
+	var first Timeline
+	_, js := get(t, h, "/ui/api/resources/"+res)
+	if err := json.Unmarshal([]byte(js), &first); err != nil {
+		t.Fatal(err)
+	}
+	// 60 x (grant, expiry, stale write), the last grant, one folded run.
+	if first.Rows != 60*3+1+1 || first.Pages != 4 || first.Page != 1 || len(first.Steps) != timelineRows {
+		t.Fatalf("rows %d, pages %d, page %d, %d steps", first.Rows, first.Pages, first.Page, len(first.Steps))
+	}
+	if s, g := first.Steps[0], first.Steps[1]; s.Kind != StepRejected || s.Token != tok-1 || g.Kind != StepGranted || g.Holder != "worker-5" || !g.Incident {
+		t.Fatalf("newest first: the first rows are %+v, %+v", s, g)
+	}
+	if a := first.Account; a.Token != tok-1 || a.CurrentHolder != "worker-5" || a.Incidents != 60 || a.After != time.Second {
+		t.Fatalf("account %+v", a)
+	}
+	var last Timeline
+	_, js = get(t, h, "/ui/api/resources/"+res+"?page=4")
+	if err := json.Unmarshal([]byte(js), &last); err != nil {
+		t.Fatal(err)
+	}
+	run := last.Steps[len(last.Steps)-1]
+	if last.Page != 4 || run.Kind != StepRun || run.Run.Grants != 40 || run.Run.Releases != 40 || run.Run.FirstToken != 1 || run.Run.LastToken != 40 ||
+		!slices.Equal(run.Run.Holders, []string{"warm-up"}) {
+		t.Fatalf("the oldest row should fold the 40 warm-up cycles: %+v %+v", run, run.Run)
+	}
+	_, body := get(t, h, "/ui/resources/"+res+"?page=4")
+	if !strings.Contains(body, "40 grants and 40 releases by <b class=\"holder\">warm-up</b>, tokens 1–40, 07:00:00.000–07:00:00.196") ||
+		!strings.Contains(body, `rel="prev"`) || strings.Contains(body, `rel="next"`) {
+		t.Fatalf("page 4 lacks the folded run or its links:\n%s", body)
+	}
+	if resp, _ := get(t, h, "/ui/resources/"+res+"?page=9"); resp.StatusCode != 200 {
+		t.Fatalf("a page past the last: %d, want the last page", resp.StatusCode)
+	}
+	for _, bad := range []string{"0", "-1", "two"} {
+		if resp, body := get(t, h, "/ui/api/resources/"+res+"?page="+bad); resp.StatusCode != 400 || !strings.Contains(body, "page") {
+			t.Errorf("page=%s: %d %s, want 400 naming page", bad, resp.StatusCode, body)
 		}
 	}
 }

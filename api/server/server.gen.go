@@ -21,7 +21,7 @@ import (
 type ServerInterface interface {
 	// AcquireLease Acquire a lease and a fencing token
 	// (POST /v1/leases)
-	AcquireLease(w http.ResponseWriter, r *http.Request)
+	AcquireLease(w http.ResponseWriter, r *http.Request, params AcquireLeaseParams)
 	// ReleaseLease Release a lease
 	// (DELETE /v1/leases/{lease_id})
 	ReleaseLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID)
@@ -30,7 +30,7 @@ type ServerInterface interface {
 	GetLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID)
 	// RenewLease Extend a lease
 	// (POST /v1/leases/{lease_id}/renew)
-	RenewLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID)
+	RenewLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID, params RenewLeaseParams)
 	// RevokeLease Revoke a lease (admin)
 	// (POST /v1/leases/{lease_id}/revoke)
 	RevokeLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID)
@@ -48,7 +48,7 @@ type Unimplemented struct{}
 
 // AcquireLease Acquire a lease and a fencing token
 // (POST /v1/leases)
-func (_ Unimplemented) AcquireLease(w http.ResponseWriter, r *http.Request) {
+func (_ Unimplemented) AcquireLease(w http.ResponseWriter, r *http.Request, params AcquireLeaseParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -66,7 +66,7 @@ func (_ Unimplemented) GetLease(w http.ResponseWriter, r *http.Request, leaseId 
 
 // RenewLease Extend a lease
 // (POST /v1/leases/{lease_id}/renew)
-func (_ Unimplemented) RenewLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID) {
+func (_ Unimplemented) RenewLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID, params RenewLeaseParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -100,8 +100,35 @@ type MiddlewareFunc func(http.Handler) http.Handler
 // AcquireLease operation middleware
 func (siw *ServerInterfaceWrapper) AcquireLease(w http.ResponseWriter, r *http.Request) {
 
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params AcquireLeaseParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Fencing-Client-Time" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Fencing-Client-Time")]; found {
+		var FencingClientTime FencingClientTime
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Fencing-Client-Time", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Fencing-Client-Time", valueList[0], &FencingClientTime, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Fencing-Client-Time", Err: err})
+			return
+		}
+
+		params.FencingClientTime = &FencingClientTime
+
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.AcquireLease(w, r)
+		siw.Handler.AcquireLease(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -178,8 +205,32 @@ func (siw *ServerInterfaceWrapper) RenewLease(w http.ResponseWriter, r *http.Req
 		return
 	}
 
+	// Parameter object where we will unmarshal all parameters from the context
+	var params RenewLeaseParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "Fencing-Client-Time" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Fencing-Client-Time")]; found {
+		var FencingClientTime FencingClientTime
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Fencing-Client-Time", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Fencing-Client-Time", valueList[0], &FencingClientTime, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Fencing-Client-Time", Err: err})
+			return
+		}
+
+		params.FencingClientTime = &FencingClientTime
+
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.RenewLease(w, r, leaseId)
+		siw.Handler.RenewLease(w, r, leaseId, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -502,7 +553,8 @@ type UnavailableApplicationProblemPlusJSONResponse struct {
 type UnsupportedMediaTypeApplicationProblemPlusJSONResponse Problem
 
 type AcquireLeaseRequestObject struct {
-	Body *AcquireLeaseJSONRequestBody
+	Params AcquireLeaseParams
+	Body   *AcquireLeaseJSONRequestBody
 }
 
 type AcquireLeaseResponseObject interface {
@@ -913,6 +965,7 @@ func (response GetLease503ApplicationProblemPlusJSONResponse) VisitGetLeaseRespo
 
 type RenewLeaseRequestObject struct {
 	LeaseId LeaseID `json:"lease_id"`
+	Params  RenewLeaseParams
 	Body    *RenewLeaseJSONRequestBody
 }
 
@@ -1533,8 +1586,10 @@ type strictHandler struct {
 }
 
 // AcquireLease operation middleware
-func (sh *strictHandler) AcquireLease(w http.ResponseWriter, r *http.Request) {
+func (sh *strictHandler) AcquireLease(w http.ResponseWriter, r *http.Request, params AcquireLeaseParams) {
 	var request AcquireLeaseRequestObject
+
+	request.Params = params
 
 	var body AcquireLeaseJSONRequestBody
 	if err := runtime.BindJSONBody(r, &body); err != nil {
@@ -1616,10 +1671,11 @@ func (sh *strictHandler) GetLease(w http.ResponseWriter, r *http.Request, leaseI
 }
 
 // RenewLease operation middleware
-func (sh *strictHandler) RenewLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID) {
+func (sh *strictHandler) RenewLease(w http.ResponseWriter, r *http.Request, leaseId LeaseID, params RenewLeaseParams) {
 	var request RenewLeaseRequestObject
 
 	request.LeaseId = leaseId
+	request.Params = params
 
 	var body RenewLeaseJSONRequestBody
 	if err := runtime.BindJSONBody(r, &body); err != nil {

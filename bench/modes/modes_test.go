@@ -60,6 +60,7 @@ func start(tb testing.TB, mode string) *env {
 	var (
 		store  tokens.Store
 		locker tokens.Locker
+		fencer tokens.Fencer
 	)
 	switch mode {
 	case "embedded":
@@ -71,14 +72,7 @@ func start(tb testing.TB, mode string) *env {
 		store, locker = st, tokens.NewLocalLocker()
 	case "postgres", "postgres-redis":
 		schema := pgtest.NewSchema(tb)
-		pg := pgtest.Open(tb, schema, postgres.Options{Logger: log})
-		store, locker = pg, pg
-		if mode == "postgres-redis" {
-			rdb := requireRedis(tb)
-			prefix := "fencegw-bench:" + schema + ":"
-			tb.Cleanup(func() { deletePrefix(rdb, prefix) })
-			store = fgredis.New(rdb, pg, fgredis.Options{Prefix: prefix, Logger: log})
-		}
+		store, locker, fencer = openPostgres(tb, mode, schema, log)
 	default:
 		tb.Fatalf("unknown mode %q", mode)
 	}
@@ -87,7 +81,7 @@ func start(tb testing.TB, mode string) *env {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = up.Close() })
-	svc := tokens.New(tokens.Config{Store: store, Locker: locker, Logger: log})
+	svc := tokens.New(tokens.Config{Store: store, Locker: locker, Fencer: fencer, Logger: log})
 	gw := gateway.New(svc, gateway.Config{Upstreams: map[string]*url.URL{bench.UpstreamName: up.URL}, Logger: log})
 	srv, err := bench.Serve(gw)
 	if err != nil {
@@ -100,6 +94,28 @@ func start(tb testing.TB, mode string) *env {
 	c := bench.NewClient(max(*conc, 64))
 	tb.Cleanup(c.CloseIdleConnections)
 	return &env{mode: mode, up: up, base: srv.URL, client: c, body: bytes.Repeat([]byte("x"), *bodySize)}
+}
+
+// openPostgres opens one replica of a PostgreSQL mode on schema, wired as
+// cmd/fencegw wires it: writes admitted by the replica's fence.
+func openPostgres(tb testing.TB, mode, schema string, log *slog.Logger) (tokens.Store, tokens.Locker, tokens.Fencer) {
+	tb.Helper()
+	pg := pgtest.Open(tb, schema, postgres.Options{Logger: log})
+	var store tokens.Store = pg
+	var state postgres.StateReader = pg
+	if mode == "postgres-redis" {
+		rdb := requireRedis(tb)
+		prefix := "fencegw-bench:" + schema + ":"
+		tb.Cleanup(func() { deletePrefix(rdb, prefix) })
+		rs := fgredis.New(rdb, pg, fgredis.Options{Prefix: prefix, Logger: log})
+		store, state = rs, rs
+	}
+	fence, err := pg.NewFence(context.Background(), postgres.FenceOptions{OrphanDrain: 31 * time.Second, State: state})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(fence.Close)
+	return store, fence, fence
 }
 
 func redisURL() string {
@@ -306,6 +322,40 @@ func BenchmarkWrite(b *testing.B) {
 					}
 				})
 			}
+		})
+	}
+}
+
+// BenchmarkHandover: a lease released through one replica and acquired
+// through another (the PostgreSQL modes, tokens.Service API), the acquire
+// timed: what a worker on replica B waits once A's holder let go.
+func BenchmarkHandover(b *testing.B) {
+	for _, mode := range modeNames[1:] {
+		b.Run(mode, func(b *testing.B) {
+			log := slog.New(slog.DiscardHandler)
+			schema := pgtest.NewSchema(b)
+			var svcs [2]*tokens.Service
+			for i := range svcs {
+				store, locker, fencer := openPostgres(b, mode, schema, log)
+				svcs[i] = tokens.New(tokens.Config{Store: store, Locker: locker, Fencer: fencer, Logger: log})
+			}
+			resource := "handover-" + runID()
+			ctx := context.Background()
+			var held tokens.Lease
+			var err error
+			if held, err = svcs[0].Acquire(ctx, tokens.AcquireRequest{Resource: resource, Holder: "w", TTL: time.Minute}); err != nil {
+				b.Fatal(err)
+			}
+			side := 0
+			measure(b, 1, "handovers", func(ctx context.Context, _ int) (time.Duration, error) {
+				if _, err := svcs[side].Release(ctx, held.ID, ""); err != nil {
+					return 0, err
+				}
+				side = 1 - side
+				start := time.Now()
+				held, err = svcs[side].Acquire(ctx, tokens.AcquireRequest{Resource: resource, Holder: "w", TTL: time.Minute})
+				return time.Since(start), err
+			})
 		})
 	}
 }

@@ -78,6 +78,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.ForwardTimeout, "forward-timeout", 300*time.Millisecond, "the gateway's --forward-timeout")
 	fs.DurationVar(&cfg.DrainPeriod, "drain-period", time.Second, "the gateway's --drain-period")
 	fs.DurationVar(&cfg.GrantWait, "grant-wait", 2*time.Second, "the gateway's --grant-wait")
+	fs.StringVar(&cfg.PGCluster, "pg-cluster", "", "the pg_ctlcluster cluster that serves --postgres, which the nemesis restarts (default main)")
 	fs.StringVar(&cfg.Postgres, "postgres", "", "PostgreSQL URL (default postgres://postgres@127.0.0.1:5432/fencegw_torture, created if missing)")
 	fs.StringVar(&cfg.Redis, "redis", "", "Redis URL (default redis://127.0.0.1:6379/0; the nemesis FLUSHALLs and restarts this server)")
 	fs.Int64Var(&cfg.TokenBase, "token-base", torture.DefaultTokenBase, "seed each resource's last token to this (above 2^53); 0: start at 1")

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/fencegw/fencegw/storage/bolt"
 	"github.com/fencegw/fencegw/tokens"
 )
@@ -24,6 +26,8 @@ type backend struct {
 	// onFree, if set, registers a func to call with each resource freed on
 	// any replica (waiting acquires are woken with it).
 	onFree func(func(resource string))
+	// collectors are the backend's own metrics, registered by serve.
+	collectors []prometheus.Collector
 	// publish announces a recorded rejection; subscribe delivers every
 	// replica's rejections (including this one's) to deliver.
 	publish   func(tokens.Rejection)

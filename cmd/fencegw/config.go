@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -40,6 +41,12 @@ type config struct {
 	InsecureNoAuth bool
 	TLSCert        string
 	TLSKey         string
+	// AllowedHosts is the Host allow-list handed to the gateway (nil: no
+	// check, said at start); HostsFlag is --allowed-hosts as given.
+	AllowedHosts []string
+	HostsFlag    []string
+	// Routes bind path patterns under upstreams to resources (--route).
+	Routes []*gateway.Route
 
 	PGMaxConns         int32
 	PGLockConns        int32
@@ -86,6 +93,45 @@ func (u *upstreamList) Set(v string) error {
 		return fmt.Errorf("upstream %q given twice", name)
 	}
 	u.m[name] = target
+	return nil
+}
+
+// hostNames is --allowed-hosts: comma-separated host names or IP
+// addresses (a port is ignored), repeatable; "*" turns the check off.
+type hostNames struct{ list *[]string }
+
+func (h hostNames) String() string {
+	if h.list == nil {
+		return ""
+	}
+	return strings.Join(*h.list, ",")
+}
+
+func (h hostNames) Set(v string) error {
+	for item := range strings.SplitSeq(v, ",") {
+		item = strings.TrimSpace(item)
+		switch {
+		case item == "":
+			continue
+		case item != "*" && (strings.ContainsAny(item, "/?#@ \t%*") || len(item) > 253):
+			return fmt.Errorf("%q is not a host name or address", item)
+		}
+		*h.list = append(*h.list, item)
+	}
+	return nil
+}
+
+// routeList is a repeatable --route UPSTREAM/PATTERN=RESOURCE.
+type routeList struct{ list *[]*gateway.Route }
+
+func (l routeList) String() string { return "" }
+
+func (l routeList) Set(v string) error {
+	r, err := gateway.ParseRoute(v)
+	if err != nil {
+		return err
+	}
+	*l.list = append(*l.list, r)
 	return nil
 }
 
@@ -161,6 +207,8 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow listening on a non-loopback address without --auth-file")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; needs --tls-key)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "the private key of --tls-cert (PEM)")
+	fs.Var(routeList{&cfg.Routes}, "route", "bind a path pattern under an upstream to the resources whose leases may write there, UPSTREAM/PATTERN=RESOURCE (repeatable)")
+	fs.Var(hostNames{&cfg.HostsFlag}, "allowed-hosts", "the names clients reach the gateway by (comma-separated; '*': any); other Host headers are refused")
 	pgMax := fs.Int("pg-max-conns", 0, "PostgreSQL query pool size (default 16)")
 	pgLock := fs.Int("pg-lock-conns", 0, "PostgreSQL connections for grants, releases and revokes waiting for or holding a resource's exclusive lock (default 8)")
 	fs.IntVar(&cfg.PGFenceSessions, "pg-fence-sessions", 0, "PostgreSQL sessions holding this replica's shared fences across writes (default 4)")
@@ -190,8 +238,9 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 			return
 		}
 		key := "FENCEGW_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if f.Name == "upstream" {
-			v := getenv("FENCEGW_UPSTREAMS")
+		if f.Name == "upstream" || f.Name == "route" {
+			list := "FENCEGW_" + strings.ToUpper(f.Name) + "S"
+			v := getenv(list)
 			if v == "" {
 				v = getenv(key)
 			}
@@ -200,7 +249,7 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 					continue
 				}
 				if err := f.Value.Set(item); err != nil {
-					envErr = usageError("invalid value %q in FENCEGW_UPSTREAMS: %v", item, err)
+					envErr = usageError("invalid value %q in %s: %v", item, list, err)
 					return
 				}
 			}
@@ -216,6 +265,11 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 		return cfg, envErr
 	}
 	cfg.Upstreams = ups.m
+	for _, r := range cfg.Routes {
+		if _, ok := cfg.Upstreams[r.Upstream()]; !ok {
+			return cfg, usageError("--route %s: upstream %q is not configured (--upstream)", r, r.Upstream())
+		}
+	}
 	if *pgMax < 0 || *pgMax > 10000 || *pgLock < 0 || *pgLock > 10000 {
 		return cfg, usageError("--pg-max-conns and --pg-lock-conns must be between 1 and 10000")
 	}
@@ -284,6 +338,17 @@ func parseSecurity(cfg *config) error {
 		if _, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey); err != nil {
 			return usageError("--tls-cert/--tls-key: %v", err)
 		}
+	}
+	switch {
+	case len(cfg.HostsFlag) > 0 && slices.Contains(cfg.HostsFlag, "*"):
+		cfg.AllowedHosts = nil
+	case len(cfg.HostsFlag) > 0:
+		cfg.AllowedHosts = append(append([]string(nil), gateway.LoopbackHosts...), cfg.HostsFlag...)
+		if host, _, err := net.SplitHostPort(cfg.Listen); err == nil && host != "" && net.ParseIP(host) != nil && !net.ParseIP(host).IsUnspecified() {
+			cfg.AllowedHosts = append(cfg.AllowedHosts, host)
+		}
+	default:
+		cfg.AllowedHosts = gateway.DefaultAllowedHosts(cfg.Listen)
 	}
 	if cfg.Auth == nil && !cfg.InsecureNoAuth && !loopback(cfg.Listen) {
 		return usageError("--listen %s is not a loopback address and there is no --auth-file: anyone who can reach it could take leases and write to the upstreams; add --auth-file, or --insecure-no-auth if something in front authenticates", cfg.Listen)

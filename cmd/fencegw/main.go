@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -102,15 +103,24 @@ usage:
       --auth-file PATH         API keys (sha256, role, resource prefixes, rate, caps) and upstream credentials
       --insecure-no-auth       allow a non-loopback --listen without --auth-file
       --tls-cert FILE          serve HTTPS (with --tls-key FILE)
+      --route U/PATTERN=RES    only leases of RES may write to PATTERN under upstream U (repeatable), like
+                               statements/accounts/{acct}/**=stmt:acct:{acct}; a bound upstream refuses the rest
+      --allowed-hosts NAMES    names clients use (comma-separated; '*': any); other Host headers get 403
+                               (default: loopback names and the --listen address on a loopback listen, else off)
       --log-level LEVEL        debug, info, warn, error (info)
       --pg-max-conns N         PostgreSQL query pool (16)
-      --pg-lock-conns N        PostgreSQL lock pool = most concurrent writes per replica (128)
+      --pg-lock-conns N        PostgreSQL connections for grants, releases, revokes holding or waiting for a lock (8)
+      --pg-fence-sessions N    PostgreSQL sessions holding this replica's shared fences across writes (4)
+      --pg-max-fences N        most resources this replica keeps fenced, one advisory lock each (4096)
+      --pg-session-check D     stop admitting writes when the lock session was not confirmed for this long;
+                               a dead replica's resources drain for --drain-period plus this (1s)
       --pg-statement-timeout D PostgreSQL statement_timeout (5s)
       --pg-lock-timeout D      bound on an advisory lock wait (30s)
       --idempotency-window D   how long an Idempotency-Key's record is kept (24h)
       --idempotency-max-body SIZE  largest answer body kept for replay (64KiB)
       --idempotency-max-records N  most Idempotency-Key records kept; the oldest go first (100000)
-  Every flag can come from the environment as FENCEGW_<FLAG>; FENCEGW_UPSTREAMS takes a comma-separated list.`
+  Every flag can come from the environment as FENCEGW_<FLAG>; FENCEGW_UPSTREAMS and FENCEGW_ROUTES take
+  comma-separated lists.`
 
 var flagHelp = errors.New("help requested")
 
@@ -134,6 +144,7 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 		return err
 	}
 	defer backend.close()
+	reg.MustRegister(backend.collectors...)
 
 	svc := tokens.New(tokens.Config{
 		Store:       backend.store,
@@ -147,18 +158,28 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 	if backend.onFree != nil {
 		backend.onFree(svc.Wake)
 	}
-	// Accepted-write counts are this replica's own (kept in memory: the
-	// write path does not touch the store); rejections come from every
-	// replica through the backend's feed.
+	// Accepted-write counts: counted in memory on the write path, added to
+	// the store once a second (every storage mode keeps them), so the
+	// dashboard shows every replica's and survives restarts.
 	counts := web.NewCounts()
+	if wc, ok := backend.store.(tokens.WriteCounter); ok {
+		stopCounts := counts.Persist(wc, time.Second, logger)
+		defer stopCounts() // after the drain below, before the store closes
+	}
+	// Holders' clock offsets (Fencing-Client-Time): exported as a metric
+	// by the gateway, shown next to the holder by the dashboard.
+	clocks := tokens.NewClocks()
 	gwCfg := gateway.Config{
+		Clocks:         clocks,
 		Upstreams:      cfg.Upstreams,
 		ForwardTimeout: cfg.ForwardTimeout,
 		MaxBody:        cfg.MaxBody,
 		BodyTimeout:    cfg.BodyTimeout,
 		Registry:       reg,
 		OnForwarded:    counts.Accepted,
-		UI:             web.Handler(svc, counts),
+		UI:             web.Handler(svc, counts, web.WithClocks(clocks)),
+		AllowedHosts:   cfg.AllowedHosts,
+		Routes:         cfg.Routes,
 		Logger:         logger,
 		Idempotency: tokens.NewIdempotency(tokens.IdempotencyConfig{
 			Store:   backend.keys,
@@ -221,11 +242,29 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 	} else {
 		fmt.Fprintln(stdout, "  authentication: off (no --auth-file)")
 	}
+	switch {
+	case cfg.AllowedHosts != nil:
+		fmt.Fprintf(stdout, "  Host check: %s\n", strings.Join(cfg.AllowedHosts, ", "))
+	case slices.Contains(cfg.HostsFlag, "*"):
+		fmt.Fprintln(stdout, "  Host check: off (--allowed-hosts '*')")
+	default:
+		fmt.Fprintf(stdout, "  Host check: off: --listen %s is not a loopback address and there is no --allowed-hosts; set it to the names clients use, so that a browser page cannot reach the gateway under a name it controls (DNS rebinding)\n", cfg.Listen)
+	}
 	if len(cfg.Upstreams) == 0 {
 		fmt.Fprintln(stdout, "  no upstreams configured: add --upstream NAME=URL to forward fenced writes")
 	}
 	for name, u := range cfg.Upstreams {
 		fmt.Fprintf(stdout, "  upstream %s -> %s (fenced writes: %s://%s/v1/proxy/%s/...)\n", name, u, scheme, addr, name)
+		bound := false
+		for _, r := range cfg.Routes {
+			if r.Upstream() == name {
+				fmt.Fprintf(stdout, "    route %s\n", r)
+				bound = true
+			}
+		}
+		if !bound {
+			fmt.Fprintln(stdout, "    any live lease may write here (no --route binds it to resources)")
+		}
 	}
 	if ready != nil {
 		ready <- addr

@@ -172,6 +172,7 @@ func TestKillAndRestart(t *testing.T) {
 			for ctx.Err() == nil {
 				req, _ := http.NewRequestWithContext(ctx, "POST", p.url()+"/v1/leases",
 					strings.NewReader(`{"resource":"`+res+`","ttl_ms":100,"wait_ms":200}`))
+				req.Header.Set("Content-Type", "application/json")
 				resp, err := http.DefaultClient.Do(req)
 				if err != nil {
 					return

@@ -132,7 +132,7 @@ func TestSecurityFramingAndSlowBodyRealBinary(t *testing.T) {
 				t.Fatalf("acquire: %d %s", resp.StatusCode, resp.Proto)
 			}
 			head := func(path string) string {
-				return "POST /v1/proxy/svc" + path + " HTTP/1.1\r\nHost: gw\r\nFencing-Lease: " + l.LeaseID + "\r\n"
+				return "POST /v1/proxy/svc" + path + " HTTP/1.1\r\nHost: localhost\r\nFencing-Lease: " + l.LeaseID + "\r\n"
 			}
 
 			c, err := dial(p.addr)

@@ -16,8 +16,9 @@ import (
 //
 // Version 2 appends a lease's Owner and an event's Actor; version 1 records
 // (written before authentication existed) still decode, with both empty.
+// Version 3 appends a rejection's Principal (older ones decode with none).
 
-const codecVersion = 2
+const codecVersion = 3
 
 // errCorrupt is the cause of every decoding failure.
 var errCorrupt = errors.New("corrupt record")
@@ -187,6 +188,7 @@ func encodeRejection(r *tokens.Rejection) []byte {
 	e.str(r.Upstream)
 	e.str(r.Path)
 	e.time(r.LeaseEndedAt)
+	e.str(r.Principal) // version 3
 	return e.b
 }
 
@@ -204,6 +206,9 @@ func decodeRejection(id int64, b []byte) (tokens.Rejection, error) {
 	r.Upstream = d.str()
 	r.Path = d.str()
 	r.LeaseEndedAt = d.time()
+	if d.version >= 3 {
+		r.Principal = d.str()
+	}
 	return r, d.finish("rejection")
 }
 

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencegw/fencegw/tokens"
 )
@@ -16,3 +17,6 @@ func (s *Store) ListenReady(ctx context.Context, fn func(tokens.Rejection), read
 
 // Channel is the NOTIFY channel of s.
 func (s *Store) Channel() string { return s.channel }
+
+// Pool is s's query pool.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }

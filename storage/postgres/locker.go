@@ -119,6 +119,15 @@ func (s *Store) lockWith(ctx context.Context, kind, name string, shared bool, ex
 	}
 	conn, err := s.lockPool.Acquire(ctx)
 	if err != nil {
+		if st := s.lockPool.Stat(); st.AcquiredConns() >= st.MaxConns() {
+			// Not the database's fault: too many grants, releases and
+			// revokes are waiting at once on this replica.
+			if now := time.Now().Unix(); s.exhaustedLogged.Swap(now) != now {
+				s.log.Warn("PostgreSQL lock pool exhausted: every lock connection of this replica is busy",
+					"resource", name, "max_lock_conns", st.MaxConns())
+			}
+			return nil, tokens.Busy(fmt.Sprintf("postgres lock pool: all %d lock connections of this replica are busy (--pg-lock-conns)", st.MaxConns()), err)
+		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("advisory lock %q: %w", name, ctx.Err())
 		}

@@ -37,7 +37,7 @@ func (s *Store) PublishRejections(ctx context.Context, rs []tokens.Rejection) er
 		}
 		return tx.SendBatch(ctx, b).Close()
 	})
-	return interpret("notify", err)
+	return s.interpret("notify", err)
 }
 
 // ListenRejections calls fn for every published rejection, from every

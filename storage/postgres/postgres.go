@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -102,6 +103,8 @@ type Store struct {
 	pruneDone    chan struct{}
 	pruneMu      sync.Mutex
 	prunedEvents int64 // lease_events ids up to here were pruned
+
+	exhaustedLogged atomic.Int64 // unix second of the last pool-exhausted warning
 }
 
 var (
@@ -260,6 +263,25 @@ func interpret(op string, err error) error {
 	default:
 		return tokens.Unavailable("postgres "+op, err)
 	}
+}
+
+// interpret is the package's interpret, except that a wait for a
+// connection cut short while every connection of the query pool was in use
+// says so (and is logged, at most once a second): the database may be
+// perfectly reachable, and the fix is --pg-max-conns, not the network.
+func (s *Store) interpret(op string, err error) error {
+	if err == nil || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		return interpret(op, err)
+	}
+	st := s.pool.Stat()
+	if st.AcquiredConns() < st.MaxConns() {
+		return interpret(op, err)
+	}
+	if now := time.Now().Unix(); s.exhaustedLogged.Swap(now) != now {
+		s.log.Warn("PostgreSQL query pool exhausted: every connection of this replica is busy",
+			"op", op, "max_conns", st.MaxConns(), "waiting", st.EmptyAcquireCount())
+	}
+	return tokens.Busy(fmt.Sprintf("postgres %s: all %d connections of this replica's pool are busy (--pg-max-conns)", op, st.MaxConns()), err)
 }
 
 func isPgCode(err error, codes ...string) bool {

@@ -148,7 +148,7 @@ func (s *Store) grant(ctx context.Context, req tokens.GrantRequest, checkHeld bo
 		return tx.SendBatch(ctx, b).Close()
 	})
 	if err != nil {
-		return tokens.Lease{}, interpret("grant", err)
+		return tokens.Lease{}, s.interpret("grant", err)
 	}
 	return lease, nil
 }
@@ -214,7 +214,7 @@ func (s *Store) renew(ctx context.Context, leaseID string, ttl time.Duration, ch
 		return err
 	})
 	if err != nil {
-		return tokens.Lease{}, interpret("renew", err)
+		return tokens.Lease{}, s.interpret("renew", err)
 	}
 	if refusal != nil {
 		return tokens.Lease{}, refusal
@@ -326,7 +326,7 @@ func (s *Store) release(ctx context.Context, leaseID string, checkExpiry bool, r
 		return err
 	})
 	if err != nil {
-		return tokens.Lease{}, interpret("release", err)
+		return tokens.Lease{}, s.interpret("release", err)
 	}
 	if refusal != nil {
 		return tokens.Lease{}, refusal
@@ -347,7 +347,7 @@ func (s *Store) LeaseAt(ctx context.Context, leaseID string) (tokens.Lease, time
 	err := s.pool.QueryRow(ctx, `SELECT `+leaseCols+`, clock_timestamp() FROM leases l WHERE l.id = $1`, leaseID).
 		Scan(append(r.dest(), &now)...)
 	if err != nil {
-		return tokens.Lease{}, time.Time{}, interpret("lease", err)
+		return tokens.Lease{}, time.Time{}, s.interpret("lease", err)
 	}
 	return r.lease(), now, nil
 }
@@ -368,7 +368,7 @@ func (s *Store) LeaseState(ctx context.Context, leaseID string) (tokens.Lease, t
 		FROM leases l LEFT JOIN fences f ON f.resource = l.resource WHERE l.id = $1`, leaseID).
 		Scan(append(r.dest(), &token, &drain, &res.Now, &current)...)
 	if err != nil {
-		return tokens.Lease{}, tokens.Resource{}, interpret("lease state", err)
+		return tokens.Lease{}, tokens.Resource{}, s.interpret("lease state", err)
 	}
 	lease := r.lease()
 	if token == nil {
@@ -404,7 +404,7 @@ func (s *Store) Resource(ctx context.Context, name string) (tokens.Resource, err
 		WHERE f.resource = $1 AND f.token > 0`, name,
 	).Scan(&res.Token, &drain, &res.Now, &id, &resource, &holder, &token, &ttlMS, &grantedAt, &exp, &r.releasedAt, &owner)
 	if err != nil {
-		return tokens.Resource{}, interpret("resource", err)
+		return tokens.Resource{}, s.interpret("resource", err)
 	}
 	res.Name = name
 	if drain != nil && drain.After(res.Now) {
@@ -427,7 +427,7 @@ func (s *Store) CurrentLeases(ctx context.Context, limit int) ([]tokens.Lease, e
 		WHERE l.released_at IS NULL AND l.superseded_at IS NULL AND l.expires_at > clock_timestamp()
 		ORDER BY l.expires_at LIMIT $1`, limit)
 	if err != nil {
-		return nil, interpret("current leases", err)
+		return nil, s.interpret("current leases", err)
 	}
 	var r leaseRow
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (tokens.Lease, error) {
@@ -435,7 +435,7 @@ func (s *Store) CurrentLeases(ctx context.Context, limit int) ([]tokens.Lease, e
 		return r.lease(), err
 	})
 	if err != nil {
-		return nil, interpret("current leases", err)
+		return nil, s.interpret("current leases", err)
 	}
 	return out, nil
 }
@@ -446,7 +446,7 @@ func (s *Store) Drain(ctx context.Context, resource string, d time.Duration) err
 	_, err := s.pool.Exec(ctx, `UPDATE fences
 		SET drain_until = GREATEST(drain_until, clock_timestamp() + $2 * interval '1 millisecond')
 		WHERE resource = $1`, resource, d.Milliseconds())
-	return interpret("drain", err)
+	return s.interpret("drain", err)
 }
 
 // Rejection page sizes: RejectionQuery.Limit 0 means DefaultRejections, and
@@ -477,7 +477,7 @@ func (s *Store) Rejections(ctx context.Context, q tokens.RejectionQuery) ([]toke
 	case limit > MaxRejections:
 		limit = MaxRejections
 	}
-	sql := `SELECT id, at, resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at
+	sql := `SELECT id, at, resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at, principal
 		FROM rejections`
 	if len(where) > 0 {
 		sql += " WHERE " + strings.Join(where, " AND ")
@@ -485,20 +485,20 @@ func (s *Store) Rejections(ctx context.Context, q tokens.RejectionQuery) ([]toke
 	sql += " ORDER BY id DESC LIMIT " + arg(limit)
 	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, interpret("rejections", err)
+		return nil, s.interpret("rejections", err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (tokens.Rejection, error) {
 		var r tokens.Rejection
 		var ended *time.Time
 		err := row.Scan(&r.ID, &r.At, &r.Resource, &r.Code, &r.Token, &r.CurrentToken, &r.Holder, &r.LeaseHint,
-			&r.Method, &r.Upstream, &r.Path, &ended)
+			&r.Method, &r.Upstream, &r.Path, &ended, &r.Principal)
 		if ended != nil {
 			r.LeaseEndedAt = *ended
 		}
 		return r, err
 	})
 	if err != nil {
-		return nil, interpret("rejections", err)
+		return nil, s.interpret("rejections", err)
 	}
 	return out, nil
 }
@@ -511,7 +511,7 @@ func (s *Store) History(ctx context.Context, resource string, limit int) ([]toke
 	rows, err := s.pool.Query(ctx, `SELECT at, resource, kind, token, holder, expires_at, actor
 		FROM lease_events WHERE resource = $1 ORDER BY id DESC LIMIT $2`, resource, limit)
 	if err != nil {
-		return nil, interpret("history", err)
+		return nil, s.interpret("history", err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (tokens.Event, error) {
 		var e tokens.Event
@@ -525,7 +525,7 @@ func (s *Store) History(ctx context.Context, resource string, limit int) ([]toke
 		return e, err
 	})
 	if err != nil {
-		return nil, interpret("history", err)
+		return nil, s.interpret("history", err)
 	}
 	return out, nil
 }
@@ -539,5 +539,5 @@ func (s *Store) RecordEvent(ctx context.Context, e tokens.Event) error {
 	}
 	_, err := s.pool.Exec(ctx, `INSERT INTO lease_events (at, resource, kind, token, holder, expires_at, actor)
 		VALUES (clock_timestamp(), $1, $2, $3, $4, $5, $6)`, e.Resource, string(e.Kind), e.Token, e.Holder, exp, e.Actor)
-	return interpret("record event", err)
+	return s.interpret("record event", err)
 }

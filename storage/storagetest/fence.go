@@ -24,6 +24,7 @@ type FenceOptions struct {
 	SessionCheck time.Duration
 	DrainPeriod  time.Duration
 	Idle         time.Duration
+	MaxFences    int // 0: the backend's default
 }
 
 // FenceReplica is one gateway replica's storage.
@@ -91,6 +92,7 @@ func RunFence(t *testing.T, h FenceHarness) {
 		{"CleanShutdownNeedsNoDrain", testFenceCleanShutdown},
 		{"LostNotifyDoesNotWedgeGrants", testFenceLostNotify},
 		{"ConnectionsBoundedUnderManyWrites", testFenceConnections},
+		{"FencesBounded", testFenceMaxFences},
 		{"WaitersGrantedInArrivalOrder", testFenceWaitersInOrder},
 		{"ManyWaitersFewStoreReads", testFenceManyWaiters},
 		{"DrainBeyondTheWaitAnsweredAtOnce", testFenceDrainAnsweredAtOnce},
@@ -493,5 +495,29 @@ func testFenceDrainAnsweredAtOnce(t *testing.T, h FenceHarness) {
 	}
 	if waited := time.Since(start); waited >= 500*time.Millisecond {
 		t.Fatalf("answered after %v, the whole wait; a drain known to end later is answered at once", waited)
+	}
+}
+
+// A replica holds at most MaxFences fences: idle ones are given up to make
+// room, and a write that would need one more while all are busy is refused
+// as unavailable (never admitted without a fence).
+func testFenceMaxFences(t *testing.T, h FenceHarness) {
+	opts := fenceOpts
+	opts.MaxFences = 2
+	r := h.Replicas(t, 1, opts)[0]
+	svc := r.Service(opts)
+	var leases []tokens.Lease
+	for _, name := range []string{"max-a", "max-b", "max-c"} {
+		leases = append(leases, acquireOn(t, svc, name, "w", 30*time.Second))
+	}
+	for _, l := range leases { // one after the other: idle fences make room
+		admit(t, svc, l).Done(false)
+	}
+	p1, p2 := admit(t, svc, leases[0]), admit(t, svc, leases[1])
+	defer p1.Done(false)
+	defer p2.Done(false)
+	_, err := svc.Admit(t.Context(), leases[2].ID, tokens.Write{Method: "POST"})
+	if !errors.Is(err, tokens.ErrUnavailable) {
+		t.Fatalf("a third resource with two fences busy and a limit of two: %v; want unavailable", err)
 	}
 }

@@ -78,6 +78,7 @@ func Run(t *testing.T, h Harness) {
 		{"Owner", testOwner},
 		{"Revoke", testRevoke},
 		{"RevokeEnded", testRevokeEnded},
+		{"WriteCounts", testWriteCounts},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -474,11 +475,15 @@ func leaseNames(ls []tokens.Lease) []string {
 }
 
 func rejection(resource string, i int) tokens.Rejection {
-	return tokens.Rejection{
+	r := tokens.Rejection{
 		Resource: resource, Code: tokens.CodeStaleToken, Token: int64(i), CurrentToken: int64(i + 1),
 		Holder: fmt.Sprintf("holder-%d", i), LeaseHint: "fl_abcdef…", Method: "PUT", Upstream: "up",
 		Path: fmt.Sprintf("/items/%d", i),
 	}
+	if i%2 == 1 { // who presented the lease, when there is authentication
+		r.Code, r.Principal = tokens.CodeNotOwner, fmt.Sprintf("key-%d", i)
+	}
+	return r
 }
 
 func record(t *testing.T, s tokens.Store, r tokens.Rejection) tokens.Rejection {

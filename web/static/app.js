@@ -75,7 +75,8 @@
     tok.appendChild(document.createTextNode(' '));
     tok.appendChild(el('span', 'muted', 'vs'));
     tok.appendChild(document.createTextNode(' ' + r.current_token));
-    cell(tr, r.holder);
+    var who = cell(tr, r.holder);
+    if (r.principal) who.appendChild(el('span', 'muted', ' · key ' + r.principal));
     cell(tr, el('span', 'code ' + r.code, r.code));
     if (r.lease_ended_at) {
       cell(tr, human(Date.parse(r.at) - Date.parse(r.lease_ended_at)));
@@ -107,6 +108,10 @@
     if (after && after !== '0') url += (url.indexOf('?') < 0 ? '?' : '&') + 'after=' + encodeURIComponent(after);
 
     function add(tr) {
+      var id = tr.getAttribute('data-id');
+      // The page was rendered after the stream's starting point, so the
+      // stream may replay a row the page already shows.
+      if (id && body.querySelector('tr[data-id="' + id + '"]')) return;
       var empty = body.querySelector('tr.empty');
       if (empty) empty.remove();
       body.insertBefore(tr, body.firstChild);
@@ -124,23 +129,36 @@
     var es = new EventSource(url);
     es.onopen = function () { say('live', true); };
     es.onerror = function () { say(es.readyState === EventSource.CLOSED ? 'disconnected: reload' : 'reconnecting…', false); };
-    es.addEventListener('rejection', function (e) { add(rejectionRow(JSON.parse(e.data))); });
-    es.addEventListener('summary', function (e) { add(summaryRow(JSON.parse(e.data))); });
+    // A row in the feed means the counts, the chart and the leases have
+    // changed too: refresh them now rather than at the next poll, so that
+    // the page never shows a rejection that its cards do not count.
+    es.addEventListener('rejection', function (e) { add(rejectionRow(JSON.parse(e.data))); refreshSoon(); });
+    es.addEventListener('summary', function (e) { add(summaryRow(JSON.parse(e.data))); refreshSoon(); });
   }
+
+  // refreshSoon is set by refresh(); a no-op on pages without live parts.
+  var refreshSoon = function () {};
 
   // refresh keeps the counts, the chart, the top lists and the held leases
   // current: it fetches this same page (same filters) and swaps in the
-  // server-rendered part, which the server escaped like any page load. It
-  // skips hidden tabs and never overlaps two fetches.
+  // server-rendered part, which the server escaped like any page load.
+  // The server computes that part from one read of the store, so the cards,
+  // the chart and the leases table always agree with one another; the feed
+  // calls refreshSoon() on every row it adds, so they agree with the feed
+  // within a fetch. It polls as well (leases change without a rejection),
+  // skips hidden tabs, never overlaps two fetches, and a refresh asked for
+  // during a fetch runs right after it.
   function refresh() {
     var live = document.getElementById('live-overview');
     if (!live || !window.fetch || !window.DOMParser) return;
     var every = parseInt(live.getAttribute('data-refresh-ms'), 10) || 5000;
-    var busy = false;
+    var busy = false, again = false, timer = null;
     function once() {
-      if (busy || document.hidden) return;
+      if (document.hidden) return;
+      if (busy) { again = true; return; }
       busy = true;
-      fetch(window.location.href, { credentials: 'same-origin', headers: { Accept: 'text/html' } })
+      again = false;
+      fetch(window.location.href, { credentials: 'same-origin', headers: { Accept: 'text/html' }, cache: 'no-store' })
         .then(function (resp) { return resp.ok ? resp.text() : null; })
         .then(function (html) {
           if (!html) return;
@@ -149,16 +167,24 @@
           if (fresh && current) current.replaceWith(document.importNode(fresh, true));
         })
         .catch(function () {})
-        .then(function () { busy = false; });
+        .then(function () {
+          busy = false;
+          if (again) once();
+        });
     }
+    // Rejections come in bursts: one fetch per 100 ms at most.
+    refreshSoon = function () {
+      if (timer) return;
+      timer = setTimeout(function () { timer = null; once(); }, 100);
+    };
     setInterval(once, every);
     document.addEventListener('visibilitychange', once);
   }
 
   function start() {
     countdowns();
-    feed();
     refresh();
+    feed();
   }
   if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', start); else start();
 })();

@@ -133,6 +133,7 @@ func FenceReplicas(t *testing.T, n int, opts storagetest.FenceOptions,
 			SessionCheck: opts.SessionCheck,
 			OrphanDrain:  opts.DrainPeriod + opts.SessionCheck,
 			Idle:         opts.Idle,
+			MaxFences:    opts.MaxFences,
 			Replica:      replica,
 			State:        counted,
 		})

@@ -1,0 +1,45 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fencegw/fencegw/storage/postgres"
+	"github.com/fencegw/fencegw/storage/postgres/pgtest"
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// A pool whose every connection is in use is reported as busy, not as a
+// store that cannot be reached.
+func TestExhaustedPoolsSaySo(t *testing.T) {
+	t.Parallel()
+	s := pgtest.Open(t, pgtest.NewSchema(t), postgres.Options{MaxConns: 2, MaxLockConns: 1})
+	ctx := t.Context()
+	for range 2 {
+		c, err := s.Pool().Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Release()
+	}
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	_, err := s.Resource(short, "r")
+	if e := tokens.Facts(err); !errors.Is(err, tokens.ErrUnavailable) || e == nil || !e.Busy {
+		t.Fatalf("query with the pool exhausted: %v; want ErrUnavailable marked busy", err)
+	}
+
+	held, err := s.ExclusiveLock(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Unlock()
+	short2, cancel2 := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel2()
+	_, err = s.ExclusiveLock(short2, "b")
+	if e := tokens.Facts(err); !errors.Is(err, tokens.ErrUnavailable) || e == nil || !e.Busy {
+		t.Fatalf("lock with the lock pool exhausted: %v; want ErrUnavailable marked busy", err)
+	}
+}

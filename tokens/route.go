@@ -1,0 +1,28 @@
+package tokens
+
+import (
+	"context"
+	"errors"
+)
+
+// Route bindings (gateway/routes.go) refuse an admitted write whose lease is
+// for a resource the write's route does not take. The refusal is recorded
+// like every other refused write.
+
+// ErrWrongResource: a write under a live lease for another resource than
+// the ones its route binds (a lease on res:b writing to res:a's path).
+// Nothing is forwarded.
+var ErrWrongResource = errors.New("lease for another resource")
+
+// CodeWrongResource is the problem and rejection code of ErrWrongResource.
+const CodeWrongResource = "resource_mismatch"
+
+// Refuse ends an admitted write without forwarding it (like Done(false))
+// and records the refusal, which must wrap a sentinel whose code the
+// rejection log knows (ErrWrongResource). It returns refusal.
+func (p *Permit) Refuse(ctx context.Context, refusal error, w Write) error {
+	p.Done(false)
+	// The lease was the resource's current one when it was admitted.
+	state := Resource{Name: p.Lease.Resource, Token: p.Lease.Token, Lease: &p.Lease}
+	return p.svc.reject(ctx, refusal, p.Lease, state, w)
+}
