@@ -162,6 +162,17 @@ func unknownOutcome(status int) bool {
 	return status == 0 || status == 408 || status == 413 || status == 502 || status == 504
 }
 
+// sentAs is the attempt an arrival came from: the first attempt of its
+// write that carried its token, else its first attempt.
+func sentAs(writes map[string]*Write, attempts map[string][]*Write, a Arrival) *Write {
+	for _, w := range attempts[a.ID] {
+		if w.Token == a.Token {
+			return w
+		}
+	}
+	return writes[a.ID]
+}
+
 // Check applies every rule to h.
 func Check(h History) Report {
 	r := Report{Stats: Stats{Faults: map[string]int{}, ViolationCounts: map[string]int{}}}
@@ -191,15 +202,22 @@ func Check(h History) Report {
 		m[g.Token] = g.Holder
 	}
 
-	// A write's first attempt is the one that may have been forwarded
-	// (retries under its key are answered from the gateway's record);
+	// writes holds each id's first attempt; a keyed write's attempts are
+	// all in attempts, in order. Any one of them may be the one that was
+	// forwarded (the earlier ones may never have reached the gateway's
+	// record, and a retry under a new lease carries a new token): an
+	// arrival is judged against the attempt whose token it carries.
 	// keyed and retried say which ids had a key and more than one attempt.
 	writes := make(map[string]*Write, len(h.Writes))
+	attempts := map[string][]*Write{}
 	keyed, retried := map[string]bool{}, map[string]bool{}
 	for i := range h.Writes {
 		w := &h.Writes[i]
 		if prev := writes[w.ID]; prev == nil || !w.Keyed || w.Attempt < prev.Attempt {
 			writes[w.ID] = w
+		}
+		if w.Keyed {
+			attempts[w.ID] = append(attempts[w.ID], w)
 		}
 		if w.Keyed {
 			keyed[w.ID] = true
@@ -257,7 +275,7 @@ func Check(h History) Report {
 				flag(RuleExactlyOnce, "write %s applied more than once", a.ID)
 			}
 		}
-		if w := writes[a.ID]; w != nil && w.Token != a.Token {
+		if w := sentAs(writes, attempts, a); w != nil && w.Token != a.Token {
 			flag(RuleTokenMismatch, "write %s sent under token %d reached the upstream with token %d", a.ID, w.Token, a.Token)
 		}
 		for _, f := range h.Faults {
@@ -366,13 +384,13 @@ func Check(h History) Report {
 			continue
 		}
 		token, deadline := a.Token, a.Applied
-		if w := writes[a.ID]; w != nil {
+		if w := sentAs(writes, attempts, a); w != nil {
 			token = w.Token // the lease it was sent under, whatever the header said
 			// An unknown outcome starts a drain period no earlier than the
 			// write was sent: the gateway is at fault only for a grant that
 			// returned before that drain could have ended. Later, the write
 			// landed after the bound the gateway was configured with.
-			if h.DrainPeriod > 0 && (unknownOutcome(w.Status) || retried[a.ID]) {
+			if h.DrainPeriod > 0 && unknownOutcome(w.Status) {
 				if end := w.Sent.Add(h.DrainPeriod); end.Before(deadline) {
 					deadline = end
 				}
