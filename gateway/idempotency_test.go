@@ -27,6 +27,23 @@ type keyedEnv struct {
 }
 
 func newKeyedEnv(t *testing.T, forwardTimeout time.Duration, idem bool) *keyedEnv {
+	return newKeyedEnvAuth(t, forwardTimeout, idem, nil)
+}
+
+// bearerNames authenticates "Authorization: Bearer NAME" as the worker NAME.
+type bearerNames struct{}
+
+func (bearerNames) Authenticate(r *http.Request) (*Principal, error) {
+	name, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || name == "" {
+		return nil, ErrUnauthenticated
+	}
+	return &Principal{Name: name, Role: RoleWorker}, nil
+}
+
+func (bearerNames) Allow(*Principal) (bool, time.Duration) { return true, 0 }
+
+func newKeyedEnvAuth(t *testing.T, forwardTimeout time.Duration, idem bool, auth Authenticator) *keyedEnv {
 	t.Helper()
 	env := &keyedEnv{applied: map[string]int{}}
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -52,7 +69,7 @@ func newKeyedEnv(t *testing.T, forwardTimeout time.Duration, idem bool) *keyedEn
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	env.svc = tokens.New(tokens.Config{Store: store, Locker: tokens.NewLocalLocker(), Logger: log, DrainPeriod: 100 * time.Millisecond})
 	u, _ := url.Parse(up.URL)
-	cfg := Config{Logger: log, Upstreams: map[string]*url.URL{"up": u}, ForwardTimeout: forwardTimeout}
+	cfg := Config{Logger: log, Upstreams: map[string]*url.URL{"up": u}, ForwardTimeout: forwardTimeout, Auth: auth}
 	if idem {
 		cfg.Idempotency = tokens.NewIdempotency(tokens.IdempotencyConfig{Store: store, InFlight: forwardTimeout + DefaultBodyTimeout, MaxBody: 16})
 	}
@@ -311,5 +328,38 @@ func TestUnkeyedWriteAllocatesNothingForKeys(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("keyedWrite allocates %v times for a write without a key, want 0", allocs)
+	}
+}
+
+// With authentication a key is the principal's: another principal's write
+// with the same key on the same resource is its own first attempt, never
+// another caller's recorded answer.
+func TestIdempotencyKeyScopedByPrincipal(t *testing.T) {
+	t.Parallel()
+	env := newKeyedEnvAuth(t, 5*time.Second, true, bearerNames{})
+	acquire := func(owner string) tokens.Lease {
+		l, err := env.svc.Acquire(t.Context(), tokens.AcquireRequest{Resource: "acct/7", Holder: owner, Owner: owner, TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	alice := acquire("alice")
+	if resp, _, _ := env.write(t, alice.ID, "shared", "1", "Authorization", "Bearer alice"); resp.StatusCode != http.StatusCreated {
+		t.Fatalf("alice: %d", resp.StatusCode)
+	}
+	if _, err := env.svc.Release(t.Context(), alice.ID, "alice"); err != nil {
+		t.Fatal(err)
+	}
+	bob := acquire("bob")
+	resp, _, _ := env.write(t, bob.ID, "shared", "1", "Authorization", "Bearer bob")
+	if resp.StatusCode != http.StatusCreated || resp.Header.Get(HeaderReplayed) != "" {
+		t.Fatalf("bob with alice's key: %d replayed=%q, want his own first attempt", resp.StatusCode, resp.Header.Get(HeaderReplayed))
+	}
+	if n := env.count("shared"); n != 2 {
+		t.Fatalf("the key was applied %d times, want once per principal (2)", n)
+	}
+	if resp, _, _ := env.write(t, bob.ID, "shared", "1", "Authorization", "Bearer bob"); resp.Header.Get(HeaderReplayed) != "true" {
+		t.Fatalf("bob's retry: %d replayed=%q", resp.StatusCode, resp.Header.Get(HeaderReplayed))
 	}
 }
