@@ -18,6 +18,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -46,11 +47,19 @@ type Server struct {
 
 // Serve serves h on 127.0.0.1:0 until Close.
 func Serve(h http.Handler) (*Server, error) {
-	return serve(h, nil)
+	return ServeAs("server", h)
 }
 
-// serve is Serve with the listener wrapped (the gateway's framing check).
-func serve(h http.Handler, wrap func(*http.Server, net.Listener) net.Listener) (*Server, error) {
+// ServeAs is Serve with the server's goroutines (each connection's, and the
+// upstream connections its handlers dial) labelled server=role in CPU
+// profiles, so that pprof -tagfocus server=role shows one server's whole
+// cost in a process that also runs the clients and the upstream.
+func ServeAs(role string, h http.Handler) (*Server, error) {
+	return serve(role, h, nil)
+}
+
+// serve is ServeAs with the listener wrapped (the gateway's framing check).
+func serve(role string, h http.Handler, wrap func(*http.Server, net.Listener) net.Listener) (*Server, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -64,7 +73,7 @@ func serve(h http.Handler, wrap func(*http.Server, net.Listener) net.Listener) (
 	if wrap != nil {
 		ln = wrap(srv, ln)
 	}
-	go func() { _ = srv.Serve(ln) }()
+	go pprof.Do(context.Background(), pprof.Labels("server", role), func(context.Context) { _ = srv.Serve(ln) })
 	return &Server{URL: &url.URL{Scheme: "http", Host: ln.Addr().String()}, srv: srv}, nil
 }
 
@@ -86,7 +95,7 @@ type Upstream struct {
 // StartUpstream starts an Upstream on loopback.
 func StartUpstream() (*Upstream, error) {
 	u := &Upstream{}
-	srv, err := Serve(http.HandlerFunc(u.serve))
+	srv, err := ServeAs("upstream", http.HandlerFunc(u.serve))
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +172,7 @@ func StartGateway(dir string, upstream *url.URL) (*Gateway, error) {
 	})
 	// Served as fencegw serve serves it: through the listener that refuses
 	// ambiguous framing, so its cost is in the figures.
-	srv, err := serve(gw, func(srv *http.Server, ln net.Listener) net.Listener { return gateway.Listener(srv, ln, nil) })
+	srv, err := serve("gateway", gw, func(srv *http.Server, ln net.Listener) net.Listener { return gateway.Listener(srv, ln, nil) })
 	if err != nil {
 		gw.Close()
 		_ = store.Close()

@@ -32,6 +32,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -58,6 +59,8 @@ type options struct {
 	upstreamName string
 	direct       string
 	bare         string
+	cpuProfile   string
+	memProfile   string
 }
 
 func main() {
@@ -104,6 +107,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.upstreamName, "upstream-name", "", "with -gateway: the upstream name writes go to (/v1/proxy/NAME/...)")
 	fs.StringVar(&o.direct, "direct", "", "with -gateway: full URL for the direct setup (POSTed to as is)")
 	fs.StringVar(&o.bare, "bare", "", "with -gateway: full URL for the bare-proxy setup (POSTed to as is)")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured rounds (the whole process: clients, servers) to this file")
+	fs.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile of the measured rounds to this file")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: fencegw-load [flags]\n\nStarts an upstream, a bare reverse proxy and an embedded gateway on 127.0.0.1\n(or drives -gateway URL) and compares them. Flags:")
 		fs.PrintDefaults()
@@ -163,7 +168,7 @@ func startLocal(conc int) (*env, error) {
 	if err != nil {
 		return nil, err
 	}
-	bare, err := bench.Serve(bench.NewBareProxy(up.URL))
+	bare, err := bench.ServeAs("bare-proxy", bench.NewBareProxy(up.URL))
 	if err != nil {
 		_ = up.Close()
 		return nil, err
@@ -300,6 +305,10 @@ func runWrites(ctx context.Context, o options, out io.Writer) error {
 	if e.local != nil {
 		delivered = e.local.Requests.Load()
 	}
+	stopProfiles, err := startProfiles(o)
+	if err != nil {
+		return err
+	}
 	results := make(map[string]*merged, len(setups))
 	for round := range o.rounds {
 		for _, s := range rotate(setups, round) {
@@ -312,6 +321,9 @@ func runWrites(ctx context.Context, o options, out io.Writer) error {
 			}
 			results[s].add(r)
 		}
+	}
+	if err := stopProfiles(); err != nil {
+		return err
 	}
 	if e.local != nil {
 		var sent int64
@@ -332,6 +344,51 @@ func runWrites(ctx context.Context, o options, out io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// startProfiles starts the CPU profile and marks the start of the
+// allocation profile (-memprofile FILE also writes FILE.start: pass it to
+// pprof -base to see only the measured rounds). The returned func stops and
+// writes them.
+func startProfiles(o options) (stop func() error, err error) {
+	var cpu *os.File
+	if o.cpuProfile != "" {
+		if cpu, err = os.Create(o.cpuProfile); err != nil {
+			return nil, err
+		}
+		if err = pprof.StartCPUProfile(cpu); err != nil {
+			_ = cpu.Close()
+			return nil, err
+		}
+	}
+	if o.memProfile != "" {
+		if err = writeAllocs(o.memProfile + ".start"); err != nil {
+			if cpu != nil {
+				pprof.StopCPUProfile()
+				_ = cpu.Close()
+			}
+			return nil, err
+		}
+	}
+	return func() error {
+		var errs []error
+		if cpu != nil {
+			pprof.StopCPUProfile()
+			errs = append(errs, cpu.Close())
+		}
+		if o.memProfile != "" {
+			errs = append(errs, writeAllocs(o.memProfile))
+		}
+		return errors.Join(errs...)
+	}, nil
+}
+
+func writeAllocs(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	return errors.Join(pprof.Lookup("allocs").WriteTo(f, 0), f.Close())
 }
 
 // rotate starts round r at a different setup, so no setup always runs first.
