@@ -681,8 +681,10 @@ func TestBodyTimeoutAnswers408(t *testing.T) {
 			t.Fatalf("the upstream got a complete slow write: %+v", r)
 		}
 	}
-	// The forwards left the upstream with an incomplete request whose
-	// outcome is unknown: the resource drains.
+	// The chunked forward left the upstream with an incomplete request
+	// whose outcome is unknown: the resource drains. (The small
+	// Content-Length body is read in whole before a forward, so that one
+	// was never forwarded: TestSmallBodyFailsBeforeForward.)
 	res, err := tg.svc.Resource(context.Background(), "slow")
 	if err != nil {
 		t.Fatal(err)
