@@ -102,7 +102,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.resources, "resources", 1000, "leases (one per resource) the gateway-spread setup picks from")
 	fs.IntVar(&o.bodySize, "body-size", 256, "write body size in bytes")
 	fs.BoolVar(&o.grants, "grants", false, "measure lease grants per second instead of writes")
-	setups := fs.String("setups", "direct,bare-proxy,gateway,gateway-spread", "setups to drive, comma-separated")
+	setups := fs.String("setups", "direct,bare-proxy,gateway,gateway-spread,peers", "setups to drive, comma-separated: direct, bare-proxy, gateway, gateway-spread, nginx, haproxy, caddy; peers: those of nginx, haproxy and caddy that are installed")
 	fs.StringVar(&o.gateway, "gateway", "", "base URL of an existing gateway to drive instead of the embedded one")
 	fs.StringVar(&o.upstreamName, "upstream-name", "", "with -gateway: the upstream name writes go to (/v1/proxy/NAME/...)")
 	fs.StringVar(&o.direct, "direct", "", "with -gateway: full URL for the direct setup (POSTed to as is)")
@@ -124,8 +124,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("-duration must be in (0, %s]", maxDuration)
 	case o.warmup < 0 || o.warmup > time.Minute:
 		return o, errors.New("-warmup must be in [0, 1m]")
-	case o.rounds < 1 || o.rounds > 100:
-		return o, errors.New("-rounds must be in [1, 100]")
+	case o.rounds < 1 || o.rounds > 1000:
+		return o, errors.New("-rounds must be in [1, 1000]")
 	case o.concurrency < 1 || o.concurrency > 4096:
 		return o, errors.New("-concurrency must be in [1, 4096]")
 	case o.acquirers < 1 || o.acquirers > 4096:
@@ -143,9 +143,21 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		switch s = strings.TrimSpace(s); s {
 		case "direct", "bare-proxy", "gateway", "gateway-spread":
 			o.setups = append(o.setups, s)
+		case "nginx", "haproxy", "caddy":
+			if _, err := lookPeer(s); err != nil {
+				return o, fmt.Errorf("-setups: %w", err)
+			}
+			if o.gateway != "" {
+				return o, fmt.Errorf("-setups: %s runs only with the local setups (not with -gateway)", s)
+			}
+			o.setups = append(o.setups, s)
+		case "peers":
+			if o.gateway == "" && !o.grants {
+				o.setups = append(o.setups, installedPeers()...)
+			}
 		case "":
 		default:
-			return o, fmt.Errorf("-setups: unknown setup %q (direct, bare-proxy, gateway, gateway-spread)", s)
+			return o, fmt.Errorf("-setups: unknown setup %q (direct, bare-proxy, gateway, gateway-spread, nginx, haproxy, caddy, peers)", s)
 		}
 	}
 	return o, nil
@@ -157,13 +169,14 @@ type env struct {
 	upstream string // the gateway's name for it
 	client   *http.Client
 	local    *bench.Upstream // nil when driving an existing deployment
+	peers    map[string]*peer
 	targets  map[string]bench.Target
 	leases   []string // to release at the end (existing deployment only)
 	close    func()
 }
 
 // startLocal starts the three setups on loopback.
-func startLocal(conc int) (*env, error) {
+func startLocal(ctx context.Context, conc int, setups []string) (*env, error) {
 	up, err := bench.StartUpstream()
 	if err != nil {
 		return nil, err
@@ -196,12 +209,28 @@ func startLocal(conc int) (*env, error) {
 			"bare-proxy": bench.BareProxyTarget(bare.URL),
 		},
 	}
+	e.peers = map[string]*peer{}
 	e.close = func() {
+		for _, p := range e.peers {
+			p.stop()
+		}
 		e.client.CloseIdleConnections()
 		_ = bare.Close()
 		_ = gw.Close()
 		_ = up.Close()
 		_ = os.RemoveAll(dir)
+	}
+	for _, s := range setups {
+		if _, isPeer := peerBinary[s]; !isPeer {
+			continue
+		}
+		p, err := startPeer(ctx, s, up.URL)
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		e.peers[s] = p
+		e.targets[s] = bench.Target{Name: s, URL: p.url.String() + bench.WritePath}
 	}
 	return e, nil
 }
@@ -249,7 +278,7 @@ func runWrites(ctx context.Context, o options, out io.Writer) error {
 	var e *env
 	var err error
 	if o.gateway == "" {
-		e, err = startLocal(o.concurrency)
+		e, err = startLocal(ctx, o.concurrency, o.setups)
 	} else {
 		e, err = startRemote(o, o.concurrency)
 	}
@@ -315,11 +344,20 @@ func runWrites(ctx context.Context, o options, out io.Writer) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
+			p := e.peers[s]
+			self0, peer0 := selfCPU(), time.Duration(0)
+			if p != nil {
+				peer0 = p.cpu()
+			}
 			r := bench.RunFor(ctx, s, o.duration/time.Duration(o.rounds), o.concurrency, op(e.targets[s]))
 			if results[s] == nil {
 				results[s] = &merged{}
 			}
 			results[s].add(r)
+			results[s].selfCPU += selfCPU() - self0
+			if p != nil {
+				results[s].peerCPU += p.cpu() - peer0
+			}
 		}
 	}
 	if err := stopProfiles(); err != nil {
@@ -403,6 +441,18 @@ type merged struct {
 	firstErr         error
 	elapsed          time.Duration
 	samples          []time.Duration
+	// selfCPU is this process's CPU time during the setup's slices
+	// (clients, upstream, in-process servers); peerCPU, the peer
+	// proxy's processes'.
+	selfCPU, peerCPU time.Duration
+}
+
+// perRequest is d per answered request, in µs.
+func (m *merged) perRequest(d time.Duration) float64 {
+	if m.requests == 0 {
+		return 0
+	}
+	return float64(d) / 1e3 / float64(m.requests)
 }
 
 func (m *merged) add(r bench.Result) {
@@ -417,29 +467,55 @@ func (m *merged) add(r bench.Result) {
 
 func us(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e3, 'f', 0, 64) }
 
+// printWrites prints one row per setup, then each setup's ratios to the
+// bare proxy and to nginx. CPU per request: "all" is this process's CPU
+// (clients, upstream, in-process servers) plus a peer's own; "server" is
+// a peer's own, or for an in-process server this process's per request
+// minus the direct setup's (what the clients and the upstream cost).
 func printWrites(out io.Writer, setups []string, results map[string]*merged) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "setup\trequests\terrors\treq/s\tp50 µs\tp90 µs\tp99 µs\tmax µs\t")
+	fmt.Fprintln(tw, "setup\trequests\terrors\treq/s\tp50 µs\tp90 µs\tp99 µs\tmax µs\tCPU µs/req all\tserver\t")
 	sums := map[string]bench.Summary{}
 	rates := map[string]float64{}
+	server := map[string]float64{}
+	var direct float64
+	if m, ok := results["direct"]; ok {
+		direct = m.perRequest(m.selfCPU)
+	}
 	for _, s := range setups {
 		m := results[s]
 		sum := bench.Summarize(m.samples)
 		sums[s] = sum
 		rates[s] = float64(m.requests) / m.elapsed.Seconds()
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t\n", s, m.requests, m.errors, rates[s], us(sum.P50), us(sum.P90), us(sum.P99), us(sum.Max))
+		cpu := "-"
+		switch {
+		case m.peerCPU > 0:
+			server[s] = m.perRequest(m.peerCPU)
+		case s != "direct" && direct > 0:
+			server[s] = m.perRequest(m.selfCPU) - direct
+		}
+		if v, ok := server[s]; ok {
+			cpu = strconv.FormatFloat(v, 'f', 1, 64)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t%.1f\t%s\t\n", s, m.requests, m.errors, rates[s], us(sum.P50), us(sum.P90), us(sum.P99), us(sum.Max),
+			m.perRequest(m.selfCPU+m.peerCPU), cpu)
 	}
 	_ = tw.Flush()
-	base, ok := sums["bare-proxy"]
-	if !ok {
-		return
-	}
-	for _, s := range setups {
-		if !strings.HasPrefix(s, "gateway") {
+	for _, ref := range []string{"bare-proxy", "nginx"} {
+		if _, ok := sums[ref]; !ok {
 			continue
 		}
-		fmt.Fprintf(out, "%s / bare-proxy: throughput %.2f, added p50 %+.0f µs, added p99 %+.0f µs\n",
-			s, rates[s]/rates["bare-proxy"], float64(sums[s].P50-base.P50)/1e3, float64(sums[s].P99-base.P99)/1e3)
+		for _, s := range setups {
+			if s == ref || s == "direct" {
+				continue
+			}
+			line := fmt.Sprintf("%s / %s: throughput %.2f, p50 %+.0f µs, p99 %+.0f µs", s, ref,
+				rates[s]/rates[ref], float64(sums[s].P50-sums[ref].P50)/1e3, float64(sums[s].P99-sums[ref].P99)/1e3)
+			if server[s] > 0 && server[ref] > 0 {
+				line += fmt.Sprintf(", server CPU per request %.2f", server[s]/server[ref])
+			}
+			fmt.Fprintln(out, line)
+		}
 	}
 }
 
@@ -447,7 +523,7 @@ func runGrants(ctx context.Context, o options, out io.Writer) error {
 	var e *env
 	var err error
 	if o.gateway == "" {
-		e, err = startLocal(o.acquirers)
+		e, err = startLocal(ctx, o.acquirers, nil)
 	} else {
 		e, err = startRemote(o, o.acquirers)
 	}
