@@ -55,12 +55,17 @@ func Serve(h http.Handler) (*Server, error) {
 // profiles, so that pprof -tagfocus server=role shows one server's whole
 // cost in a process that also runs the clients and the upstream.
 func ServeAs(role string, h http.Handler) (*Server, error) {
-	return serve(role, h, nil)
+	return serve(role, "127.0.0.1:0", h, nil)
 }
 
-// serve is ServeAs with the listener wrapped (the gateway's framing check).
-func serve(role string, h http.Handler, wrap func(*http.Server, net.Listener) net.Listener) (*Server, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// ServeAt is ServeAs on addr (host:port) instead of an ephemeral port.
+func ServeAt(role, addr string, h http.Handler) (*Server, error) {
+	return serve(role, addr, h, nil)
+}
+
+// serve is ServeAt with the listener wrapped (the gateway's framing check).
+func serve(role, addr string, h http.Handler, wrap func(*http.Server, net.Listener) net.Listener) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
@@ -160,6 +165,11 @@ type Gateway struct {
 // StartGateway opens the embedded store in dir and serves a gateway
 // forwarding UpstreamName to upstream. Logs are discarded.
 func StartGateway(dir string, upstream *url.URL) (*Gateway, error) {
+	return StartGatewayAt(dir, upstream, "127.0.0.1:0")
+}
+
+// StartGatewayAt is StartGateway listening on addr (host:port).
+func StartGatewayAt(dir string, upstream *url.URL, addr string) (*Gateway, error) {
 	log := slog.New(slog.DiscardHandler)
 	store, err := bolt.Open(filepath.Join(dir, "fencegw.db"), bolt.Options{Logger: log})
 	if err != nil {
@@ -172,7 +182,7 @@ func StartGateway(dir string, upstream *url.URL) (*Gateway, error) {
 	})
 	// Served as fencegw serve serves it: through the listener that refuses
 	// ambiguous framing, so its cost is in the figures.
-	srv, err := serve("gateway", gw, func(srv *http.Server, ln net.Listener) net.Listener { return gateway.Listener(srv, ln, nil) })
+	srv, err := serve("gateway", addr, gw, func(srv *http.Server, ln net.Listener) net.Listener { return gateway.Listener(srv, ln, nil) })
 	if err != nil {
 		gw.Close()
 		_ = store.Close()

@@ -36,6 +36,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -61,6 +62,9 @@ type options struct {
 	bare         string
 	cpuProfile   string
 	memProfile   string
+	servers      string
+	// The hidden serve mode: this program as one setup's server.
+	serveRole, serveListen, serveUpstream, serveDir string
 }
 
 func main() {
@@ -75,6 +79,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "fencegw-load: "+err.Error())
 		return 2
+	}
+	if o.serveRole != "" {
+		if err := runServe(o); err != nil {
+			fmt.Fprintln(stderr, "fencegw-load -serve: "+err.Error())
+			return 1
+		}
+		return 0
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -107,8 +118,13 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.upstreamName, "upstream-name", "", "with -gateway: the upstream name writes go to (/v1/proxy/NAME/...)")
 	fs.StringVar(&o.direct, "direct", "", "with -gateway: full URL for the direct setup (POSTed to as is)")
 	fs.StringVar(&o.bare, "bare", "", "with -gateway: full URL for the bare-proxy setup (POSTed to as is)")
-	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured rounds (the whole process: clients, servers) to this file")
-	fs.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile of the measured rounds to this file")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile to this file: with -servers process, of the gateway's process (from its start); inline, of the measured rounds of the whole process (pprof -tagfocus server=gateway)")
+	fs.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile to this file, of the gateway's process or (inline) of the measured rounds")
+	fs.StringVar(&o.servers, "servers", "process", "run the bare proxy and the gateway in processes of their own, as the peers (process), or in this one (inline)")
+	fs.StringVar(&o.serveRole, "serve", "", "internal: serve one setup (gateway, bare-proxy) until SIGTERM")
+	fs.StringVar(&o.serveListen, "serve-listen", "", "internal: with -serve, the address")
+	fs.StringVar(&o.serveUpstream, "serve-upstream", "", "internal: with -serve, the upstream URL")
+	fs.StringVar(&o.serveDir, "serve-dir", "", "internal: with -serve gateway, the store's directory")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: fencegw-load [flags]\n\nStarts an upstream, a bare reverse proxy and an embedded gateway on 127.0.0.1\n(or drives -gateway URL) and compares them. Flags:")
 		fs.PrintDefaults()
@@ -134,6 +150,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("-resources must be in [1, 100000]")
 	case o.bodySize < 0 || o.bodySize > 10<<20:
 		return o, errors.New("-body-size must be in [0, 10MiB]")
+	case o.servers != "process" && o.servers != "inline":
+		return o, errors.New("-servers must be process or inline")
 	case o.gateway != "" && o.upstreamName == "" && !o.grants:
 		return o, errors.New("-gateway needs -upstream-name")
 	case o.gateway == "" && (o.direct != "" || o.bare != "" || o.upstreamName != ""):
@@ -176,49 +194,61 @@ type env struct {
 }
 
 // startLocal starts the three setups on loopback.
-func startLocal(ctx context.Context, conc int, setups []string) (*env, error) {
+func startLocal(ctx context.Context, o options, conc int, setups []string) (*env, error) {
 	up, err := bench.StartUpstream()
 	if err != nil {
 		return nil, err
 	}
-	bare, err := bench.ServeAs("bare-proxy", bench.NewBareProxy(up.URL))
-	if err != nil {
-		_ = up.Close()
-		return nil, err
-	}
-	dir, err := os.MkdirTemp("", "fencegw-load-")
-	if err != nil {
-		_ = up.Close()
-		_ = bare.Close()
-		return nil, err
-	}
-	gw, err := bench.StartGateway(dir, up.URL)
-	if err != nil {
-		_ = up.Close()
-		_ = bare.Close()
-		_ = os.RemoveAll(dir)
-		return nil, err
-	}
 	e := &env{
-		gateway:  gw.URL,
 		upstream: bench.UpstreamName,
 		client:   bench.NewClient(conc),
 		local:    up,
-		targets: map[string]bench.Target{
-			"direct":     bench.DirectTarget(up.URL),
-			"bare-proxy": bench.BareProxyTarget(bare.URL),
-		},
+		targets:  map[string]bench.Target{"direct": bench.DirectTarget(up.URL)},
+		peers:    map[string]*peer{},
 	}
-	e.peers = map[string]*peer{}
+	var closers []func() error
 	e.close = func() {
 		for _, p := range e.peers {
 			p.stop()
 		}
 		e.client.CloseIdleConnections()
-		_ = bare.Close()
-		_ = gw.Close()
+		for i := len(closers) - 1; i >= 0; i-- {
+			_ = closers[i]()
+		}
 		_ = up.Close()
-		_ = os.RemoveAll(dir)
+	}
+	if o.servers == "process" {
+		for _, role := range []string{"bare-proxy", "gateway"} {
+			p, err := startSelf(ctx, o, role, up.URL)
+			if err != nil {
+				e.close()
+				return nil, err
+			}
+			e.peers[role] = p
+		}
+		e.targets["bare-proxy"] = bench.BareProxyTarget(e.peers["bare-proxy"].url)
+		e.gateway = e.peers["gateway"].url
+	} else {
+		bare, err := bench.ServeAs("bare-proxy", bench.NewBareProxy(up.URL))
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		closers = append(closers, bare.Close)
+		e.targets["bare-proxy"] = bench.BareProxyTarget(bare.URL)
+		dir, err := os.MkdirTemp("", "fencegw-load-")
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		closers = append(closers, func() error { return os.RemoveAll(dir) })
+		gw, err := bench.StartGateway(dir, up.URL)
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		closers = append(closers, gw.Close)
+		e.gateway = gw.URL
 	}
 	for _, s := range setups {
 		if _, isPeer := peerBinary[s]; !isPeer {
@@ -278,7 +308,7 @@ func runWrites(ctx context.Context, o options, out io.Writer) error {
 	var e *env
 	var err error
 	if o.gateway == "" {
-		e, err = startLocal(ctx, o.concurrency, o.setups)
+		e, err = startLocal(ctx, o, o.concurrency, o.setups)
 	} else {
 		e, err = startRemote(o, o.concurrency)
 	}
@@ -334,9 +364,11 @@ func runWrites(ctx context.Context, o options, out io.Writer) error {
 	if e.local != nil {
 		delivered = e.local.Requests.Load()
 	}
-	stopProfiles, err := startProfiles(o)
-	if err != nil {
-		return err
+	stopProfiles := func() error { return nil }
+	if o.servers == "inline" || o.gateway != "" {
+		if stopProfiles, err = startProfiles(o); err != nil {
+			return err
+		}
 	}
 	results := make(map[string]*merged, len(setups))
 	for round := range o.rounds {
@@ -382,6 +414,41 @@ func runWrites(ctx context.Context, o options, out io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// runServe serves one setup until SIGTERM or SIGINT (the parent's
+// startSelf).
+func runServe(o options) error {
+	up, err := url.Parse(o.serveUpstream)
+	if err != nil || up.Host == "" {
+		return fmt.Errorf("-serve-upstream %q is not a URL", o.serveUpstream)
+	}
+	var closeServer func() error
+	switch o.serveRole {
+	case "gateway":
+		gw, err := bench.StartGatewayAt(o.serveDir, up, o.serveListen)
+		if err != nil {
+			return err
+		}
+		closeServer = gw.Close
+	case "bare-proxy":
+		srv, err := bench.ServeAt("bare-proxy", o.serveListen, bench.NewBareProxy(up))
+		if err != nil {
+			return err
+		}
+		closeServer = srv.Close
+	default:
+		return fmt.Errorf("-serve %q: not gateway or bare-proxy", o.serveRole)
+	}
+	stopProfiles, err := startProfiles(o)
+	if err != nil {
+		_ = closeServer()
+		return err
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
+	<-sig
+	return errors.Join(stopProfiles(), closeServer())
 }
 
 // startProfiles starts the CPU profile and marks the start of the
@@ -523,7 +590,7 @@ func runGrants(ctx context.Context, o options, out io.Writer) error {
 	var e *env
 	var err error
 	if o.gateway == "" {
-		e, err = startLocal(ctx, o.acquirers, nil)
+		e, err = startLocal(ctx, o, o.acquirers, nil)
 	} else {
 		e, err = startRemote(o, o.acquirers)
 	}

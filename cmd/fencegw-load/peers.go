@@ -88,6 +88,42 @@ func startPeer(ctx context.Context, name string, upstream *url.URL) (*peer, erro
 	for i, a := range args {
 		args[i] = strings.ReplaceAll(a, "{conf}", confPath)
 	}
+	return startChild(ctx, name, bin, args, dir, listen)
+}
+
+// startSelf starts this program as the server of setup role ("gateway" or
+// "bare-proxy") in a process of its own, forwarding to upstream, so that
+// it is measured as the peers are: its own CPU, its own share of the
+// machine. A -cpuprofile or -memprofile goes to the gateway's process.
+func startSelf(ctx context.Context, o options, role string, upstream *url.URL) (*peer, error) {
+	bin, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "fencegw-load-"+role+"-")
+	if err != nil {
+		return nil, err
+	}
+	listen := "127.0.0.1:" + strconv.Itoa(port)
+	args := []string{"-serve", role, "-serve-listen", listen, "-serve-upstream", upstream.String(), "-serve-dir", dir}
+	if role == "gateway" {
+		if o.cpuProfile != "" {
+			args = append(args, "-cpuprofile", o.cpuProfile)
+		}
+		if o.memProfile != "" {
+			args = append(args, "-memprofile", o.memProfile)
+		}
+	}
+	return startChild(ctx, role, bin, args, dir, listen)
+}
+
+// startChild runs bin in dir in a process group of its own and waits until
+// it accepts connections on listen. dir is removed when it stops.
+func startChild(ctx context.Context, name, bin string, args []string, dir, listen string) (*peer, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
 	// Caddy keeps state under HOME and XDG dirs: keep it in the temp dir.
