@@ -74,6 +74,7 @@ type Gateway struct {
 	obs       *metrics
 	feed      *feed
 	transport *http.Transport
+	engine    *engine // over transport: the RoundTripper of proxy
 	proxy     http.Handler
 	inflight  atomic.Int64
 	handler   http.Handler
@@ -100,6 +101,7 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 		cfg.Logger = slog.Default()
 	}
 	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport()}
+	g.engine = newEngine(g.transport)
 	g.obs = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
 	g.proxy = g.newReverseProxy()
 	g.handler = g.framing(g.dispatch(g.routes()))
@@ -120,7 +122,7 @@ func (g *Gateway) InFlight() int64 { return g.inflight.Load() }
 // and idle upstream connections.
 func (g *Gateway) Close() {
 	g.feed.close()
-	g.transport.CloseIdleConnections()
+	g.engine.CloseIdleConnections()
 }
 
 // dispatch sends fenced writes straight to the proxy, through the same

@@ -85,7 +85,7 @@ func (g *Gateway) newReverseProxy() *httputil.ReverseProxy {
 				h[k] = v
 			}
 		},
-		Transport:    g.transport,
+		Transport:    g.engine,
 		BufferPool:   newBufferPool(),
 		ErrorHandler: g.proxyError,
 		ErrorLog:     slogErrorLog(g.log),
