@@ -75,6 +75,10 @@ func newEngine(std *http.Transport) *engine {
 	return &engine{
 		std: std,
 		dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if std.DialContext == nil {
+				var d net.Dialer
+				return d.DialContext(ctx, network, addr)
+			}
 			return std.DialContext(ctx, network, addr)
 		},
 		maxIdle:     std.MaxIdleConnsPerHost,
