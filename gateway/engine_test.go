@@ -12,6 +12,7 @@ import (
 	"net/http/httptrace"
 	"net/http/httputil"
 	"net/textproto"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,7 +39,7 @@ type diffUpstream struct {
 	seen map[string][]seenRequest
 }
 
-func newDiffUpstream(t *testing.T) *diffUpstream {
+func newDiffUpstream(t testing.TB) *diffUpstream {
 	u := &diffUpstream{seen: map[string][]seenRequest{}}
 	u.Server = httptest.NewServer(http.HandlerFunc(u.serve))
 	t.Cleanup(u.Close)
@@ -168,7 +169,7 @@ func (tg *testGateway) send(t *testing.T, c *http.Client, lease, id string, dc d
 // startDiff starts two gateways on one upstream: one forwarding through
 // the engine (the default), one through httputil.ReverseProxy over the
 // plain Transport.
-func startDiff(t *testing.T) (up *diffUpstream, eng, std *testGateway, engLease, stdLease string) {
+func startDiff(t testing.TB) (up *diffUpstream, eng, std *testGateway, engLease, stdLease string) {
 	up = newDiffUpstream(t)
 	eng = startFraming(t, up.URL, Config{}, false)
 	std = startFraming(t, up.URL, Config{}, false)
@@ -470,4 +471,56 @@ func TestEngineFailures(t *testing.T) {
 	if resp.StatusCode != http.StatusBadGateway || res.DrainUntil.After(time.Now()) {
 		t.Fatalf("an unreachable upstream: %d, drain until %v; want 502 and no drain", resp.StatusCode, res.DrainUntil)
 	}
+}
+
+// FuzzEngineMatchesReverseProxy: any request a client can send reaches
+// the upstream the same through the engine and through the Transport, and
+// gets the same answer. go test -fuzz FuzzEngineMatchesReverseProxy ./gateway/
+func FuzzEngineMatchesReverseProxy(f *testing.F) {
+	f.Add(uint8(1), "/plain/a", "x=1", "X-A", "v", []byte("body"), false)
+	f.Add(uint8(0), "/chunked", "", "Connection", "X-A", []byte{}, false)
+	f.Add(uint8(3), "/early/%C3%A9", "k=%2F", "Cache-Control", "no-cache", []byte(strings.Repeat("z", smallBody)), false)
+	f.Add(uint8(2), "/big", "", "Te", "trailers", []byte(strings.Repeat("y", smallBody+1)), true)
+	f.Add(uint8(5), "/nolength", "q", "Accept-Encoding", "gzip", []byte{}, false)
+	up, eng, std, el, sl := startDiff(f)
+	c := &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}
+	f.Cleanup(c.CloseIdleConnections)
+	methods := []string{"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"}
+	var n atomic.Int64
+	f.Fuzz(func(t *testing.T, m uint8, path, query, name, value string, body []byte, chunked bool) {
+		u, err := url.Parse("http://gw/v1/proxy/svc" + path + "?" + query)
+		if err != nil || !strings.HasPrefix(path, "/") || strings.ContainsAny(path, "?#") || u.Host != "gw" ||
+			!validHeader(name, value) || len(body) > 16<<10 {
+			return
+		}
+		dc := diffCase{method: methods[int(m)%len(methods)], path: path, header: http.Header{}, body: string(body), chunked: chunked && len(body) > 0}
+		if query != "" {
+			dc.path += "?" + query
+		}
+		dc.header.Add(name, value)
+		compare(t, up, eng, std, el, sl, c, "fuzz-"+strconv.FormatInt(n.Add(1), 10), dc)
+	})
+}
+
+// validHeader: a field the client would send as given (net/http refuses
+// or rewrites others).
+func validHeader(name, value string) bool {
+	if name == "" || strings.TrimSpace(value) != value {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c <= ' ' || c >= 0x7f || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
+			return false
+		}
+	}
+	for i := 0; i < len(value); i++ {
+		if c := value[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	switch http.CanonicalHeaderKey(name) {
+	case "Host", "Content-Length", "Transfer-Encoding", "Fencing-Lease", "X-Case", "Expect", "Upgrade", "Trailer":
+		return false
+	}
+	return true
 }

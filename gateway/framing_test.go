@@ -273,7 +273,7 @@ type testGateway struct {
 
 // startFraming serves a gateway through Listener on a real server, as
 // cmd/fencegw does; tlsConfig switches TLS on.
-func startFraming(t *testing.T, up string, cfg Config, tlsOn bool) *testGateway {
+func startFraming(t testing.TB, up string, cfg Config, tlsOn bool) *testGateway {
 	t.Helper()
 	store, err := bolt.Open(t.TempDir()+"/fencegw.db", bolt.Options{})
 	if err != nil {
@@ -305,7 +305,7 @@ func startFraming(t *testing.T, up string, cfg Config, tlsOn bool) *testGateway 
 	return tg
 }
 
-func testCertificate(t *testing.T) (server, client *tls.Config) {
+func testCertificate(t testing.TB) (server, client *tls.Config) {
 	t.Helper()
 	c := testcert.New(t)
 	return &tls.Config{Certificates: []tls.Certificate{c.TLS}},
@@ -328,7 +328,7 @@ func (tg *testGateway) dial(t *testing.T) net.Conn {
 	return c
 }
 
-func (tg *testGateway) lease(t *testing.T, resource string) string {
+func (tg *testGateway) lease(t testing.TB, resource string) string {
 	t.Helper()
 	p, err := tg.svc.Acquire(context.Background(), tokens.AcquireRequest{Resource: resource, Holder: "h", TTL: time.Minute})
 	if err != nil {

@@ -77,6 +77,17 @@ func TestServersModes(t *testing.T) {
 	}
 }
 
+// -grants reports the gateway process's memory after its grants.
+func TestGrantsMemoryReport(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run([]string{"-grants", "-duration", "500ms", "-warmup", "0", "-acquirers", "4"}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out.String(), errOut.String())
+	}
+	if !strings.Contains(out.String(), "gateway process after ") || !strings.Contains(out.String(), "B anonymous per resource granted") {
+		t.Fatalf("no memory report in\n%s", out.String())
+	}
+}
+
 // A started peer answers through the upstream, reports its CPU, and stop
 // leaves no process of its group.
 func TestPeerStartStop(t *testing.T) {
