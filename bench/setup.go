@@ -8,6 +8,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -61,6 +62,16 @@ func ServeAs(role string, h http.Handler) (*Server, error) {
 // ServeAt is ServeAs on addr (host:port) instead of an ephemeral port.
 func ServeAt(role, addr string, h http.Handler) (*Server, error) {
 	return serve(role, addr, h, nil)
+}
+
+// ServeTLSAt is ServeAt with TLS (cfg holds the certificate); URL is
+// https.
+func ServeTLSAt(role, addr string, h http.Handler, cfg *tls.Config) (*Server, error) {
+	srv, err := serve(role, addr, h, func(_ *http.Server, ln net.Listener) net.Listener { return tls.NewListener(ln, cfg) })
+	if err == nil {
+		srv.URL.Scheme = "https"
+	}
+	return srv, err
 }
 
 // serve is ServeAt with the listener wrapped (the gateway's framing check).
@@ -170,6 +181,12 @@ func StartGateway(dir string, upstream *url.URL) (*Gateway, error) {
 
 // StartGatewayAt is StartGateway listening on addr (host:port).
 func StartGatewayAt(dir string, upstream *url.URL, addr string) (*Gateway, error) {
+	return StartGatewayTLS(dir, upstream, addr, nil)
+}
+
+// StartGatewayTLS is StartGatewayAt terminating TLS with cfg (nil: plain
+// HTTP), as fencegw serve --tls-cert does.
+func StartGatewayTLS(dir string, upstream *url.URL, addr string, cfg *tls.Config) (*Gateway, error) {
 	log := slog.New(slog.DiscardHandler)
 	store, err := bolt.Open(filepath.Join(dir, "fencegw.db"), bolt.Options{Logger: log})
 	if err != nil {
@@ -182,7 +199,10 @@ func StartGatewayAt(dir string, upstream *url.URL, addr string) (*Gateway, error
 	})
 	// Served as fencegw serve serves it: through the listener that refuses
 	// ambiguous framing, so its cost is in the figures.
-	srv, err := serve("gateway", addr, gw, func(srv *http.Server, ln net.Listener) net.Listener { return gateway.Listener(srv, ln, nil) })
+	srv, err := serve("gateway", addr, gw, func(srv *http.Server, ln net.Listener) net.Listener { return gateway.Listener(srv, ln, cfg) })
+	if err == nil && cfg != nil {
+		srv.URL.Scheme = "https"
+	}
 	if err != nil {
 		gw.Close()
 		_ = store.Close()

@@ -22,6 +22,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -64,8 +65,10 @@ type options struct {
 	cpuProfile   string
 	memProfile   string
 	servers      string
+	tls          bool
 	// The hidden serve mode: this program as one setup's server.
 	serveRole, serveListen, serveUpstream, serveDir string
+	serveTLSCert, serveTLSKey                       string
 }
 
 func main() {
@@ -122,6 +125,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile to this file: with -servers process, of the gateway's process (from its start); inline, of the measured rounds of the whole process (pprof -tagfocus server=gateway)")
 	fs.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile to this file, of the gateway's process or (inline) of the measured rounds")
 	fs.StringVar(&o.servers, "servers", "process", "run the bare proxy and the gateway in processes of their own, as the peers (process), or in this one (inline)")
+	fs.BoolVar(&o.tls, "tls", false, "clients speak TLS (HTTP/1.1) to the bare proxy, the gateway and the peers, with a self-signed certificate for 127.0.0.1; the upstream stays plain HTTP")
+	fs.StringVar(&o.serveTLSCert, "serve-tls-cert", "", "internal: with -serve, the certificate file")
+	fs.StringVar(&o.serveTLSKey, "serve-tls-key", "", "internal: with -serve, the key file")
 	fs.StringVar(&o.serveRole, "serve", "", "internal: serve one setup (gateway, bare-proxy) until SIGTERM")
 	fs.StringVar(&o.serveListen, "serve-listen", "", "internal: with -serve, the address")
 	fs.StringVar(&o.serveUpstream, "serve-upstream", "", "internal: with -serve, the upstream URL")
@@ -151,6 +157,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("-resources must be in [1, 100000]")
 	case o.bodySize < 0 || o.bodySize > 10<<20:
 		return o, errors.New("-body-size must be in [0, 10MiB]")
+	case o.tls && o.gateway != "":
+		return o, errors.New("-tls goes with the local setups, not -gateway (give -gateway an https URL instead)")
 	case o.servers != "process" && o.servers != "inline":
 		return o, errors.New("-servers must be process or inline")
 	case o.gateway != "" && o.upstreamName == "" && !o.grants:
@@ -218,9 +226,23 @@ func startLocal(ctx context.Context, o options, conc int, setups []string) (*env
 		}
 		_ = up.Close()
 	}
+	var tt *testTLS
+	if o.tls {
+		dir, err := os.MkdirTemp("", "fencegw-load-tls-")
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		closers = append(closers, func() error { return os.RemoveAll(dir) })
+		if tt, err = newTestTLS(dir); err != nil {
+			e.close()
+			return nil, err
+		}
+		e.client.Transport.(*http.Transport).TLSClientConfig = &tls.Config{RootCAs: tt.pool}
+	}
 	if o.servers == "process" {
 		for _, role := range []string{"bare-proxy", "gateway"} {
-			p, err := startSelf(ctx, o, role, up.URL)
+			p, err := startSelf(ctx, o, role, up.URL, tt)
 			if err != nil {
 				e.close()
 				return nil, err
@@ -230,7 +252,13 @@ func startLocal(ctx context.Context, o options, conc int, setups []string) (*env
 		e.targets["bare-proxy"] = bench.BareProxyTarget(e.peers["bare-proxy"].url)
 		e.gateway = e.peers["gateway"].url
 	} else {
-		bare, err := bench.ServeAs("bare-proxy", bench.NewBareProxy(up.URL))
+		var bare *bench.Server
+		var err error
+		if tt != nil {
+			bare, err = bench.ServeTLSAt("bare-proxy", "127.0.0.1:0", bench.NewBareProxy(up.URL), tt.config)
+		} else {
+			bare, err = bench.ServeAs("bare-proxy", bench.NewBareProxy(up.URL))
+		}
 		if err != nil {
 			e.close()
 			return nil, err
@@ -243,7 +271,11 @@ func startLocal(ctx context.Context, o options, conc int, setups []string) (*env
 			return nil, err
 		}
 		closers = append(closers, func() error { return os.RemoveAll(dir) })
-		gw, err := bench.StartGateway(dir, up.URL)
+		var cfg *tls.Config
+		if tt != nil {
+			cfg = tt.config
+		}
+		gw, err := bench.StartGatewayTLS(dir, up.URL, "127.0.0.1:0", cfg)
 		if err != nil {
 			e.close()
 			return nil, err
@@ -255,7 +287,7 @@ func startLocal(ctx context.Context, o options, conc int, setups []string) (*env
 		if _, isPeer := peerBinary[s]; !isPeer {
 			continue
 		}
-		p, err := startPeer(ctx, s, up.URL)
+		p, err := startPeer(ctx, s, up.URL, tt)
 		if err != nil {
 			e.close()
 			return nil, err
@@ -351,8 +383,12 @@ func runWrites(ctx context.Context, o options, out io.Writer) error {
 			return err
 		}
 	}
-	fmt.Fprintf(out, "fencegw-load: %d writers, %d B bodies, %s per setup in %d rounds, GOMAXPROCS=%d (the load generator shares the CPUs with the servers)\n",
-		o.concurrency, o.bodySize, o.duration, o.rounds, runtime.GOMAXPROCS(0))
+	proto := "HTTP/1.1"
+	if o.tls {
+		proto = "HTTPS (TLS to the proxies, HTTP/1.1)"
+	}
+	fmt.Fprintf(out, "fencegw-load: %d writers, %d B bodies, %s, %s per setup in %d rounds, GOMAXPROCS=%d (the load generator shares the CPUs with the servers)\n",
+		o.concurrency, o.bodySize, proto, o.duration, o.rounds, runtime.GOMAXPROCS(0))
 	for _, s := range setups {
 		if o.warmup > 0 {
 			r := bench.RunFor(ctx, s, o.warmup, o.concurrency, op(e.targets[s]))
@@ -424,16 +460,27 @@ func runServe(o options) error {
 	if err != nil || up.Host == "" {
 		return fmt.Errorf("-serve-upstream %q is not a URL", o.serveUpstream)
 	}
+	var cfg *tls.Config
+	if o.serveTLSCert != "" {
+		if cfg, err = loadServerTLS(o.serveTLSCert, o.serveTLSKey); err != nil {
+			return err
+		}
+	}
 	var closeServer func() error
 	switch o.serveRole {
 	case "gateway":
-		gw, err := bench.StartGatewayAt(o.serveDir, up, o.serveListen)
+		gw, err := bench.StartGatewayTLS(o.serveDir, up, o.serveListen, cfg)
 		if err != nil {
 			return err
 		}
 		closeServer = gw.Close
 	case "bare-proxy":
-		srv, err := bench.ServeAt("bare-proxy", o.serveListen, bench.NewBareProxy(up))
+		var srv *bench.Server
+		if cfg != nil {
+			srv, err = bench.ServeTLSAt("bare-proxy", o.serveListen, bench.NewBareProxy(up), cfg)
+		} else {
+			srv, err = bench.ServeAt("bare-proxy", o.serveListen, bench.NewBareProxy(up))
+		}
 		if err != nil {
 			return err
 		}

@@ -77,6 +77,20 @@ func TestServersModes(t *testing.T) {
 	}
 }
 
+// With -tls every proxy (the bare one, the gateway, the installed peers)
+// is reached over TLS and carries every write.
+func TestTLSRun(t *testing.T) {
+	setups := append([]string{"direct", "bare-proxy", "gateway"}, installedPeers()...)
+	var out, errOut bytes.Buffer
+	args := []string{"-tls", "-setups", strings.Join(setups, ","), "-duration", "600ms", "-rounds", "2", "-warmup", "100ms", "-concurrency", "4"}
+	if code := run(args, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out.String(), errOut.String())
+	}
+	if !strings.Contains(out.String(), "HTTPS") || !strings.Contains(out.String(), "gateway / bare-proxy: throughput") {
+		t.Fatalf("no TLS run in\n%s", out.String())
+	}
+}
+
 // -grants reports the gateway process's memory after its grants.
 func TestGrantsMemoryReport(t *testing.T) {
 	var out, errOut bytes.Buffer
@@ -103,7 +117,7 @@ func TestPeerStartStop(t *testing.T) {
 	client := bench.NewClient(1)
 	defer client.CloseIdleConnections()
 	for _, name := range peers {
-		p, err := startPeer(context.Background(), name, up.URL)
+		p, err := startPeer(context.Background(), name, up.URL, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -65,7 +65,7 @@ type peer struct {
 
 // startPeer writes name's configuration for a proxy on a free loopback
 // port to upstream and starts it, waiting until it accepts connections.
-func startPeer(ctx context.Context, name string, upstream *url.URL) (*peer, error) {
+func startPeer(ctx context.Context, name string, upstream *url.URL, tt *testTLS) (*peer, error) {
 	bin, err := lookPeer(name)
 	if err != nil {
 		return nil, err
@@ -79,7 +79,7 @@ func startPeer(ctx context.Context, name string, upstream *url.URL) (*peer, erro
 		return nil, err
 	}
 	listen := "127.0.0.1:" + strconv.Itoa(port)
-	conf, args := peerConfig(name, dir, listen, upstream.Host)
+	conf, args := peerConfig(name, dir, listen, upstream.Host, tt)
 	confPath := filepath.Join(dir, name+".conf")
 	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 		_ = os.RemoveAll(dir)
@@ -88,14 +88,18 @@ func startPeer(ctx context.Context, name string, upstream *url.URL) (*peer, erro
 	for i, a := range args {
 		args[i] = strings.ReplaceAll(a, "{conf}", confPath)
 	}
-	return startChild(ctx, name, bin, args, dir, listen)
+	p, err := startChild(ctx, name, bin, args, dir, listen)
+	if err == nil && tt != nil {
+		p.url.Scheme = "https"
+	}
+	return p, err
 }
 
 // startSelf starts this program as the server of setup role ("gateway" or
 // "bare-proxy") in a process of its own, forwarding to upstream, so that
 // it is measured as the peers are: its own CPU, its own share of the
 // machine. A -cpuprofile or -memprofile goes to the gateway's process.
-func startSelf(ctx context.Context, o options, role string, upstream *url.URL) (*peer, error) {
+func startSelf(ctx context.Context, o options, role string, upstream *url.URL, tt *testTLS) (*peer, error) {
 	bin, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -110,6 +114,9 @@ func startSelf(ctx context.Context, o options, role string, upstream *url.URL) (
 	}
 	listen := "127.0.0.1:" + strconv.Itoa(port)
 	args := []string{"-serve", role, "-serve-listen", listen, "-serve-upstream", upstream.String(), "-serve-dir", dir}
+	if tt != nil {
+		args = append(args, "-serve-tls-cert", tt.certFile, "-serve-tls-key", tt.keyFile)
+	}
 	if role == "gateway" {
 		if o.cpuProfile != "" {
 			args = append(args, "-cpuprofile", o.cpuProfile)
@@ -118,7 +125,11 @@ func startSelf(ctx context.Context, o options, role string, upstream *url.URL) (
 			args = append(args, "-memprofile", o.memProfile)
 		}
 	}
-	return startChild(ctx, role, bin, args, dir, listen)
+	p, err := startChild(ctx, role, bin, args, dir, listen)
+	if err == nil && tt != nil {
+		p.url.Scheme = "https"
+	}
+	return p, err
 }
 
 // startChild runs bin in dir in a process group of its own and waits until
@@ -217,7 +228,13 @@ func (p *peer) cpu() time.Duration {
 // peerConfig returns the configuration text and the arguments ({conf} is
 // the configuration's path) of a peer listening on listen and forwarding
 // to upstream (host:port).
-func peerConfig(name, dir, listen, upstream string) (conf string, args []string) {
+func peerConfig(name, dir, listen, upstream string, tt *testTLS) (conf string, args []string) {
+	nginxListen, haproxyBind, caddySite, caddyTLS := listen, listen, "http://"+listen, ""
+	if tt != nil {
+		nginxListen = listen + " ssl;\n        ssl_certificate " + tt.certFile + ";\n        ssl_certificate_key " + tt.keyFile + ";\n        ssl_session_cache shared:SSL:10m"
+		haproxyBind = listen + " ssl crt " + tt.pemFile
+		caddySite, caddyTLS = "https://"+listen, "\n    tls "+tt.certFile+" "+tt.keyFile
+	}
 	switch name {
 	case "nginx":
 		// As nginx is usually run: a master and one worker per core,
@@ -251,7 +268,7 @@ http {
         }
     }
 }
-`, runtime.GOMAXPROCS(0), dir, upstream, listen), []string{"-p", dir, "-e", filepath.Join(dir, "error.log"), "-c", "{conf}"}
+`, runtime.GOMAXPROCS(0), dir, upstream, nginxListen), []string{"-p", dir, "-e", filepath.Join(dir, "error.log"), "-c", "{conf}"}
 	case "haproxy":
 		// One process, a thread per core, keep-alive on both sides (the
 		// default), connection reuse to the upstream (http-reuse safe,
@@ -270,7 +287,7 @@ frontend fe
     default_backend be
 backend be
     server up %s
-`, runtime.GOMAXPROCS(0), listen, upstream), []string{"-db", "-f", "{conf}"}
+`, runtime.GOMAXPROCS(0), haproxyBind, upstream), []string{"-db", "-f", "{conf}"}
 	case "caddy":
 		// reverse_proxy keeps connections alive and sets X-Forwarded-*
 		// itself; no admin endpoint, no automatic HTTPS, no access log.
@@ -278,10 +295,10 @@ backend be
     admin off
     auto_https off
 }
-http://%s {
+%s {%s
     reverse_proxy %s
 }
-`, listen, upstream), []string{"run", "--adapter", "caddyfile", "--config", "{conf}"}
+`, caddySite, caddyTLS, upstream), []string{"run", "--adapter", "caddyfile", "--config", "{conf}"}
 	}
 	panic("unknown peer " + name)
 }
