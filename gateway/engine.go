@@ -199,17 +199,33 @@ func (e *engine) get(ctx context.Context, addr string) (*engineConn, error) {
 	return c, nil
 }
 
-// put keeps c for the next write to its upstream, or closes it.
+// put keeps c for the next write to its upstream, or closes it. It also
+// closes the connections idle for longer than idleTimeout (the oldest are
+// first in the list), so that they do not linger half-closed while writes
+// keep coming. (With no writes at all they stay until the next one or
+// CloseIdleConnections; their number is bounded by maxIdle.)
 func (e *engine) put(c *engineConn) {
 	c.idleAt = time.Now()
+	var stale []*engineConn
 	e.mu.Lock()
-	if len(e.idle[c.addr]) < e.maxIdle {
-		e.idle[c.addr] = append(e.idle[c.addr], c)
-		e.mu.Unlock()
-		return
+	list := e.idle[c.addr]
+	for len(list) > 0 && e.idleTimeout > 0 && c.idleAt.Sub(list[0].idleAt) >= e.idleTimeout {
+		stale = append(stale, list[0])
+		list[0] = nil
+		list = list[1:]
 	}
+	keep := len(list) < e.maxIdle
+	if keep {
+		list = append(list, c)
+	}
+	e.idle[c.addr] = list
 	e.mu.Unlock()
-	_ = c.nc.Close()
+	for _, s := range stale {
+		_ = s.nc.Close()
+	}
+	if !keep {
+		_ = c.nc.Close()
+	}
 }
 
 // CloseIdleConnections closes the idle connections of the engine and of
