@@ -204,3 +204,59 @@ func TestDispatchAgreesWithRouter(t *testing.T) {
 		t.Fatalf("the upstream got %v", up.seen())
 	}
 }
+
+// keyAuth is a fixed set of bearer keys: "viewer", "worker" and
+// "narrow" (a worker limited to resources under "other/").
+type keyAuth struct{}
+
+func (keyAuth) Authenticate(r *http.Request) (*Principal, error) {
+	switch r.Header.Get("Authorization") {
+	case "Bearer viewer":
+		return &Principal{Name: "viewer", Role: RoleViewer}, nil
+	case "Bearer worker":
+		return &Principal{Name: "worker", Role: RoleWorker}, nil
+	case "Bearer narrow":
+		return &Principal{Name: "narrow", Role: RoleWorker, Resources: []string{"other/"}}, nil
+	}
+	return nil, ErrUnauthenticated
+}
+
+func (keyAuth) Allow(*Principal) (bool, time.Duration) { return true, 0 }
+
+// With authentication on, the shortcut authenticates and checks roles
+// exactly as the router's middleware does: no key 401, a viewer 403, a
+// worker through to the lease check.
+func TestDispatchAgreesWithRouterWithAuth(t *testing.T) {
+	up := newRecorder(t)
+	tg := startFraming(t, up.URL, Config{Auth: keyAuth{}}, false)
+	router := tg.g.routes()
+	direct := tg.g.dispatch(router)
+	seen := map[int]bool{}
+	for _, key := range []string{"", "Bearer nope", "Bearer viewer", "Bearer worker", "Bearer narrow"} {
+		for _, p := range []string{"/v1/proxy/svc/a", "/v1/proxy/nope/a", "/v1/%70roxy/svc/a"} {
+			for _, m := range []string{"POST", "GET", "PURGE"} {
+				req := func() *http.Request {
+					r := httptest.NewRequest("GET", "http://gw"+p, strings.NewReader("x"))
+					r.Method = m
+					if key != "" {
+						r.Header.Set("Authorization", key)
+					}
+					return r
+				}
+				a, b := httptest.NewRecorder(), httptest.NewRecorder()
+				direct.ServeHTTP(a, req())
+				router.ServeHTTP(b, req())
+				if a.Code != b.Code || a.Body.String() != b.Body.String() || a.Header().Get("WWW-Authenticate") != b.Header().Get("WWW-Authenticate") {
+					t.Errorf("%q %s %s: shortcut %d %s, router %d %s", key, m, p, a.Code, a.Body, b.Code, b.Body)
+				}
+				seen[a.Code] = true
+			}
+		}
+	}
+	if !seen[http.StatusUnauthorized] || !seen[http.StatusForbidden] || !seen[http.StatusBadRequest] {
+		t.Fatalf("answers seen %v: want 401, 403 and (a worker without a lease) 400 among them", seen)
+	}
+	if len(up.seen()) != 0 {
+		t.Fatalf("the upstream got %v", up.seen())
+	}
+}
