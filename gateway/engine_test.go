@@ -304,6 +304,7 @@ func TestEngineMatchesReverseProxyRandom(t *testing.T) {
 func TestEngineConnections(t *testing.T) {
 	var dials atomic.Int64
 	var served atomic.Int64
+	dropped := make(chan struct{}, 16) // an upstream connection was closed after its answer
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		n := served.Add(1)
@@ -317,6 +318,7 @@ func TestEngineConnections(t *testing.T) {
 			_, _ = fmt.Fprintf(brw, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(b), b)
 			_ = brw.Flush()
 			_ = c.Close()
+			dropped <- struct{}{}
 			return
 		}
 		if r.URL.Path == "/big" {
@@ -362,7 +364,13 @@ func TestEngineConnections(t *testing.T) {
 		if code, got := write("/drop", "d"+strconv.Itoa(i)); code != 200 || got != "d"+strconv.Itoa(i) {
 			t.Fatalf("drop %d: %d %q", i, code, got)
 		}
-		time.Sleep(20 * time.Millisecond) // the close reaches the gateway's side
+		// Once the upstream's close returned, its FIN is on the loopback:
+		// the next write must find the connection closed.
+		select {
+		case <-dropped:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the upstream did not close its connection")
+		}
 	}
 	res, err := tg.svc.Resource(context.Background(), "conns")
 	if err != nil {
