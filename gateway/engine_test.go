@@ -148,7 +148,12 @@ func (tg *testGateway) send(t *testing.T, c *http.Client, lease, id string, dc d
 	var a answer
 	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
 		Got1xxResponse: func(code int, h textproto.MIMEHeader) error {
-			a.Early = append(a.Early, strconv.Itoa(code)+" "+h.Get("Link"))
+			// 100 Continue is left out: with Expect, the gateway's own
+			// server and the upstream (forwarded) may each send one, as
+			// timing has it, through either path alike.
+			if code != http.StatusContinue {
+				a.Early = append(a.Early, strconv.Itoa(code)+" "+h.Get("Link"))
+			}
 			return nil
 		},
 	})
