@@ -8,6 +8,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -46,12 +48,35 @@ type Server struct {
 
 // Serve serves h on 127.0.0.1:0 until Close.
 func Serve(h http.Handler) (*Server, error) {
-	return serve(h, nil)
+	return ServeAs("server", h)
 }
 
-// serve is Serve with the listener wrapped (the gateway's framing check).
-func serve(h http.Handler, wrap func(*http.Server, net.Listener) net.Listener) (*Server, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// ServeAs is Serve with the server's goroutines (each connection's, and the
+// upstream connections its handlers dial) labelled server=role in CPU
+// profiles, so that pprof -tagfocus server=role shows one server's whole
+// cost in a process that also runs the clients and the upstream.
+func ServeAs(role string, h http.Handler) (*Server, error) {
+	return serve(role, "127.0.0.1:0", h, nil)
+}
+
+// ServeAt is ServeAs on addr (host:port) instead of an ephemeral port.
+func ServeAt(role, addr string, h http.Handler) (*Server, error) {
+	return serve(role, addr, h, nil)
+}
+
+// ServeTLSAt is ServeAt with TLS (cfg holds the certificate); URL is
+// https.
+func ServeTLSAt(role, addr string, h http.Handler, cfg *tls.Config) (*Server, error) {
+	srv, err := serve(role, addr, h, func(_ *http.Server, ln net.Listener) net.Listener { return tls.NewListener(ln, cfg) })
+	if err == nil {
+		srv.URL.Scheme = "https"
+	}
+	return srv, err
+}
+
+// serve is ServeAt with the listener wrapped (the gateway's framing check).
+func serve(role, addr string, h http.Handler, wrap func(*http.Server, net.Listener) net.Listener) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
@@ -64,7 +89,7 @@ func serve(h http.Handler, wrap func(*http.Server, net.Listener) net.Listener) (
 	if wrap != nil {
 		ln = wrap(srv, ln)
 	}
-	go func() { _ = srv.Serve(ln) }()
+	go pprof.Do(context.Background(), pprof.Labels("server", role), func(context.Context) { _ = srv.Serve(ln) })
 	return &Server{URL: &url.URL{Scheme: "http", Host: ln.Addr().String()}, srv: srv}, nil
 }
 
@@ -86,7 +111,7 @@ type Upstream struct {
 // StartUpstream starts an Upstream on loopback.
 func StartUpstream() (*Upstream, error) {
 	u := &Upstream{}
-	srv, err := Serve(http.HandlerFunc(u.serve))
+	srv, err := ServeAs("upstream", http.HandlerFunc(u.serve))
 	if err != nil {
 		return nil, err
 	}
@@ -151,6 +176,17 @@ type Gateway struct {
 // StartGateway opens the embedded store in dir and serves a gateway
 // forwarding UpstreamName to upstream. Logs are discarded.
 func StartGateway(dir string, upstream *url.URL) (*Gateway, error) {
+	return StartGatewayAt(dir, upstream, "127.0.0.1:0")
+}
+
+// StartGatewayAt is StartGateway listening on addr (host:port).
+func StartGatewayAt(dir string, upstream *url.URL, addr string) (*Gateway, error) {
+	return StartGatewayTLS(dir, upstream, addr, nil)
+}
+
+// StartGatewayTLS is StartGatewayAt terminating TLS with cfg (nil: plain
+// HTTP), as fencegw serve --tls-cert does.
+func StartGatewayTLS(dir string, upstream *url.URL, addr string, cfg *tls.Config) (*Gateway, error) {
 	log := slog.New(slog.DiscardHandler)
 	store, err := bolt.Open(filepath.Join(dir, "fencegw.db"), bolt.Options{Logger: log})
 	if err != nil {
@@ -163,7 +199,10 @@ func StartGateway(dir string, upstream *url.URL) (*Gateway, error) {
 	})
 	// Served as fencegw serve serves it: through the listener that refuses
 	// ambiguous framing, so its cost is in the figures.
-	srv, err := serve(gw, func(srv *http.Server, ln net.Listener) net.Listener { return gateway.Listener(srv, ln, nil) })
+	srv, err := serve("gateway", addr, gw, func(srv *http.Server, ln net.Listener) net.Listener { return gateway.Listener(srv, ln, cfg) })
+	if err == nil && cfg != nil {
+		srv.URL.Scheme = "https"
+	}
 	if err != nil {
 		gw.Close()
 		_ = store.Close()
