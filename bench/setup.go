@@ -27,6 +27,7 @@ import (
 
 	"github.com/fencegw/fencegw/gateway"
 	"github.com/fencegw/fencegw/storage/bolt"
+	"github.com/fencegw/fencegw/storage/postgres"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -169,8 +170,9 @@ func (b *bufferPool) Put(v []byte) { b.p.Put(&v) }
 // loopback, with the benchmark upstream configured as UpstreamName.
 type Gateway struct {
 	*Server
-	Store   *bolt.Store
 	Handler *gateway.Gateway
+	// closeStore closes whatever the gateway's store is.
+	closeStore func() error
 }
 
 // StartGateway opens the embedded store in dir and serves a gateway
@@ -208,14 +210,51 @@ func StartGatewayTLS(dir string, upstream *url.URL, addr string, cfg *tls.Config
 		_ = store.Close()
 		return nil, err
 	}
-	return &Gateway{Server: srv, Store: store, Handler: gw}, nil
+	return &Gateway{Server: srv, Handler: gw, closeStore: store.Close}, nil
+}
+
+// StartPostgresGateway serves a gateway on PostgreSQL (the --postgres mode,
+// wired as fencegw serve wires it: writes admitted by the replica's fence)
+// in schema, created if missing, forwarding UpstreamName to upstream.
+func StartPostgresGateway(ctx context.Context, pgURL, schema string, upstream *url.URL, addr string, cfg *tls.Config) (*Gateway, error) {
+	log := slog.New(slog.DiscardHandler)
+	pg, err := postgres.Open(ctx, pgURL, postgres.Options{Schema: schema, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	fence, err := pg.NewFence(ctx, postgres.FenceOptions{OrphanDrain: gateway.DefaultForwardTimeout + postgres.DefaultSessionCheck})
+	if err != nil {
+		pg.Close()
+		return nil, err
+	}
+	closeStore := func() error {
+		fence.Close()
+		pg.Close()
+		return nil
+	}
+	svc := tokens.New(tokens.Config{Store: pg, Locker: fence, Fencer: fence, Logger: log})
+	fence.OnFree(svc.Wake)
+	gw := gateway.New(svc, gateway.Config{
+		Upstreams: map[string]*url.URL{UpstreamName: upstream},
+		Logger:    log,
+	})
+	srv, err := serve("gateway-postgres", addr, gw, func(srv *http.Server, ln net.Listener) net.Listener { return gateway.Listener(srv, ln, cfg) })
+	if err == nil && cfg != nil {
+		srv.URL.Scheme = "https"
+	}
+	if err != nil {
+		gw.Close()
+		_ = closeStore()
+		return nil, err
+	}
+	return &Gateway{Server: srv, Handler: gw, closeStore: closeStore}, nil
 }
 
 // Close stops the server, the gateway and the store.
 func (g *Gateway) Close() error {
 	err := g.Server.Close()
 	g.Handler.Close()
-	return errors.Join(err, g.Store.Close())
+	return errors.Join(err, g.closeStore())
 }
 
 // NewClient returns the HTTP client every setup is driven with: keep-alive,

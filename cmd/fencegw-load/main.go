@@ -35,12 +35,15 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/fencegw/fencegw/bench"
 )
@@ -68,6 +71,7 @@ type options struct {
 	tls          bool
 	// The hidden serve mode: this program as one setup's server.
 	serveRole, serveListen, serveUpstream, serveDir string
+	postgres, serveSchema                           string
 	serveTLSCert, serveTLSKey                       string
 }
 
@@ -117,7 +121,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.resources, "resources", 1000, "leases (one per resource) the gateway-spread setup picks from")
 	fs.IntVar(&o.bodySize, "body-size", 256, "write body size in bytes")
 	fs.BoolVar(&o.grants, "grants", false, "measure lease grants per second instead of writes")
-	setups := fs.String("setups", "direct,bare-proxy,gateway,gateway-spread,peers", "setups to drive, comma-separated: direct, bare-proxy, gateway, gateway-spread, nginx, haproxy, caddy; peers: those of nginx, haproxy and caddy that are installed")
+	setups := fs.String("setups", "direct,bare-proxy,gateway,gateway-spread,peers", "setups to drive, comma-separated: direct, bare-proxy, gateway, gateway-spread, gateway-postgres, gateway-postgres-spread (the --postgres mode on -postgres), nginx, haproxy, caddy; peers: those of nginx, haproxy and caddy that are installed")
 	fs.StringVar(&o.gateway, "gateway", "", "base URL of an existing gateway to drive instead of the embedded one")
 	fs.StringVar(&o.upstreamName, "upstream-name", "", "with -gateway: the upstream name writes go to (/v1/proxy/NAME/...)")
 	fs.StringVar(&o.direct, "direct", "", "with -gateway: full URL for the direct setup (POSTed to as is)")
@@ -132,6 +136,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.serveListen, "serve-listen", "", "internal: with -serve, the address")
 	fs.StringVar(&o.serveUpstream, "serve-upstream", "", "internal: with -serve, the upstream URL")
 	fs.StringVar(&o.serveDir, "serve-dir", "", "internal: with -serve gateway, the store's directory")
+	fs.StringVar(&o.postgres, "postgres", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL for the gateway-postgres setups (a schema of their own is created and dropped)")
+	fs.StringVar(&o.serveSchema, "serve-schema", "", "internal: with -serve gateway-postgres, the schema")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: fencegw-load [flags]\n\nStarts an upstream, a bare reverse proxy and an embedded gateway on 127.0.0.1\n(or drives -gateway URL) and compares them. Flags:")
 		fs.PrintDefaults()
@@ -170,6 +176,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		switch s = strings.TrimSpace(s); s {
 		case "direct", "bare-proxy", "gateway", "gateway-spread":
 			o.setups = append(o.setups, s)
+		case "gateway-postgres", "gateway-postgres-spread":
+			if o.gateway != "" {
+				return o, fmt.Errorf("-setups: %s runs only with the local setups (not with -gateway)", s)
+			}
+			o.setups = append(o.setups, s)
 		case "nginx", "haproxy", "caddy":
 			if _, err := lookPeer(s); err != nil {
 				return o, fmt.Errorf("-setups: %w", err)
@@ -184,7 +195,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			}
 		case "":
 		default:
-			return o, fmt.Errorf("-setups: unknown setup %q (direct, bare-proxy, gateway, gateway-spread, nginx, haproxy, caddy, peers)", s)
+			return o, fmt.Errorf("-setups: unknown setup %q (direct, bare-proxy, gateway, gateway-spread, gateway-postgres, gateway-postgres-spread, nginx, haproxy, caddy, peers)", s)
 		}
 	}
 	return o, nil
@@ -192,14 +203,16 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 
 // env is what the tool drives: a gateway, and the targets of each setup.
 type env struct {
-	gateway  *url.URL
-	upstream string // the gateway's name for it
-	client   *http.Client
-	local    *bench.Upstream // nil when driving an existing deployment
-	peers    map[string]*peer
-	targets  map[string]bench.Target
-	leases   []string // to release at the end (existing deployment only)
-	close    func()
+	gateway *url.URL
+	// gatewayPG is the gateway on PostgreSQL (the gateway-postgres setups).
+	gatewayPG *url.URL
+	upstream  string // the gateway's name for it
+	client    *http.Client
+	local     *bench.Upstream // nil when driving an existing deployment
+	peers     map[string]*peer
+	targets   map[string]bench.Target
+	leases    []string // to release at the end (existing deployment only)
+	close     func()
 }
 
 // startLocal starts the three setups on loopback.
@@ -283,6 +296,17 @@ func startLocal(ctx context.Context, o options, conc int, setups []string) (*env
 		closers = append(closers, gw.Close)
 		e.gateway = gw.URL
 	}
+	if slices.ContainsFunc(setups, func(s string) bool { return strings.HasPrefix(s, "gateway-postgres") }) {
+		schema := "fencegw_load_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		closers = append(closers, func() error { return dropSchema(o.postgres, schema) })
+		p, err := startSelf(ctx, o, "gateway-postgres", up.URL, tt, "-serve-schema", schema)
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		e.peers["gateway-postgres"] = p
+		e.gatewayPG = p.url
+	}
 	for _, s := range setups {
 		if _, isPeer := peerBinary[s]; !isPeer {
 			continue
@@ -356,17 +380,21 @@ func runWrites(ctx context.Context, o options, out io.Writer) error {
 	var setups []string
 	for _, s := range o.setups {
 		switch s {
-		case "gateway", "gateway-spread":
+		case "gateway", "gateway-spread", "gateway-postgres", "gateway-postgres-spread":
 			n := 1
-			if s == "gateway-spread" {
+			if strings.HasSuffix(s, "-spread") {
 				n = o.resources
 			}
-			ids, err := bench.AcquireMany(ctx, e.client, e.gateway, prefix+":"+s, n, 64, ttl)
+			gw := e.gateway
+			if strings.HasPrefix(s, "gateway-postgres") {
+				gw = e.gatewayPG
+			}
+			ids, err := bench.AcquireMany(ctx, e.client, gw, prefix+":"+s, n, 64, ttl)
 			if err != nil {
 				return fmt.Errorf("acquire leases for %s: %w", s, err)
 			}
 			e.leases = append(e.leases, ids...)
-			e.targets[s] = bench.GatewayTarget(s, e.gateway, e.upstream, ids)
+			e.targets[s] = bench.GatewayTarget(s, gw, e.upstream, ids)
 		}
 		if _, ok := e.targets[s]; ok {
 			setups = append(setups, s)
@@ -413,7 +441,7 @@ func runWrites(ctx context.Context, o options, out io.Writer) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			p := e.peers[s]
+			p := e.peers[strings.TrimSuffix(s, "-spread")] // a spread setup is its gateway's
 			self0, peer0 := selfCPU(), time.Duration(0)
 			if p != nil {
 				peer0 = p.cpu()
@@ -474,6 +502,14 @@ func runServe(o options) error {
 			return err
 		}
 		closeServer = gw.Close
+	case "gateway-postgres":
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		gw, err := bench.StartPostgresGateway(ctx, o.postgres, o.serveSchema, up, o.serveListen, cfg)
+		cancel()
+		if err != nil {
+			return err
+		}
+		closeServer = gw.Close
 	case "bare-proxy":
 		var srv *bench.Server
 		if cfg != nil {
@@ -486,7 +522,7 @@ func runServe(o options) error {
 		}
 		closeServer = srv.Close
 	default:
-		return fmt.Errorf("-serve %q: not gateway or bare-proxy", o.serveRole)
+		return fmt.Errorf("-serve %q: not gateway, gateway-postgres or bare-proxy", o.serveRole)
 	}
 	stopProfiles, err := startProfiles(o)
 	if err != nil {
@@ -632,6 +668,19 @@ func printWrites(out io.Writer, setups []string, results map[string]*merged) {
 			fmt.Fprintln(out, line)
 		}
 	}
+	// The PostgreSQL mode against the embedded one, on 1 and on many
+	// resources.
+	for _, pair := range [][2]string{{"gateway-postgres", "gateway"}, {"gateway-postgres-spread", "gateway-spread"}} {
+		s, ref := pair[0], pair[1]
+		if _, ok := sums[s]; !ok {
+			continue
+		}
+		if _, ok := sums[ref]; !ok {
+			continue
+		}
+		p50 := 100 * (float64(sums[s].P50)/float64(sums[ref].P50) - 1)
+		fmt.Fprintf(out, "%s / %s: throughput %.2f, p50 %+.0f %%\n", s, ref, rates[s]/rates[ref], p50)
+	}
 }
 
 func runGrants(ctx context.Context, o options, out io.Writer) error {
@@ -698,4 +747,17 @@ func memoryReport(p *peer, grants int) string {
 	}
 	return fmt.Sprintf("gateway process after %d grants on fresh resources: RSS %s (anonymous %s, file-mapped %s), peak %s; store file %s%s",
 		grants, mib(kb["VmRSS"]), mib(kb["RssAnon"]), mib(kb["RssFile"]), mib(kb["VmHWM"]), mib(file/1024), per)
+}
+
+// dropSchema removes the gateway-postgres setups' schema.
+func dropSchema(pgURL, schema string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pgURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	return err
 }

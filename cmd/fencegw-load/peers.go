@@ -99,7 +99,7 @@ func startPeer(ctx context.Context, name string, upstream *url.URL, tt *testTLS)
 // "bare-proxy") in a process of its own, forwarding to upstream, so that
 // it is measured as the peers are: its own CPU, its own share of the
 // machine. A -cpuprofile or -memprofile goes to the gateway's process.
-func startSelf(ctx context.Context, o options, role string, upstream *url.URL, tt *testTLS) (*peer, error) {
+func startSelf(ctx context.Context, o options, role string, upstream *url.URL, tt *testTLS, extra ...string) (*peer, error) {
 	bin, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -117,6 +117,10 @@ func startSelf(ctx context.Context, o options, role string, upstream *url.URL, t
 	if tt != nil {
 		args = append(args, "-serve-tls-cert", tt.certFile, "-serve-tls-key", tt.keyFile)
 	}
+	if role == "gateway-postgres" {
+		args = append(args, "-postgres", o.postgres)
+	}
+	args = append(args, extra...)
 	if role == "gateway" {
 		if o.cpuProfile != "" {
 			args = append(args, "-cpuprofile", o.cpuProfile)
