@@ -8,6 +8,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -25,6 +27,7 @@ import (
 
 	"github.com/fencegw/fencegw/gateway"
 	"github.com/fencegw/fencegw/storage/bolt"
+	"github.com/fencegw/fencegw/storage/postgres"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -46,12 +49,35 @@ type Server struct {
 
 // Serve serves h on 127.0.0.1:0 until Close.
 func Serve(h http.Handler) (*Server, error) {
-	return serve(h, nil)
+	return ServeAs("server", h)
 }
 
-// serve is Serve with the listener wrapped (the gateway's framing check).
-func serve(h http.Handler, wrap func(*http.Server, net.Listener) net.Listener) (*Server, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// ServeAs is Serve with the server's goroutines (each connection's, and the
+// upstream connections its handlers dial) labelled server=role in CPU
+// profiles, so that pprof -tagfocus server=role shows one server's whole
+// cost in a process that also runs the clients and the upstream.
+func ServeAs(role string, h http.Handler) (*Server, error) {
+	return serve(role, "127.0.0.1:0", h, nil)
+}
+
+// ServeAt is ServeAs on addr (host:port) instead of an ephemeral port.
+func ServeAt(role, addr string, h http.Handler) (*Server, error) {
+	return serve(role, addr, h, nil)
+}
+
+// ServeTLSAt is ServeAt with TLS (cfg holds the certificate); URL is
+// https.
+func ServeTLSAt(role, addr string, h http.Handler, cfg *tls.Config) (*Server, error) {
+	srv, err := serve(role, addr, h, func(_ *http.Server, ln net.Listener) net.Listener { return tls.NewListener(ln, cfg) })
+	if err == nil {
+		srv.URL.Scheme = "https"
+	}
+	return srv, err
+}
+
+// serve is ServeAt with the listener wrapped (the gateway's framing check).
+func serve(role, addr string, h http.Handler, wrap func(*http.Server, net.Listener) net.Listener) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
@@ -64,7 +90,7 @@ func serve(h http.Handler, wrap func(*http.Server, net.Listener) net.Listener) (
 	if wrap != nil {
 		ln = wrap(srv, ln)
 	}
-	go func() { _ = srv.Serve(ln) }()
+	go pprof.Do(context.Background(), pprof.Labels("server", role), func(context.Context) { _ = srv.Serve(ln) })
 	return &Server{URL: &url.URL{Scheme: "http", Host: ln.Addr().String()}, srv: srv}, nil
 }
 
@@ -86,7 +112,7 @@ type Upstream struct {
 // StartUpstream starts an Upstream on loopback.
 func StartUpstream() (*Upstream, error) {
 	u := &Upstream{}
-	srv, err := Serve(http.HandlerFunc(u.serve))
+	srv, err := ServeAs("upstream", http.HandlerFunc(u.serve))
 	if err != nil {
 		return nil, err
 	}
@@ -144,13 +170,25 @@ func (b *bufferPool) Put(v []byte) { b.p.Put(&v) }
 // loopback, with the benchmark upstream configured as UpstreamName.
 type Gateway struct {
 	*Server
-	Store   *bolt.Store
 	Handler *gateway.Gateway
+	// closeStore closes whatever the gateway's store is.
+	closeStore func() error
 }
 
 // StartGateway opens the embedded store in dir and serves a gateway
 // forwarding UpstreamName to upstream. Logs are discarded.
 func StartGateway(dir string, upstream *url.URL) (*Gateway, error) {
+	return StartGatewayAt(dir, upstream, "127.0.0.1:0")
+}
+
+// StartGatewayAt is StartGateway listening on addr (host:port).
+func StartGatewayAt(dir string, upstream *url.URL, addr string) (*Gateway, error) {
+	return StartGatewayTLS(dir, upstream, addr, nil)
+}
+
+// StartGatewayTLS is StartGatewayAt terminating TLS with cfg (nil: plain
+// HTTP), as fencegw serve --tls-cert does.
+func StartGatewayTLS(dir string, upstream *url.URL, addr string, cfg *tls.Config) (*Gateway, error) {
 	log := slog.New(slog.DiscardHandler)
 	store, err := bolt.Open(filepath.Join(dir, "fencegw.db"), bolt.Options{Logger: log})
 	if err != nil {
@@ -165,20 +203,60 @@ func StartGateway(dir string, upstream *url.URL) (*Gateway, error) {
 	})
 	// Served as fencegw serve serves it: through the listener that refuses
 	// ambiguous framing, so its cost is in the figures.
-	srv, err := serve(gw, func(srv *http.Server, ln net.Listener) net.Listener { return gateway.Listener(srv, ln, nil) })
+	srv, err := serve("gateway", addr, gw, func(srv *http.Server, ln net.Listener) net.Listener { return gateway.Listener(srv, ln, cfg) })
+	if err == nil && cfg != nil {
+		srv.URL.Scheme = "https"
+	}
 	if err != nil {
 		gw.Close()
 		_ = store.Close()
 		return nil, err
 	}
-	return &Gateway{Server: srv, Store: store, Handler: gw}, nil
+	return &Gateway{Server: srv, Handler: gw, closeStore: store.Close}, nil
+}
+
+// StartPostgresGateway serves a gateway on PostgreSQL (the --postgres mode,
+// wired as fencegw serve wires it: writes admitted by the replica's fence)
+// in schema, created if missing, forwarding UpstreamName to upstream.
+func StartPostgresGateway(ctx context.Context, pgURL, schema string, upstream *url.URL, addr string, cfg *tls.Config) (*Gateway, error) {
+	log := slog.New(slog.DiscardHandler)
+	pg, err := postgres.Open(ctx, pgURL, postgres.Options{Schema: schema, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	fence, err := pg.NewFence(ctx, postgres.FenceOptions{OrphanDrain: gateway.DefaultForwardTimeout + postgres.DefaultSessionCheck})
+	if err != nil {
+		pg.Close()
+		return nil, err
+	}
+	closeStore := func() error {
+		fence.Close()
+		pg.Close()
+		return nil
+	}
+	svc := tokens.New(tokens.Config{Store: pg, Locker: fence, Fencer: fence, Logger: log})
+	fence.OnFree(svc.Wake)
+	gw := gateway.New(svc, gateway.Config{
+		Upstreams: map[string]*url.URL{UpstreamName: upstream},
+		Logger:    log,
+	})
+	srv, err := serve("gateway-postgres", addr, gw, func(srv *http.Server, ln net.Listener) net.Listener { return gateway.Listener(srv, ln, cfg) })
+	if err == nil && cfg != nil {
+		srv.URL.Scheme = "https"
+	}
+	if err != nil {
+		gw.Close()
+		_ = closeStore()
+		return nil, err
+	}
+	return &Gateway{Server: srv, Handler: gw, closeStore: closeStore}, nil
 }
 
 // Close stops the server, the gateway and the store.
 func (g *Gateway) Close() error {
 	err := g.Server.Close()
 	g.Handler.Close()
-	return errors.Join(err, g.Store.Close())
+	return errors.Join(err, g.closeStore())
 }
 
 // NewClient returns the HTTP client every setup is driven with: keep-alive,

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"time"
@@ -70,7 +71,8 @@ func (r Result) PerSecond() float64 {
 
 // RunFor calls op from conc workers until d has passed (or ctx ends) and
 // measures each call. op gets the worker number and that worker's call
-// number; a failed call is counted and not timed.
+// number; a failed call is counted and not timed. The workers (and the
+// client connections they dial) are labelled client=name in CPU profiles.
 func RunFor(ctx context.Context, name string, d time.Duration, conc int, op func(ctx context.Context, worker, i int) error) Result {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -85,28 +87,30 @@ func RunFor(ctx context.Context, name string, d time.Duration, conc int, op func
 	start := time.Now()
 	for w := range conc {
 		wg.Go(func() {
-			lat := make([]time.Duration, 0, 4096)
-			for i := 0; ; i++ {
-				t0 := time.Now()
-				if !t0.Before(deadline) || ctx.Err() != nil {
-					break
-				}
-				err := op(ctx, w, i)
-				if err != nil {
-					if ctx.Err() != nil {
+			pprof.Do(ctx, pprof.Labels("client", name), func(ctx context.Context) {
+				lat := make([]time.Duration, 0, 4096)
+				for i := 0; ; i++ {
+					t0 := time.Now()
+					if !t0.Before(deadline) || ctx.Err() != nil {
 						break
 					}
-					mu.Lock()
-					errs++
-					if firstErr == nil {
-						firstErr = err
+					err := op(ctx, w, i)
+					if err != nil {
+						if ctx.Err() != nil {
+							break
+						}
+						mu.Lock()
+						errs++
+						if firstErr == nil {
+							firstErr = err
+						}
+						mu.Unlock()
+						continue
 					}
-					mu.Unlock()
-					continue
+					lat = append(lat, time.Since(t0))
 				}
-				lat = append(lat, time.Since(t0))
-			}
-			rec.Add(lat)
+				rec.Add(lat)
+			})
 		})
 	}
 	wg.Wait()

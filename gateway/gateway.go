@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -98,6 +99,7 @@ type Gateway struct {
 	obs       *metrics
 	feed      *feed
 	transport *http.Transport
+	engine    *engine // over transport: the RoundTripper of proxy
 	proxy     http.Handler
 	inflight  atomic.Int64
 	ages      *inflightAges
@@ -134,6 +136,7 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 		cfg.Clocks = tokens.NewClocks()
 	}
 	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport(), hosts: newHostList(cfg.AllowedHosts), bindings: newRouteTable(cfg.Routes)}
+	g.engine = newEngine(g.transport)
 	g.obs = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
 	g.byKey = newPrincipalCounts(cfg.Registry)                       // attribution.go
 	g.streams = newStreamSlots(cfg.MaxStreams, cfg.MaxStreamsPerKey) // streamcap.go
@@ -147,7 +150,7 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	cfg.Registry.MustRegister(newClockCollector(cfg.Clocks, now))
 	g.keys = newKeys(cfg.Idempotency, cfg.Registry, cfg.Logger)
 	g.proxy = g.newReverseProxy()
-	g.handler = g.framing(g.routes())
+	g.handler = g.framing(g.dispatch(g.routes()))
 	return g
 }
 
@@ -165,16 +168,60 @@ func (g *Gateway) InFlight() int64 { return g.inflight.Load() }
 // and idle upstream connections.
 func (g *Gateway) Close() {
 	g.feed.close()
-	g.transport.CloseIdleConnections()
+	g.engine.CloseIdleConnections()
+}
+
+// dispatch sends fenced writes straight to the proxy, through the same
+// middleware chi would run (recoverer, then authenticate), and everything
+// else to the router: chi's tree search, its route context and the path
+// value it sets cost about as much as the gateway's own checks of a write
+// (docs/benchmarks.md). Only requests chi would route to the proxy take the
+// shortcut: a path (chi matches RawPath when set) under proxyPrefix, and a
+// method chi routes (it answers others 405).
+func (g *Gateway) dispatch(router http.Handler) http.Handler {
+	var proxy http.Handler = http.HandlerFunc(g.serveProxy)
+	mw := g.middleware()
+	for i := len(mw) - 1; i >= 0; i-- { // as chi chains r.Use: the first is outermost
+		proxy = mw[i](proxy)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		path := r.URL.RawPath
+		if path == "" {
+			path = r.URL.Path
+		}
+		if strings.HasPrefix(path, proxyPrefix) && chiRoutes(r.Method) {
+			proxy.ServeHTTP(w, r)
+			return
+		}
+		router.ServeHTTP(w, r)
+	})
+}
+
+// chiRoutes reports whether chi routes method (its methodMap); it answers
+// any other 405.
+func chiRoutes(method string) bool {
+	switch method {
+	case http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete,
+		http.MethodHead, http.MethodOptions, http.MethodConnect, http.MethodTrace, "QUERY":
+		return true
+	}
+	return false
+}
+
+// middleware is what every request goes through before its handler, in
+// order: the router uses it, and so does dispatch's shortcut for fenced
+// writes, so that the two can never differ.
+func (g *Gateway) middleware() []func(http.Handler) http.Handler {
+	mw := []func(http.Handler) http.Handler{g.recoverer, g.browserGuard} // hosts.go
+	if g.cfg.Auth != nil {
+		mw = append(mw, g.authenticate)
+	}
+	return mw
 }
 
 func (g *Gateway) routes() http.Handler {
 	r := chi.NewRouter()
-	r.Use(g.recoverer)
-	r.Use(g.browserGuard) // hosts.go
-	if g.cfg.Auth != nil {
-		r.Use(g.authenticate)
-	}
+	r.Use(g.middleware()...)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		sendProblem(w, r, problem{Status: http.StatusNotFound, Code: codeNotFound, Title: "Not found",
 			Detail: "no such endpoint; resource names in paths are percent-encoded (inventory%2FSKU-001)"})

@@ -218,6 +218,9 @@ func replay(w http.ResponseWriter, rec *tokens.KeyRecord) {
 // the proxy sends any of it. A body that fails to arrive is an unknown
 // outcome (the error goes to proxyError).
 func (g *Gateway) recordAnswer(resp *http.Response) error {
+	if resp.Request == nil {
+		return nil // a keyed write then ends as an unknown outcome (endKeyed)
+	}
 	f, _ := resp.Request.Context().Value(forwardKey{}).(*forward)
 	if f == nil || f.keyed == nil || f.keyed.claim == nil {
 		return nil

@@ -40,10 +40,13 @@ type forward struct {
 	// then on, a failure leaves the outcome unknown.
 	wroteRequest atomic.Bool
 	body         *bodyGuard // nil without a body
-	unknown      bool
-	failed       bool
-	badRequest   bool   // failed by the client's fault (its body)
-	keyed        *keyed // nil without an Idempotency-Key (idempotency.go)
+	// buffered is the whole body of a small write, read before the
+	// forward (smallbody.go); nil if the body streams.
+	buffered   []byte
+	unknown    bool
+	failed     bool
+	badRequest bool   // failed by the client's fault (its body)
+	keyed      *keyed // nil without an Idempotency-Key (idempotency.go)
 }
 
 type forwardKey struct{}
@@ -56,6 +59,9 @@ func (g *Gateway) newReverseProxy() *httputil.ReverseProxy {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			f := pr.In.Context().Value(forwardKey{}).(*forward)
 			pr.Out.URL.Path, pr.Out.URL.RawPath = f.path, f.rawPath
+			if f.buffered != nil {
+				pr.Out.Body = inMemoryBody(f.buffered)
+			}
 			pr.SetURL(f.upstream)
 			h := pr.Out.Header
 			// The lease is a secret between worker and gateway; the token,
@@ -90,7 +96,7 @@ func (g *Gateway) newReverseProxy() *httputil.ReverseProxy {
 				h[k] = v
 			}
 		},
-		Transport:      g.transport,
+		Transport:      g.engine,
 		ModifyResponse: g.recordAnswer,
 		BufferPool:     newBufferPool(),
 		ErrorHandler:   g.proxyError,
@@ -148,7 +154,8 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, g.log, &http.MaxBytesError{Limit: g.cfg.MaxBody})
 		return
 	}
-	if r.Body != nil && r.Body != http.NoBody {
+	buffer := bufferable(r) // its Content-Length is within MaxBody
+	if r.Body != nil && r.Body != http.NoBody && !buffer {
 		r.Body = http.MaxBytesReader(w, r.Body, g.cfg.MaxBody)
 	}
 	guard, lift := limitBody(w, r, g.cfg.BodyTimeout)
@@ -204,6 +211,13 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 			g.cfg.OnForwarded(permit.Lease.Resource, permit.Lease.Token)
 		}
 	}()
+
+	if buffer {
+		if f.buffered, err = readSmallBody(r.Body, r.ContentLength); err != nil {
+			g.refuseBody(w, r, f, err)
+			return
+		}
+	}
 
 	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.ForwardTimeout)
 	defer cancel()
@@ -265,6 +279,27 @@ func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	sendProblem(w, r, problem{Status: http.StatusBadGateway, Code: codeUpstreamUnreachable, Title: "Upstream unreachable", Instance: f.instance,
 		Detail: detail, Resource: f.permit.Lease.Resource})
+}
+
+// refuseBody answers a small write whose body could not be read in whole
+// before the forward: too slow (408) or cut short (400), the client's
+// fault, and nothing was forwarded, so the outcome is known and the
+// resource does not drain.
+func (g *Gateway) refuseBody(w http.ResponseWriter, r *http.Request, f *forward, err error) {
+	f.failed, f.badRequest = true, true
+	switch {
+	case errors.Is(err, errBodyTimeout):
+	case f.body.ranOut(false):
+		err = f.body.err(err)
+	case errors.Is(err, errShortBody):
+		err = requestError("body", "ended before its Content-Length")
+	default:
+		err = requestError("body", "could not be read: "+err.Error())
+	}
+	p, _ := problemFor(err)
+	p.Instance, p.Resource = f.instance, f.permit.Lease.Resource
+	p.Detail += "; nothing was forwarded"
+	sendProblem(w, r, p)
 }
 
 func truncate(s string, n int) string {

@@ -37,6 +37,7 @@ func openPostgres(ctx context.Context, cfg config, log *slog.Logger) (*backend, 
 		StatementTimeout: cfg.PGStatementTimeout,
 		LockTimeout:      cfg.PGLockTimeout,
 		RestartDrain:     cfg.DrainPeriod,
+		Schema:           cfg.PGSchema,
 		Logger:           log,
 
 		MaxIdempotencyRecords: int64(cfg.IdempotencyMaxRecords),

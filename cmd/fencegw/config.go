@@ -53,6 +53,7 @@ type config struct {
 	PGStatementTimeout time.Duration
 	PGLockTimeout      time.Duration
 	PGFenceSessions    int
+	PGSchema           string
 	PGMaxFences        int
 	PGSessionCheck     time.Duration
 
@@ -211,6 +212,7 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 	fs.Var(hostNames{&cfg.HostsFlag}, "allowed-hosts", "the names clients reach the gateway by (comma-separated; '*': any); other Host headers are refused")
 	pgMax := fs.Int("pg-max-conns", 0, "PostgreSQL query pool size (default 16)")
 	pgLock := fs.Int("pg-lock-conns", 0, "PostgreSQL connections for grants, releases and revokes waiting for or holding a resource's exclusive lock (default 8)")
+	fs.StringVar(&cfg.PGSchema, "pg-schema", "", "PostgreSQL schema for fencegw's tables, created if missing; advisory lock keys and notification channels are per schema (default: the URL's search_path)")
 	fs.IntVar(&cfg.PGFenceSessions, "pg-fence-sessions", 0, "PostgreSQL sessions holding this replica's shared fences across writes (default 4)")
 	fs.IntVar(&cfg.PGMaxFences, "pg-max-fences", 0, "most resources this replica keeps fenced at once, each one advisory lock in PostgreSQL's shared lock table (default 4096)")
 	fs.DurationVar(&cfg.PGSessionCheck, "pg-session-check", 0, "a replica stops admitting writes when it could not confirm its lock session for this long (default 1s); a dead replica's resources drain for --drain-period plus this")

@@ -191,7 +191,7 @@ func TestPostgresConnectionsBoundedUnderSlowWrites(t *testing.T) {
 	t.Logf("512 writes in flight: %d PostgreSQL connections (pg_stat_activity)", n)
 
 	// They were admitted on the replica's fences, without a round trip,
-	// but for at most one per resource whose fence went idle (2 s) during
+	// but for at most one per resource whose fence went idle (10 s) during
 	// the warm-up.
 	m := call("GET", p.url()+"/metrics", nil)
 	match := regexp.MustCompile(`(?m)^fencegw_fence_local_admits_total (\S+)$`).FindSubmatch(m.body)

@@ -110,6 +110,7 @@ usage:
       --log-level LEVEL        debug, info, warn, error (info)
       --pg-max-conns N         PostgreSQL query pool (16)
       --pg-lock-conns N        PostgreSQL connections for grants, releases, revokes holding or waiting for a lock (8)
+      --pg-schema NAME         PostgreSQL schema for fencegw's tables, created if missing (the URL's search_path)
       --pg-fence-sessions N    PostgreSQL sessions holding this replica's shared fences across writes (4)
       --pg-max-fences N        most resources this replica keeps fenced, one advisory lock each (4096)
       --pg-session-check D     stop admitting writes when the lock session was not confirmed for this long;

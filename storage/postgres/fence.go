@@ -73,7 +73,10 @@ import (
 const (
 	DefaultLockSessions = 4
 	DefaultMaxFences    = 4096
-	DefaultFenceIdle    = 2 * time.Second
+	// DefaultFenceIdle: a fence without writes for this long is given up.
+	// Longer keeps bursty writers off the slow path (a cold fence costs
+	// three round trips); shorter narrows what a crash drains.
+	DefaultFenceIdle    = 10 * time.Second
 	DefaultSessionCheck = time.Second
 	// DefaultExclusiveConns bounds the connections that wait for or hold an
 	// exclusive fence (grants, releases, revokes in progress).

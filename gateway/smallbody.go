@@ -1,0 +1,63 @@
+package gateway
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+)
+
+// smallBody is the largest request body a fenced write reads in whole
+// before it is forwarded. net/http's Transport writes a request's head and
+// a body it knows to be in memory in one write (its bufio.Writer is 4 KiB),
+// but flushes the head alone before any other body, such as the
+// ReverseProxy's wrapper of the client's: two writes, two TCP segments and,
+// usually, two reads and a wake-up in the upstream per write. For the small
+// writes a fence usually guards that was the largest cost the gateway
+// could remove (docs/benchmarks.md). nginx buffers request bodies before it
+// forwards them for the same reasons (proxy_request_buffering, on by
+// default).
+const smallBody = 4 << 10
+
+// bufferable reports whether r's body is read in whole before the forward:
+// a Content-Length body of at most smallBody bytes, and no Expect:
+// 100-continue (reading the body would send the client 100 Continue before
+// the upstream agreed to take it; such bodies stream as before).
+func bufferable(r *http.Request) bool {
+	return r.ContentLength > 0 && r.ContentLength <= smallBody && len(r.Header["Expect"]) == 0 && len(r.TransferEncoding) == 0
+}
+
+// errShortBody: the client's body ended (or its connection broke) before
+// its Content-Length.
+var errShortBody = errors.New("the request body ended before its Content-Length")
+
+// readSmallBody reads the whole body of a bufferable request, and its end:
+// the body reader lifts its read deadline there (limitBody), and net/http
+// sees the body consumed and can reuse the connection. The body was framed
+// by net/http from the one Content-Length the framing check verified, so
+// the bytes read here are the bytes that check framed; nothing parses the
+// request a second way.
+func readSmallBody(body io.Reader, n int64) ([]byte, error) {
+	buf := make([]byte, n)
+	if _, err := io.ReadFull(body, buf); err != nil {
+		if err == io.ErrUnexpectedEOF || err == io.EOF {
+			err = errShortBody
+		}
+		return nil, err
+	}
+	var one [1]byte
+	switch m, err := body.Read(one[:]); {
+	case m == 0 && err == io.EOF:
+		return buf, nil
+	case err == nil || err == io.EOF:
+		// net/http's body reader never yields more than Content-Length.
+		return nil, errors.New("the request body is longer than its Content-Length")
+	default:
+		return nil, err
+	}
+}
+
+// inMemoryBody is a body the Transport recognises as in memory
+// (io.NopCloser over a *bytes.Reader), so that it writes head and body
+// together.
+func inMemoryBody(b []byte) io.ReadCloser { return io.NopCloser(bytes.NewReader(b)) }
