@@ -124,7 +124,7 @@ func reportLatency(b *testing.B, s bench.Summary, unit string) {
 func benchWrites(b *testing.B, e *env, t bench.Target, clients int) {
 	ctx := context.Background()
 	before, fencedBefore, leakedBefore := e.up.Requests.Load(), e.up.Fenced.Load(), e.up.Leaked.Load()
-	commitsBefore := e.gw.Store.KeyCommits()
+	commitsBefore := e.gw.KeyCommits()
 	var rec bench.Recorder
 	var fail firstError
 	write := func(lat []time.Duration) []time.Duration {
@@ -169,7 +169,7 @@ func benchWrites(b *testing.B, e *env, t bench.Target, clients int) {
 	}
 	reportLatency(b, rec.Summary(), "req")
 	if t.Keyed {
-		b.ReportMetric(float64(e.gw.Store.KeyCommits()-commitsBefore)/float64(b.N), "key-commits/write")
+		b.ReportMetric(float64(e.gw.KeyCommits()-commitsBefore)/float64(b.N), "key-commits/write")
 	}
 }
 

@@ -173,6 +173,9 @@ type Gateway struct {
 	Handler *gateway.Gateway
 	// closeStore closes whatever the gateway's store is.
 	closeStore func() error
+	// KeyCommits counts the embedded store's commits of idempotency
+	// records (nil on PostgreSQL).
+	KeyCommits func() int64
 }
 
 // StartGateway opens the embedded store in dir and serves a gateway
@@ -212,7 +215,7 @@ func StartGatewayTLS(dir string, upstream *url.URL, addr string, cfg *tls.Config
 		_ = store.Close()
 		return nil, err
 	}
-	return &Gateway{Server: srv, Handler: gw, closeStore: store.Close}, nil
+	return &Gateway{Server: srv, Handler: gw, closeStore: store.Close, KeyCommits: store.KeyCommits}, nil
 }
 
 // StartPostgresGateway serves a gateway on PostgreSQL (the --postgres mode,
@@ -239,6 +242,8 @@ func StartPostgresGateway(ctx context.Context, pgURL, schema string, upstream *u
 	gw := gateway.New(svc, gateway.Config{
 		Upstreams: map[string]*url.URL{UpstreamName: upstream},
 		Logger:    log,
+		Idempotency: tokens.NewIdempotency(tokens.IdempotencyConfig{Store: pg,
+			InFlight: gateway.DefaultForwardTimeout + 5*time.Second, Logger: log}),
 	})
 	srv, err := serve("gateway-postgres", addr, gw, func(srv *http.Server, ln net.Listener) net.Listener { return gateway.Listener(srv, ln, cfg) })
 	if err == nil && cfg != nil {
