@@ -32,8 +32,9 @@ import (
 //  4. endKeyed, when the forward ended without an answer, records an
 //     unknown outcome (the request left) or drops the key (it never did).
 //
-// A write without the header costs one map lookup at point 1 and a nil
-// check at points 3 and 4: no allocation, no store call.
+// A write without the header costs one map lookup at point 1, a context
+// lookup and a nil check at point 3 and a nil check at point 4: no
+// allocation, no store call.
 
 // Header names of idempotent writes.
 const (

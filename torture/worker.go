@@ -229,6 +229,13 @@ func (w *worker) run(ctx context.Context) {
 				a = w.do(context.WithoutCancel(ctx), "POST", cfg.Gateways[gi]+"/v1/proxy/"+cfg.Upstream+WritePath(res), []byte(id),
 					"Fencing-Lease", lease.LeaseID, "Content-Type", "text/plain", HeaderReplica, strconv.Itoa(gi),
 					"Idempotency-Key", `"`+id+`"`)
+				if a.status >= 200 && a.status < 300 && w.rng.IntN(1000) < lostAnswerPermille {
+					// The answer is lost on the way back (the worker's
+					// connection broke after the gateway answered): to the
+					// worker the outcome is open, and its retry must be
+					// answered from the gateway's record.
+					a = answer{}
+				}
 				w.rec.Write(Write{ID: id, Resource: res, Token: lease.Token, Status: a.status, Code: a.code, Sent: sent, Returned: now(), Late: late,
 					Keyed: true, Attempt: attempt, Replayed: a.replayed})
 				if attempt >= keyRetries+1 || ctx.Err() != nil {
@@ -300,6 +307,10 @@ func (w *worker) acquire(ctx context.Context, res string) (leaseRef, time.Time, 
 	w.board.post(w.holder, heldLease{ID: lease.LeaseID, Resource: res, Token: lease.Token})
 	return lease, granted, true
 }
+
+// lostAnswerPermille of the answered writes are treated by the worker as
+// lost (no answer), so that retries reach the gateway's replays too.
+const lostAnswerPermille = 30
 
 // keyRetries is how many times a keyed write whose outcome is open is
 // retried with its key.
