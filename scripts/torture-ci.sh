@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 DURATION=${DURATION:-60s}
 BREAK_DURATION=${BREAK_DURATION:-30s}
 MODES=${MODES:-"embedded postgres redis"}
-BREAKS=${BREAKS:-"highest_seen not_durable unlock_on_timeout float_tokens no_owner skip_route_check"}
+BREAKS=${BREAKS:-"highest_seen not_durable unlock_on_timeout float_tokens no_owner skip_route_check forget_idempotency"}
 # Broken builds whose failpoint lives in the PostgreSQL modes, run there with
 # the fault that reaches it.
 PG_BREAKS=${PG_BREAKS:-"no_replica_drain"}
@@ -40,7 +40,8 @@ done
 
 # Broken builds run in embedded mode: every failpoint lives on its path
 # (tokens, gateway, storage/bolt); no_owner is caught by the thieves (foreign-lease),
-# skip_route_check by the route thieves (foreign-route).
+# skip_route_check by the route thieves (foreign-route), forget_idempotency by
+# the keyed retries (idempotency-key-once).
 for b in $BREAKS; do
 	echo "== broken build fencegw_break_$b, $BREAK_DURATION (must be caught)"
 	if ! "$OUT/bin/fencegw-torture" --quiet --mode embedded --duration "$BREAK_DURATION" --expect-violations \

@@ -14,7 +14,7 @@ import (
 )
 
 // Idempotency records (tokens.IdempotencyStore), in idempotency_keys
-// (migration 00008). Each call is one autocommitted statement, so the
+// (migration 00007). Each call is one autocommitted statement, so the
 // record is durable when it returns; concurrent keyed writes on a replica
 // run on the pool's connections, and their commits share WAL flushes as
 // PostgreSQL groups concurrent commits. Time is the database's.
