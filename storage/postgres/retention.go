@@ -25,6 +25,8 @@ type Pruned struct {
 	Events     int64
 	Leases     int64
 	Keys       int64 // idempotency records
+	// WriteCounts: per-token write counts whose lease was deleted.
+	WriteCounts int64
 }
 
 // pruneLoop runs Prune every PruneInterval until Close.
@@ -54,7 +56,8 @@ func (s *Store) pruneLoop() {
 // MaxRejectionLog entries, each resource's lease history its newest
 // MaxHistoryPerResource events, and a lease that is not its resource's
 // current one is deleted once its expiry is LeaseRetention past (its id is
-// unknown from then on, as in the embedded store). Fences are never
+// unknown from then on, as in the embedded store), and with it its
+// token's write count. Fences are never
 // touched: tokens stay monotonic whatever is pruned. Replicas take turns:
 // while one prunes, Prune on another returns at once.
 func (s *Store) Prune(ctx context.Context) (Pruned, error) {
@@ -130,6 +133,16 @@ func (s *Store) Prune(ctx context.Context) (Pruned, error) {
 	p.Leases = n
 	if err != nil {
 		return p, interpret("prune leases", err)
+	}
+	// A token's write count goes with its lease (leases' UNIQUE (resource,
+	// token) index answers the anti-join).
+	n, err = deleteChunks(ctx, conn, `DELETE FROM write_counts WHERE (resource, token) IN
+		(SELECT w.resource, w.token FROM write_counts w
+		 WHERE $1::int = 0 AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.resource = w.resource AND l.token = w.token)
+		 LIMIT $2)`, 0)
+	p.WriteCounts = n
+	if err != nil {
+		return p, interpret("prune write counts", err)
 	}
 	p.Keys, err = s.pruneKeys(ctx, conn)
 	if err != nil {

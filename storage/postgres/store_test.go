@@ -373,13 +373,19 @@ func TestPruneBoundsWhatIsKept(t *testing.T) {
 	time.Sleep(150 * time.Millisecond)
 	cur := grant(t, s, "hist", time.Minute) // token 2, supersedes the expired one
 	quiet := grant(t, s, "quiet", time.Minute)
+	if err := s.AddWrites(ctx, []tokens.TokenWrites{{Resource: "hist", Token: old.Token, N: 3}, {Resource: "hist", Token: cur.Token, N: 2}}); err != nil {
+		t.Fatal(err)
+	}
 
 	p, err := s.Prune(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Rejections != 15 || p.Events != 3 || p.Leases != 1 {
-		t.Fatalf("pruned %+v, want 15 rejections, 3 events, 1 lease", p)
+	if p.Rejections != 15 || p.Events != 3 || p.Leases != 1 || p.WriteCounts != 1 {
+		t.Fatalf("pruned %+v, want 15 rejections, 3 events, 1 lease and its write count", p)
+	}
+	if counts, err := s.Writes(ctx, "hist", []int64{old.Token, cur.Token}); err != nil || counts[old.Token] != 0 || counts[cur.Token] != 2 {
+		t.Fatalf("write counts after prune: %v %v; want only the current token's", counts, err)
 	}
 	log, err := s.Rejections(ctx, tokens.RejectionQuery{Limit: 1000})
 	if err != nil || len(log) != 10 || log[0].ID != newest[24] || log[9].ID != newest[15] {
