@@ -11,7 +11,7 @@ import (
 	"github.com/fencegw/fencegw/api"
 )
 
-// Where the spec and the index are served (DESIGN.md, "HTTP surface").
+// Where the spec and the index are served (docs/design.md, "HTTP surface").
 const (
 	pathIndex    = "/v1/"
 	pathSpecYAML = "/v1/openapi.yaml"

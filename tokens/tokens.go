@@ -115,7 +115,7 @@ type RejectionQuery struct {
 	Limit    int
 }
 
-// Limits bounds client input. DefaultLimits are DESIGN.md's defaults.
+// Limits bounds client input. DefaultLimits are docs/design.md's defaults.
 type Limits struct {
 	MaxResource int
 	MaxHolder   int
