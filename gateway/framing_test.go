@@ -572,7 +572,7 @@ func TestFrameTLS(t *testing.T) {
 	if got := up.seen(); len(got) != 1 || got[0].Proto != "https" || got[0].Body != "body" {
 		t.Fatalf("upstream got %+v", got)
 	}
-	// Plain HTTP to the TLS port: Go's 400, as before.
+	// Plain HTTP to the TLS port: net/http's own 400.
 	c, err := net.Dial("tcp", tg.addr)
 	if err != nil {
 		t.Fatal(err)

@@ -34,7 +34,7 @@ type recorded struct {
 
 // RecordRejection implements tokens.Store. Rejections are committed in
 // groups by one goroutine (recordLoop); the caller returns once its entry
-// is durable, as before.
+// is durable.
 func (s *Store) RecordRejection(ctx context.Context, r tokens.Rejection) (tokens.Rejection, error) {
 	// Entered for the whole wait: Close waits for every caller to leave,
 	// so the file stays open until the recorder has answered them all.
