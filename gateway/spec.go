@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"sync"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/fencegw/fencegw/api"
 )
