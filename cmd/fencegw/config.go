@@ -210,7 +210,7 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 	fs.DurationVar(&cfg.PGLockTimeout, "pg-lock-timeout", 0, "bound on an advisory lock wait without an earlier deadline (default 30s)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return cfg, flagHelp
+			return cfg, errHelp
 		}
 		return cfg, usageError("%v", err)
 	}
