@@ -218,9 +218,8 @@ func BenchmarkFrameScanner(b *testing.B) {
 // recorder is an upstream that records what reached it.
 type recorder struct {
 	*httptest.Server
-	mu   sync.Mutex
-	got  []recorded
-	hold chan struct{} // if not nil, a request named /hold waits for it
+	mu  sync.Mutex
+	got []recorded
 }
 
 type recorded struct {
