@@ -28,7 +28,7 @@ import (
 	"sync"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/fencegw/fencegw/gateway"
 	"github.com/fencegw/fencegw/tokens"

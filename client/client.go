@@ -31,7 +31,7 @@
 //
 // # Time
 //
-// The gateway measures lease time (DESIGN.md, guarantee 6). The SDK plans
+// The gateway measures lease time (docs/design.md, guarantee 6). The SDK plans
 // with its own monotonic clock: a lease counts as lost once the TTL the
 // gateway reported has run out, minus a safety margin, counted from the
 // moment the last successful acquire or renewal request was sent, without a

@@ -199,7 +199,7 @@ func TestGrantWaitsForInFlightWrite(t *testing.T) {
 	})
 }
 
-// Release and renew semantics of DESIGN.md's "Details that clients rely on".
+// Release and renew semantics of docs/design.md's "Details that clients rely on".
 func TestLeaseLifecycle(t *testing.T) {
 	forEachMode(t, func(t *testing.T, m mode) {
 		gws := m.start(t, nil, options{})

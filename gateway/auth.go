@@ -74,7 +74,7 @@ func (p *Principal) MayUse(resource string) bool {
 }
 
 // Authenticator identifies callers and meters them. Config.Auth nil means
-// no authentication: every caller may do everything, as before keys existed.
+// no authentication: every caller may do everything.
 type Authenticator interface {
 	// Authenticate returns the caller of r, or an error wrapping
 	// ErrUnauthenticated (no key, an unknown key, a malformed header).

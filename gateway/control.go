@@ -109,7 +109,7 @@ func (c *control) GetLease(ctx context.Context, req server.GetLeaseRequestObject
 	if err != nil {
 		return nil, err
 	}
-	now := clockOf(c.svc, res)
+	now := c.svc.Clock(res)
 	state := res.StateOf(lease, now)
 	if res.Lease != nil && res.Lease.ID == lease.ID {
 		lease = *res.Lease
@@ -198,7 +198,7 @@ func (c *control) GetResource(ctx context.Context, req server.GetResourceRequest
 	if err != nil {
 		return nil, err
 	}
-	now := clockOf(c.svc, res)
+	now := c.svc.Clock(res)
 	out := api.ResourceState{Resource: res.Name, Token: res.Token}
 	if res.Name == "" {
 		out.Resource = req.Resource
@@ -279,13 +279,6 @@ func millis(ms int64) time.Duration {
 		return time.Duration(maxMs) * time.Millisecond
 	}
 	return time.Duration(ms) * time.Millisecond
-}
-
-func clockOf(svc *tokens.Service, r tokens.Resource) time.Time {
-	if !r.Now.IsZero() {
-		return r.Now
-	}
-	return svc.Now()
 }
 
 func leaseJSON(l tokens.Lease, state tokens.LeaseState, remaining time.Duration) api.Lease {

@@ -218,9 +218,8 @@ func BenchmarkFrameScanner(b *testing.B) {
 // recorder is an upstream that records what reached it.
 type recorder struct {
 	*httptest.Server
-	mu   sync.Mutex
-	got  []recorded
-	hold chan struct{} // if not nil, a request named /hold waits for it
+	mu  sync.Mutex
+	got []recorded
 }
 
 type recorded struct {
@@ -572,7 +571,7 @@ func TestFrameTLS(t *testing.T) {
 	if got := up.seen(); len(got) != 1 || got[0].Proto != "https" || got[0].Body != "body" {
 		t.Fatalf("upstream got %+v", got)
 	}
-	// Plain HTTP to the TLS port: Go's 400, as before.
+	// Plain HTTP to the TLS port: net/http's own 400.
 	c, err := net.Dial("tcp", tg.addr)
 	if err != nil {
 		t.Fatal(err)

@@ -57,7 +57,7 @@ type Config struct {
 	// Auth, if set, authenticates every call but /healthz and /readyz (API
 	// keys with roles and resource prefixes), binds leases to the key that
 	// acquired them and keeps the client's Authorization from the
-	// upstream. Nil: no authentication, as before.
+	// upstream. Nil: no authentication.
 	Auth Authenticator
 	// UpstreamHeaders are added to every write forwarded to the named
 	// upstream, replacing any the client sent (the upstream's credentials,

@@ -122,7 +122,7 @@ func dotSegment(seg string) bool {
 }
 
 // checkWriteRequest refuses, before anything else is looked at, fenced
-// writes that could not be one request and one answer (DESIGN.md guarantee
+// writes that could not be one request and one answer (docs/design.md guarantee
 // 8) or whose lease is ambiguous. It returns nil for the common request.
 func checkWriteRequest(r *http.Request) error {
 	if r.Method == http.MethodConnect {

@@ -21,7 +21,7 @@ import (
 // An upstream with at least one route is bound: a write to it passes only
 // if some route of the upstream matches its path and takes its lease's
 // resource; any other write is refused with 403 resource_mismatch and
-// recorded. Upstreams without routes take any lease, as before.
+// recorded. Upstreams without routes take any lease.
 //
 // Pattern (the path below /v1/proxy/{upstream}, starting with '/'):
 // segments separated by '/', each one of

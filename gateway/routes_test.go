@@ -176,7 +176,7 @@ func FuzzRoute(f *testing.F) {
 // Issue 15 point 7: with the upstream bound to the resource its path
 // names, a live lease on res:b cannot write to res:a's path: 403
 // resource_mismatch, recorded with the presenting lease's facts, nothing
-// forwarded. The owner of res:a writes as before.
+// forwarded. The owner of res:a still writes there.
 func TestRouteRefusesALeaseForAnotherResource(t *testing.T) {
 	up := newRecorder(t)
 	tg := startFraming(t, up.URL, Config{Routes: []*Route{mustRoute(t, "svc/rec/{res}/**={res}")}}, false)

@@ -22,7 +22,7 @@ const smallBody = 4 << 10
 // bufferable reports whether r's body is read in whole before the forward:
 // a Content-Length body of at most smallBody bytes, and no Expect:
 // 100-continue (reading the body would send the client 100 Continue before
-// the upstream agreed to take it; such bodies stream as before).
+// the upstream agreed to take it; such bodies stream, as larger ones do).
 func bufferable(r *http.Request) bool {
 	return r.ContentLength > 0 && r.ContentLength <= smallBody && len(r.Header["Expect"]) == 0 && len(r.TransferEncoding) == 0
 }

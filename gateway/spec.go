@@ -6,12 +6,12 @@ import (
 	"net/http"
 	"sync"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/fencegw/fencegw/api"
 )
 
-// Where the spec and the index are served (DESIGN.md, "HTTP surface").
+// Where the spec and the index are served (docs/design.md, "HTTP surface").
 const (
 	pathIndex    = "/v1/"
 	pathSpecYAML = "/v1/openapi.yaml"

@@ -300,12 +300,18 @@ func heldError(h Lease, now time.Time) error {
 	return &Error{Kind: ErrLeaseHeld, Resource: h.Resource, Holder: h.Holder, CurrentToken: h.Token, ExpiresAt: h.ExpiresAt, RetryAfter: h.Remaining(now)}
 }
 
-func (s *Service) clock(r Resource) time.Time {
+// Clock is the time at which the fence rules judge r: the store's clock
+// when r carries it (Resource.Now), else the gateway's. The gateway uses it
+// to report a lease's state and remaining time as Admit would judge them.
+func (s *Service) Clock(r Resource) time.Time {
 	if !r.Now.IsZero() {
 		return r.Now
 	}
 	return s.now()
 }
+
+// clock is Clock (the call sites predate it).
+func (s *Service) clock(r Resource) time.Time { return s.Clock(r) }
 
 // Renew extends a current lease; ttl 0 reuses the lease's TTL. principal
 // is the authenticated caller ("" without authentication): any other than
@@ -602,29 +608,28 @@ func (p *Permit) Done(outcomeUnknown bool) {
 	p.unlock()
 }
 
-// Judge applies the fence rules to a write under lease, given the resource's
-// state read under its shared lock, at now. It returns nil if the write may
-// pass, or an *Error explaining the refusal. A newer grant wins over expiry:
-// a superseded lease is stale even if it also expired.
+// Judge applies the fence rule (Resource.StateOf, which holds its
+// precedence) to a write under lease, given the resource's state read under
+// its shared lock, at now. It returns nil if the write may pass, or an
+// *Error explaining the refusal: ErrStaleToken for a superseded lease (even
+// if it also expired), else ErrLeaseReleased, else ErrLeaseExpired.
 func Judge(lease Lease, r Resource, now time.Time) error {
-	current := r.Lease
-	refuse := func(kind error) error {
-		e := &Error{Kind: kind, Resource: lease.Resource, Token: lease.Token, CurrentToken: r.Token, Holder: lease.Holder, ExpiresAt: lease.ExpiresAt}
-		if current != nil && current.ID == lease.ID {
-			e.ExpiresAt = current.ExpiresAt
-		}
-		return e
+	var kind error
+	switch r.StateOf(lease, now) {
+	case StateCurrent:
+		return nil
+	case StateReleased:
+		kind = ErrLeaseReleased
+	case StateExpired:
+		kind = ErrLeaseExpired
+	default:
+		kind = ErrStaleToken
 	}
-	if r.Token > lease.Token || current == nil || current.ID != lease.ID {
-		return refuse(ErrStaleToken)
+	e := &Error{Kind: kind, Resource: lease.Resource, Token: lease.Token, CurrentToken: r.Token, Holder: lease.Holder, ExpiresAt: lease.ExpiresAt}
+	if current := r.Lease; current != nil && current.ID == lease.ID {
+		e.ExpiresAt = current.ExpiresAt // a renewal since lease was read
 	}
-	if current.Released() {
-		return refuse(ErrLeaseReleased)
-	}
-	if !now.Before(current.ExpiresAt) {
-		return refuse(ErrLeaseExpired)
-	}
-	return nil
+	return e
 }
 
 func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state Resource, w Write) error {

@@ -115,7 +115,7 @@ type RejectionQuery struct {
 	Limit    int
 }
 
-// Limits bounds client input. DefaultLimits are DESIGN.md's defaults.
+// Limits bounds client input. DefaultLimits are docs/design.md's defaults.
 type Limits struct {
 	MaxResource int
 	MaxHolder   int
@@ -229,8 +229,9 @@ const (
 	StateSuperseded LeaseState = "superseded"
 )
 
-// StateOf tells where lease stands in r at now. A newer grant wins over
-// release and expiry, as in Judge.
+// StateOf tells where lease stands in r at now. This is the fence rule, in
+// its one place: a newer grant wins over release, and release over expiry.
+// Judge refuses writes by it.
 func (r Resource) StateOf(lease Lease, now time.Time) LeaseState {
 	current := r.Lease
 	switch {

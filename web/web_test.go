@@ -165,10 +165,7 @@ func TestTimelineTellsTheStoryInOrder(t *testing.T) {
 		t.Fatalf("invalid resource: %d", resp.StatusCode)
 	}
 	_, js := get(t, h, "/ui/api/resources/stmt:acct:88213")
-	kinds := []string{}
-	for _, k := range []string{`"kind":"rejected"`, `"kind":"granted"`, `"kind":"expired"`, `"kind":"renewed"`, `"kind":"granted"`} {
-		kinds = append(kinds, k)
-	}
+	kinds := []string{`"kind":"rejected"`, `"kind":"granted"`, `"kind":"expired"`, `"kind":"renewed"`, `"kind":"granted"`}
 	at = 0
 	for _, k := range kinds {
 		i := strings.Index(js[at:], k)

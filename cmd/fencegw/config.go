@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/url"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -223,7 +222,7 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 	fs.IntVar(&cfg.IdempotencyMaxRecords, "idempotency-max-records", cfg.IdempotencyMaxRecords, "most Idempotency-Key records kept; past it the oldest go first")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return cfg, flagHelp
+			return cfg, errHelp
 		}
 		return cfg, usageError("%v", err)
 	}
@@ -370,5 +369,3 @@ func loopback(addr string) bool {
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
 }
-
-func getenvFunc() func(string) string { return os.Getenv }

@@ -4,7 +4,7 @@ package main
 // TestMain) sharing a private PostgreSQL cluster and, in the Redis mode, a
 // private Redis (backends_test.go), with a recording upstream. Each test
 // breaks one thing mid-run — Redis loses its data, PostgreSQL restarts, a
-// replica is killed or frozen — and checks the guarantees of DESIGN.md that
+// replica is killed or frozen — and checks the guarantees of docs/design.md that
 // must survive it. What a fault is allowed to cost (503s, lost leases,
 // waits) is said next to each check.
 

@@ -70,7 +70,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	switch {
 	case err == nil:
 		return 0
-	case errors.Is(err, flagHelp):
+	case errors.Is(err, errHelp):
 		fmt.Fprintln(stdout, usage)
 		return 0
 	case errors.Is(err, errUsage):
@@ -123,7 +123,7 @@ usage:
   Every flag can come from the environment as FENCEGW_<FLAG>; FENCEGW_UPSTREAMS and FENCEGW_ROUTES take
   comma-separated lists.`
 
-var flagHelp = errors.New("help requested")
+var errHelp = errors.New("help requested")
 
 func parseLevel(s string) (slog.Level, error) {
 	var l slog.Level

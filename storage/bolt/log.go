@@ -3,11 +3,13 @@ package bolt
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
 
+	"github.com/fencegw/fencegw/internal/batch"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -22,82 +24,42 @@ const rejectionGap = 20 * time.Millisecond
 // maxRejectionBatch bounds the entries one commit takes.
 const maxRejectionBatch = 2000
 
-type pendingRejection struct {
-	r    tokens.Rejection
-	done chan recorded // buffered
-}
-
-type recorded struct {
-	r   tokens.Rejection
-	err error
-}
-
 // RecordRejection implements tokens.Store. Rejections are committed in
-// groups by one goroutine (recordLoop); the caller returns once its entry
-// is durable, as before.
+// groups (s.recorder, internal/batch: one bbolt transaction and one fsync
+// per batch); the caller returns once its entry is durable, or when ctx
+// ends (a queued entry is committed all the same).
 func (s *Store) RecordRejection(ctx context.Context, r tokens.Rejection) (tokens.Rejection, error) {
-	// Entered for the whole wait: Close waits for every caller to leave,
-	// so the file stays open until the recorder has answered them all.
+	// Entered for the whole wait, so that Close finds no caller waiting
+	// when it stops the recorder (which commits what is queued first).
 	if err := s.enter(ctx); err != nil {
 		return tokens.Rejection{}, err
 	}
 	defer s.leave()
-	p := pendingRejection{r: r, done: make(chan recorded, 1)}
-	select {
-	case s.rejections <- p:
-	case <-ctx.Done():
-		return tokens.Rejection{}, tokens.Unavailable("record rejection", ctx.Err())
+	out, err := s.recorder.Do(ctx, r)
+	if err != nil && !errors.Is(err, tokens.ErrUnavailable) {
+		err = tokens.Unavailable("record rejection", err) // ctx ended, or closed
 	}
-	// Not ctx: once queued the entry will be committed, and leaving early
-	// would let Close shut the file under the recorder.
-	res := <-p.done
-	return res.r, res.err
+	return out, err
 }
 
-// recordLoop commits queued rejections until stop is closed (by Close,
-// when no caller is left).
-func (s *Store) recordLoop() {
-	defer close(s.recorderDone)
-	var last time.Time
-	batch := make([]pendingRejection, 0, maxRejectionBatch)
-	for {
-		select {
-		case p := <-s.rejections:
-			batch = append(batch[:0], p)
-		case <-s.stopRecorder:
-			return
-		}
-		if wait := time.Until(last.Add(rejectionGap)); wait > 0 {
-			time.Sleep(wait) // more gather meanwhile
-		}
-	gather:
-		for len(batch) < maxRejectionBatch {
-			select {
-			case p := <-s.rejections:
-				batch = append(batch, p)
-			default:
-				break gather
-			}
-		}
-		last = time.Now()
-		out := make([]tokens.Rejection, len(batch))
+// newRecorder starts the group commit of the rejection log.
+func (s *Store) newRecorder() *batch.Batcher[tokens.Rejection, tokens.Rejection] {
+	opts := batch.Options{Max: maxRejectionBatch, Queue: maxRejectionBatch, Gap: rejectionGap}
+	return batch.New(opts, func(rs, out []tokens.Rejection) error {
 		err := s.db.Update(func(tx *bbolt.Tx) error {
-			for i, p := range batch {
-				r, err := s.insertRejection(tx, p.r)
-				if err != nil {
+			for i, r := range rs {
+				var err error
+				if out[i], err = s.insertRejection(tx, r); err != nil {
 					return err
 				}
-				out[i] = r
 			}
 			return nil
 		})
 		if err != nil {
-			err = tokens.Unavailable("record rejection", err)
+			return tokens.Unavailable("record rejection", err)
 		}
-		for i, p := range batch {
-			p.done <- recorded{r: out[i], err: err}
-		}
-	}
+		return nil
+	})
 }
 
 // insertRejection appends r to the log in tx and keeps the log bounded.

@@ -29,6 +29,7 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
+	"github.com/fencegw/fencegw/internal/batch"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -117,9 +118,7 @@ type Store struct {
 	stopOnce sync.Once
 	gcDone   chan struct{}
 
-	rejections   chan pendingRejection // to recordLoop
-	stopRecorder chan struct{}
-	recorderDone chan struct{}
+	recorder *batch.Batcher[tokens.Rejection, tokens.Rejection] // log.go
 
 	keys *keyLog // idempotency records (keys.go)
 }
@@ -172,10 +171,6 @@ func Open(path string, opts Options) (*Store, error) {
 		resources: make(map[string]*resState),
 		stopGC:    make(chan struct{}),
 		gcDone:    make(chan struct{}),
-
-		rejections:   make(chan pendingRejection, maxRejectionBatch),
-		stopRecorder: make(chan struct{}),
-		recorderDone: make(chan struct{}),
 	}
 	if err := s.recover(); err != nil {
 		_ = db.Close()
@@ -190,7 +185,7 @@ func Open(path string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	go s.gcLoop()
-	go s.recordLoop()
+	s.recorder = s.newRecorder()
 	return s, nil
 }
 
@@ -313,10 +308,9 @@ func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
-	// No caller is left (they hold life while they wait): the recorder is
-	// idle.
-	close(s.stopRecorder)
-	<-s.recorderDone
+	// No caller is left (they hold life while they wait); the recorder
+	// commits what a caller that gave up waiting left queued, then stops.
+	s.recorder.Close()
 	s.closeKeys()
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		return tx.Bucket(bucketMeta).Put(keyClean, []byte{1})

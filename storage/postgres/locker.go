@@ -51,7 +51,7 @@ import (
 // (their TCP connections to the upstream break), but a live replica that
 // only lost its database session keeps forwarding: the unlock then fails
 // (Lock.Unlock returns the error, and it is logged), and for that window
-// guarantee 1 of DESIGN.md rests on the forward timeout alone. Holding locks
+// guarantee 1 of docs/design.md rests on the forward timeout alone. Holding locks
 // in the database cannot do better; only an upstream that checks the
 // Fencing-Token header itself can.
 

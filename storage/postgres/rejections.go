@@ -38,7 +38,7 @@ type recorded struct {
 // occupy the query pool that the current holder's writes and the grants
 // need. One goroutine takes whatever is queued, up to maxRejectionBatch,
 // and inserts it in one transaction; callers still return only once their
-// row is committed, so the log is read-your-writes as before. While a batch
+// row is committed, so the log is read-your-writes. While a batch
 // commits, the next one gathers, so batches grow with the load and a lone
 // rejection is never delayed by a timer beyond rejectionGap.
 type recorder struct {

@@ -450,7 +450,7 @@ func (s *Store) Drain(ctx context.Context, resource string, d time.Duration) err
 }
 
 // Rejection page sizes: RejectionQuery.Limit 0 means DefaultRejections, and
-// it is capped at MaxRejections (DESIGN.md: limit <= 1000).
+// it is capped at MaxRejections (docs/design.md: limit <= 1000).
 const (
 	DefaultRejections = 100
 	MaxRejections     = 1000

@@ -23,7 +23,7 @@
 //     lease can never extend or delete its successor's claim.
 //
 // Losing Redis data therefore costs efficiency only (a holder loses its
-// lease early), which is what DESIGN.md promises.
+// lease early), which is what docs/design.md promises.
 package redis
 
 import (

@@ -486,10 +486,10 @@ func testFenceDrainAnsweredAtOnce(t *testing.T, h FenceHarness) {
 	pastFenceTTL()
 	// The first grant attempt finds the orphan and starts the drain.
 	_, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "drained", Holder: "new", TTL: time.Second, Wait: 300 * time.Millisecond})
-	e := wantErr(t, err, tokens.ErrFenceBusy, "acquire during a drain")
+	wantErr(t, err, tokens.ErrFenceBusy, "acquire during a drain")
 	start := time.Now()
 	_, err = b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "drained", Holder: "new", TTL: time.Second, Wait: 500 * time.Millisecond})
-	e = wantErr(t, err, tokens.ErrFenceBusy, "acquire whose wait ends before the drain")
+	e := wantErr(t, err, tokens.ErrFenceBusy, "acquire whose wait ends before the drain")
 	if e.RetryAfter <= 500*time.Millisecond {
 		t.Fatalf("RetryAfter %v; want the drain's end, beyond the wait", e.RetryAfter)
 	}
