@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/fencegw/fencegw/internal/batch"
 	"github.com/fencegw/fencegw/storage/postgres"
 	"github.com/fencegw/fencegw/storage/redis"
 	"github.com/fencegw/fencegw/tokens"
@@ -125,70 +126,39 @@ func openPostgres(ctx context.Context, cfg config, log *slog.Logger) (*backend, 
 // the live feed rather than slow down the refusals.
 const publishQueue = 10_000
 
-// publisher sends this replica's rejections to the feed in batches: one
-// goroutine takes whatever is queued and publishes it packed into as few
-// messages as fit, so a storm of refusals costs the database (or Redis) a
-// message per batch instead of a round trip per refusal, and no refusal
-// waits for the feed.
+// publisher sends this replica's rejections to the feed in batches
+// (internal/batch): one loop publishes whatever is queued packed into as
+// few messages as fit, so a storm of refusals costs the database (or
+// Redis) a message per batch instead of a round trip per refusal, and no
+// refusal waits for the feed.
 type publisher struct {
-	feed    fanout
+	batch   *batch.Batcher[tokens.Rejection, struct{}]
 	log     *slog.Logger
-	queue   chan tokens.Rejection
 	dropped atomic.Int64
-	stop    chan struct{}
-	done    chan struct{}
 }
 
 func newPublisher(feed fanout, log *slog.Logger) *publisher {
-	p := &publisher{feed: feed, log: log, queue: make(chan tokens.Rejection, publishQueue),
-		stop: make(chan struct{}), done: make(chan struct{})}
-	go p.run()
-	return p
+	opts := batch.Options{Max: 1000, Queue: publishQueue}
+	return &publisher{log: log, batch: batch.New(opts, func(rs []tokens.Rejection, _ []struct{}) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := feed.PublishRejections(ctx, rs); err != nil {
+			log.Warn("live rejection feed: publish failed (the rejections are recorded)", "rejections", len(rs), "err", err)
+		}
+		return nil
+	})}
 }
 
 func (p *publisher) publish(r tokens.Rejection) {
-	select {
-	case p.queue <- r:
-	default:
+	if !p.batch.Send(r) {
 		if p.dropped.Add(1)%1000 == 1 {
 			p.log.Warn("live rejection feed: queue full, rejections left out of the feed (they are recorded)", "dropped", p.dropped.Load())
 		}
 	}
 }
 
-func (p *publisher) run() {
-	defer close(p.done)
-	const maxBatch = 1000
-	batch := make([]tokens.Rejection, 0, maxBatch)
-	for {
-		select {
-		case r := <-p.queue:
-			batch = append(batch[:0], r)
-		case <-p.stop:
-			return
-		}
-	gather:
-		for len(batch) < maxBatch {
-			select {
-			case r := <-p.queue:
-				batch = append(batch, r)
-			default:
-				break gather
-			}
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		if err := p.feed.PublishRejections(ctx, batch); err != nil {
-			p.log.Warn("live rejection feed: publish failed (the rejections are recorded)", "rejections", len(batch), "err", err)
-		}
-		cancel()
-	}
-}
-
-// close stops the publisher; what is still queued is left out of the feed.
-func (p *publisher) close() {
-	close(p.stop)
-	<-p.done
-}
+// close stops the publisher after it has published what is queued.
+func (p *publisher) close() { p.batch.Close() }
 
 // fenceMetrics exports what the replica's fence does (storage/postgres/fence.go).
 func fenceMetrics(f *postgres.Fence) []prometheus.Collector {

@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fencegw/fencegw/internal/batch"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -93,10 +94,10 @@ type Store struct {
 	lockPool *pgxpool.Pool // connections holding advisory locks
 	opts     Options
 	log      *slog.Logger
-	keySalt  string // the schema: advisory lock keys and channels are per schema
-	channel  string // NOTIFY channel for rejections
-	recorder *recorder
-	instance string // this process's records in idempotency_keys.owner
+	keySalt  string                                             // the schema: advisory lock keys and channels are per schema
+	channel  string                                             // NOTIFY channel for rejections
+	recorder *batch.Batcher[tokens.Rejection, tokens.Rejection] // rejections.go
+	instance string                                             // this process's records in idempotency_keys.owner
 
 	closeOnce    sync.Once
 	pruneStop    chan struct{}
@@ -208,7 +209,7 @@ func (s *Store) Close() {
 		}
 		s.closeKeys()
 	})
-	s.recorder.close()
+	s.recorder.Close()
 	s.pool.Close()
 	s.lockPool.Close()
 }

@@ -3,11 +3,11 @@ package postgres
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fencegw/fencegw/internal/batch"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -22,91 +22,24 @@ const rejectionGap = 20 * time.Millisecond
 
 var errStoreClosed = errors.New("store closed")
 
-// pendingRejection is a rejection waiting for the recorder's next commit.
-type pendingRejection struct {
-	r    tokens.Rejection
-	done chan recorded // buffered: the recorder never waits for a caller
+// newRecorder starts the group commit of the rejection log
+// (internal/batch). A storm of refused writes would otherwise cost one
+// transaction (and one WAL flush) per refusal and occupy the query pool
+// that the current holder's writes and the grants need. Callers still
+// return only once their row is committed, so the log is
+// read-your-writes; Close commits what is queued.
+func newRecorder(s *Store) *batch.Batcher[tokens.Rejection, tokens.Rejection] {
+	opts := batch.Options{Max: maxRejectionBatch, Queue: 4 * maxRejectionBatch, Gap: rejectionGap}
+	return batch.New(opts, s.commitRejections)
 }
 
-type recorded struct {
-	r   tokens.Rejection
-	err error
-}
-
-// recorder commits the rejection log in groups. A storm of refused writes
-// would otherwise cost one transaction (and one WAL flush) per refusal and
-// occupy the query pool that the current holder's writes and the grants
-// need. One goroutine takes whatever is queued, up to maxRejectionBatch,
-// and inserts it in one transaction; callers still return only once their
-// row is committed, so the log is read-your-writes. While a batch
-// commits, the next one gathers, so batches grow with the load and a lone
-// rejection is never delayed by a timer beyond rejectionGap.
-type recorder struct {
-	s        *Store
-	queue    chan pendingRejection
-	stop     chan struct{}
-	stopOnce sync.Once
-	exited   chan struct{} // closed when run has returned
-}
-
-func newRecorder(s *Store) *recorder {
-	rec := &recorder{s: s, queue: make(chan pendingRejection, 4*maxRejectionBatch), stop: make(chan struct{}), exited: make(chan struct{})}
-	go rec.run()
-	return rec
-}
-
-// close stops the recorder after it has committed what is queued.
-func (rec *recorder) close() {
-	rec.stopOnce.Do(func() { close(rec.stop) })
-	<-rec.exited
-}
-
-func (rec *recorder) run() {
-	defer close(rec.exited)
-	batch := make([]pendingRejection, 0, maxRejectionBatch)
-	var last time.Time
-	for {
-		select {
-		case p := <-rec.queue:
-			batch = append(batch[:0], p)
-		case <-rec.stop:
-			// Commit what callers already queued, then refuse new ones
-			// (RecordRejection sees stop closed).
-			for {
-				select {
-				case p := <-rec.queue:
-					rec.commit([]pendingRejection{p})
-				default:
-					return
-				}
-			}
-		}
-		if wait := time.Until(last.Add(rejectionGap)); wait > 0 {
-			time.Sleep(wait) // more gather meanwhile
-		}
-		last = time.Now()
-	gather:
-		for len(batch) < maxRejectionBatch {
-			select {
-			case p := <-rec.queue:
-				batch = append(batch, p)
-			default:
-				break gather
-			}
-		}
-		rec.commit(batch)
-	}
-}
-
-// commit inserts batch in one transaction and answers every caller.
-func (rec *recorder) commit(batch []pendingRejection) {
-	ctx, cancel := context.WithTimeout(context.Background(), rec.s.opts.StatementTimeout)
+// commitRejections inserts rs in one transaction, filling out.
+func (s *Store) commitRejections(rs, out []tokens.Rejection) error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.StatementTimeout)
 	defer cancel()
-	out := make([]tokens.Rejection, len(batch))
-	err := pgx.BeginFunc(ctx, rec.s.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
-		for i, p := range batch {
-			r := p.r
+		for i, r := range rs {
 			var ended, at *time.Time
 			if !r.LeaseEndedAt.IsZero() {
 				ended = &r.LeaseEndedAt
@@ -126,43 +59,22 @@ func (rec *recorder) commit(batch []pendingRejection) {
 		return tx.SendBatch(ctx, b).Close()
 	})
 	if err != nil {
-		err = interpret("record rejection", err)
+		return interpret("record rejection", err)
 	}
-	for i, p := range batch {
-		p.done <- recorded{r: out[i], err: err}
-	}
+	return nil
 }
 
 // RecordRejection appends to the rejection log. Its time is r.At if set
 // (the gateway's moment of refusal), else the database clock. Concurrent
 // calls are committed together (see recorder).
 func (s *Store) RecordRejection(ctx context.Context, r tokens.Rejection) (tokens.Rejection, error) {
-	p := pendingRejection{r: r, done: make(chan recorded, 1)}
-	select {
-	case <-s.recorder.stop:
+	out, err := s.recorder.Do(ctx, r)
+	switch {
+	case errors.Is(err, batch.ErrClosed):
 		return tokens.Rejection{}, tokens.Unavailable("record rejection", errStoreClosed)
-	default:
-	}
-	select {
-	case s.recorder.queue <- p:
-	case <-s.recorder.stop:
-		return tokens.Rejection{}, tokens.Unavailable("record rejection", errStoreClosed)
-	case <-ctx.Done():
-		return tokens.Rejection{}, tokens.Unavailable("record rejection", ctx.Err())
-	}
-	select {
-	case res := <-p.done:
-		return res.r, res.err
-	case <-s.recorder.exited:
-		// Queued after the recorder's last look at the queue: never written.
-		select {
-		case res := <-p.done:
-			return res.r, res.err
-		default:
-			return tokens.Rejection{}, tokens.Unavailable("record rejection", errStoreClosed)
-		}
-	case <-ctx.Done():
+	case err != nil && errors.Is(err, ctx.Err()):
 		// The row may still be committed; the caller only stops waiting.
-		return tokens.Rejection{}, tokens.Unavailable("record rejection", ctx.Err())
+		return tokens.Rejection{}, tokens.Unavailable("record rejection", err)
 	}
+	return out, err
 }
