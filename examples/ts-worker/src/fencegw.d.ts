@@ -367,10 +367,12 @@ export interface paths {
          * A resource's timeline
          * @description Grants, renewals, releases, expiries (derived: a lease that was not
          *     released and whose expiry came before the next grant) and rejected
-         *     writes, oldest first. Consecutive identical rejections are one step
-         *     with `count` > 1. Reads the newest 1000 history events and 2000
-         *     rejections at most (`history_from`, `rejections_from` say where it was
-         *     cut).
+         *     writes, newest first, 50 rows a `page`. Consecutive identical
+         *     rejections are one step with `count` > 1; runs of three or more
+         *     routine steps are one `run` step; refused writes and the steps that
+         *     explain them have `incident`; `account` sums up the newest refused
+         *     write. Reads the newest 1000 history events and 2000 rejections at
+         *     most (`history_from`, `rejections_from` say where it was cut).
          */
         get: operations["dashboardTimeline"];
         put?: never;
@@ -510,6 +512,8 @@ export interface components {
              * @description When the lease the write carried expired or was released.
              */
             lease_ended_at?: string;
+            /** @description The API key that presented the lease (absent without authentication). For `lease_not_owned` it is the caller, while `holder` is the lease's own. */
+            principal?: string;
         };
         RejectionList: {
             items: components["schemas"]["Rejection"][];
@@ -532,8 +536,17 @@ export interface components {
             expires_at: string;
             /** Format: int64 */
             ttl_ms: number;
+            /**
+             * Format: int64
+             * @description The holder's clock minus the gateway's, in nanoseconds, if it sent `Fencing-Client-Time` in the last 15 min.
+             */
+            clock_offset_ns?: number;
         };
         DashboardOverview: {
+            /** @description How many resources had the rejections aggregated. */
+            resource_count?: number;
+            /** @description More leases are held than `leases` lists (the soonest to expire). */
+            leases_more?: boolean;
             /** Format: date-time */
             now: string;
             range: string;
@@ -572,7 +585,7 @@ export interface components {
             /** Format: date-time */
             at: string;
             /** @enum {string} */
-            kind: "granted" | "renewed" | "released" | "revoked" | "expired" | "renew_refused" | "release_refused" | "rejected";
+            kind: "granted" | "renewed" | "released" | "revoked" | "expired" | "renew_refused" | "release_refused" | "rejected" | "run";
             /** Format: int64 */
             token: number;
             holder: string;
@@ -580,7 +593,7 @@ export interface components {
             expires_at?: string;
             /**
              * Format: int64
-             * @description `granted`: writes forwarded under this token since the gateway started.
+             * @description `granted`: writes forwarded under this token (by every replica when `accepted_writes_durable`, else by this gateway process since it started).
              */
             accepted_writes?: number;
             /** @description `rejected`: how many identical refusals this step stands for, from `at` to `last`. */
@@ -595,6 +608,12 @@ export interface components {
             path?: string;
             /** Format: date-time */
             lease_ended_at?: string;
+            /** @description A refused write, or a step that explains one (the stale token's grant, its lease's end, the grant that superseded it). */
+            incident?: boolean;
+            /** @description `run`: the routine steps this row stands for, from `at` to `last`. */
+            run?: {
+                [key: string]: unknown;
+            };
         };
         DashboardTimeline: {
             resource: string;
@@ -605,6 +624,15 @@ export interface components {
             /** @enum {string} */
             state: "held" | "free" | "draining";
             current?: components["schemas"]["DashboardLease"];
+            /** @description The newest refused write in one line's facts (`incidents` 0 if none). */
+            account?: {
+                [key: string]: unknown;
+            };
+            page?: number;
+            pages?: number;
+            rows?: number;
+            /** @description Accepted-write counts are stored and every replica's. */
+            accepted_writes_durable?: boolean;
             steps: components["schemas"]["DashboardStep"][] | null;
             /** Format: date-time */
             rejections_from?: string;
@@ -645,6 +673,7 @@ export interface components {
          *     | `forbidden` | 403 | the key's role or resource prefixes do not allow it |
          *     | `unknown_lease` | 403 | a fenced write under a lease never granted |
          *     | `lease_not_owned` | 403 | the lease was acquired with another key |
+         *     | `resource_mismatch` | 403 | a fenced write under a lease for another resource than the path's route binds |
          *     | `not_found` | 404 | no such lease, resource or endpoint |
          *     | `unknown_upstream` | 404 | no upstream of that name is configured |
          *     | `method_not_allowed` | 405 | the endpoint does not take that method |
@@ -654,14 +683,17 @@ export interface components {
          *     | `stale_token` | 409 | a newer grant exists (wins over `lease_expired`) |
          *     | `lease_expired` | 409 | the write's lease expired, nothing newer granted yet |
          *     | `lease_released` | 409 | the write's lease was released or revoked |
+         *     | `idempotency_key_in_progress` | 409 | the first write with this `Idempotency-Key` is still in flight (`Retry-After`) |
+         *     | `idempotency_outcome_unknown` | 409 | the first write with this `Idempotency-Key` was forwarded and its outcome is unknown; it is never forwarded again |
          *     | `body_too_large` | 413 | the body exceeds the limit |
          *     | `unsupported_media_type` | 415 | control calls take `application/json` |
+         *     | `idempotency_key_mismatch` | 422 | the `Idempotency-Key` was first used for another method, path, query or body |
          *     | `rate_limited` | 429 | the key is over its request rate (`Retry-After`) |
          *     | `too_many_leases` | 429 | the key holds as many live leases as it may (`Retry-After`) |
          *     | `internal_error` | 500 | a bug in the gateway (logged) |
          *     | `upstream_unreachable` | 502 | the upstream could not be reached or broke the connection |
          *     | `fence_busy` | 503 | a grant waited too long for in-flight writes or a drain period |
-         *     | `store_unavailable` | 503 | the token store cannot be reached (fail closed) |
+         *     | `store_unavailable` | 503 | the token store cannot be reached, or every connection to it is in use (fail closed) |
          *     | `upstream_timeout` | 504 | the upstream did not answer in time; the outcome is unknown |
          * @example stale_token
          */
@@ -674,7 +706,9 @@ export interface components {
          *     - `lease_expired`: the lease expired, nothing newer granted yet;
          *     - `lease_released`: its holder released it, or an admin revoked it;
          *     - `unknown_lease`: no such lease was ever granted;
-         *     - `lease_not_owned`: the lease was acquired with another key.
+         *     - `lease_not_owned`: the lease was acquired with another key;
+         *     - `resource_mismatch`: the lease is for another resource than the
+         *       upstream's route binds to the path.
          * @example stale_token
          */
         RejectionCode: string;
@@ -687,7 +721,7 @@ export interface components {
             detail?: string;
             instance?: string;
             code: components["schemas"]["ProblemCode"];
-            /** @description For `invalid_request`, the offending field. */
+            /** @description The offending field or header (`invalid_request`, and `Host`, `Origin` or `Content-Type` on refusals of browser requests). */
             field?: string;
             resource?: string;
             /** Format: int64 */
@@ -951,6 +985,19 @@ export interface components {
     parameters: {
         /** @description The secret lease id returned by acquireLease. */
         LeaseID: string;
+        /**
+         * @description The caller's wall-clock time when it sent the request (RFC 3339),
+         *     optionally followed by `;rtt=` and the round trip in milliseconds of
+         *     its previous call to the gateway: `2026-11-30T00:41:37.120Z;rtt=4`.
+         *     Lease time is the gateway's, so this changes nothing about the
+         *     lease; the gateway estimates the holder's clock offset from it
+         *     (the caller's time plus half the round trip, minus the gateway's
+         *     time on arrival), exports it as `fencegw_holder_clock_offset_seconds`
+         *     and shows it next to the holder on the dashboard. A malformed value
+         *     is `400 invalid_request` naming this header.
+         * @example 2026-11-30T00:41:37.120Z;rtt=4
+         */
+        FencingClientTime: string;
     };
     requestBodies: never;
     headers: {
@@ -964,7 +1011,21 @@ export interface operations {
     acquireLease: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /**
+                 * @description The caller's wall-clock time when it sent the request (RFC 3339),
+                 *     optionally followed by `;rtt=` and the round trip in milliseconds of
+                 *     its previous call to the gateway: `2026-11-30T00:41:37.120Z;rtt=4`.
+                 *     Lease time is the gateway's, so this changes nothing about the
+                 *     lease; the gateway estimates the holder's clock offset from it
+                 *     (the caller's time plus half the round trip, minus the gateway's
+                 *     time on arrival), exports it as `fencegw_holder_clock_offset_seconds`
+                 *     and shows it next to the holder on the dashboard. A malformed value
+                 *     is `400 invalid_request` naming this header.
+                 * @example 2026-11-30T00:41:37.120Z;rtt=4
+                 */
+                "Fencing-Client-Time"?: components["parameters"]["FencingClientTime"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -1084,7 +1145,21 @@ export interface operations {
     renewLease: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /**
+                 * @description The caller's wall-clock time when it sent the request (RFC 3339),
+                 *     optionally followed by `;rtt=` and the round trip in milliseconds of
+                 *     its previous call to the gateway: `2026-11-30T00:41:37.120Z;rtt=4`.
+                 *     Lease time is the gateway's, so this changes nothing about the
+                 *     lease; the gateway estimates the holder's clock offset from it
+                 *     (the caller's time plus half the round trip, minus the gateway's
+                 *     time on arrival), exports it as `fencegw_holder_clock_offset_seconds`
+                 *     and shows it next to the holder on the dashboard. A malformed value
+                 *     is `400 invalid_request` naming this header.
+                 * @example 2026-11-30T00:41:37.120Z;rtt=4
+                 */
+                "Fencing-Client-Time"?: components["parameters"]["FencingClientTime"];
+            };
             path: {
                 /** @description The secret lease id returned by acquireLease. */
                 lease_id: components["parameters"]["LeaseID"];
@@ -1620,7 +1695,10 @@ export interface operations {
     };
     dashboardTimeline: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description 1-based; past the last, the last. Not a whole number from 1 is `400 invalid_request`. */
+                page?: number;
+            };
             header?: never;
             path: {
                 /** @description The resource name, percent-encoded. */

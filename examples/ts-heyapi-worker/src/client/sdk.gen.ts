@@ -249,10 +249,12 @@ export const dashboardOverview = <ThrowOnError extends boolean = false>(options?
  *
  * Grants, renewals, releases, expiries (derived: a lease that was not
  * released and whose expiry came before the next grant) and rejected
- * writes, oldest first. Consecutive identical rejections are one step
- * with `count` > 1. Reads the newest 1000 history events and 2000
- * rejections at most (`history_from`, `rejections_from` say where it was
- * cut).
+ * writes, newest first, 50 rows a `page`. Consecutive identical
+ * rejections are one step with `count` > 1; runs of three or more
+ * routine steps are one `run` step; refused writes and the steps that
+ * explain them have `incident`; `account` sums up the newest refused
+ * write. Reads the newest 1000 history events and 2000 rejections at
+ * most (`history_from`, `rejections_from` say where it was cut).
  *
  */
 export const dashboardTimeline = <ThrowOnError extends boolean = false>(options: Options<DashboardTimelineData, ThrowOnError>) => (options.client ?? client).get<DashboardTimelineResponses, DashboardTimelineErrors, ThrowOnError>({

@@ -121,6 +121,10 @@ export type Rejection = {
      * When the lease the write carried expired or was released.
      */
     lease_ended_at?: string;
+    /**
+     * The API key that presented the lease (absent without authentication). For `lease_not_owned` it is the caller, while `holder` is the lease's own.
+     */
+    principal?: string;
 };
 
 export type RejectionList = {
@@ -146,9 +150,21 @@ export type DashboardLease = {
     granted_at: string;
     expires_at: string;
     ttl_ms: number;
+    /**
+     * The holder's clock minus the gateway's, in nanoseconds, if it sent `Fencing-Client-Time` in the last 15 min.
+     */
+    clock_offset_ns?: number;
 };
 
 export type DashboardOverview = {
+    /**
+     * How many resources had the rejections aggregated.
+     */
+    resource_count?: number;
+    /**
+     * More leases are held than `leases` lists (the soonest to expire).
+     */
+    leases_more?: boolean;
     now: string;
     range: string;
     /**
@@ -185,12 +201,12 @@ export type DashboardOverview = {
 
 export type DashboardStep = {
     at: string;
-    kind: 'granted' | 'renewed' | 'released' | 'revoked' | 'expired' | 'renew_refused' | 'release_refused' | 'rejected';
+    kind: 'granted' | 'renewed' | 'released' | 'revoked' | 'expired' | 'renew_refused' | 'release_refused' | 'rejected' | 'run';
     token: number;
     holder: string;
     expires_at?: string;
     /**
-     * `granted`: writes forwarded under this token since the gateway started.
+     * `granted`: writes forwarded under this token (by every replica when `accepted_writes_durable`, else by this gateway process since it started).
      */
     accepted_writes?: number;
     /**
@@ -204,6 +220,16 @@ export type DashboardStep = {
     upstream?: string;
     path?: string;
     lease_ended_at?: string;
+    /**
+     * A refused write, or a step that explains one (the stale token's grant, its lease's end, the grant that superseded it).
+     */
+    incident?: boolean;
+    /**
+     * `run`: the routine steps this row stands for, from `at` to `last`.
+     */
+    run?: {
+        [key: string]: unknown;
+    };
 };
 
 export type DashboardTimeline = {
@@ -212,6 +238,19 @@ export type DashboardTimeline = {
     token: number;
     state: 'held' | 'free' | 'draining';
     current?: DashboardLease;
+    /**
+     * The newest refused write in one line's facts (`incidents` 0 if none).
+     */
+    account?: {
+        [key: string]: unknown;
+    };
+    page?: number;
+    pages?: number;
+    rows?: number;
+    /**
+     * Accepted-write counts are stored and every replica's.
+     */
+    accepted_writes_durable?: boolean;
     steps: Array<DashboardStep> | null;
     rejections_from?: string;
     history_from?: string;
@@ -260,6 +299,7 @@ export type Index = {
  * | `forbidden` | 403 | the key's role or resource prefixes do not allow it |
  * | `unknown_lease` | 403 | a fenced write under a lease never granted |
  * | `lease_not_owned` | 403 | the lease was acquired with another key |
+ * | `resource_mismatch` | 403 | a fenced write under a lease for another resource than the path's route binds |
  * | `not_found` | 404 | no such lease, resource or endpoint |
  * | `unknown_upstream` | 404 | no upstream of that name is configured |
  * | `method_not_allowed` | 405 | the endpoint does not take that method |
@@ -269,14 +309,17 @@ export type Index = {
  * | `stale_token` | 409 | a newer grant exists (wins over `lease_expired`) |
  * | `lease_expired` | 409 | the write's lease expired, nothing newer granted yet |
  * | `lease_released` | 409 | the write's lease was released or revoked |
+ * | `idempotency_key_in_progress` | 409 | the first write with this `Idempotency-Key` is still in flight (`Retry-After`) |
+ * | `idempotency_outcome_unknown` | 409 | the first write with this `Idempotency-Key` was forwarded and its outcome is unknown; it is never forwarded again |
  * | `body_too_large` | 413 | the body exceeds the limit |
  * | `unsupported_media_type` | 415 | control calls take `application/json` |
+ * | `idempotency_key_mismatch` | 422 | the `Idempotency-Key` was first used for another method, path, query or body |
  * | `rate_limited` | 429 | the key is over its request rate (`Retry-After`) |
  * | `too_many_leases` | 429 | the key holds as many live leases as it may (`Retry-After`) |
  * | `internal_error` | 500 | a bug in the gateway (logged) |
  * | `upstream_unreachable` | 502 | the upstream could not be reached or broke the connection |
  * | `fence_busy` | 503 | a grant waited too long for in-flight writes or a drain period |
- * | `store_unavailable` | 503 | the token store cannot be reached (fail closed) |
+ * | `store_unavailable` | 503 | the token store cannot be reached, or every connection to it is in use (fail closed) |
  * | `upstream_timeout` | 504 | the upstream did not answer in time; the outcome is unknown |
  *
  */
@@ -290,7 +333,9 @@ export type ProblemCode = string;
  * - `lease_expired`: the lease expired, nothing newer granted yet;
  * - `lease_released`: its holder released it, or an admin revoked it;
  * - `unknown_lease`: no such lease was ever granted;
- * - `lease_not_owned`: the lease was acquired with another key.
+ * - `lease_not_owned`: the lease was acquired with another key;
+ * - `resource_mismatch`: the lease is for another resource than the
+ * upstream's route binds to the path.
  *
  */
 export type RejectionCode = string;
@@ -309,7 +354,7 @@ export type Problem = {
     instance?: string;
     code: ProblemCode;
     /**
-     * For `invalid_request`, the offending field.
+     * The offending field or header (`invalid_request`, and `Host`, `Origin` or `Content-Type` on refusals of browser requests).
      */
     field?: string;
     resource?: string;
@@ -324,8 +369,37 @@ export type Problem = {
  */
 export type LeaseId = string;
 
+/**
+ * The caller's wall-clock time when it sent the request (RFC 3339),
+ * optionally followed by `;rtt=` and the round trip in milliseconds of
+ * its previous call to the gateway: `2026-11-30T00:41:37.120Z;rtt=4`.
+ * Lease time is the gateway's, so this changes nothing about the
+ * lease; the gateway estimates the holder's clock offset from it
+ * (the caller's time plus half the round trip, minus the gateway's
+ * time on arrival), exports it as `fencegw_holder_clock_offset_seconds`
+ * and shows it next to the holder on the dashboard. A malformed value
+ * is `400 invalid_request` naming this header.
+ *
+ */
+export type FencingClientTime = string;
+
 export type AcquireLeaseData = {
     body: AcquireRequest;
+    headers?: {
+        /**
+         * The caller's wall-clock time when it sent the request (RFC 3339),
+         * optionally followed by `;rtt=` and the round trip in milliseconds of
+         * its previous call to the gateway: `2026-11-30T00:41:37.120Z;rtt=4`.
+         * Lease time is the gateway's, so this changes nothing about the
+         * lease; the gateway estimates the holder's clock offset from it
+         * (the caller's time plus half the round trip, minus the gateway's
+         * time on arrival), exports it as `fencegw_holder_clock_offset_seconds`
+         * and shows it next to the holder on the dashboard. A malformed value
+         * is `400 invalid_request` naming this header.
+         *
+         */
+        'Fencing-Client-Time'?: string;
+    };
     path?: never;
     query?: never;
     url: '/v1/leases';
@@ -519,6 +593,21 @@ export type GetLeaseResponse = GetLeaseResponses[keyof GetLeaseResponses];
 
 export type RenewLeaseData = {
     body?: RenewRequest;
+    headers?: {
+        /**
+         * The caller's wall-clock time when it sent the request (RFC 3339),
+         * optionally followed by `;rtt=` and the round trip in milliseconds of
+         * its previous call to the gateway: `2026-11-30T00:41:37.120Z;rtt=4`.
+         * Lease time is the gateway's, so this changes nothing about the
+         * lease; the gateway estimates the holder's clock offset from it
+         * (the caller's time plus half the round trip, minus the gateway's
+         * time on arrival), exports it as `fencegw_holder_clock_offset_seconds`
+         * and shows it next to the holder on the dashboard. A malformed value
+         * is `400 invalid_request` naming this header.
+         *
+         */
+        'Fencing-Client-Time'?: string;
+    };
     path: {
         /**
          * The secret lease id returned by acquireLease.
@@ -1160,7 +1249,12 @@ export type DashboardTimelineData = {
          */
         resource: ResourceName;
     };
-    query?: never;
+    query?: {
+        /**
+         * 1-based; past the last, the last. Not a whole number from 1 is `400 invalid_request`.
+         */
+        page?: number;
+    };
     url: '/ui/api/resources/{resource}';
 };
 
