@@ -211,7 +211,7 @@ func (s *Store) NewFence(ctx context.Context, opts FenceOptions) (*Fence, error)
 		opts:       opts,
 		state:      opts.State,
 		log:        s.log,
-		channel:    fenceChannel(s.keySalt),
+		channel:    channelName("fencegw_fence", s.keySalt),
 		epoch:      time.Now(),
 		byResource: make(map[string]*heldFence),
 		byLease:    make(map[string]*heldFence),
@@ -242,15 +242,6 @@ func (s *Store) NewFence(ctx context.Context, opts FenceOptions) (*Fence, error)
 		return nil, tokens.Unavailable("fence listener", ctx.Err())
 	}
 	return f, nil
-}
-
-func fenceChannel(schema string) string {
-	if schema == "" {
-		return "fencegw_fence"
-	}
-	h := fnv.New64a()
-	h.Write([]byte(schema))
-	return fmt.Sprintf("fencegw_fence_%x", h.Sum64())
 }
 
 // Hold admits one write under leaseID (tokens.Fencer): see the comment at

@@ -184,7 +184,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		opts:     opts,
 		log:      log,
 		keySalt:  opts.Schema,
-		channel:  channelName(opts.Schema),
+		channel:  channelName("fencegw_rejections", opts.Schema),
 		instance: newInstance(),
 	}
 	s.recorder = newRecorder(s)
@@ -298,13 +298,15 @@ func isPgCode(err error, codes ...string) bool {
 	return false
 }
 
-func channelName(schema string) string {
+// channelName is the NOTIFY channel called base in schema: channels are
+// per database, so each schema's carry a hash of its name.
+func channelName(base, schema string) string {
 	if schema == "" {
-		return "fencegw_rejections"
+		return base
 	}
 	h := fnv.New64a()
 	h.Write([]byte(schema))
-	return fmt.Sprintf("fencegw_rejections_%x", h.Sum64())
+	return fmt.Sprintf("%s_%x", base, h.Sum64())
 }
 
 // sessionConfig is the connection config for the fence's long-lived
