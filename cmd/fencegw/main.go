@@ -136,6 +136,13 @@ func parseLevel(s string) (slog.Level, error) {
 func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- string) error {
 	level, _ := parseLevel(cfg.LogLevel)
 	logger := slog.New(slog.NewTextHandler(stdout, &slog.HandlerOptions{Level: level}))
+	if cfg.DrainPeriod < cfg.ForwardTimeout {
+		// Guarantee 1 then rests on the upstream: a write that timed out at
+		// the forward timeout may land after the drain that its timeout
+		// started has ended (docs/operations.md, "How the flags must relate").
+		logger.Warn("--drain-period is shorter than --forward-timeout: a write whose outcome is unknown may land after the next holder's",
+			"drain_period", cfg.DrainPeriod, "forward_timeout", cfg.ForwardTimeout)
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
