@@ -457,13 +457,6 @@ func (s *Service) CurrentLeases(ctx context.Context, limit int) ([]Lease, error)
 // Ping reports whether the store is reachable.
 func (s *Service) Ping(ctx context.Context) error { return s.store.Ping(ctx) }
 
-// leaseStater is a Store that reads a lease and its resource's state in
-// one round trip (PostgreSQL). Admit then refuses writes under ended leases
-// without taking the resource's lock.
-type leaseStater interface {
-	LeaseState(ctx context.Context, leaseID string) (Lease, Resource, error)
-}
-
 // Write describes a write a worker wants forwarded, for the rejection log.
 type Write struct {
 	Method   string
@@ -499,7 +492,7 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 	var lease Lease
 	var early *Resource
 	var err error
-	if ls, ok := s.store.(leaseStater); ok && !breakHighestSeen {
+	if ls, ok := s.store.(LeaseStater); ok && !breakHighestSeen {
 		var state Resource
 		lease, state, err = ls.LeaseState(ctx, leaseID)
 		early = &state

@@ -78,6 +78,25 @@ type Store interface {
 	Ping(ctx context.Context) error
 }
 
+// LeaseStater is a Store that reads a lease and its resource's fence state
+// together, in one read. Optional: with it, Service.Admit refuses a write
+// under an ended lease without taking the resource's shared lock (the lock
+// orders writes against grants, and a refusal Judge makes is final, so a
+// write refused whatever happens next has nothing to order), which spares
+// a lock round trip per stale write in a storm. The PostgreSQL modes have
+// it (their fences read through it too); the embedded store does not need
+// it, its lock being a mutex in the same process. The conformance suite
+// (storage/storagetest, LeaseState) checks any Store that has it.
+type LeaseStater interface {
+	// LeaseState returns leaseID's lease and its resource's state as Lease
+	// and Resource would, read at one instant with the store's clock in
+	// Resource.Now, except that Resource.Lease may be nil when it is not
+	// leaseID's lease (the lease is then superseded whichever it is, and
+	// Resource.Token says by which token). ErrNotFound for an unknown
+	// lease id.
+	LeaseState(ctx context.Context, leaseID string) (Lease, Resource, error)
+}
+
 // Locker is the per-resource shared/exclusive lock that a write holds across
 // its forward (shared) and a grant takes before changing the token
 // (exclusive). Implementations must not let new shared holders overtake a

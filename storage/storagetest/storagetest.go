@@ -79,6 +79,7 @@ func Run(t *testing.T, h Harness) {
 		{"Revoke", testRevoke},
 		{"RevokeEnded", testRevokeEnded},
 		{"WriteCounts", testWriteCounts},
+		{"LeaseState", testLeaseState},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
