@@ -99,9 +99,13 @@ type LeaseStater interface {
 
 // Locker is the per-resource shared/exclusive lock that a write holds across
 // its forward (shared) and a grant takes before changing the token
-// (exclusive). Implementations must not let new shared holders overtake a
-// waiting exclusive one, or a steady stream of writes would starve grants.
-// The returned unlock is safe to call once.
+// (exclusive). Shared holders coexist; an exclusive holder is alone, across
+// every replica that shares the lock. Implementations must not let new
+// shared holders overtake a waiting exclusive one, or a steady stream of
+// writes would starve grants. A wait ends with its context, with an error
+// that wraps ctx.Err(), and leaves no one queued behind it for longer than
+// the holders it waited for. The returned unlock may be called more than once; later calls do
+// nothing. storage/storagetest.RunLocker checks all of this.
 type Locker interface {
 	Shared(ctx context.Context, resource string) (unlock func(), err error)
 	Exclusive(ctx context.Context, resource string) (unlock func(), err error)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencegw/fencegw/storage/postgres"
 	"github.com/fencegw/fencegw/storage/postgres/pgtest"
+	"github.com/fencegw/fencegw/storage/storagetest"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -61,89 +62,40 @@ func mustHappen(t *testing.T, ch <-chan func(), what string) func() {
 	return nil
 }
 
-func TestLockerSharedBlocksExclusiveAcrossReplicas(t *testing.T) {
-	t.Parallel()
-	a, b := twoReplicas(t)
-	ctx := t.Context()
-	s1, err := a.Shared(ctx, "r")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s2, err := b.Shared(ctx, "r") // shared holders coexist across replicas
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := b.Exclusive(ctx, "another") // other resources are independent
-	if err != nil {
-		t.Fatal(err)
-	}
-	other()
-	ex := acquireAsync(ctx, b.Exclusive, "r")
-	mustNotHappen(t, ex, "exclusive while two shared holders")
-	s1()
-	mustNotHappen(t, ex, "exclusive while one shared holder")
-	s2()
-	unlock := mustHappen(t, ex, "exclusive after the shared holders left")
-	sh := acquireAsync(ctx, a.Shared, "r")
-	mustNotHappen(t, sh, "shared while exclusive held")
-	unlock()
-	mustHappen(t, sh, "shared after exclusive")()
+// The advisory lock per write (postgres.Store as a tokens.Locker) and the
+// fence kept across writes (postgres.Fence, the Locker both PostgreSQL modes
+// serve with: the Redis mode locks in PostgreSQL too) pass the Locker
+// suite, with each replica on its own pool of one schema.
+func TestLockerConformance(t *testing.T) {
+	pgtest.Require(t)
+	storagetest.RunLocker(t, storagetest.LockerHarness{
+		Replicas: func(t *testing.T, n int) []tokens.Locker {
+			schema := pgtest.NewSchema(t)
+			out := make([]tokens.Locker, n)
+			for i := range out {
+				out[i] = pgtest.Open(t, schema, postgres.Options{})
+			}
+			return out
+		},
+	})
 }
 
-// PostgreSQL's lock queue gives writer preference: a waiting exclusive
-// request blocks later shared requests although the lock is only shared-held.
-func TestLockerWriterPreference(t *testing.T) {
-	t.Parallel()
-	a, b := twoReplicas(t)
-	ctx := t.Context()
-	s1, err := a.Shared(ctx, "r")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ex := acquireAsync(ctx, b.Exclusive, "r")
-	mustNotHappen(t, ex, "exclusive while shared held")
-	late := acquireAsync(ctx, a.Shared, "r")
-	lateB := acquireAsync(ctx, b.Shared, "r")
-	mustNotHappen(t, late, "a later shared overtaking the waiting exclusive")
-	s1()
-	unlock := mustHappen(t, ex, "exclusive")
-	mustNotHappen(t, lateB, "a later shared during the exclusive")
-	unlock()
-	mustHappen(t, late, "later shared on replica a")()
-	mustHappen(t, lateB, "later shared on replica b")()
-}
-
-func TestLockerDeadline(t *testing.T) {
-	t.Parallel()
-	a, b := twoReplicas(t)
-	s1, err := a.Shared(t.Context(), "r")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s1()
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
-	defer cancel()
-	_, err = b.Exclusive(ctx, "r")
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Exclusive past its deadline: %v, want DeadlineExceeded", err)
-	}
-	if d := time.Since(start); d < 250*time.Millisecond || d > 2*time.Second {
-		t.Fatalf("gave up after %v", d)
-	}
-	// A cancelled (not timed out) wait is an error too, and the lock pool
-	// stays usable.
-	cctx, ccancel := context.WithCancel(t.Context())
-	time.AfterFunc(100*time.Millisecond, ccancel)
-	if _, err := b.Exclusive(cctx, "r"); !errors.Is(err, context.Canceled) {
-		t.Fatalf("cancelled Exclusive: %v", err)
-	}
-	s1()
-	u, err := b.Exclusive(t.Context(), "r")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u()
+func TestFenceLockerConformance(t *testing.T) {
+	pgtest.Require(t)
+	storagetest.RunLocker(t, storagetest.LockerHarness{
+		Replicas: func(t *testing.T, n int) []tokens.Locker {
+			var out []tokens.Locker
+			for _, r := range pgtest.FenceReplicas(t, n, storagetest.FenceOptions{}, nil) {
+				out = append(out, r.Locker)
+			}
+			return out
+		},
+		// A replica asked to give its fence up does so even if the
+		// exclusive request gives up first: the writes that queued on it
+		// meanwhile wait for the ones in flight (bounded by the forward
+		// timeout), then take the fence anew.
+		YieldIsFinal: true,
+	})
 }
 
 func TestLockerSessionKilled(t *testing.T) {

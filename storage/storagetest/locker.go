@@ -1,0 +1,390 @@
+package storagetest
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// LockerHarness tells RunLocker how to get lockers of the implementation
+// under test.
+type LockerHarness struct {
+	// Replicas returns n lockers over one lock space, as n gateway
+	// replicas would have them: a lock taken on one is seen by all. An
+	// in-process locker returns one locker n times (one process is one
+	// replica). Cleanup is registered with t.
+	Replicas func(t *testing.T, n int) []tokens.Locker
+	// YieldIsFinal: shared requests that queued behind an exclusive one
+	// wait for the shared holders of that time to leave even if the
+	// exclusive request gives up (postgres.Fence: a replica that began
+	// giving its fence up finishes doing so). Otherwise they get in at once.
+	YieldIsFinal bool
+}
+
+// RunLocker runs the conformance suite of tokens.Locker: shared holders
+// coexist, exclusive excludes both, a waiting exclusive request is not
+// overtaken by later shared ones (writer preference), a wait ends with its
+// context and leaves no one queued behind it, unlock may be called again,
+// and resources are independent. Each property is checked across two
+// replicas, so that a backend shared by replicas is tested as it is used.
+//
+// What did not happen is checked by waiting a while for it (lockQuiet): such
+// a check can pass wrongly on a slow machine, never fail wrongly.
+func RunLocker(t *testing.T, h LockerHarness) {
+	if h.Replicas == nil {
+		t.Fatal("storagetest: LockerHarness.Replicas is required")
+	}
+	tests := []struct {
+		name string
+		fn   func(*testing.T, LockerHarness)
+	}{
+		{"SharedHoldersCoexist", testLockSharedCoexist},
+		{"ExclusiveWaitsForShared", testLockExclusiveWaitsForShared},
+		{"SharedWaitsForExclusive", testLockSharedWaitsForExclusive},
+		{"ExclusiveWaitsForExclusive", testLockExclusiveWaitsForExclusive},
+		{"WriterPreference", testLockWriterPreference},
+		{"ResourcesIndependent", testLockResourcesIndependent},
+		{"Deadline", testLockDeadline},
+		{"Cancel", testLockCancel},
+		{"GivenUpWaitFreesQueue", testLockGivenUpWaitFreesQueue},
+		{"UnlockTwice", testLockUnlockTwice},
+		{"MutualExclusion", testLockMutualExclusion},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.fn(t, h)
+		})
+	}
+}
+
+// lockQuiet is how long a lock request is given to show that it waits.
+const lockQuiet = 200 * time.Millisecond
+
+type lockFunc func(context.Context, string) (func(), error)
+
+func shared(l tokens.Locker) lockFunc    { return l.Shared }
+func exclusive(l tokens.Locker) lockFunc { return l.Exclusive }
+
+// lockNow takes a lock that nothing holds against it.
+func lockNow(t *testing.T, lock lockFunc, resource, what string) func() {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), waitLimit)
+	defer cancel()
+	unlock, err := lock(ctx, resource)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	return unlock
+}
+
+// pending is a lock request under way.
+type pending struct {
+	done   chan struct{}
+	unlock func()
+	err    error
+}
+
+func lockAsync(ctx context.Context, lock lockFunc, resource string) *pending {
+	p := &pending{done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.unlock, p.err = lock(ctx, resource)
+	}()
+	return p
+}
+
+// waits checks that p is still waiting after lockQuiet.
+func (p *pending) waits(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case <-p.done:
+		if p.err == nil {
+			p.unlock()
+		}
+		t.Fatalf("%s: granted (err %v) while it should wait", what, p.err)
+	case <-time.After(lockQuiet):
+	}
+}
+
+// granted waits for p's lock and returns its unlock.
+func (p *pending) granted(t *testing.T, what string) func() {
+	t.Helper()
+	select {
+	case <-p.done:
+		if p.err != nil {
+			t.Fatalf("%s: %v", what, p.err)
+		}
+		return p.unlock
+	case <-time.After(waitLimit):
+		t.Fatalf("%s: not granted within %v", what, waitLimit)
+		return nil
+	}
+}
+
+// failed waits for p to give up and returns its error.
+func (p *pending) failed(t *testing.T, what string) error {
+	t.Helper()
+	select {
+	case <-p.done:
+		if p.err == nil {
+			p.unlock()
+			t.Fatalf("%s: granted, want it to give up", what)
+		}
+		return p.err
+	case <-time.After(waitLimit):
+		t.Fatalf("%s: still waiting after %v", what, waitLimit)
+		return nil
+	}
+}
+
+func testLockSharedCoexist(t *testing.T, h LockerHarness) {
+	ls := h.Replicas(t, 2)
+	r := resourceName(t, "r")
+	a1 := lockNow(t, shared(ls[0]), r, "first shared on a")
+	a2 := lockNow(t, shared(ls[0]), r, "second shared on a")
+	b := lockNow(t, shared(ls[1]), r, "shared on b beside a's")
+	a1()
+	a2()
+	b()
+}
+
+func testLockExclusiveWaitsForShared(t *testing.T, h LockerHarness) {
+	ls := h.Replicas(t, 2)
+	r := resourceName(t, "r")
+	sa := lockNow(t, shared(ls[0]), r, "shared on a")
+	sb := lockNow(t, shared(ls[1]), r, "shared on b")
+	ex := lockAsync(t.Context(), exclusive(ls[1]), r)
+	ex.waits(t, "exclusive while a and b hold shared")
+	sa()
+	ex.waits(t, "exclusive while b holds shared")
+	sb()
+	ex.granted(t, "exclusive after the shared holders left")()
+}
+
+func testLockSharedWaitsForExclusive(t *testing.T, h LockerHarness) {
+	ls := h.Replicas(t, 2)
+	r := resourceName(t, "r")
+	ex := lockNow(t, exclusive(ls[0]), r, "exclusive on a")
+	sa := lockAsync(t.Context(), shared(ls[0]), r)
+	sb := lockAsync(t.Context(), shared(ls[1]), r)
+	sa.waits(t, "shared on a while a holds exclusive")
+	sb.waits(t, "shared on b while a holds exclusive")
+	ex()
+	sa.granted(t, "shared on a after the exclusive")()
+	sb.granted(t, "shared on b after the exclusive")()
+}
+
+func testLockExclusiveWaitsForExclusive(t *testing.T, h LockerHarness) {
+	ls := h.Replicas(t, 2)
+	r := resourceName(t, "r")
+	first := lockNow(t, exclusive(ls[0]), r, "exclusive on a")
+	other := lockAsync(t.Context(), exclusive(ls[1]), r)
+	same := lockAsync(t.Context(), exclusive(ls[0]), r)
+	other.waits(t, "exclusive on b while a holds exclusive")
+	same.waits(t, "second exclusive on a while a holds exclusive")
+	first()
+	// One of the two goes first; the other waits for it.
+	select {
+	case <-other.done:
+		u := other.granted(t, "exclusive on b")
+		same.waits(t, "exclusive on a while b holds exclusive")
+		u()
+		same.granted(t, "exclusive on a after b's")()
+	case <-same.done:
+		u := same.granted(t, "second exclusive on a")
+		other.waits(t, "exclusive on b while a holds exclusive again")
+		u()
+		other.granted(t, "exclusive on b after a's")()
+	case <-time.After(waitLimit):
+		t.Fatalf("neither waiting exclusive was granted within %v", waitLimit)
+	}
+}
+
+// A waiting exclusive request blocks later shared ones, on every replica,
+// although the lock is only shared-held: a steady stream of writes must not
+// starve a grant.
+func testLockWriterPreference(t *testing.T, h LockerHarness) {
+	ls := h.Replicas(t, 2)
+	r := resourceName(t, "r")
+	ctx := t.Context()
+	s := lockNow(t, shared(ls[0]), r, "shared on a")
+	ex := lockAsync(ctx, exclusive(ls[1]), r)
+	ex.waits(t, "exclusive while a holds shared")
+	lateA := lockAsync(ctx, shared(ls[0]), r)
+	lateB := lockAsync(ctx, shared(ls[1]), r)
+	lateA.waits(t, "a later shared on a overtaking the waiting exclusive")
+	lateB.waits(t, "a later shared on b overtaking the waiting exclusive")
+	s()
+	u := ex.granted(t, "exclusive after the earlier shared left")
+	lateA.waits(t, "a later shared on a during the exclusive")
+	lateB.waits(t, "a later shared on b during the exclusive")
+	u()
+	lateA.granted(t, "later shared on a after the exclusive")()
+	lateB.granted(t, "later shared on b after the exclusive")()
+}
+
+func testLockResourcesIndependent(t *testing.T, h LockerHarness) {
+	ls := h.Replicas(t, 2)
+	r, other := resourceName(t, "r"), resourceName(t, "other")
+	ex := lockNow(t, exclusive(ls[0]), r, "exclusive on r")
+	so := lockNow(t, shared(ls[1]), other, "shared on another resource beside r's exclusive")
+	so()
+	eo := lockNow(t, exclusive(ls[1]), other, "exclusive on another resource beside r's exclusive")
+	eo()
+	ex()
+}
+
+// A wait past its context's deadline ends with an error that wraps
+// context.DeadlineExceeded (tokens.Service tells a timeout from a broken
+// store by it), for either kind of request.
+func testLockDeadline(t *testing.T, h LockerHarness) {
+	ls := h.Replicas(t, 2)
+	r := resourceName(t, "r")
+	s := lockNow(t, shared(ls[0]), r, "shared on a")
+	ctx, cancel := context.WithTimeout(t.Context(), lockQuiet)
+	defer cancel()
+	if _, err := ls[1].Exclusive(ctx, r); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Exclusive past its deadline: %v, want an error wrapping DeadlineExceeded", err)
+	}
+	s()
+	ex := lockNow(t, exclusive(ls[0]), r, "exclusive on a")
+	ctx, cancel = context.WithTimeout(t.Context(), lockQuiet)
+	defer cancel()
+	if _, err := ls[1].Shared(ctx, r); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Shared past its deadline: %v, want an error wrapping DeadlineExceeded", err)
+	}
+	ex()
+	// The locker is usable afterwards.
+	lockNow(t, exclusive(ls[1]), r, "exclusive on b after the deadlines")()
+}
+
+// A wait whose context is cancelled ends with an error that wraps
+// context.Canceled.
+func testLockCancel(t *testing.T, h LockerHarness) {
+	ls := h.Replicas(t, 2)
+	r := resourceName(t, "r")
+	s := lockNow(t, shared(ls[0]), r, "shared on a")
+	ctx, cancel := context.WithCancel(t.Context())
+	ex := lockAsync(ctx, exclusive(ls[1]), r)
+	ex.waits(t, "exclusive while a holds shared")
+	cancel()
+	if err := ex.failed(t, "cancelled exclusive"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Exclusive: %v, want an error wrapping Canceled", err)
+	}
+	s()
+	ex2 := lockNow(t, exclusive(ls[0]), r, "exclusive on a")
+	ctx, cancel = context.WithCancel(t.Context())
+	sh := lockAsync(ctx, shared(ls[1]), r)
+	sh.waits(t, "shared while a holds exclusive")
+	cancel()
+	if err := sh.failed(t, "cancelled shared"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Shared: %v, want an error wrapping Canceled", err)
+	}
+	ex2()
+	lockNow(t, exclusive(ls[1]), r, "exclusive on b after the cancellations")()
+}
+
+// An exclusive request that gives up while shared requests queue behind it
+// lets them in: the queue it caused goes with it (with YieldIsFinal, once
+// the holders it waited for have left).
+func testLockGivenUpWaitFreesQueue(t *testing.T, h LockerHarness) {
+	ls := h.Replicas(t, 2)
+	r := resourceName(t, "r")
+	s := lockNow(t, shared(ls[0]), r, "shared on a")
+	ctx, cancel := context.WithCancel(t.Context())
+	ex := lockAsync(ctx, exclusive(ls[1]), r)
+	ex.waits(t, "exclusive while a holds shared")
+	queuedA := lockAsync(t.Context(), shared(ls[0]), r)
+	queuedB := lockAsync(t.Context(), shared(ls[1]), r)
+	queuedA.waits(t, "shared on a behind the waiting exclusive")
+	queuedB.waits(t, "shared on b behind the waiting exclusive")
+	cancel()
+	ex.failed(t, "cancelled exclusive")
+	if h.YieldIsFinal {
+		s()
+	}
+	// Without YieldIsFinal s is still held: the queued requests go in
+	// beside it.
+	queuedA.granted(t, "shared on a after the exclusive gave up")()
+	queuedB.granted(t, "shared on b after the exclusive gave up")()
+	if !h.YieldIsFinal {
+		s()
+	}
+	lockNow(t, exclusive(ls[1]), r, "exclusive after every shared left")()
+}
+
+// Calling unlock again does nothing: in particular a second call for one
+// shared hold does not release another holder's.
+func testLockUnlockTwice(t *testing.T, h LockerHarness) {
+	ls := h.Replicas(t, 2)
+	r := resourceName(t, "r")
+	sa := lockNow(t, shared(ls[0]), r, "shared on a")
+	sa2 := lockNow(t, shared(ls[0]), r, "second shared on a")
+	sb := lockNow(t, shared(ls[1]), r, "shared on b")
+	sa()
+	sa()
+	ex := lockAsync(t.Context(), exclusive(ls[1]), r)
+	ex.waits(t, "exclusive while a's second and b's shared are held, after one unlock called twice")
+	sb()
+	ex.waits(t, "exclusive while a's second shared is held")
+	sa2()
+	u := ex.granted(t, "exclusive after every shared left")
+	sb() // late repeats change nothing
+	sa2()
+	late := lockAsync(t.Context(), shared(ls[0]), r)
+	late.waits(t, "shared during the exclusive, after repeated unlocks")
+	u()
+	u()
+	late.granted(t, "shared after the exclusive")()
+	lockNow(t, exclusive(ls[0]), r, "exclusive after every unlock")()
+}
+
+// Under concurrent shared and exclusive requests from two replicas, an
+// exclusive holder is always alone.
+func testLockMutualExclusion(t *testing.T, h LockerHarness) {
+	ls := h.Replicas(t, 2)
+	r := resourceName(t, "r")
+	var readers, writers atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 8 {
+		l := ls[i%2]
+		wg.Go(func() {
+			for range 25 {
+				ctx, cancel := context.WithTimeout(t.Context(), waitLimit)
+				if i%4 == 0 {
+					u, err := l.Exclusive(ctx, r)
+					cancel()
+					if err != nil {
+						t.Errorf("Exclusive: %v", err)
+						return
+					}
+					if writers.Add(1) != 1 || readers.Load() != 0 {
+						t.Error("exclusive lock held beside another holder")
+					}
+					writers.Add(-1)
+					u()
+				} else {
+					u, err := l.Shared(ctx, r)
+					cancel()
+					if err != nil {
+						t.Errorf("Shared: %v", err)
+						return
+					}
+					readers.Add(1)
+					if writers.Load() != 0 {
+						t.Error("shared lock held beside an exclusive one")
+					}
+					readers.Add(-1)
+					u()
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
