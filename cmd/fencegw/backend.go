@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fencegw/fencegw/storage/bolt"
+	"github.com/fencegw/fencegw/storage/feed"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -28,11 +29,10 @@ type backend struct {
 	onFree func(func(resource string))
 	// collectors are the backend's own metrics, registered by serve.
 	collectors []prometheus.Collector
-	// publish announces a recorded rejection; subscribe delivers every
-	// replica's rejections (including this one's) to deliver.
-	publish   func(tokens.Rejection)
-	subscribe func(ctx context.Context, deliver func(tokens.Rejection)) error
-	close     func()
+	// feed carries each recorded rejection to every replica's live stream
+	// (storage/feed); close closes it first.
+	feed  feed.Feed
+	close func()
 }
 
 func openBackend(ctx context.Context, cfg config, log *slog.Logger) (*backend, error) {
@@ -57,22 +57,15 @@ func openEmbedded(cfg config, log *slog.Logger) (*backend, error) {
 	}
 	// In one process the live feed needs no transport: OnRejection hands
 	// each rejection straight to the gateway's subscribers.
-	var deliver func(tokens.Rejection)
+	f := feed.NewLocal()
 	return &backend{
 		mode:   "embedded (" + filepath.Join(cfg.Data, "fencegw.db") + ")",
 		store:  store,
 		keys:   store,
 		locker: tokens.NewLocalLocker(),
-		publish: func(r tokens.Rejection) {
-			if deliver != nil {
-				deliver(r)
-			}
-		},
-		subscribe: func(_ context.Context, d func(tokens.Rejection)) error {
-			deliver = d
-			return nil
-		},
+		feed:   f,
 		close: func() {
+			f.Close()
 			if err := store.Close(); err != nil {
 				log.Error("close store", "err", err)
 			}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,18 +11,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/fencegw/fencegw/internal/batch"
+	"github.com/fencegw/fencegw/storage/feed"
 	"github.com/fencegw/fencegw/storage/postgres"
 	"github.com/fencegw/fencegw/storage/redis"
-	"github.com/fencegw/fencegw/tokens"
 )
-
-// fanout carries rejections between replicas (PostgreSQL NOTIFY or Redis
-// pub/sub).
-type fanout interface {
-	PublishRejections(ctx context.Context, rs []tokens.Rejection) error
-	ListenRejections(ctx context.Context, fn func(tokens.Rejection)) error
-}
 
 // openPostgres: tokens, fences, leases and rejections in PostgreSQL (many
 // replicas); with --redis, leases in Redis and the live feed over Redis.
@@ -47,7 +38,7 @@ func openPostgres(ctx context.Context, cfg config, log *slog.Logger) (*backend, 
 		return nil, fmt.Errorf("open PostgreSQL: %w", err)
 	}
 	b := &backend{mode: "postgres", store: pg, keys: pg, close: pg.Close}
-	feed := fanout(pg)
+	transport := feed.Transport(pg)
 	var state postgres.StateReader // nil: PostgreSQL's own
 
 	if cfg.Redis != "" {
@@ -64,7 +55,7 @@ func openPostgres(ctx context.Context, cfg config, log *slog.Logger) (*backend, 
 			return nil, fmt.Errorf("connect to Redis: %w", err)
 		}
 		rs := redis.New(rdb, pg, redis.Options{Logger: log})
-		b.mode, b.store, feed, state = "postgres+redis", rs, rs, rs
+		b.mode, b.store, transport, state = "postgres+redis", rs, rs, rs
 		b.close = func() {
 			_ = rdb.Close()
 			pg.Close()
@@ -102,63 +93,15 @@ func openPostgres(ctx context.Context, cfg config, log *slog.Logger) (*backend, 
 	}
 
 	// Every replica, this one included, hears each rejection once through
-	// the shared feed; publishing locally too would show it twice.
-	pub := newPublisher(feed, log)
-	b.publish = pub.publish
+	// the transport (storage/feed).
+	b.feed = feed.NewReplicated(transport, feed.Options{Logger: log})
 	closeStores := b.close
 	b.close = func() {
-		pub.close()
+		b.feed.Close()
 		closeStores()
-	}
-	b.subscribe = func(ctx context.Context, deliver func(tokens.Rejection)) error {
-		go func() {
-			if err := feed.ListenRejections(ctx, deliver); err != nil && !errors.Is(err, context.Canceled) {
-				log.Error("live rejection feed stopped", "err", err)
-			}
-		}()
-		return nil
 	}
 	return b, nil
 }
-
-// publishQueue bounds the rejections waiting for the feed. The feed is best
-// effort (the log is the record): past this, rejections are left out of
-// the live feed rather than slow down the refusals.
-const publishQueue = 10_000
-
-// publisher sends this replica's rejections to the feed in batches
-// (internal/batch): one loop publishes whatever is queued packed into as
-// few messages as fit, so a storm of refusals costs the database (or
-// Redis) a message per batch instead of a round trip per refusal, and no
-// refusal waits for the feed.
-type publisher struct {
-	batch   *batch.Batcher[tokens.Rejection, struct{}]
-	log     *slog.Logger
-	dropped atomic.Int64
-}
-
-func newPublisher(feed fanout, log *slog.Logger) *publisher {
-	opts := batch.Options{Max: 1000, Queue: publishQueue}
-	return &publisher{log: log, batch: batch.New(opts, func(rs []tokens.Rejection, _ []struct{}) error {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		if err := feed.PublishRejections(ctx, rs); err != nil {
-			log.Warn("live rejection feed: publish failed (the rejections are recorded)", "rejections", len(rs), "err", err)
-		}
-		return nil
-	})}
-}
-
-func (p *publisher) publish(r tokens.Rejection) {
-	if !p.batch.Send(r) {
-		if p.dropped.Add(1)%1000 == 1 {
-			p.log.Warn("live rejection feed: queue full, rejections left out of the feed (they are recorded)", "dropped", p.dropped.Load())
-		}
-	}
-}
-
-// close stops the publisher after it has published what is queued.
-func (p *publisher) close() { p.batch.Close() }
 
 // fenceMetrics exports what the replica's fence does (storage/postgres/fence.go).
 func fenceMetrics(f *postgres.Fence) []prometheus.Collector {

@@ -161,7 +161,7 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 		GrantWait:   cfg.GrantWait,
 		DrainPeriod: cfg.DrainPeriod,
 		Logger:      logger,
-		OnRejection: func(r tokens.Rejection) { backend.publish(r) },
+		OnRejection: backend.feed.Publish,
 	})
 	if backend.onFree != nil {
 		backend.onFree(svc.Wake)
@@ -209,7 +209,7 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 		counts.Rejected(r)
 		gw.Publish(r)
 	}
-	if err := backend.subscribe(ctx, deliver); err != nil {
+	if err := backend.feed.Subscribe(ctx, deliver); err != nil {
 		return err
 	}
 

@@ -3,8 +3,6 @@ package postgres_test
 import (
 	"context"
 	"errors"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -132,96 +130,4 @@ func TestLockerSessionKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	u()
-}
-
-func TestRejectionFanOut(t *testing.T) {
-	t.Parallel()
-	a, b := twoReplicas(t)
-	ctx, cancel := context.WithCancel(t.Context())
-	got := make(chan tokens.Rejection, 4)
-	ready := make(chan struct{})
-	var once sync.Once
-	done := make(chan error, 1)
-	go func() {
-		done <- b.ListenReady(ctx, func(r tokens.Rejection) { got <- r }, func() { once.Do(func() { close(ready) }) })
-	}()
-	<-ready
-	want := tokens.Rejection{ID: 7, At: time.Now().UTC().Truncate(time.Microsecond), Resource: "r", Code: tokens.CodeStaleToken,
-		Token: 1, CurrentToken: 2, Holder: "h", LeaseHint: "fl_abcdef…", Method: "PUT", Upstream: "u", Path: "/x"}
-	if err := a.PublishRejection(ctx, want); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case r := <-got:
-		if !r.At.Equal(want.At) {
-			t.Fatalf("at %v, want %v", r.At, want.At)
-		}
-		r.At = want.At
-		if r != want {
-			t.Fatalf("got %+v, want %+v", r, want)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("no rejection arrived")
-	}
-
-	// Kill the listening session: the listener reconnects and goes on.
-	conn, err := pgx.Connect(ctx, pgtest.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = $1", "LISTEN \""+b.Channel()+"\""); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.After(10 * time.Second)
-	for delivered := false; !delivered; {
-		if err := a.PublishRejection(ctx, want); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-got:
-			delivered = true
-		case <-time.After(200 * time.Millisecond):
-		case <-deadline:
-			t.Fatal("no rejection after the listener's session was killed")
-		}
-	}
-	cancel()
-	if err := <-done; !errors.Is(err, context.Canceled) {
-		t.Fatalf("ListenRejections returned %v", err)
-	}
-}
-
-// A batch of rejections crosses to another replica packed into few
-// notifications, whole and in order.
-func TestRejectionFanOutBatch(t *testing.T) {
-	t.Parallel()
-	a, b := twoReplicas(t)
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	got := make(chan tokens.Rejection, 1000)
-	ready := make(chan struct{})
-	var once sync.Once
-	go func() {
-		_ = b.ListenReady(ctx, func(r tokens.Rejection) { got <- r }, func() { once.Do(func() { close(ready) }) })
-	}()
-	<-ready
-	var batch []tokens.Rejection
-	for i := range 500 {
-		batch = append(batch, tokens.Rejection{ID: int64(i + 1), At: time.Now().UTC(), Resource: "r", Code: tokens.CodeStaleToken,
-			Token: 1, CurrentToken: 2, Holder: "h", Method: "PUT", Upstream: "u", Path: strings.Repeat("/x", 20)})
-	}
-	if err := a.PublishRejections(ctx, batch); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 500 {
-		select {
-		case r := <-got:
-			if r.ID != int64(i+1) {
-				t.Fatalf("rejection %d arrived as id %d", i+1, r.ID)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("%d of 500 rejections arrived", i)
-		}
-	}
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fencegw/fencegw/storage/feed"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -18,15 +19,12 @@ import (
 // maxNotifyPayload keeps a NOTIFY under PostgreSQL's 8000-byte limit.
 const maxNotifyPayload = 7900
 
-// PublishRejection sends r to every replica's ListenRejections.
-func (s *Store) PublishRejection(ctx context.Context, r tokens.Rejection) error {
-	return s.PublishRejections(ctx, []tokens.Rejection{r})
-}
+var _ feed.Transport = (*Store)(nil)
 
-// PublishRejections sends rs, packed into as few notifications as fit, in
-// one transaction.
+// PublishRejections sends rs to every replica's ListenRejections, packed
+// into as few notifications as fit, in one transaction (so in order).
 func (s *Store) PublishRejections(ctx context.Context, rs []tokens.Rejection) error {
-	payloads, err := tokens.EncodeRejections(rs, maxNotifyPayload)
+	payloads, err := feed.EncodeRejections(rs, maxNotifyPayload)
 	if err != nil {
 		return tokens.Unavailable("encode rejection", err)
 	}
@@ -41,16 +39,12 @@ func (s *Store) PublishRejections(ctx context.Context, rs []tokens.Rejection) er
 }
 
 // ListenRejections calls fn for every published rejection, from every
-// replica, on a dedicated connection. It reconnects (with backoff, errors
-// logged) until ctx is done, and then returns ctx.Err(). fn runs on the
-// listening goroutine: it must not block.
-func (s *Store) ListenRejections(ctx context.Context, fn func(tokens.Rejection)) error {
-	return s.listen(ctx, fn, nil)
-}
-
-// listen is ListenRejections; ready (if set) is called each time LISTEN is
-// in effect, which tests use to publish without racing the subscription.
-func (s *Store) listen(ctx context.Context, fn func(tokens.Rejection), ready func()) error {
+// replica, on a dedicated connection, and ready (if set) each time LISTEN
+// is (again) in effect: what is published from then on arrives. It
+// reconnects (with backoff, errors logged) until ctx is done, and then
+// returns ctx.Err(); what is published while it reconnects is missed. fn
+// runs on the listening goroutine: it must not block (feed.Transport).
+func (s *Store) ListenRejections(ctx context.Context, fn func(tokens.Rejection), ready func()) error {
 	backoff := 100 * time.Millisecond
 	for {
 		err := s.listenOnce(ctx, fn, ready, func() { backoff = 100 * time.Millisecond })
@@ -93,7 +87,7 @@ func (s *Store) listenOnce(ctx context.Context, fn func(tokens.Rejection), ready
 		if err != nil {
 			return err
 		}
-		rs, err := tokens.DecodeRejections([]byte(n.Payload))
+		rs, err := feed.DecodeRejections([]byte(n.Payload))
 		if err != nil {
 			s.log.Error("rejection listener: bad payload", "err", err)
 		}

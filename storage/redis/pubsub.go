@@ -6,6 +6,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/fencegw/fencegw/storage/feed"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -19,15 +20,12 @@ func (s *Store) channel() string { return s.prefix + "rejections" }
 // maxPublishPayload bounds one pub/sub message.
 const maxPublishPayload = 64 << 10
 
-// PublishRejection sends r to every replica's ListenRejections.
-func (s *Store) PublishRejection(ctx context.Context, r tokens.Rejection) error {
-	return s.PublishRejections(ctx, []tokens.Rejection{r})
-}
+var _ feed.Transport = (*Store)(nil)
 
-// PublishRejections sends rs, packed into as few messages as fit, in one
-// pipeline.
+// PublishRejections sends rs to every replica's ListenRejections, packed
+// into as few messages as fit, in one pipeline (so in order).
 func (s *Store) PublishRejections(ctx context.Context, rs []tokens.Rejection) error {
-	payloads, err := tokens.EncodeRejections(rs, maxPublishPayload)
+	payloads, err := feed.EncodeRejections(rs, maxPublishPayload)
 	if err != nil {
 		return unavailable("encode rejection", err)
 	}
@@ -44,14 +42,12 @@ func (s *Store) PublishRejections(ctx context.Context, rs []tokens.Rejection) er
 }
 
 // ListenRejections calls fn for every published rejection, from every
-// replica. The subscription reconnects by itself (go-redis resubscribes
-// after a broken connection) until ctx is done; it then returns ctx.Err().
-// fn runs on the listening goroutine: it must not block.
-func (s *Store) ListenRejections(ctx context.Context, fn func(tokens.Rejection)) error {
-	return s.listen(ctx, fn, nil)
-}
-
-func (s *Store) listen(ctx context.Context, fn func(tokens.Rejection), ready func()) error {
+// replica, and ready (if set) each time the subscription is (again) in
+// effect. The subscription reconnects by itself (go-redis resubscribes
+// after a broken connection; what is published meanwhile is missed) until
+// ctx is done; it then returns ctx.Err(). fn runs on the listening
+// goroutine: it must not block (feed.Transport).
+func (s *Store) ListenRejections(ctx context.Context, fn func(tokens.Rejection), ready func()) error {
 	sub := s.rdb.Subscribe(ctx, s.channel())
 	defer sub.Close()
 	// Receive blocks in a network read that ignores ctx: closing the
@@ -81,7 +77,7 @@ func (s *Store) listen(ctx context.Context, fn func(tokens.Rejection), ready fun
 				ready() // (again) subscribed: publishes from now on arrive
 			}
 		case *goredis.Message:
-			rs, err := tokens.DecodeRejections([]byte(m.Payload))
+			rs, err := feed.DecodeRejections([]byte(m.Payload))
 			if err != nil {
 				s.log.Error("rejection subscriber: bad payload", "err", err)
 			}

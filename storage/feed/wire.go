@@ -1,15 +1,17 @@
-package tokens
+package feed
 
 import (
 	"bytes"
 	"encoding/json"
 	"time"
 	"unicode/utf8"
+
+	"github.com/fencegw/fencegw/tokens"
 )
 
-// The live feed carries rejections between replicas (PostgreSQL NOTIFY,
-// Redis pub/sub). Both backends use this one compact encoding, so a
-// replica's feed reads the same whichever transport brought it.
+// The feed's wire format. Both transports (PostgreSQL NOTIFY, Redis pub/sub)
+// use this one compact encoding, so a replica's feed reads the same
+// whichever transport brought it.
 
 // wireRejection is the feed's payload: short keys, because NOTIFY payloads
 // must stay under 8000 bytes.
@@ -33,7 +35,7 @@ type wireRejection struct {
 const maxFeedPath = 2048
 
 // EncodeRejection is the live feed's payload for r.
-func EncodeRejection(r Rejection) ([]byte, error) {
+func EncodeRejection(r tokens.Rejection) ([]byte, error) {
 	if len(r.Path) > maxFeedPath {
 		n := maxFeedPath
 		for n > 0 && !utf8.RuneStart(r.Path[n]) {
@@ -45,17 +47,17 @@ func EncodeRejection(r Rejection) ([]byte, error) {
 }
 
 // DecodeRejection parses an EncodeRejection payload.
-func DecodeRejection(b []byte) (Rejection, error) {
+func DecodeRejection(b []byte) (tokens.Rejection, error) {
 	var w wireRejection
 	err := json.Unmarshal(b, &w)
-	return Rejection(w), err
+	return tokens.Rejection(w), err
 }
 
 // EncodeRejections packs rs into as few payloads as fit in max bytes each:
 // one EncodeRejection per line. A storm of refusals then costs the feed one
 // message per payload, not one per refusal. A rejection too large for max
 // on its own gets a payload of its own.
-func EncodeRejections(rs []Rejection, max int) ([][]byte, error) {
+func EncodeRejections(rs []tokens.Rejection, max int) ([][]byte, error) {
 	var out [][]byte
 	var cur []byte
 	for _, r := range rs {
@@ -81,8 +83,8 @@ func EncodeRejections(rs []Rejection, max int) ([][]byte, error) {
 // DecodeRejections parses an EncodeRejections payload (or a single
 // EncodeRejection one). JSON escapes newlines inside strings, so a line is
 // a rejection.
-func DecodeRejections(payload []byte) ([]Rejection, error) {
-	var out []Rejection
+func DecodeRejections(payload []byte) ([]tokens.Rejection, error) {
+	var out []tokens.Rejection
 	for line := range bytes.SplitSeq(payload, []byte{'\n'}) {
 		if len(line) == 0 {
 			continue

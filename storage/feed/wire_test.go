@@ -1,9 +1,11 @@
-package tokens
+package feed
 
 import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fencegw/fencegw/tokens"
 )
 
 // Rejections packed into feed payloads come back whole and in order, each
@@ -15,16 +17,16 @@ func FuzzRejectionFeed(f *testing.F) {
 		n = 1 + abs(n)%50
 		max = 1 + abs(max)%9000
 		at := time.Date(2026, 11, 30, 0, 41, 52, 0, time.UTC)
-		var rs []Rejection
+		var rs []tokens.Rejection
 		for i := range n {
-			rs = append(rs, Rejection{ID: int64(i + 1), At: at, Resource: resource, Code: CodeStaleToken, Token: int64(i), CurrentToken: 1 << 60,
+			rs = append(rs, tokens.Rejection{ID: int64(i + 1), At: at, Resource: resource, Code: tokens.CodeStaleToken, Token: int64(i), CurrentToken: 1 << 60,
 				Holder: holder, Method: "POST", Upstream: "up", Path: path})
 		}
 		payloads, err := EncodeRejections(rs, max)
 		if err != nil {
 			t.Skip("not encodable:", err) // invalid UTF-8 is replaced, not refused; nothing else fails
 		}
-		var got []Rejection
+		var got []tokens.Rejection
 		for _, p := range payloads {
 			if len(p) > max && strings.Contains(string(p), "\n") {
 				t.Fatalf("payload of %d bytes holds several rejections, bound %d", len(p), max)
