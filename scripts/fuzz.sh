@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 budget="${1:-10s}"
-for pkg in ./tokens ./gateway ./cmd/fencegw ./auth ./storage/bolt; do
+for pkg in ./tokens ./gateway ./cmd/fencegw ./auth ./storage/bolt ./storage/feed; do
   for target in $(go test -list '^Fuzz' "$pkg" | grep '^Fuzz'); do
     echo "fuzz $pkg $target for $budget"
     go test -run '^$' -fuzz "^${target}\$" -fuzztime "$budget" "$pkg"
