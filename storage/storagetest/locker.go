@@ -39,10 +39,7 @@ func RunLocker(t *testing.T, h LockerHarness) {
 	if h.Replicas == nil {
 		t.Fatal("storagetest: LockerHarness.Replicas is required")
 	}
-	tests := []struct {
-		name string
-		fn   func(*testing.T, LockerHarness)
-	}{
+	tests := []suiteTest[LockerHarness]{
 		{"SharedHoldersCoexist", testLockSharedCoexist},
 		{"ExclusiveWaitsForShared", testLockExclusiveWaitsForShared},
 		{"SharedWaitsForExclusive", testLockSharedWaitsForExclusive},
@@ -55,12 +52,7 @@ func RunLocker(t *testing.T, h LockerHarness) {
 		{"UnlockTwice", testLockUnlockTwice},
 		{"MutualExclusion", testLockMutualExclusion},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			tc.fn(t, h)
-		})
-	}
+	runParallel(t, h, tests)
 }
 
 // lockQuiet is how long a lock request is given to show that it waits.
@@ -190,20 +182,18 @@ func testLockExclusiveWaitsForExclusive(t *testing.T, h LockerHarness) {
 	same.waits(t, "second exclusive on a while a holds exclusive")
 	first()
 	// One of the two goes first; the other waits for it.
+	next, last := other, same
 	select {
 	case <-other.done:
-		u := other.granted(t, "exclusive on b")
-		same.waits(t, "exclusive on a while b holds exclusive")
-		u()
-		same.granted(t, "exclusive on a after b's")()
 	case <-same.done:
-		u := same.granted(t, "second exclusive on a")
-		other.waits(t, "exclusive on b while a holds exclusive again")
-		u()
-		other.granted(t, "exclusive on b after a's")()
+		next, last = same, other
 	case <-time.After(waitLimit):
 		t.Fatalf("neither waiting exclusive was granted within %v", waitLimit)
 	}
+	u := next.granted(t, "the first waiting exclusive")
+	last.waits(t, "the other waiting exclusive while the first holds the lock")
+	u()
+	last.granted(t, "the other waiting exclusive after the first")()
 }
 
 // A waiting exclusive request blocks later shared ones, on every replica,
@@ -240,54 +230,48 @@ func testLockResourcesIndependent(t *testing.T, h LockerHarness) {
 	ex()
 }
 
-// A wait past its context's deadline ends with an error that wraps
-// context.DeadlineExceeded (tokens.Service tells a timeout from a broken
-// store by it), for either kind of request.
+// A wait ends with its context, with an error that wraps the context's
+// (tokens.Service tells a timeout from a broken store by it), for either
+// kind of request: past its deadline (DeadlineExceeded) or cancelled
+// (Canceled).
 func testLockDeadline(t *testing.T, h LockerHarness) {
-	ls := h.Replicas(t, 2)
-	r := resourceName(t, "r")
-	s := lockNow(t, shared(ls[0]), r, "shared on a")
-	ctx, cancel := context.WithTimeout(t.Context(), lockQuiet)
-	defer cancel()
-	if _, err := ls[1].Exclusive(ctx, r); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Exclusive past its deadline: %v, want an error wrapping DeadlineExceeded", err)
-	}
-	s()
-	ex := lockNow(t, exclusive(ls[0]), r, "exclusive on a")
-	ctx, cancel = context.WithTimeout(t.Context(), lockQuiet)
-	defer cancel()
-	if _, err := ls[1].Shared(ctx, r); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Shared past its deadline: %v, want an error wrapping DeadlineExceeded", err)
-	}
-	ex()
-	// The locker is usable afterwards.
-	lockNow(t, exclusive(ls[1]), r, "exclusive on b after the deadlines")()
+	testLockWaitEnds(t, h, context.DeadlineExceeded, func(ctx context.Context) (context.Context, func()) {
+		return context.WithTimeout(ctx, lockQuiet)
+	})
 }
 
-// A wait whose context is cancelled ends with an error that wraps
-// context.Canceled.
 func testLockCancel(t *testing.T, h LockerHarness) {
+	testLockWaitEnds(t, h, context.Canceled, func(ctx context.Context) (context.Context, func()) {
+		ctx, cancel := context.WithCancel(ctx)
+		time.AfterFunc(lockQuiet, cancel)
+		return ctx, cancel
+	})
+}
+
+// testLockWaitEnds: a wait under a context from end fails with want, and
+// the locker is usable afterwards.
+func testLockWaitEnds(t *testing.T, h LockerHarness, want error, end func(context.Context) (context.Context, func())) {
 	ls := h.Replicas(t, 2)
 	r := resourceName(t, "r")
-	s := lockNow(t, shared(ls[0]), r, "shared on a")
-	ctx, cancel := context.WithCancel(t.Context())
-	ex := lockAsync(ctx, exclusive(ls[1]), r)
-	ex.waits(t, "exclusive while a holds shared")
-	cancel()
-	if err := ex.failed(t, "cancelled exclusive"); !errors.Is(err, context.Canceled) {
-		t.Fatalf("cancelled Exclusive: %v, want an error wrapping Canceled", err)
+	for _, c := range []struct {
+		hold, wait lockFunc
+		what       string
+	}{
+		{shared(ls[0]), exclusive(ls[1]), "Exclusive while a holds shared"},
+		{exclusive(ls[0]), shared(ls[1]), "Shared while a holds exclusive"},
+	} {
+		unlock := lockNow(t, c.hold, r, "a's lock")
+		ctx, cancel := end(t.Context())
+		if u, err := c.wait(ctx, r); !errors.Is(err, want) {
+			if err == nil {
+				u()
+			}
+			t.Fatalf("%s: %v, want an error wrapping %v", c.what, err, want)
+		}
+		cancel()
+		unlock()
 	}
-	s()
-	ex2 := lockNow(t, exclusive(ls[0]), r, "exclusive on a")
-	ctx, cancel = context.WithCancel(t.Context())
-	sh := lockAsync(ctx, shared(ls[1]), r)
-	sh.waits(t, "shared while a holds exclusive")
-	cancel()
-	if err := sh.failed(t, "cancelled shared"); !errors.Is(err, context.Canceled) {
-		t.Fatalf("cancelled Shared: %v, want an error wrapping Canceled", err)
-	}
-	ex2()
-	lockNow(t, exclusive(ls[1]), r, "exclusive on b after the cancellations")()
+	lockNow(t, exclusive(ls[1]), r, "exclusive on b after the waits ended")()
 }
 
 // An exclusive request that gives up while shared requests queue behind it
