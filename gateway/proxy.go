@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fencegw/fencegw/internal/failpoint"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -265,7 +266,7 @@ func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	// Once the request left, the upstream may act on it whatever we saw.
 	f.unknown = f.wroteRequest.Load()
 	if timedOut {
-		if breakUnlockOnTimeout {
+		if failpoint.UnlockOnTimeout {
 			f.unknown = false // no drain: the lock is released at once
 		}
 		sendProblem(w, r, problem{Status: http.StatusGatewayTimeout, Code: codeUpstreamTimeout, Title: "Upstream timeout", Instance: f.instance,

@@ -1,19 +1,18 @@
-//go:build fencegw_break_highest_seen
-
 package tokens
 
 import "sync"
 
-// Deliberately broken: writes are fenced on the highest token seen in a
-// write instead of the granted one, and expiry is ignored, so a superseded
-// holder still gets through until its successor's first write.
-const breakHighestSeen = true
-
+// highestSeen is the broken fence rule of failpoint.HighestSeen (see
+// Service.judge): per resource, the highest token any write was admitted
+// under. Only that build ever writes to it.
 var highestSeen = struct {
 	sync.Mutex
 	m map[string]int64
 }{m: map[string]int64{}}
 
+// judgeHighestSeen refuses a write only if a higher token has already
+// written to its resource: a superseded or expired lease still passes
+// until its successor's first write.
 func judgeHighestSeen(l Lease) error {
 	highestSeen.Lock()
 	defer highestSeen.Unlock()
