@@ -113,7 +113,7 @@ func problemFor(err error) (p problem, internal bool) {
 		}
 		internal = !found
 	}
-	if e := tokens.Facts(err); e != nil {
+	if e := tokens.ErrorOf(err); e != nil {
 		p.Field = e.Field
 		p.Resource = e.Resource
 		p.Holder = e.Holder

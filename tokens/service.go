@@ -194,7 +194,7 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (Lease, error
 			return Lease{}, err
 		}
 		now := time.Now()
-		retryAfter := Facts(err).RetryAfter
+		retryAfter := ErrorOf(err).RetryAfter
 		if !now.Before(until) || (errors.Is(err, ErrFenceBusy) && retryAfter > 0 && now.Add(retryAfter).After(until)) {
 			return Lease{}, err
 		}
@@ -654,7 +654,7 @@ func Judge(lease Lease, r Resource, now time.Time) error {
 }
 
 func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state Resource, w Write) error {
-	e := Facts(refusal)
+	e := ErrorOf(refusal)
 	rej := Rejection{
 		Resource:     lease.Resource,
 		Code:         codeOf(e.Kind),

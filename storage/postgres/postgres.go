@@ -259,7 +259,7 @@ func interpret(op string, err error) error {
 		return nil
 	case errors.Is(err, pgx.ErrNoRows):
 		return &tokens.Error{Kind: tokens.ErrNotFound, Detail: op}
-	case tokens.Facts(err) != nil:
+	case tokens.ErrorOf(err) != nil:
 		return err
 	default:
 		return tokens.Unavailable("postgres "+op, err)

@@ -35,7 +35,7 @@ func TestGrantRenewRelease(t *testing.T) {
 		t.Fatalf("first lease %+v", l1)
 	}
 	_, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", Holder: "other", TTL: time.Minute})
-	f := tokens.Facts(err)
+	f := tokens.ErrorOf(err)
 	if !errors.Is(err, tokens.ErrLeaseHeld) || f.Holder != l1.Holder || f.CurrentToken != 1 || f.RetryAfter <= 0 || f.RetryAfter > time.Minute {
 		t.Fatalf("Grant of a held resource: %v %+v", err, f)
 	}
@@ -132,7 +132,7 @@ func TestDrainMakesGrantsBusy(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "d", TTL: time.Minute})
-	if f := tokens.Facts(err); !errors.Is(err, tokens.ErrFenceBusy) || f.RetryAfter <= 0 || f.RetryAfter > 300*time.Millisecond {
+	if f := tokens.ErrorOf(err); !errors.Is(err, tokens.ErrFenceBusy) || f.RetryAfter <= 0 || f.RetryAfter > 300*time.Millisecond {
 		t.Fatalf("Grant while draining: %v", err)
 	}
 	time.Sleep(350 * time.Millisecond)
