@@ -175,7 +175,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		// The owner acquired it within its prefixes; this catches a key
 		// whose prefixes were narrowed since.
 		if err = mayUse(r.Context(), permit.Lease.Resource); err != nil {
-			permit.Done(false)
+			permit.Done(tokens.OutcomeKnown)
 		} else if err = g.bindings.check(name, rawPath, permit.Lease.Resource, permit.Lease.Token); err != nil { // routes.go
 			err = permit.Refuse(r.Context(), err, write)
 		}
@@ -187,7 +187,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if kw != nil && !g.beginKeyed(w, r, kw, permit, name) {
-		permit.Done(false)
+		permit.Done(tokens.OutcomeKnown)
 		return
 	}
 	f := &forward{permit: permit, name: name, upstream: base, path: path, rawPath: rawPath, token: strconv.FormatInt(permit.Lease.Token, 10), instance: r.URL.Path, body: guard, keyed: kw}
@@ -204,7 +204,11 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		if f.keyed != nil {
 			g.endKeyed(f)
 		}
-		permit.Done(f.unknown)
+		outcome := tokens.OutcomeKnown
+		if f.unknown {
+			outcome = tokens.OutcomeUnknown
+		}
+		permit.Done(outcome)
 		g.inflight.Add(-1)
 		g.ages.end(slot)
 		g.obs.forwarded(f, time.Since(start))

@@ -614,11 +614,21 @@ func (s *Service) rememberStale(refusal error, lease Lease, state Resource) {
 	}
 }
 
-// Done ends the write. outcomeUnknown (upstream timeout, broken connection)
-// starts the drain period before the shared lock is released, so that no
-// grant can slip in between.
-func (p *Permit) Done(outcomeUnknown bool) {
-	if outcomeUnknown {
+// Outcome is what the gateway knows of an admitted write when it ends.
+type Outcome int
+
+const (
+	// OutcomeKnown: the upstream answered, or the write was never sent.
+	OutcomeKnown Outcome = iota
+	// OutcomeUnknown: the request left but no answer came (upstream
+	// timeout, connection broken after sending); the write may still land.
+	OutcomeUnknown
+)
+
+// Done ends the write. OutcomeUnknown starts the drain period before the
+// shared lock is released, so that no grant can slip in between.
+func (p *Permit) Done(outcome Outcome) {
+	if outcome == OutcomeUnknown {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := p.svc.store.Drain(ctx, p.Lease.Resource, p.svc.drainPeriod); err != nil {
 			// The store is unreachable, so grants fail closed anyway.
