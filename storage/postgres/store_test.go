@@ -301,7 +301,9 @@ func TestConcurrentRejectionsAreGrouped(t *testing.T) {
 		})
 	}
 	time.Sleep(20 * time.Millisecond)
-	s2.Close()
+	if err := s2.Close(); err != nil {
+		t.Error(err)
+	}
 	wg2.Wait()
 	closing, err := s.Rejections(ctx, tokens.RejectionQuery{Resource: "closing", Limit: 1000})
 	if err != nil || len(closing) != ok || ok+refused != 16*50 {
@@ -324,7 +326,9 @@ func TestConcurrentOpenMigratesOnce(t *testing.T) {
 func TestUnreachableIsUnavailable(t *testing.T) {
 	t.Parallel()
 	s := pgtest.OpenFresh(t)
-	s.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 	ctx := t.Context()
 	_, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", TTL: time.Minute})
 	if !errors.Is(err, tokens.ErrUnavailable) {
