@@ -3,13 +3,14 @@
 // code it breaks tests that constant in one `if failpoint.X {` at the point
 // where the safety rule is kept. In the normal build every constant is
 // false and the compiler drops the branch, so the production binary holds
-// none of it.
+// none of the broken code.
 //
 // The torture (cmd/fencegw-torture, docs/reliability.md) must catch every
-// broken build: scripts/torture-ci.sh builds and runs each one listed in
-// Breaks (go run ./internal/failpoint/cmd/list), and fails if a run finds
-// no violation. A broken build that passes means the torture lost the
-// ability to see that kind of bug.
+// broken build: scripts/torture-ci.sh builds each one listed in Breaks
+// (cmd/failpoints list), runs it in the mode and with the faults given
+// there, and fails if the run finds no violation of a rule in its CaughtBy
+// (cmd/failpoints caught). A broken build that passes means the torture
+// lost the ability to see that kind of bug.
 //
 // One break per build: the tags are mutually exclusive (two of them
 // declare active twice and do not compile), so that a caught build names
@@ -33,7 +34,9 @@ const (
 
 	// UnlockOnTimeout (gateway proxyError): a forward that timed out
 	// releases the resource's lock at once, without the drain period,
-	// although the write may still land. Caught by stale-applied.
+	// although the write may still land. Caught by stale-applied (the
+	// successor's writes land before the timed-out one; exactly-once and
+	// idempotency-key-once usually fire too).
 	UnlockOnTimeout = active == "unlock_on_timeout"
 
 	// FloatTokens (storage/bolt decodeResource): tokens read back from the

@@ -143,3 +143,41 @@ func activeValue(t *testing.T, file string) string {
 	t.Fatalf("%s: no const active = \"...\"", file)
 	return ""
 }
+
+// Each constant's comment names the rules that catch it, as Breaks does:
+// the comment is what a reader of the broken code looks up.
+func TestCommentsNameTheRulesThatCatch(t *testing.T) {
+	f, err := parser.ParseFile(token.NewFileSet(), "failpoint.go", nil, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := map[string]string{}
+	for _, d := range f.Decls {
+		g, ok := d.(*ast.GenDecl)
+		if !ok || g.Tok != token.CONST {
+			continue
+		}
+		for _, spec := range g.Specs {
+			v := spec.(*ast.ValueSpec)
+			docs[v.Names[0].Name] = v.Doc.Text()
+		}
+	}
+	for _, b := range Breaks {
+		doc := ""
+		for name, text := range docs { // highest_seen documents HighestSeen
+			if strings.EqualFold(strings.ReplaceAll(b.Name, "_", ""), name) {
+				doc = text
+			}
+		}
+		if doc == "" {
+			t.Errorf("%s: no documented constant", b.Name)
+			continue
+		}
+		_, caught, ok := strings.Cut(doc, "Caught by ")
+		for _, r := range b.CaughtBy {
+			if !ok || !strings.Contains(caught, r) {
+				t.Errorf("%s: the comment's \"Caught by\" does not name %s", b.Name, r)
+			}
+		}
+	}
+}
