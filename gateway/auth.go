@@ -165,7 +165,7 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 			if basicOK && !strings.HasPrefix(strings.ToLower(r.Header.Get("Authorization")), "bearer ") {
 				h.Add("WWW-Authenticate", `Basic realm="fencegw", charset="UTF-8"`)
 			}
-			if tokens.Facts(err) == nil {
+			if tokens.ErrorOf(err) == nil {
 				err = &tokens.Error{Kind: ErrUnauthenticated,
 					Detail: "a valid API key is required (Authorization: Bearer <key>)"}
 			}

@@ -145,7 +145,7 @@ func (c *control) RenewLease(ctx context.Context, req server.RenewLeaseRequestOb
 	lease, err := c.svc.Renew(ctx, req.LeaseId, ttl, principalName(ctx))
 	if err != nil {
 		c.sig.leaseRefused("renew", req.LeaseId, err, c.svc.Now())
-		if f := tokens.Facts(err); f != nil && f.Holder != "" && !clientSent.IsZero() {
+		if f := tokens.ErrorOf(err); f != nil && f.Holder != "" && !clientSent.IsZero() {
 			c.clocks.Observe(f.Holder, clientSent, rtt, arrived) // the holder the refusal is about
 		}
 		return nil, err

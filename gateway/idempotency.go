@@ -158,7 +158,7 @@ func parseIdempotencyKey(vs []string) (string, error) {
 			}
 			key := b.String()
 			if err := tokens.ValidKey(key); err != nil {
-				return "", requestError(HeaderIdempotencyKey, tokens.Facts(err).Detail)
+				return "", requestError(HeaderIdempotencyKey, tokens.ErrorOf(err).Detail)
 			}
 			return key, nil
 		case c < 0x20 || c > 0x7e:

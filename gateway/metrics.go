@@ -99,7 +99,7 @@ func (m *metrics) refused(err error) {
 
 func (m *metrics) forwarded(f *forward, d time.Duration) {
 	if f.unknown && m.drains != nil {
-		m.drains.Inc() // Permit.Done(true) put the resource in a drain period
+		m.drains.Inc() // Permit.Done(OutcomeUnknown) put the resource in a drain period
 	}
 	if f.failed {
 		if f.badRequest {

@@ -36,7 +36,7 @@ const (
 	problemTypePrefix        = "urn:fencegw:problem:"
 	problemContentType       = "application/problem+json"
 	defaultUnavailableRetry  = time.Second
-	maxProblemDetailRuneLike = 512
+	problemInstanceByteLimit = 512 // instance (the request path) is cut to this many bytes
 )
 
 // problem is an RFC 9457 document with fencegw's extension members.
@@ -113,7 +113,7 @@ func problemFor(err error) (p problem, internal bool) {
 		}
 		internal = !found
 	}
-	if e := tokens.Facts(err); e != nil {
+	if e := tokens.ErrorOf(err); e != nil {
 		p.Field = e.Field
 		p.Resource = e.Resource
 		p.Holder = e.Holder
@@ -200,8 +200,8 @@ func sendProblem(w http.ResponseWriter, r *http.Request, p problem) {
 	p.Type = problemTypePrefix + p.Code
 	if p.Instance == "" && r != nil {
 		p.Instance = r.URL.Path
-		if len(p.Instance) > maxProblemDetailRuneLike {
-			p.Instance = p.Instance[:maxProblemDetailRuneLike]
+		if len(p.Instance) > problemInstanceByteLimit {
+			p.Instance = p.Instance[:problemInstanceByteLimit]
 		}
 	}
 	h := w.Header()

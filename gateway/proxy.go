@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fencegw/fencegw/internal/failpoint"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -174,7 +175,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		// The owner acquired it within its prefixes; this catches a key
 		// whose prefixes were narrowed since.
 		if err = mayUse(r.Context(), permit.Lease.Resource); err != nil {
-			permit.Done(false)
+			permit.Done(tokens.OutcomeKnown)
 		} else if err = g.bindings.check(name, rawPath, permit.Lease.Resource, permit.Lease.Token); err != nil { // routes.go
 			err = permit.Refuse(r.Context(), err, write)
 		}
@@ -186,7 +187,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if kw != nil && !g.beginKeyed(w, r, kw, permit, name) {
-		permit.Done(false)
+		permit.Done(tokens.OutcomeKnown)
 		return
 	}
 	f := &forward{permit: permit, name: name, upstream: base, path: path, rawPath: rawPath, token: strconv.FormatInt(permit.Lease.Token, 10), instance: r.URL.Path, body: guard, keyed: kw}
@@ -203,7 +204,11 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		if f.keyed != nil {
 			g.endKeyed(f)
 		}
-		permit.Done(f.unknown)
+		outcome := tokens.OutcomeKnown
+		if f.unknown {
+			outcome = tokens.OutcomeUnknown
+		}
+		permit.Done(outcome)
 		g.inflight.Add(-1)
 		g.ages.end(slot)
 		g.obs.forwarded(f, time.Since(start))
@@ -265,7 +270,7 @@ func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	// Once the request left, the upstream may act on it whatever we saw.
 	f.unknown = f.wroteRequest.Load()
 	if timedOut {
-		if breakUnlockOnTimeout {
+		if failpoint.UnlockOnTimeout {
 			f.unknown = false // no drain: the lock is released at once
 		}
 		sendProblem(w, r, problem{Status: http.StatusGatewayTimeout, Code: codeUpstreamTimeout, Title: "Upstream timeout", Instance: f.instance,

@@ -86,7 +86,7 @@ func (s *signals) leaseRefused(op, leaseID string, err error, now time.Time) {
 		return
 	}
 	cause := causeEnded
-	if f := tokens.Facts(err); f != nil {
+	if f := tokens.ErrorOf(err); f != nil {
 		switch {
 		case !f.ExpiresAt.IsZero() && !now.Before(f.ExpiresAt):
 			cause = causeExpired

@@ -7,6 +7,11 @@
 #   scripts/torture-ci.sh                     all modes (needs PostgreSQL and Redis: scripts/test-services.sh)
 #   MODES=embedded scripts/torture-ci.sh      embedded only
 #   DURATION=30s BREAK_DURATION=20s scripts/torture-ci.sh
+#   BREAKS="no_owner float_tokens" scripts/torture-ci.sh   only these broken builds
+#
+# The broken builds, with the mode and faults that reach each and the rules
+# that must catch each, are listed in internal/failpoint
+# (go run ./internal/failpoint/cmd/failpoints list).
 #
 # Writes a JSON report per run to $OUT (default: a temporary directory).
 set -euo pipefail
@@ -15,17 +20,22 @@ cd "$(dirname "$0")/.."
 DURATION=${DURATION:-60s}
 BREAK_DURATION=${BREAK_DURATION:-30s}
 MODES=${MODES:-"embedded postgres redis"}
-BREAKS=${BREAKS:-"highest_seen not_durable unlock_on_timeout float_tokens no_owner skip_route_check forget_idempotency"}
-# Broken builds whose failpoint lives in the PostgreSQL modes, run there with
-# the fault that reaches it.
-PG_BREAKS=${PG_BREAKS:-"no_replica_drain"}
 OUT=${OUT:-$(mktemp -d /tmp/fencegw-torture-ci.XXXXXX)}
 mkdir -p "$OUT/bin"
 
 echo "== build"
+go build -o "$OUT/bin/failpoints" ./internal/failpoint/cmd/failpoints
+# name, mode, faults ("-": the mode's default) of each broken build
+break_list=$("$OUT/bin/failpoints" list)
+mapfile -t BREAK_LIST <<<"$break_list"
+all_breaks=$(cut -d' ' -f1 <<<"$break_list" | tr '\n' ' ')
+BREAKS=${BREAKS:-$all_breaks}
+for b in $BREAKS; do
+	[[ " $all_breaks " == *" $b "* ]] || { echo "unknown broken build $b (known: $all_breaks)" >&2; exit 2; }
+done
 go build -o "$OUT/bin/fencegw-torture" ./cmd/fencegw-torture
 go build -o "$OUT/bin/fencegw" ./cmd/fencegw
-for b in $BREAKS $PG_BREAKS; do
+for b in $BREAKS; do
 	go build -tags "fencegw_break_$b" -o "$OUT/bin/fencegw-break-$b" ./cmd/fencegw
 done
 
@@ -38,37 +48,30 @@ for m in $MODES; do
 	fi
 done
 
-# Broken builds run in embedded mode: every failpoint lives on its path
-# (tokens, gateway, storage/bolt); no_owner is caught by the thieves (foreign-lease),
-# skip_route_check by the route thieves (foreign-route), forget_idempotency by
-# the keyed retries (idempotency-key-once).
-for b in $BREAKS; do
-	echo "== broken build fencegw_break_$b, $BREAK_DURATION (must be caught)"
-	if ! "$OUT/bin/fencegw-torture" --quiet --mode embedded --duration "$BREAK_DURATION" --expect-violations \
+# Each broken build runs in the mode whose path holds its failpoint, with the
+# faults that reach it, and must be caught by one of the rules that
+# internal/failpoint says catch it; a mode not in $MODES skips its broken
+# builds (no_replica_drain needs the PostgreSQL modes, where replicas share
+# fences: issue 10).
+for line in "${BREAK_LIST[@]}"; do
+	read -r b mode faults <<<"$line"
+	[[ " $BREAKS " == *" $b "* && " $MODES " == *" $mode "* ]] || continue
+	args=()
+	[[ $faults == - ]] || args=(--faults "$faults")
+	echo "== broken build fencegw_break_$b, $mode mode, $BREAK_DURATION (must be caught)"
+	if ! "$OUT/bin/fencegw-torture" --quiet --mode "$mode" --duration "$BREAK_DURATION" --expect-violations "${args[@]}" \
 		--gateway-bin "$OUT/bin/fencegw-break-$b" --json "$OUT/break-$b.json" --dir "$OUT/run-break-$b"; then
 		failed+=("break_$b (not caught)")
+	elif ! "$OUT/bin/failpoints" caught "$b" "$OUT/break-$b.json"; then
+		failed+=("break_$b (caught by another rule)")
 	fi
 done
 
-# A replica killed while the upstream holds its write: the next grant must
-# drain (issue 10). Only in the PostgreSQL modes, where replicas share fences.
-if [[ " $MODES " == *" postgres "* ]]; then
-	for b in $PG_BREAKS; do
-		echo "== broken build fencegw_break_$b, postgres mode, $BREAK_DURATION (must be caught)"
-		if ! "$OUT/bin/fencegw-torture" --quiet --mode postgres --duration "$BREAK_DURATION" --expect-violations \
-			--faults kill-in-write,pause-worker \
-			--gateway-bin "$OUT/bin/fencegw-break-$b" --json "$OUT/break-$b.json" --dir "$OUT/run-break-$b"; then
-			failed+=("break_$b (not caught)")
-		fi
-	done
-fi
-
-# Open finding (docs/reliability.md): a write in flight while PostgreSQL
-# restarts loses its shared lock, and its drain period if it times out
-# during the outage, so a new grant can return before it lands. The default
-# 300ms forward timeout is shorter than a restart here, so the runs above do
-# not reach it; this one does (fixed: PostgreSQL grants now drain after a
-# server restart; .ci/run turns it on). PG_OUTAGE_IN_WRITE=1 to run it.
+# A write in flight while PostgreSQL restarts loses its shared lock, and its
+# drain period if it times out during the outage, so grants drain after a
+# server restart (docs/reliability.md). The default 300ms forward timeout is
+# shorter than a restart here, so the runs above do not reach that case;
+# this one does. .ci/run turns it on; PG_OUTAGE_IN_WRITE=1 to run it.
 if [[ ${PG_OUTAGE_IN_WRITE:-0} == 1 ]]; then
 	echo "== postgres mode, writes in flight across a PostgreSQL restart, $DURATION"
 	if ! "$OUT/bin/fencegw-torture" --quiet --mode postgres --duration "$DURATION" \

@@ -96,8 +96,8 @@ func Busy(op string, cause error) error {
 	return &Error{Kind: ErrUnavailable, Detail: op, Cause: cause, RetryAfter: time.Second, Busy: true}
 }
 
-// Facts returns the *Error inside err, or nil.
-func Facts(err error) *Error {
+// ErrorOf returns the *Error inside err (errors.As), or nil.
+func ErrorOf(err error) *Error {
 	var e *Error
 	if errors.As(err, &e) {
 		return e

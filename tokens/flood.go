@@ -8,9 +8,9 @@ import (
 
 // Writes under lease ids that were never granted cost nothing to send:
 // without authentication anyone who reaches the gateway can send thousands
-// a second, and each refusal used to be a synchronous store write and an
-// entry of the bounded rejection log, so a flood pushed real incidents
-// out of it and loaded the store. Refusals of unauthenticated writes with
+// a second. Were each refusal a synchronous store write and an entry of
+// the bounded rejection log, a flood would push real incidents out of it
+// and load the store. Refusals of unauthenticated writes with
 // unknown leases are therefore recorded at most floodRate a second (bursts
 // of floodBurst); the rest are answered the same (403 unknown_lease) and
 // counted by the gateway's metrics, and one warning a floodReport says how

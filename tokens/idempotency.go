@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"strconv"
 	"time"
+
+	"github.com/fencegw/fencegw/internal/failpoint"
 )
 
 // Idempotency keys: a fenced write may carry a key (the Idempotency-Key
@@ -267,7 +269,7 @@ func (x *Idempotency) Begin(ctx context.Context, scope KeyScope, fingerprint str
 	if err != nil {
 		return nil, nil, err
 	}
-	if fresh || breakForgetIdempotency {
+	if fresh || failpoint.ForgetIdempotency {
 		return &Claim{x: x, scope: scope, attempt: attempt}, nil, nil
 	}
 	if err := JudgeKey(rec, fingerprint, x.clock(rec)); err != nil {

@@ -55,7 +55,7 @@ func TestJudgeFollowsStateOf(t *testing.T) {
 			if !errors.Is(err, tc.kind) {
 				t.Fatalf("Judge = %v, want %v", err, tc.kind)
 			}
-			e := Facts(err)
+			e := ErrorOf(err)
 			if e.Resource != "r" || e.Token != 2 || e.CurrentToken != tc.r.Token || e.Holder != "A" || !e.ExpiresAt.Equal(tc.expires) {
 				t.Errorf("facts %+v; want resource r, token 2, current %d, holder A, expires %v", e, tc.r.Token, tc.expires)
 			}

@@ -17,11 +17,11 @@ var ErrWrongResource = errors.New("lease for another resource")
 // CodeWrongResource is the problem and rejection code of ErrWrongResource.
 const CodeWrongResource = "resource_mismatch"
 
-// Refuse ends an admitted write without forwarding it (like Done(false))
+// Refuse ends an admitted write without forwarding it (like Done(OutcomeKnown))
 // and records the refusal, which must wrap a sentinel whose code the
 // rejection log knows (ErrWrongResource). It returns refusal.
 func (p *Permit) Refuse(ctx context.Context, refusal error, w Write) error {
-	p.Done(false)
+	p.Done(OutcomeKnown)
 	// The lease was the resource's current one when it was admitted.
 	state := Resource{Name: p.Lease.Resource, Token: p.Lease.Token, Lease: &p.Lease}
 	return p.svc.reject(ctx, refusal, p.Lease, state, w)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"time"
+
+	"github.com/fencegw/fencegw/internal/failpoint"
 )
 
 // Defaults for Config fields left zero.
@@ -192,7 +194,7 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (Lease, error
 			return Lease{}, err
 		}
 		now := time.Now()
-		retryAfter := Facts(err).RetryAfter
+		retryAfter := ErrorOf(err).RetryAfter
 		if !now.Before(until) || (errors.Is(err, ErrFenceBusy) && retryAfter > 0 && now.Add(retryAfter).After(until)) {
 			return Lease{}, err
 		}
@@ -405,14 +407,23 @@ func (s *Service) Revoke(ctx context.Context, leaseID, by string) (Lease, error)
 // owner before the change is safe: a lease's owner never changes, so the
 // check cannot be outdated by the time the store acts.
 func (s *Service) checkOwner(ctx context.Context, leaseID, principal string) error {
-	if principal == "" || breakNoOwner {
+	if principal == "" {
 		return nil
 	}
 	lease, err := s.store.Lease(ctx, leaseID)
 	if err != nil {
 		return err
 	}
-	if lease.Owner != principal {
+	return ownedBy(lease, principal)
+}
+
+// ownedBy refuses a principal other than the lease's owner; "" (no
+// authentication) may act on any lease.
+func ownedBy(lease Lease, principal string) error {
+	if failpoint.NoOwner {
+		return nil
+	}
+	if principal != "" && lease.Owner != principal {
 		return notOwned(lease)
 	}
 	return nil
@@ -480,11 +491,13 @@ type Permit struct {
 // and returned as ErrStaleToken, ErrLeaseExpired, ErrLeaseReleased,
 // ErrUnknownLease or ErrNotOwner.
 func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, error) {
-	if lease, state, ok := s.stale.get(leaseID); ok && !breakHighestSeen {
-		if w.Principal != "" && lease.Owner != w.Principal && !breakNoOwner {
-			return nil, s.reject(ctx, notOwned(lease), lease, Resource{}, w)
+	if lease, state, ok := s.stale.get(leaseID); ok {
+		if err := ownedBy(lease, w.Principal); err != nil {
+			return nil, s.reject(ctx, err, lease, Resource{}, w)
 		}
-		return nil, s.reject(ctx, Judge(lease, state, s.clock(state)), lease, state, w)
+		if _, refusal := s.judge(lease, state); refusal != nil {
+			return nil, s.reject(ctx, refusal, lease, state, w)
+		}
 	}
 	if s.fencer != nil {
 		return s.admitFenced(ctx, leaseID, w)
@@ -492,7 +505,7 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 	var lease Lease
 	var early *Resource
 	var err error
-	if ls, ok := s.store.(LeaseStater); ok && !breakHighestSeen {
+	if ls, ok := s.store.(LeaseStater); ok {
 		var state Resource
 		lease, state, err = ls.LeaseState(ctx, leaseID)
 		early = &state
@@ -505,10 +518,10 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 	if err != nil {
 		return nil, err
 	}
-	if w.Principal != "" && lease.Owner != w.Principal && !breakNoOwner {
+	if err := ownedBy(lease, w.Principal); err != nil {
 		// Before the lock: the owner never changes, and a stolen lease id
 		// must not even delay a grant.
-		return nil, s.reject(ctx, notOwned(lease), lease, Resource{}, w)
+		return nil, s.reject(ctx, err, lease, Resource{}, w)
 	}
 	if early != nil {
 		// Every refusal Judge makes is final: tokens never go down, a lease
@@ -518,7 +531,7 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 		// write that will be refused whatever happens next it has nothing
 		// to order, and skipping it spares the store a lock round trip per
 		// stale write in a storm.
-		if refusal := Judge(lease, *early, s.clock(*early)); refusal != nil {
+		if _, refusal := s.judge(lease, *early); refusal != nil {
 			s.rememberStale(refusal, lease, *early)
 			return nil, s.reject(ctx, refusal, lease, *early, w)
 		}
@@ -538,19 +551,26 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 		}
 		return nil, err
 	}
-	if breakHighestSeen {
-		if refusal := judgeHighestSeen(lease); refusal != nil {
-			unlock()
-			return nil, s.reject(ctx, refusal, lease, state, w)
-		}
-		return &Permit{Lease: lease, svc: s, unlock: unlock}, nil
-	}
-	if refusal := Judge(lease, state, s.clock(state)); refusal != nil {
+	admitted, refusal := s.judge(lease, state)
+	if refusal != nil {
 		unlock()
 		s.rememberStale(refusal, lease, state)
 		return nil, s.reject(ctx, refusal, lease, state, w)
 	}
-	return &Permit{Lease: *state.Lease, svc: s, unlock: unlock}, nil
+	return &Permit{Lease: admitted, svc: s, unlock: unlock}, nil
+}
+
+// judge applies the fence rule (Judge) to a write under lease, given its
+// resource's state. A write that passes is admitted under the state's copy
+// of the lease, which carries its latest renewal.
+func (s *Service) judge(lease Lease, state Resource) (Lease, error) {
+	if failpoint.HighestSeen {
+		return lease, judgeHighestSeen(lease)
+	}
+	if refusal := Judge(lease, state, s.clock(state)); refusal != nil {
+		return Lease{}, refusal
+	}
+	return *state.Lease, nil
 }
 
 // admitFenced is Admit with a Fencer.
@@ -565,16 +585,17 @@ func (s *Service) admitFenced(ctx context.Context, leaseID string, w Write) (*Pe
 		}
 		return nil, err
 	}
-	if w.Principal != "" && lease.Owner != w.Principal && !breakNoOwner {
+	if err := ownedBy(lease, w.Principal); err != nil {
 		release()
-		return nil, s.reject(ctx, notOwned(lease), lease, state, w)
+		return nil, s.reject(ctx, err, lease, state, w)
 	}
-	if refusal := Judge(lease, state, s.clock(state)); refusal != nil {
+	admitted, refusal := s.judge(lease, state)
+	if refusal != nil {
 		release()
 		s.rememberStale(refusal, lease, state)
 		return nil, s.reject(ctx, refusal, lease, state, w)
 	}
-	return &Permit{Lease: *state.Lease, svc: s, unlock: release}, nil
+	return &Permit{Lease: admitted, svc: s, unlock: release}, nil
 }
 
 // rememberStale caches a stale_token verdict (see staleCache). Expired and
@@ -586,11 +607,21 @@ func (s *Service) rememberStale(refusal error, lease Lease, state Resource) {
 	}
 }
 
-// Done ends the write. outcomeUnknown (upstream timeout, broken connection)
-// starts the drain period before the shared lock is released, so that no
-// grant can slip in between.
-func (p *Permit) Done(outcomeUnknown bool) {
-	if outcomeUnknown {
+// Outcome is what the gateway knows of an admitted write when it ends.
+type Outcome int
+
+const (
+	// OutcomeKnown: the upstream answered, or the write was never sent.
+	OutcomeKnown Outcome = iota
+	// OutcomeUnknown: the request left but no answer came (upstream
+	// timeout, connection broken after sending); the write may still land.
+	OutcomeUnknown
+)
+
+// Done ends the write. OutcomeUnknown starts the drain period before the
+// shared lock is released, so that no grant can slip in between.
+func (p *Permit) Done(outcome Outcome) {
+	if outcome == OutcomeUnknown {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := p.svc.store.Drain(ctx, p.Lease.Resource, p.svc.drainPeriod); err != nil {
 			// The store is unreachable, so grants fail closed anyway.
@@ -626,7 +657,7 @@ func Judge(lease Lease, r Resource, now time.Time) error {
 }
 
 func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state Resource, w Write) error {
-	e := Facts(refusal)
+	e := ErrorOf(refusal)
 	rej := Rejection{
 		Resource:     lease.Resource,
 		Code:         codeOf(e.Kind),

@@ -37,28 +37,33 @@ func openPostgres(ctx context.Context, cfg config, log *slog.Logger) (*backend, 
 	if err != nil {
 		return nil, fmt.Errorf("open PostgreSQL: %w", err)
 	}
-	b := &backend{mode: "postgres", store: pg, keys: pg, close: pg.Close}
+	closePG := func() {
+		if err := pg.Close(); err != nil {
+			log.Error("close PostgreSQL store", "err", err)
+		}
+	}
+	b := &backend{mode: "postgres", store: pg, keys: pg, close: closePG}
 	transport := feed.Transport(pg)
 	var state postgres.StateReader // nil: PostgreSQL's own
 
 	if cfg.Redis != "" {
 		opt, err := goredis.ParseURL(cfg.Redis)
 		if err != nil {
-			pg.Close()
+			closePG()
 			return nil, usageError("--redis: %v", err)
 		}
 		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = 2*time.Second, 2*time.Second, 2*time.Second
 		rdb := goredis.NewClient(opt)
 		if err := rdb.Ping(openCtx).Err(); err != nil {
 			rdb.Close()
-			pg.Close()
+			closePG()
 			return nil, fmt.Errorf("connect to Redis: %w", err)
 		}
 		rs := redis.New(rdb, pg, redis.Options{Logger: log})
 		b.mode, b.store, transport, state = "postgres+redis", rs, rs, rs
 		b.close = func() {
 			_ = rdb.Close()
-			pg.Close()
+			closePG()
 		}
 	}
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/fencegw/fencegw/internal/failpoint"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -167,7 +168,7 @@ func decodeResource(b []byte) (resState, error) {
 	d := newDecoder("resource", b)
 	var r resState
 	r.token = d.int()
-	if breakFloatTokens {
+	if failpoint.FloatTokens {
 		r.token = int64(float64(r.token))
 	}
 	r.current = d.str()

@@ -141,7 +141,7 @@ func TestCrash(t *testing.T) {
 	}
 
 	_, err = newGrant("recent")
-	if f := tokens.Facts(err); !errors.Is(err, tokens.ErrFenceBusy) || f.RetryAfter <= 0 || f.RetryAfter > crashDrain {
+	if f := tokens.ErrorOf(err); !errors.Is(err, tokens.ErrFenceBusy) || f.RetryAfter <= 0 || f.RetryAfter > crashDrain {
 		t.Fatalf("Grant(recent) after the crash: %v, want ErrFenceBusy with RetryAfter in (0, %v]", err, crashDrain)
 	}
 

@@ -30,6 +30,7 @@ import (
 	bbolt "go.etcd.io/bbolt"
 
 	"github.com/fencegw/fencegw/internal/batch"
+	"github.com/fencegw/fencegw/internal/failpoint"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -455,7 +456,7 @@ func event(kind tokens.EventKind, at time.Time, l *tokens.Lease) tokens.Event {
 
 // Grant implements tokens.Store.
 func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Lease, error) {
-	if breakNotDurable {
+	if failpoint.NotDurable {
 		return s.grantBeforeDurable(req)
 	}
 	unlock, err := s.lockResource(ctx, req.Resource)

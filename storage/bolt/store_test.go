@@ -104,7 +104,7 @@ func TestStoreClock(t *testing.T) {
 	}
 	now.Add(int64(59 * time.Second))
 	_, err = s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", Holder: "b", TTL: time.Minute})
-	if f := tokens.Facts(err); f == nil || !errors.Is(err, tokens.ErrLeaseHeld) || f.RetryAfter != time.Second {
+	if f := tokens.ErrorOf(err); f == nil || !errors.Is(err, tokens.ErrLeaseHeld) || f.RetryAfter != time.Second {
 		t.Fatalf("Grant at +59s: %v, want ErrLeaseHeld with RetryAfter 1s", err)
 	}
 	if r, _ := s.Resource(ctx, "r"); !r.Now.Equal(clock()) {

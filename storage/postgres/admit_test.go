@@ -115,7 +115,7 @@ func TestAdmitRefusesEndedLeasesWithoutTheLock(t *testing.T) {
 	if err != nil {
 		t.Fatalf("write under the current lease: %v", err)
 	}
-	p.Done(false)
+	p.Done(tokens.OutcomeKnown)
 	if n := locker.shared.Load() - before; n != 1 {
 		t.Fatalf("admitting the current lease took %d shared locks, want 1", n)
 	}

@@ -26,7 +26,9 @@ func TestConformance(t *testing.T) {
 		},
 		Reopen: func(t *testing.T, s tokens.Store) tokens.Store {
 			schema := schemaOf(s)
-			s.(*postgres.Store).Close()
+			if err := s.(*postgres.Store).Close(); err != nil {
+				t.Fatal(err)
+			}
 			re := pgtest.Open(t, schema, postgres.Options{})
 			mu.Lock()
 			schemas[re] = schema
@@ -53,7 +55,9 @@ func TestKeysConformance(t *testing.T) {
 			mu.Lock()
 			schema := schemas[s]
 			mu.Unlock()
-			s.(*postgres.Store).Close()
+			if err := s.(*postgres.Store).Close(); err != nil {
+				t.Fatal(err)
+			}
 			re := pgtest.Open(t, schema, postgres.Options{})
 			mu.Lock()
 			schemas[re] = schema

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -138,17 +139,18 @@ func (s *Store) lookupKey(ctx context.Context, sc tokens.KeyScope, unexpired boo
 // closeKeys turns this process's records still in progress into unknown
 // outcomes: after a clean shutdown none of its forwards is running, so a
 // record it left in progress had no answer.
-func (s *Store) closeKeys() {
+func (s *Store) closeKeys() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	tag, err := s.pool.Exec(ctx, `UPDATE idempotency_keys SET state = 'unknown', completed_at = clock_timestamp()
 		WHERE owner = $1 AND state = 'in_progress'`, s.instance)
-	switch {
-	case err != nil:
-		s.log.Error("could not mark idempotency keys in flight as unknown; they turn unknown at their deadline", "err", err)
-	case tag.RowsAffected() > 0:
+	if err != nil {
+		return fmt.Errorf("mark idempotency keys in flight as unknown (they turn unknown at their deadline): %w", err)
+	}
+	if tag.RowsAffected() > 0 {
 		s.log.Warn("idempotency keys in flight at shutdown now answer outcome unknown", "keys", tag.RowsAffected())
 	}
+	return nil
 }
 
 // pruneKeys deletes expired records and, oldest first, those beyond

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fencegw/fencegw/internal/failpoint"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -217,7 +218,7 @@ func destroy(conn *pgxpool.Conn) {
 func (s *Store) exclusiveFence(ctx context.Context, resource string, orphanDrain time.Duration) (*Lock, error) {
 	var orphans *string
 	extra := func(b *pgx.Batch) {
-		if breakNoReplicaDrain {
+		if failpoint.NoReplicaDrain {
 			return
 		}
 		b.Queue(`

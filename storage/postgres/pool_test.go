@@ -27,7 +27,7 @@ func TestExhaustedPoolsSaySo(t *testing.T) {
 	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
 	_, err := s.Resource(short, "r")
-	if e := tokens.Facts(err); !errors.Is(err, tokens.ErrUnavailable) || e == nil || !e.Busy {
+	if e := tokens.ErrorOf(err); !errors.Is(err, tokens.ErrUnavailable) || e == nil || !e.Busy {
 		t.Fatalf("query with the pool exhausted: %v; want ErrUnavailable marked busy", err)
 	}
 
@@ -39,7 +39,7 @@ func TestExhaustedPoolsSaySo(t *testing.T) {
 	short2, cancel2 := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel2()
 	_, err = s.ExclusiveLock(short2, "b")
-	if e := tokens.Facts(err); !errors.Is(err, tokens.ErrUnavailable) || e == nil || !e.Busy {
+	if e := tokens.ErrorOf(err); !errors.Is(err, tokens.ErrUnavailable) || e == nil || !e.Busy {
 		t.Fatalf("lock with the lock pool exhausted: %v; want ErrUnavailable marked busy", err)
 	}
 }

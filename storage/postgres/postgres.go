@@ -189,7 +189,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	}
 	s.recorder = newRecorder(s)
 	if err := s.migrate(ctx); err != nil {
-		s.Close()
+		_ = s.Close() // the migration's failure is the one to report
 		return nil, err
 	}
 	if opts.PruneInterval > 0 {
@@ -199,19 +199,24 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	return s, nil
 }
 
-// Close closes both pools. Locks still held are released by the database
-// with their sessions.
-func (s *Store) Close() {
+// Close stops pruning, turns this process's idempotency keys still in
+// progress into unknown outcomes, commits the queued rejections and closes
+// both pools; locks still held are released by the database with their
+// sessions. Its error is that of marking the keys, which then turn unknown
+// at their deadline instead. Close is idempotent.
+func (s *Store) Close() error {
+	var err error
 	s.closeOnce.Do(func() {
 		if s.pruneStop != nil {
 			close(s.pruneStop)
 			<-s.pruneDone
 		}
-		s.closeKeys()
+		err = s.closeKeys()
 	})
 	s.recorder.Close()
 	s.pool.Close()
 	s.lockPool.Close()
+	return err
 }
 
 // Ping reports whether the database answers.
@@ -259,7 +264,7 @@ func interpret(op string, err error) error {
 		return nil
 	case errors.Is(err, pgx.ErrNoRows):
 		return &tokens.Error{Kind: tokens.ErrNotFound, Detail: op}
-	case tokens.Facts(err) != nil:
+	case tokens.ErrorOf(err) != nil:
 		return err
 	default:
 		return tokens.Unavailable("postgres "+op, err)

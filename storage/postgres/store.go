@@ -187,7 +187,7 @@ func (s *Store) renew(ctx context.Context, leaseID string, ttl time.Duration, ch
 		ttlMS = &v
 	}
 	var out tokens.Lease
-	var refusal error
+	var refusal *tokens.Error // committed with its event, then returned
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var r leaseRow
 		var now time.Time
@@ -222,13 +222,15 @@ func (s *Store) renew(ctx context.Context, leaseID string, ttl time.Duration, ch
 	return out, nil
 }
 
-// refuse explains why a conditional update matched nothing: ErrNotFound for
-// an unknown id, else ErrLeaseLost, recorded in the history as kind.
-func (s *Store) refuse(ctx context.Context, tx pgx.Tx, leaseID string, kind tokens.EventKind) (error, error) {
+// refuse explains why a conditional update matched nothing: the refusal is
+// ErrNotFound for an unknown id, else ErrLeaseLost, recorded in the history
+// as kind. err is a database failure, which aborts the transaction; the
+// refusal is the caller's answer once the transaction has committed.
+func (s *Store) refuse(ctx context.Context, tx pgx.Tx, leaseID string, kind tokens.EventKind) (refusal *tokens.Error, err error) {
 	var r leaseRow
 	var current int64
 	var now time.Time
-	err := tx.QueryRow(ctx, `SELECT `+leaseCols+`, f.token, clock_timestamp()
+	err = tx.QueryRow(ctx, `SELECT `+leaseCols+`, f.token, clock_timestamp()
 		FROM leases l JOIN fences f ON f.resource = l.resource WHERE l.id = $1`, leaseID,
 	).Scan(append(r.dest(), &current, &now)...)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -246,7 +248,7 @@ func (s *Store) refuse(ctx context.Context, tx pgx.Tx, leaseID string, kind toke
 	return lostError(l, current, now), nil
 }
 
-func lostError(l tokens.Lease, current int64, now time.Time) error {
+func lostError(l tokens.Lease, current int64, now time.Time) *tokens.Error {
 	detail := "expired"
 	switch {
 	case current > l.Token:
@@ -287,7 +289,7 @@ func (s *Store) RevokeClaimed(ctx context.Context, leaseID, by string) (tokens.L
 // ordered it.
 func (s *Store) release(ctx context.Context, leaseID string, checkExpiry bool, revokedBy string) (tokens.Lease, error) {
 	var out tokens.Lease
-	var refusal error
+	var refusal *tokens.Error // committed with its event, then returned
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var r leaseRow
 		var now time.Time

@@ -35,7 +35,7 @@ func TestGrantRenewRelease(t *testing.T) {
 		t.Fatalf("first lease %+v", l1)
 	}
 	_, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", Holder: "other", TTL: time.Minute})
-	f := tokens.Facts(err)
+	f := tokens.ErrorOf(err)
 	if !errors.Is(err, tokens.ErrLeaseHeld) || f.Holder != l1.Holder || f.CurrentToken != 1 || f.RetryAfter <= 0 || f.RetryAfter > time.Minute {
 		t.Fatalf("Grant of a held resource: %v %+v", err, f)
 	}
@@ -132,7 +132,7 @@ func TestDrainMakesGrantsBusy(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "d", TTL: time.Minute})
-	if f := tokens.Facts(err); !errors.Is(err, tokens.ErrFenceBusy) || f.RetryAfter <= 0 || f.RetryAfter > 300*time.Millisecond {
+	if f := tokens.ErrorOf(err); !errors.Is(err, tokens.ErrFenceBusy) || f.RetryAfter <= 0 || f.RetryAfter > 300*time.Millisecond {
 		t.Fatalf("Grant while draining: %v", err)
 	}
 	time.Sleep(350 * time.Millisecond)
@@ -301,7 +301,9 @@ func TestConcurrentRejectionsAreGrouped(t *testing.T) {
 		})
 	}
 	time.Sleep(20 * time.Millisecond)
-	s2.Close()
+	if err := s2.Close(); err != nil {
+		t.Error(err)
+	}
 	wg2.Wait()
 	closing, err := s.Rejections(ctx, tokens.RejectionQuery{Resource: "closing", Limit: 1000})
 	if err != nil || len(closing) != ok || ok+refused != 16*50 {
@@ -324,7 +326,9 @@ func TestConcurrentOpenMigratesOnce(t *testing.T) {
 func TestUnreachableIsUnavailable(t *testing.T) {
 	t.Parallel()
 	s := pgtest.OpenFresh(t)
-	s.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 	ctx := t.Context()
 	_, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", TTL: time.Minute})
 	if !errors.Is(err, tokens.ErrUnavailable) {

@@ -145,10 +145,10 @@ func testFenceSteadyWrites(t *testing.T, h FenceHarness) {
 	r := h.Replicas(t, 1, fenceOpts)[0]
 	svc := r.Service(fenceOpts)
 	l := acquireOn(t, svc, "steady", "w", 10*time.Second)
-	admit(t, svc, l).Done(false)
+	admit(t, svc, l).Done(tokens.OutcomeKnown)
 	before := r.Reads()
 	for range 200 {
-		admit(t, svc, l).Done(false)
+		admit(t, svc, l).Done(tokens.OutcomeKnown)
 	}
 	if n := r.Reads() - before; n != 0 {
 		t.Fatalf("200 steady writes read the store %d times; want 0", n)
@@ -161,12 +161,12 @@ func testFenceRenewElsewhere(t *testing.T, h FenceHarness) {
 	rs := h.Replicas(t, 2, fenceOpts)
 	a, b := rs[0].Service(fenceOpts), rs[1].Service(fenceOpts)
 	l := acquireOn(t, a, "renew", "w", fenceTTL)
-	admit(t, a, l).Done(false) // a remembers the first expiry
+	admit(t, a, l).Done(tokens.OutcomeKnown) // a remembers the first expiry
 	if _, err := b.Renew(t.Context(), l.ID, 10*time.Second, ""); err != nil {
 		t.Fatalf("renew through b: %v", err)
 	}
 	pastFenceTTL()
-	admit(t, a, l).Done(false)
+	admit(t, a, l).Done(tokens.OutcomeKnown)
 }
 
 func testFenceReleaseEverywhere(t *testing.T, h FenceHarness) {
@@ -189,8 +189,8 @@ func testFenceEndEverywhere(t *testing.T, h FenceHarness, end func(*tokens.Servi
 	rs := h.Replicas(t, 2, fenceOpts)
 	a, b := rs[0].Service(fenceOpts), rs[1].Service(fenceOpts)
 	l := acquireOn(t, a, "end", "w", 10*time.Second)
-	admit(t, a, l).Done(false)
-	admit(t, b, l).Done(false)
+	admit(t, a, l).Done(tokens.OutcomeKnown)
+	admit(t, b, l).Done(tokens.OutcomeKnown)
 	if err := end(b, l); err != nil {
 		t.Fatalf("end the lease through b: %v", err)
 	}
@@ -215,7 +215,7 @@ func testFenceReleaseWaits(t *testing.T, h FenceHarness) {
 		t.Fatalf("release returned (%v) while a write under the lease was in flight", err)
 	default:
 	}
-	p.Done(false)
+	p.Done(tokens.OutcomeKnown)
 	if err := <-done; err != nil {
 		t.Fatalf("release: %v", err)
 	}
@@ -233,7 +233,7 @@ func testFenceGrantWaits(t *testing.T, h FenceHarness) {
 	go func() {
 		time.Sleep(400 * time.Millisecond)
 		writeDone.Store(true)
-		p.Done(false)
+		p.Done(tokens.OutcomeKnown)
 	}()
 	l, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "grant-waits", Holder: "new", TTL: time.Second})
 	if err != nil {
@@ -268,7 +268,7 @@ func testFenceGrantNotStarved(t *testing.T, h FenceHarness) {
 					continue
 				}
 				time.Sleep(10 * time.Millisecond)
-				p.Done(false)
+				p.Done(tokens.OutcomeKnown)
 			}
 		}()
 	}
@@ -287,9 +287,9 @@ func testFenceSessionKilled(t *testing.T, h FenceHarness) {
 	a, b := rs[0].Service(fenceOpts), rs[1].Service(fenceOpts)
 	old := acquireOn(t, a, "killed", "old", fenceTTL)
 	p := admit(t, a, old) // in flight: the upstream has it
-	defer p.Done(false)
+	defer p.Done(tokens.OutcomeKnown)
 	other := acquireOn(t, a, "killed-other", "w", 10*time.Second)
-	admit(t, a, other).Done(false)
+	admit(t, a, other).Done(tokens.OutcomeKnown)
 
 	rs[0].KillSessions(t)
 	killed := time.Now()
@@ -308,7 +308,7 @@ func testFenceSessionKilled(t *testing.T, h FenceHarness) {
 	// under a still-current lease reads the store again.
 	time.Sleep(fenceOpts.SessionCheck + 100*time.Millisecond)
 	before := rs[0].Reads()
-	admit(t, a, other).Done(false)
+	admit(t, a, other).Done(tokens.OutcomeKnown)
 	if rs[0].Reads() == before {
 		t.Fatalf("a write was admitted on memory after the replica's session died")
 	}
@@ -347,7 +347,7 @@ func testFenceCleanShutdown(t *testing.T, h FenceHarness) {
 	rs := h.Replicas(t, 2, fenceOpts)
 	a, b := rs[0].Service(fenceOpts), rs[1].Service(fenceOpts)
 	old := acquireOn(t, a, "clean", "old", fenceTTL)
-	admit(t, a, old).Done(false)
+	admit(t, a, old).Done(tokens.OutcomeKnown)
 	rs[0].Close()
 	pastFenceTTL()
 	if _, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "clean", Holder: "new", TTL: time.Second}); err != nil {
@@ -361,7 +361,7 @@ func testFenceLostNotify(t *testing.T, h FenceHarness) {
 	rs := h.Replicas(t, 2, fenceOpts)
 	a, b := rs[0].Service(fenceOpts), rs[1].Service(fenceOpts)
 	l := acquireOn(t, a, "lost-notify", "w", 10*time.Second)
-	admit(t, a, l).Done(false)
+	admit(t, a, l).Done(tokens.OutcomeKnown)
 	rs[0].KillListener(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 	defer cancel()
@@ -403,7 +403,7 @@ func testFenceConnections(t *testing.T, h FenceHarness) {
 	n := r.Connections(t)
 	close(permits)
 	for p := range permits {
-		p.Done(false)
+		p.Done(tokens.OutcomeKnown)
 	}
 	if n > 32 {
 		t.Fatalf("%d database sessions for 512 writes in flight; want at most 32", n)
@@ -511,11 +511,11 @@ func testFenceMaxFences(t *testing.T, h FenceHarness) {
 		leases = append(leases, acquireOn(t, svc, name, "w", 30*time.Second))
 	}
 	for _, l := range leases { // one after the other: idle fences make room
-		admit(t, svc, l).Done(false)
+		admit(t, svc, l).Done(tokens.OutcomeKnown)
 	}
 	p1, p2 := admit(t, svc, leases[0]), admit(t, svc, leases[1])
-	defer p1.Done(false)
-	defer p2.Done(false)
+	defer p1.Done(tokens.OutcomeKnown)
+	defer p2.Done(tokens.OutcomeKnown)
 	_, err := svc.Admit(t.Context(), leases[2].ID, tokens.Write{Method: "POST"})
 	if !errors.Is(err, tokens.ErrUnavailable) {
 		t.Fatalf("a third resource with two fences busy and a limit of two: %v; want unavailable", err)

@@ -144,7 +144,7 @@ func wantErr(t *testing.T, err, kind error, what string) *tokens.Error {
 	if !errors.Is(err, kind) {
 		t.Fatalf("%s: got error %v, want %v", what, err, kind)
 	}
-	f := tokens.Facts(err)
+	f := tokens.ErrorOf(err)
 	if f == nil {
 		t.Fatalf("%s: error %v carries no *tokens.Error", what, err)
 	}

@@ -98,7 +98,11 @@ func Open(t testing.TB, schema string, opts postgres.Options) *postgres.Store {
 	if err != nil {
 		t.Fatalf("postgres.Open: %v", err)
 	}
-	t.Cleanup(s.Close) // registered after NewSchema's cleanup: runs before the drop
+	t.Cleanup(func() { // registered after NewSchema's cleanup: runs before the drop
+		if err := s.Close(); err != nil {
+			t.Errorf("close store: %v", err)
+		}
+	})
 	return s
 }
 

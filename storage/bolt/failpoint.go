@@ -1,5 +1,3 @@
-//go:build fencegw_break_not_durable
-
 package bolt
 
 import (
@@ -10,12 +8,10 @@ import (
 	"github.com/fencegw/fencegw/tokens"
 )
 
-// Deliberately broken: a grant is decided on the cache, made visible and
-// returned at once (so writes under it are forwarded), and committed to the
-// file only a little later. A crash in between loses a token that a worker
-// already holds and used.
-const breakNotDurable = true
-
+// grantBeforeDurable is Grant as failpoint.NotDurable breaks it: the grant
+// is decided on the cache, made visible and returned at once (so writes
+// under it are forwarded), and committed to the file only a little later.
+// A crash in between loses a token that a worker already holds and used.
 func (s *Store) grantBeforeDurable(req tokens.GrantRequest) (tokens.Lease, error) {
 	now := s.now()
 	s.mu.Lock()

@@ -1,0 +1,5 @@
+//go:build fencegw_break_forget_idempotency
+
+package failpoint
+
+const active = "forget_idempotency"
