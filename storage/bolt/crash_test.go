@@ -117,7 +117,9 @@ func TestCrash(t *testing.T) {
 	// Let "recent" expire: it must be drained anyway.
 	time.Sleep(time.Until(rep.Recent.ExpiresAt) + 10*time.Millisecond)
 
-	const crashDrain = 500 * time.Millisecond
+	// Long enough that the checks below, slow on a loaded machine (-race,
+	// fsyncs), all run inside the drain.
+	const crashDrain = 3 * time.Second
 	opened := time.Now()
 	s := openAt(t, path, Options{CrashDrain: crashDrain})
 	ctx := t.Context()
