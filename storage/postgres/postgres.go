@@ -90,14 +90,15 @@ type Options struct {
 // Store is a tokens.Store and tokens.Locker backed by PostgreSQL. It is safe
 // for concurrent use by many goroutines and many replicas.
 type Store struct {
-	pool     *pgxpool.Pool // queries
-	lockPool *pgxpool.Pool // connections holding advisory locks
-	opts     Options
-	log      *slog.Logger
-	keySalt  string                                             // the schema: advisory lock keys and channels are per schema
-	channel  string                                             // NOTIFY channel for rejections
-	recorder *batch.Batcher[tokens.Rejection, tokens.Rejection] // rejections.go
-	instance string                                             // this process's records in idempotency_keys.owner
+	pool      *pgxpool.Pool // queries
+	lockPool  *pgxpool.Pool // connections holding advisory locks
+	opts      Options
+	log       *slog.Logger
+	keySalt   string                                             // the schema: advisory lock keys and channels are per schema
+	channel   string                                             // NOTIFY channel for rejections
+	recorder  *batch.Batcher[tokens.Rejection, tokens.Rejection] // rejections.go
+	instance  string                                             // this process's records in idempotency_keys.owner
+	keyEvents *batch.Batcher[tokens.Event, struct{}]             // idempotency.go
 
 	closeOnce    sync.Once
 	pruneStop    chan struct{}
@@ -188,6 +189,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		instance: newInstance(),
 	}
 	s.recorder = newRecorder(s)
+	s.keyEvents = newKeyEventRecorder(s)
 	if err := s.migrate(ctx); err != nil {
 		s.Close()
 		return nil, err
