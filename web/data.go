@@ -245,6 +245,14 @@ type Step struct {
 	Run *Run `json:"run,omitempty"`
 }
 
+// sameRetry reports whether b repeats the retry a: the same key's same
+// outcome, from the same holder, token and principal.
+func sameRetry(a, b Step) bool {
+	return a.Key != nil && b.Key != nil && a.Kind == b.Kind && a.Key.Key == b.Key.Key && a.Key.WriteAt.Equal(b.Key.WriteAt) &&
+		a.Key.WriteToken == b.Key.WriteToken && a.Key.Status == b.Key.Status && a.Holder == b.Holder &&
+		a.Token == b.Token && a.Upstream == b.Upstream && a.Principal == b.Principal && a.Code == b.Code
+}
+
 // KeyStep is what a replayed or refused retry's row says about its key:
 // "replayed from the write of 07:03:08".
 type KeyStep struct {
@@ -326,6 +334,15 @@ func timeline(ctx context.Context, src Source, counts *Counts, name string, page
 		if k := ev.Key; k != nil {
 			step.Upstream, step.Principal, step.Code = k.Upstream, k.Principal, k.Code
 			step.Key = &KeyStep{Key: k.Key, WriteAt: k.WriteAt, WriteToken: k.WriteToken, Status: k.Status}
+			// A client retrying one key in a loop is one row, like a
+			// burst of identical rejections.
+			if n := len(tl.Steps); n > 0 && sameRetry(tl.Steps[n-1], step) {
+				last := &tl.Steps[n-1]
+				last.Count++
+				last.Last = step.At
+				continue
+			}
+			step.Count = 1
 		}
 		switch ev.Kind {
 		case tokens.EventGranted:

@@ -57,3 +57,34 @@ func TestTimelineShowsReplaysWithTheirWrite(t *testing.T) {
 		}
 	}
 }
+
+// A client retrying one key in a loop is one row with a count; another
+// outcome of the same key, or another holder, is a row of its own.
+func TestTimelineFoldsRepeatedRetries(t *testing.T) {
+	src := incident()
+	const res = "stmt:acct:88213"
+	t0 := time.Date(2026, 3, 1, 0, 41, 45, 0, time.UTC)
+	write := t0.Add(-5 * time.Second)
+	ev := func(at time.Duration, holder string, kind tokens.EventKind, code string) tokens.Event {
+		k := &tokens.KeyEvent{Upstream: "statements", Key: "line-7", WriteAt: write, WriteToken: 34, Code: code}
+		if kind == tokens.EventReplayed {
+			k.Status = 201
+		}
+		return tokens.Event{At: t0.Add(at), Resource: res, Kind: kind, Token: 34, Holder: holder, Key: k}
+	}
+	for i := range 5 {
+		src.events = append(src.events, ev(time.Duration(i)*time.Second, "worker-5", tokens.EventReplayed, ""))
+	}
+	src.events = append(src.events, ev(6*time.Second, "worker-6", tokens.EventReplayed, ""),
+		ev(7*time.Second, "worker-6", tokens.EventRetryRefused, tokens.CodeKeyMismatch))
+	_, body := get(t, Handler(src, NewCounts()), "/ui/resources/stmt%3Aacct%3A88213")
+	if n := strings.Count(body, `class="step replayed"`); n != 2 {
+		t.Fatalf("%d replayed rows, want 2 (worker-5's five folded, worker-6's one):\n%s", n, body)
+	}
+	if n := strings.Count(body, `class="step retry_refused"`); n != 1 {
+		t.Fatalf("%d refused-retry rows, want 1", n)
+	}
+	if !strings.Contains(body, "×5 until 00:41:49.000") || strings.Count(body, "×") != 2 {
+		t.Fatalf("worker-5's five replays are not one row ×5 (and only it and the rejections folded):\n%s", body)
+	}
+}

@@ -604,7 +604,7 @@ export interface components {
              * @description `granted`: writes forwarded under this token (by every replica when `accepted_writes_durable`, else by this gateway process since it started).
              */
             accepted_writes?: number;
-            /** @description `rejected`: how many identical refusals this step stands for, from `at` to `last`. */
+            /** @description `rejected`: how many identical refusals this step stands for, from `at` to `last`; `replayed`, `retry_refused`: how many identical retries. */
             count?: number;
             /** Format: date-time */
             last?: string;

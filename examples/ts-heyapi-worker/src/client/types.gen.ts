@@ -219,7 +219,7 @@ export type DashboardStep = {
      */
     accepted_writes?: number;
     /**
-     * `rejected`: how many identical refusals this step stands for, from `at` to `last`.
+     * `rejected`: how many identical refusals this step stands for, from `at` to `last`; `replayed`, `retry_refused`: how many identical retries.
      */
     count?: number;
     last?: string;
