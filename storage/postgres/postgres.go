@@ -90,15 +90,16 @@ type Options struct {
 // Store is a tokens.Store and tokens.Locker backed by PostgreSQL. It is safe
 // for concurrent use by many goroutines and many replicas.
 type Store struct {
-	pool      *pgxpool.Pool // queries
-	lockPool  *pgxpool.Pool // connections holding advisory locks
-	opts      Options
-	log       *slog.Logger
-	keySalt   string                                             // the schema: advisory lock keys and channels are per schema
-	channel   string                                             // NOTIFY channel for rejections
-	recorder  *batch.Batcher[tokens.Rejection, tokens.Rejection] // rejections.go
-	instance  string                                             // this process's records in idempotency_keys.owner
-	keyEvents *batch.Batcher[tokens.Event, struct{}]             // idempotency.go
+	pool     *pgxpool.Pool // queries
+	lockPool *pgxpool.Pool // connections holding advisory locks
+	opts     Options
+	log      *slog.Logger
+	keySalt  string                                             // the schema: advisory lock keys and channels are per schema
+	channel  string                                             // NOTIFY channel for rejections
+	recorder *batch.Batcher[tokens.Rejection, tokens.Rejection] // rejections.go
+	instance string                                             // this process's records in idempotency_keys.owner
+
+	keyEvents *batch.Batcher[tokens.Event, struct{}] // idempotency.go: history events of retries
 
 	closeOnce    sync.Once
 	pruneStop    chan struct{}
