@@ -142,10 +142,49 @@ func (s *Store) closeKeys() {
 	<-s.keys.ended
 }
 
-// BeginKey implements tokens.IdempotencyStore.
+// BeginKey implements tokens.IdempotencyStore. A retry of a key whose
+// first attempt is still in flight changes nothing and records no event,
+// so it is answered from a read, without a commit: a client told to come
+// back every second (409 idempotency_key_in_progress) costs no fsync.
 func (s *Store) BeginKey(ctx context.Context, b tokens.KeyBegin) (tokens.KeyRecord, bool, error) {
+	if rec, ok, err := s.peekInFlight(ctx, b); err != nil || ok {
+		return rec, false, err
+	}
 	res := s.keyDo(ctx, keyOp{kind: keyBegin, begin: b, scope: b.Scope})
 	return res.rec, res.fresh, res.err
+}
+
+// peekInFlight returns b's scope's record if it is unexpired and a retry
+// of it gets no history event (its first attempt is in flight): what the
+// committer would return without changing anything.
+func (s *Store) peekInFlight(ctx context.Context, b tokens.KeyBegin) (tokens.KeyRecord, bool, error) {
+	if err := s.enter(ctx); err != nil {
+		return tokens.KeyRecord{}, false, err
+	}
+	defer s.leave()
+	var rec tokens.KeyRecord
+	ok := false
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		k := scopeKey(b.Scope)
+		v := tx.Bucket(bucketKeys).Get(k)
+		if v == nil {
+			return nil
+		}
+		r, _, err := decodeKeyRecord(k, v)
+		if err != nil {
+			return nil // the committer replaces it
+		}
+		now := s.now()
+		if _, event := tokens.KeyHistoryEvent(r, b, now); !event && r.State == tokens.KeyInProgress && now.Before(r.ExpiresAt) {
+			r.Now = now
+			rec, ok = r, true
+		}
+		return nil
+	})
+	if err != nil {
+		return tokens.KeyRecord{}, false, tokens.Unavailable("begin idempotency key", err)
+	}
+	return rec, ok, nil
 }
 
 // FinishKey implements tokens.IdempotencyStore.
