@@ -2,12 +2,24 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+
 	"github.com/fencegw/fencegw/gateway"
+	"github.com/fencegw/fencegw/storage/bolt"
+	"github.com/fencegw/fencegw/tokens"
+	"github.com/fencegw/fencegw/web"
 )
 
 // keyed counts the arrivals that carried an Idempotency-Key.
@@ -91,6 +103,43 @@ func TestIdempotentRetryLandsOnce(t *testing.T) {
 		if n := keyed(up, "charge-2"); n != 1 {
 			t.Fatalf("charge-2 reached the upstream %d times, want 1", n)
 		}
+
+		// The lease history tells it, on every replica, with the time of
+		// each key's first write (the stale retry is a rejection, not here).
+		for i, g := range gws {
+			evs, err := g.store.History(t.Context(), res, 100)
+			if err != nil {
+				t.Fatalf("replica %d history: %v", i, err)
+			}
+			var got []string
+			writeAt := map[string]time.Time{}
+			for _, ev := range slices.Backward(evs) {
+				if ev.Key == nil {
+					continue
+				}
+				got = append(got, fmt.Sprintf("%s %s %s token %d of %s, write token %d", ev.Kind, ev.Key.Key, ev.Key.Code, ev.Token, ev.Holder, ev.Key.WriteToken))
+				if at, ok := writeAt[ev.Key.Key]; ok && !at.Equal(ev.Key.WriteAt) || ev.Key.WriteAt.IsZero() || ev.At.Before(ev.Key.WriteAt) {
+					t.Fatalf("replica %d: event %+v names the write of %v (earlier %v)", i, ev, ev.Key.WriteAt, at)
+				}
+				writeAt[ev.Key.Key] = ev.Key.WriteAt
+			}
+			tok := fmt.Sprint(lease.Token)
+			want := []string{
+				"retry_refused charge-1 idempotency_outcome_unknown token " + tok + " of worker-A, write token " + tok,
+				"retry_refused charge-1 idempotency_outcome_unknown token " + tok + " of worker-A, write token " + tok,
+			}
+			for range len(gws) + 1 {
+				want = append(want, "replayed charge-2  token "+tok+" of worker-A, write token "+tok)
+			}
+			want = append(want, "retry_refused charge-2 idempotency_key_mismatch token "+tok+" of worker-A, write token "+tok,
+				fmt.Sprintf("replayed charge-2  token %d of worker-B, write token %s", next.Token, tok))
+			if !slices.Equal(got, want) {
+				t.Fatalf("replica %d's history of the keys:\n%s\nwant:\n%s", i, strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+			if !writeAt["charge-1"].Before(writeAt["charge-2"]) {
+				t.Fatalf("charge-1's write at %v is not before charge-2's at %v", writeAt["charge-1"], writeAt["charge-2"])
+			}
+		}
 	})
 }
 
@@ -101,4 +150,69 @@ func acquireDecode(t *testing.T, a answer) leaseJSON {
 		t.Fatal(err)
 	}
 	return l
+}
+
+// The dashboard's timeline shows a replay with the time of the write it
+// replays, and a refused retry, in real Chromium.
+func TestBrowserTimelineShowsReplays(t *testing.T) {
+	ctx, dialogs := browser(t)
+	up := newUpstream(t)
+	store, err := bolt.Open(filepath.Join(t.TempDir(), "fencegw.db"), bolt.Options{})
+	if err != nil {
+		t.Fatalf("open store: %v", err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	svc := tokens.New(tokens.Config{Store: store, Locker: tokens.NewLocalLocker(), Logger: log})
+	u, _ := url.Parse(up.URL)
+	gate := gateway.New(svc, gateway.Config{Upstreams: map[string]*url.URL{"payments": u}, Logger: log,
+		Idempotency: tokens.NewIdempotency(tokens.IdempotencyConfig{Store: store, InFlight: time.Minute, Logger: log}),
+		UI:          web.Handler(svc, nil)})
+	srv := httptest.NewServer(gate)
+	t.Cleanup(func() {
+		gate.Close()
+		srv.Close()
+		_ = store.Close()
+	})
+	const res = "acct:88213"
+	lease := acquire(t, srv.URL, res, "worker-A", time.Hour)
+	charge := func(key, body string) answer {
+		return do(t, "POST", srv.URL+"/v1/proxy/payments/charges", body, gateway.HeaderLease, lease.LeaseID, gateway.HeaderIdempotencyKey, `"`+key+`"`)
+	}
+	if a := charge("charge-7", `{"amount":500}`); a.Status != http.StatusOK {
+		t.Fatalf("first charge: %d %s", a.Status, a.Body)
+	}
+	rec, err := store.LookupKey(t.Context(), tokens.KeyScope{Resource: res, Upstream: "payments", Key: "charge-7"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // the replay's own time differs from the write's
+	if a := charge("charge-7", `{"amount":500}`); a.Header.Get(gateway.HeaderReplayed) != "true" {
+		t.Fatalf("retry: %d %s, not replayed", a.Status, a.Body)
+	}
+	wantProblem(t, charge("charge-7", `{"amount":501}`), http.StatusUnprocessableEntity, "idempotency_key_mismatch")
+
+	within(t, ctx, 15*time.Second, "open resource", chromedp.Navigate(srv.URL+"/ui/resources/"+url.PathEscape(res)))
+	steps := eval[[]string](t, ctx, `Array.from(document.querySelectorAll('#timeline li')).map(li => li.className + ': ' + li.textContent.replace(/\s+/g, ' ').trim())`)
+	writeAt := rec.StartedAt.UTC().Format("15:04:05.000")
+	want := []string{
+		"step retry_refused: ", "worker-A retried charge-7 on payments with token 1: refused idempotency_key_mismatch, the key's write of " + writeAt + " was another request",
+		"step replayed: ", "worker-A retried charge-7 on payments with token 1: replayed 200 from the write of " + writeAt + "; nothing reached the upstream",
+		"step granted: ", "worker-A acquired token 1",
+	}
+	if len(steps) != 3 {
+		t.Fatalf("timeline has %d rows, want 3:\n%s", len(steps), strings.Join(steps, "\n"))
+	}
+	for i := range steps {
+		if !strings.HasPrefix(steps[i], want[2*i]) || !strings.Contains(steps[i], want[2*i+1]) {
+			t.Fatalf("timeline row %d = %q, want %q … %q", i, steps[i], want[2*i], want[2*i+1])
+		}
+	}
+	// The write's time is machine-readable too, for whoever reads the page.
+	if got := eval[string](t, ctx, `document.querySelector('#timeline li.replayed time.write').getAttribute('datetime')`); got != rec.StartedAt.UTC().Format(time.RFC3339Nano) {
+		t.Errorf("replayed row's write time = %q, want %q", got, rec.StartedAt.UTC().Format(time.RFC3339Nano))
+	}
+	screenshot(t, ctx, "timeline-replays", "")
+	if n := dialogs.Load(); n != 0 {
+		t.Fatalf("%d JavaScript dialogs opened", n)
+	}
 }

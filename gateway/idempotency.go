@@ -175,7 +175,7 @@ func parseIdempotencyKey(vs []string) (string, error) {
 // caller ends the permit).
 func (g *Gateway) beginKeyed(w http.ResponseWriter, r *http.Request, k *keyed, permit *tokens.Permit, upstream string) bool {
 	scope := tokens.KeyScope{Resource: permit.Lease.Resource, Upstream: upstream, Principal: principalName(r.Context()), Key: k.key}
-	claim, rec, err := g.keys.x.Begin(r.Context(), scope, k.fingerprint, permit.Lease.Token)
+	claim, rec, err := g.keys.x.Begin(r.Context(), scope, k.fingerprint, permit.Lease)
 	switch {
 	case err != nil:
 		switch {

@@ -49,6 +49,13 @@ import (
 //  7. Records expire after the window (default 24 h) and the store bounds
 //     their number (the oldest go first); a key retried after that is a
 //     new key.
+//  8. A retry answered from the record, and one refused because the first
+//     attempt's outcome is unknown or its fingerprint differs, is an event
+//     in the resource's lease history (KeyHistoryEvent) with the time of
+//     the first attempt: "replayed from the write of 07:03:08". The store
+//     records it with the lookup that found the record, in the same commit
+//     where it can (a share of a group commit, never an fsync of its own
+//     per retry).
 
 // Defaults of IdempotencyConfig.
 const (
@@ -146,6 +153,9 @@ type KeyBegin struct {
 	Attempt     string
 	Fingerprint string
 	Token       int64
+	// Holder is the holder of the lease the write came under (for the
+	// history event of a retry).
+	Holder string
 	// InFlight is the longest the forward can take; the record's Deadline
 	// is the store's now plus it.
 	InFlight time.Duration
@@ -171,7 +181,9 @@ type KeyOutcome struct {
 type IdempotencyStore interface {
 	// BeginKey records b as in progress if b.Scope has no unexpired record
 	// and returns it with fresh true; otherwise it returns the existing
-	// record, unchanged, with fresh false.
+	// record, unchanged, with fresh false, and appends the event that
+	// KeyHistoryEvent(rec, b) gives, if any, to the resource's lease
+	// history (Store.History) before it returns.
 	BeginKey(ctx context.Context, b KeyBegin) (rec KeyRecord, fresh bool, err error)
 	// FinishKey records the outcome of attempt, if the scope's record is
 	// still that attempt's and in progress (otherwise it changes nothing).
@@ -181,6 +193,60 @@ type IdempotencyStore interface {
 	DropKey(ctx context.Context, scope KeyScope, attempt string) error
 	// LookupKey returns the scope's unexpired record, or ErrNotFound.
 	LookupKey(ctx context.Context, scope KeyScope) (KeyRecord, error)
+}
+
+// Lease history event kinds of idempotent writes (rule 8).
+const (
+	// EventReplayed: a retry was answered from the record of the key's
+	// first attempt, without reaching the upstream.
+	EventReplayed EventKind = "replayed"
+	// EventRetryRefused: a retry was refused because the first attempt's
+	// outcome is unknown (KeyEvent.Code CodeOutcomeUnknown) or it was a
+	// different request (CodeKeyMismatch). Nothing reached the upstream.
+	EventRetryRefused EventKind = "retry_refused"
+)
+
+// KeyEvent is what a lease history event of an idempotent write says
+// beyond Event's common fields (whose Token and Holder are the retry's
+// lease).
+// (The JSON names are how a store may keep it, not an API.)
+type KeyEvent struct {
+	Upstream  string `json:"upstream"`
+	Key       string `json:"key"`
+	Principal string `json:"principal,omitempty"`
+	// WriteAt is when the key's first attempt was recorded and forwarded:
+	// the write the retry refers to.
+	WriteAt time.Time `json:"write_at"`
+	// WriteToken is the token the first attempt was forwarded under (a
+	// retry may come under a newer lease).
+	WriteToken int64 `json:"write_token"`
+	// Status is the replayed status (EventReplayed).
+	Status int `json:"status,omitempty"`
+	// Code is the refusal's problem code (EventRetryRefused).
+	Code string `json:"code,omitempty"`
+}
+
+// KeyHistoryEvent is the lease history event of a retry b that found rec
+// at now (the store's clock), if it gets one: a replay, or a refusal
+// because the outcome is unknown or the fingerprint differs. A retry of a
+// first attempt still in flight gets none (it is told to come back, and
+// usually does within a second).
+func KeyHistoryEvent(rec KeyRecord, b KeyBegin, now time.Time) (Event, bool) {
+	ev := Event{At: now, Resource: b.Scope.Resource, Token: b.Token, Holder: b.Holder,
+		Key: &KeyEvent{Upstream: b.Scope.Upstream, Key: b.Scope.Key, Principal: b.Scope.Principal,
+			WriteAt: rec.StartedAt, WriteToken: rec.Token}}
+	err := JudgeKey(rec, b.Fingerprint, now)
+	switch {
+	case err == nil:
+		ev.Kind, ev.Key.Status = EventReplayed, rec.Status
+	case errors.Is(err, ErrOutcomeUnknown):
+		ev.Kind, ev.Key.Code = EventRetryRefused, CodeOutcomeUnknown
+	case errors.Is(err, ErrKeyMismatch):
+		ev.Kind, ev.Key.Code = EventRetryRefused, CodeKeyMismatch
+	default:
+		return Event{}, false
+	}
+	return ev, true
 }
 
 // Fingerprint is the digest that tells two requests under one key apart:
@@ -257,15 +323,15 @@ type Claim struct {
 	done    bool
 }
 
-// Begin applies the rules to a write with a key, admitted under token
+// Begin applies the rules to a write with a key, admitted under lease
 // (call it only after Service.Admit: the fence comes first). It returns a
 // Claim if this is the key's first attempt (forward it), or the record to
 // replay, or ErrKeyMismatch, ErrKeyInProgress (RetryAfter set),
 // ErrOutcomeUnknown or ErrUnavailable (nothing may be forwarded).
-func (x *Idempotency) Begin(ctx context.Context, scope KeyScope, fingerprint string, token int64) (*Claim, *KeyRecord, error) {
+func (x *Idempotency) Begin(ctx context.Context, scope KeyScope, fingerprint string, lease Lease) (*Claim, *KeyRecord, error) {
 	attempt := newAttempt()
 	rec, fresh, err := x.store.BeginKey(ctx, KeyBegin{Scope: scope, Attempt: attempt, Fingerprint: fingerprint,
-		Token: token, InFlight: x.inFlight, Window: x.window})
+		Token: lease.Token, Holder: lease.Holder, InFlight: x.inFlight, Window: x.window})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -154,4 +154,7 @@ type Event struct {
 	// Actor is who caused the event when it was not the holder: the
 	// administrator of an EventRevoked. Empty otherwise.
 	Actor string
+	// Key: the facts of an idempotency event (EventReplayed,
+	// EventRetryRefused: see tokens/idempotency.go); nil otherwise.
+	Key *KeyEvent
 }

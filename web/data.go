@@ -205,6 +205,11 @@ const (
 	StepRenewRefused   StepKind = "renew_refused"
 	StepReleaseRefused StepKind = "release_refused"
 	StepRejected       StepKind = "rejected"
+	// StepReplayed, StepRetryRefused: a retry with an Idempotency-Key
+	// answered from the record of its first write, or refused (its outcome
+	// is unknown, or it was another request); Key says which write.
+	StepReplayed     StepKind = StepKind(tokens.EventReplayed)
+	StepRetryRefused StepKind = StepKind(tokens.EventRetryRefused)
 )
 
 // Step is one row of a resource's timeline.
@@ -231,11 +236,33 @@ type Step struct {
 	LeaseEndedAt time.Time `json:"lease_ended_at,omitzero"`
 	// Principal: the API key that presented the lease (issue 15).
 	Principal string `json:"principal,omitempty"`
+	// Replayed, retry refused: the key and the write it refers to.
+	Key *KeyStep `json:"idempotency,omitempty"`
 	// Incident: a refused write or an event that explains one (the end of
 	// its lease, the grant that superseded it). Never folded into a run.
 	Incident bool `json:"incident,omitempty"`
 	// Run: this row stands for a run of routine steps, from At to Last.
 	Run *Run `json:"run,omitempty"`
+}
+
+// sameRetry reports whether b repeats the retry a: the same key's same
+// outcome, from the same holder, token and principal.
+func sameRetry(a, b Step) bool {
+	return a.Key != nil && b.Key != nil && a.Kind == b.Kind && a.Key.Key == b.Key.Key && a.Key.WriteAt.Equal(b.Key.WriteAt) &&
+		a.Key.WriteToken == b.Key.WriteToken && a.Key.Status == b.Key.Status && a.Holder == b.Holder &&
+		a.Token == b.Token && a.Upstream == b.Upstream && a.Principal == b.Principal && a.Code == b.Code
+}
+
+// KeyStep is what a replayed or refused retry's row says about its key:
+// "replayed from the write of 07:03:08".
+type KeyStep struct {
+	Key string `json:"key"`
+	// WriteAt is when the key's first write was forwarded, under
+	// WriteToken.
+	WriteAt    time.Time `json:"write_at"`
+	WriteToken int64     `json:"write_token"`
+	// Status is the answer replayed (replayed).
+	Status int `json:"status,omitempty"`
 }
 
 // Timeline is a resource's story.
@@ -304,6 +331,19 @@ func timeline(ctx context.Context, src Source, counts *Counts, name string, page
 	var order []int64
 	for _, ev := range events {
 		step := Step{At: ev.At, Kind: StepKind(ev.Kind), Token: ev.Token, Holder: ev.Holder}
+		if k := ev.Key; k != nil {
+			step.Upstream, step.Principal, step.Code = k.Upstream, k.Principal, k.Code
+			step.Key = &KeyStep{Key: k.Key, WriteAt: k.WriteAt, WriteToken: k.WriteToken, Status: k.Status}
+			// A client retrying one key in a loop is one row, like a
+			// burst of identical rejections.
+			if n := len(tl.Steps); n > 0 && sameRetry(tl.Steps[n-1], step) {
+				last := &tl.Steps[n-1]
+				last.Count++
+				last.Last = step.At
+				continue
+			}
+			step.Count = 1
+		}
 		switch ev.Kind {
 		case tokens.EventGranted:
 			step.ExpiresAt = ev.ExpiresAt
@@ -384,7 +424,7 @@ func timeline(ctx context.Context, src Source, counts *Counts, name string, page
 	tl.Steps = append(tl.Steps, runs...)
 	// Time order; at equal times the story order: a grant ends the previous
 	// lease's story before a rejection of it is told.
-	rank := map[StepKind]int{StepExpired: 0, StepReleased: 1, StepRevoked: 1, StepGranted: 2, StepRenewed: 3, StepRenewRefused: 4, StepReleaseRefused: 5, StepRejected: 6}
+	rank := map[StepKind]int{StepExpired: 0, StepReleased: 1, StepRevoked: 1, StepGranted: 2, StepRenewed: 3, StepRenewRefused: 4, StepReleaseRefused: 5, StepRejected: 6, StepReplayed: 7, StepRetryRefused: 7}
 	slices.SortStableFunc(tl.Steps, func(a, b Step) int {
 		return cmp.Or(a.At.Compare(b.At), cmp.Compare(rank[a.Kind], rank[b.Kind]))
 	})

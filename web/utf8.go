@@ -30,6 +30,11 @@ func (v validUTF8) History(ctx context.Context, resource string, limit int) ([]t
 	for i := range evs {
 		evs[i].Holder = strings.ToValidUTF8(evs[i].Holder, "\uFFFD")
 		evs[i].Actor = strings.ToValidUTF8(evs[i].Actor, "\uFFFD")
+		if k := evs[i].Key; k != nil {
+			for _, s := range []*string{&k.Upstream, &k.Key, &k.Principal, &k.Code} {
+				*s = strings.ToValidUTF8(*s, "\uFFFD")
+			}
+		}
 	}
 	return evs, err
 }

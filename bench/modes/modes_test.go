@@ -61,6 +61,7 @@ func start(tb testing.TB, mode string) *env {
 		store  tokens.Store
 		locker tokens.Locker
 		fencer tokens.Fencer
+		keys   tokens.IdempotencyStore // Idempotency-Key records: the durable store
 	)
 	switch mode {
 	case "embedded":
@@ -69,10 +70,10 @@ func start(tb testing.TB, mode string) *env {
 			tb.Fatal(err)
 		}
 		tb.Cleanup(func() { _ = st.Close() })
-		store, locker = st, tokens.NewLocalLocker()
+		store, locker, keys = st, tokens.NewLocalLocker(), st
 	case "postgres", "postgres-redis":
 		schema := pgtest.NewSchema(tb)
-		store, locker, fencer = openPostgres(tb, mode, schema, log)
+		store, locker, fencer, keys = openPostgres(tb, mode, schema, log)
 	default:
 		tb.Fatalf("unknown mode %q", mode)
 	}
@@ -82,7 +83,9 @@ func start(tb testing.TB, mode string) *env {
 	}
 	tb.Cleanup(func() { _ = up.Close() })
 	svc := tokens.New(tokens.Config{Store: store, Locker: locker, Fencer: fencer, Logger: log})
-	gw := gateway.New(svc, gateway.Config{Upstreams: map[string]*url.URL{bench.UpstreamName: up.URL}, Logger: log})
+	gw := gateway.New(svc, gateway.Config{Upstreams: map[string]*url.URL{bench.UpstreamName: up.URL}, Logger: log,
+		Idempotency: tokens.NewIdempotency(tokens.IdempotencyConfig{Store: keys,
+			InFlight: gateway.DefaultForwardTimeout + gateway.DefaultBodyTimeout, Logger: log})})
 	srv, err := bench.Serve(gw)
 	if err != nil {
 		tb.Fatal(err)
@@ -97,8 +100,9 @@ func start(tb testing.TB, mode string) *env {
 }
 
 // openPostgres opens one replica of a PostgreSQL mode on schema, wired as
-// cmd/fencegw wires it: writes admitted by the replica's fence.
-func openPostgres(tb testing.TB, mode, schema string, log *slog.Logger) (tokens.Store, tokens.Locker, tokens.Fencer) {
+// cmd/fencegw wires it: writes admitted by the replica's fence, and
+// Idempotency-Key records in PostgreSQL (also in the Redis mode).
+func openPostgres(tb testing.TB, mode, schema string, log *slog.Logger) (tokens.Store, tokens.Locker, tokens.Fencer, tokens.IdempotencyStore) {
 	tb.Helper()
 	pg := pgtest.Open(tb, schema, postgres.Options{Logger: log})
 	var store tokens.Store = pg
@@ -115,7 +119,7 @@ func openPostgres(tb testing.TB, mode, schema string, log *slog.Logger) (tokens.
 		tb.Fatal(err)
 	}
 	tb.Cleanup(fence.Close)
-	return store, fence, fence
+	return store, fence, fence, pg
 }
 
 func redisURL() string {
@@ -326,6 +330,64 @@ func BenchmarkWrite(b *testing.B) {
 	}
 }
 
+// BenchmarkWriteKeyed: what an Idempotency-Key costs a fenced write in
+// each mode (docs/benchmarks.md, "Idempotency keys"): the same writes from
+// -modes.clients clients under one lease, without a key ("plain") and with
+// a fresh key each ("keyed": two durable changes per write, begin and
+// finish), side by side in one run, spread over -modes.resources leases so
+// that the resource lock is not what is measured.
+func BenchmarkWriteKeyed(b *testing.B) {
+	for _, mode := range modeNames {
+		b.Run(mode, func(b *testing.B) {
+			e := start(b, mode)
+			leases := e.leases(b, "wkeyed", *resources)
+			plain := bench.GatewayTarget("plain", e.base, bench.UpstreamName, leases)
+			keyed := bench.GatewayTarget("keyed", e.base, bench.UpstreamName, leases)
+			keyed.Keyed = true
+			for _, tg := range []bench.Target{plain, keyed, plain, keyed} {
+				b.Run(tg.Name, func(b *testing.B) {
+					before := e.up.Requests.Load()
+					syncs := walSyncs(b, mode)
+					measure(b, *conc, "writes", func(ctx context.Context, _ int) (time.Duration, error) {
+						_, err := bench.Write(ctx, e.client, tg, e.body, mrand.IntN(len(tg.Leases)))
+						return 0, err
+					})
+					if got := e.up.Requests.Load() - before; got != int64(b.N) || e.up.Leaked.Load() != 0 {
+						b.Fatalf("upstream got %d writes for %d answered (leaked leases: %d)", got, b.N, e.up.Leaked.Load())
+					}
+					if syncs >= 0 {
+						// The server's WAL fsyncs during the run per write: an
+						// upper bound (the server's other clients count too).
+						b.ReportMetric(float64(walSyncs(b, mode)-syncs)/float64(b.N), "wal-syncs/write")
+					}
+				})
+			}
+		})
+	}
+}
+
+// walSyncs is the PostgreSQL server's count of WAL fsyncs (pg_stat_wal,
+// PostgreSQL 14+), or -1 in the embedded mode or if it cannot be read.
+func walSyncs(tb testing.TB, mode string) int64 {
+	if mode == "embedded" {
+		return -1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pgtest.URL())
+	if err != nil {
+		tb.Logf("pg_stat_wal: %v", err)
+		return -1
+	}
+	defer conn.Close(ctx)
+	var n int64
+	if err := conn.QueryRow(ctx, `SELECT wal_sync FROM pg_stat_wal`).Scan(&n); err != nil {
+		tb.Logf("pg_stat_wal: %v", err)
+		return -1
+	}
+	return n
+}
+
 // BenchmarkHandover: a lease released through one replica and acquired
 // through another (the PostgreSQL modes, tokens.Service API), the acquire
 // timed: what a worker on replica B waits once A's holder let go.
@@ -336,7 +398,7 @@ func BenchmarkHandover(b *testing.B) {
 			schema := pgtest.NewSchema(b)
 			var svcs [2]*tokens.Service
 			for i := range svcs {
-				store, locker, fencer := openPostgres(b, mode, schema, log)
+				store, locker, fencer, _ := openPostgres(b, mode, schema, log)
 				svcs[i] = tokens.New(tokens.Config{Store: store, Locker: locker, Fencer: fencer, Logger: log})
 			}
 			resource := "handover-" + runID()

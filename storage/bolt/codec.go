@@ -18,8 +18,9 @@ import (
 // Version 2 appends a lease's Owner and an event's Actor; version 1 records
 // (written before authentication existed) still decode, with both empty.
 // Version 3 appends a rejection's Principal (older ones decode with none).
+// Version 4 appends an event's idempotency facts (see encodeKeyEvent).
 
-const codecVersion = 3
+const codecVersion = 4
 
 // errCorrupt is the cause of every decoding failure.
 var errCorrupt = errors.New("corrupt record")
@@ -221,6 +222,7 @@ func encodeEvent(ev *tokens.Event) []byte {
 	e.str(ev.Holder)
 	e.time(ev.ExpiresAt)
 	e.str(ev.Actor)
+	encodeKeyEvent(e, ev.Key)
 	return e.b
 }
 
@@ -234,6 +236,9 @@ func decodeEvent(resource string, b []byte) (tokens.Event, error) {
 	ev.ExpiresAt = d.time()
 	if d.version >= 2 {
 		ev.Actor = d.str()
+	}
+	if d.version >= 4 {
+		ev.Key = decodeKeyEvent(d)
 	}
 	return ev, d.finish("event")
 }

@@ -142,10 +142,49 @@ func (s *Store) closeKeys() {
 	<-s.keys.ended
 }
 
-// BeginKey implements tokens.IdempotencyStore.
+// BeginKey implements tokens.IdempotencyStore. A retry of a key whose
+// first attempt is still in flight changes nothing and records no event,
+// so it is answered from a read, without a commit: a client told to come
+// back every second (409 idempotency_key_in_progress) costs no fsync.
 func (s *Store) BeginKey(ctx context.Context, b tokens.KeyBegin) (tokens.KeyRecord, bool, error) {
+	if rec, ok, err := s.peekInFlight(ctx, b); err != nil || ok {
+		return rec, false, err
+	}
 	res := s.keyDo(ctx, keyOp{kind: keyBegin, begin: b, scope: b.Scope})
 	return res.rec, res.fresh, res.err
+}
+
+// peekInFlight returns b's scope's record if it is unexpired and a retry
+// of it gets no history event (its first attempt is in flight): what the
+// committer would return without changing anything.
+func (s *Store) peekInFlight(ctx context.Context, b tokens.KeyBegin) (tokens.KeyRecord, bool, error) {
+	if err := s.enter(ctx); err != nil {
+		return tokens.KeyRecord{}, false, err
+	}
+	defer s.leave()
+	var rec tokens.KeyRecord
+	ok := false
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		k := scopeKey(b.Scope)
+		v := tx.Bucket(bucketKeys).Get(k)
+		if v == nil {
+			return nil
+		}
+		r, _, err := decodeKeyRecord(k, v)
+		if err != nil {
+			return nil // the committer replaces it
+		}
+		now := s.now()
+		if _, event := tokens.KeyHistoryEvent(r, b, now); !event && r.State == tokens.KeyInProgress && now.Before(r.ExpiresAt) {
+			r.Now = now
+			rec, ok = r, true
+		}
+		return nil
+	})
+	if err != nil {
+		return tokens.KeyRecord{}, false, tokens.Unavailable("begin idempotency key", err)
+	}
+	return rec, ok, nil
 }
 
 // FinishKey implements tokens.IdempotencyStore.
@@ -236,7 +275,7 @@ func (s *Store) commitKeys(batch []keyOp) {
 		count = s.keys.count
 		b, order := tx.Bucket(bucketKeys), tx.Bucket(bucketKeyOrder)
 		for i, op := range batch {
-			res, delta, err := applyKeyOp(b, order, op, now)
+			res, delta, err := s.applyKeyOp(tx, b, order, op, now)
 			if err != nil {
 				return err
 			}
@@ -262,8 +301,9 @@ func (s *Store) commitKeys(batch []keyOp) {
 }
 
 // applyKeyOp applies one change in tx and returns how the record count
-// changed.
-func applyKeyOp(b, order *bbolt.Bucket, op keyOp, now time.Time) (keyResult, int, error) {
+// changed. A begin that finds a record adds its history event in the same
+// transaction: a replay shares the group commit it already waits for.
+func (s *Store) applyKeyOp(tx *bbolt.Tx, b, order *bbolt.Bucket, op keyOp, now time.Time) (keyResult, int, error) {
 	k := scopeKey(op.scope)
 	v := b.Get(k)
 	var cur tokens.KeyRecord
@@ -279,6 +319,11 @@ func applyKeyOp(b, order *bbolt.Bucket, op keyOp, now time.Time) (keyResult, int
 	case keyBegin:
 		if v != nil && now.Before(cur.ExpiresAt) {
 			cur.Now = now
+			if ev, ok := tokens.KeyHistoryEvent(cur, op.begin, now); ok {
+				if err := s.addEvent(tx, ev); err != nil {
+					return keyResult{}, 0, err
+				}
+			}
 			return keyResult{rec: cur}, 0, nil
 		}
 		if v != nil { // expired: its order entry goes with it
@@ -474,4 +519,33 @@ func decodeKeyRecord(k, v []byte) (tokens.KeyRecord, uint64, error) {
 	}
 	r.BodyOmitted = d.uint() == 1
 	return r, seq, d.finish("idempotency record")
+}
+
+// encodeKeyEvent appends an event's idempotency facts (codec version 4): a
+// presence flag, then the fields.
+func encodeKeyEvent(e *encoder, k *tokens.KeyEvent) {
+	if k == nil {
+		e.uint(0)
+		return
+	}
+	e.uint(1)
+	e.str(k.Upstream)
+	e.str(k.Key)
+	e.str(k.Principal)
+	e.time(k.WriteAt)
+	e.int(k.WriteToken)
+	e.int(int64(k.Status))
+	e.str(k.Code)
+}
+
+func decodeKeyEvent(d *decoder) *tokens.KeyEvent {
+	if d.uint() == 0 {
+		return nil
+	}
+	k := &tokens.KeyEvent{Upstream: d.str(), Key: d.str(), Principal: d.str()}
+	k.WriteAt = d.time()
+	k.WriteToken = d.int()
+	k.Status = int(d.int())
+	k.Code = d.str()
+	return k
 }

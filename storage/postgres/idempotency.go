@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fencegw/fencegw/internal/batch"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -73,7 +74,7 @@ func (s *Store) BeginKey(ctx context.Context, b tokens.KeyBegin) (tokens.KeyReco
 		// then try again.
 		rec, err = s.lookupKey(ctx, sc, false)
 		if err == nil {
-			return rec, false, nil
+			return rec, false, s.recordKeyEvent(ctx, rec, b)
 		}
 		if !errors.Is(err, tokens.ErrNotFound) {
 			return tokens.KeyRecord{}, false, err
@@ -136,10 +137,57 @@ func (s *Store) lookupKey(ctx context.Context, sc tokens.KeyScope, unexpired boo
 	return rec, nil
 }
 
+// keyEventGap spaces the commits of idempotency history events under
+// load; a lone one is committed at once.
+const keyEventGap = 5 * time.Millisecond
+
+// newKeyEventRecorder starts the group commit of idempotency history events
+// (a retry replayed or refused, tokens rule 8): many retries share one
+// transaction and its WAL flush instead of one each, like the rejection
+// log. Callers wait for their row, so the history is read-your-writes.
+func newKeyEventRecorder(s *Store) *batch.Batcher[tokens.Event, struct{}] {
+	return batch.New(batch.Options{Max: maxRejectionBatch, Gap: keyEventGap}, s.commitKeyEvents)
+}
+
+// recordKeyEvent appends the history event of a retry b that found rec,
+// if it gets one.
+func (s *Store) recordKeyEvent(ctx context.Context, rec tokens.KeyRecord, b tokens.KeyBegin) error {
+	ev, ok := tokens.KeyHistoryEvent(rec, b, rec.Now)
+	if !ok {
+		return nil
+	}
+	_, err := s.keyEvents.Do(ctx, ev)
+	switch {
+	case errors.Is(err, batch.ErrClosed):
+		return tokens.Unavailable("record idempotency event", errStoreClosed)
+	case err != nil && errors.Is(err, ctx.Err()):
+		return tokens.Unavailable("record idempotency event", err)
+	}
+	return err
+}
+
+// commitKeyEvents inserts evs in one transaction. The event's time is the
+// database's at the lookup (Event.At).
+func (s *Store) commitKeyEvents(evs []tokens.Event, _ []struct{}) error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.StatementTimeout)
+	defer cancel()
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		for _, e := range evs {
+			b.Queue(`INSERT INTO lease_events (at, resource, kind, token, holder, actor, idempotency)
+				VALUES ($1, $2, $3, $4, $5, '', $6)`, e.At, e.Resource, string(e.Kind), e.Token, e.Holder, e.Key)
+		}
+		return tx.SendBatch(ctx, b).Close()
+	})
+	return interpret("record idempotency event", err)
+}
+
 // closeKeys turns this process's records still in progress into unknown
 // outcomes: after a clean shutdown none of its forwards is running, so a
-// record it left in progress had no answer.
+// record it left in progress had no answer. The history events queued are
+// committed first.
 func (s *Store) closeKeys() error {
+	s.keyEvents.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	tag, err := s.pool.Exec(ctx, `UPDATE idempotency_keys SET state = 'unknown', completed_at = clock_timestamp()

@@ -99,6 +99,8 @@ type Store struct {
 	recorder *batch.Batcher[tokens.Rejection, tokens.Rejection] // rejections.go
 	instance string                                             // this process's records in idempotency_keys.owner
 
+	keyEvents *batch.Batcher[tokens.Event, struct{}] // idempotency.go: history events of retries
+
 	closeOnce    sync.Once
 	pruneStop    chan struct{}
 	pruneDone    chan struct{}
@@ -188,6 +190,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		instance: newInstance(),
 	}
 	s.recorder = newRecorder(s)
+	s.keyEvents = newKeyEventRecorder(s)
 	if err := s.migrate(ctx); err != nil {
 		_ = s.Close() // the migration's failure is the one to report
 		return nil, err

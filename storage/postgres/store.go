@@ -510,7 +510,7 @@ func (s *Store) History(ctx context.Context, resource string, limit int) ([]toke
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := s.pool.Query(ctx, `SELECT at, resource, kind, token, holder, expires_at, actor
+	rows, err := s.pool.Query(ctx, `SELECT at, resource, kind, token, holder, expires_at, actor, idempotency
 		FROM lease_events WHERE resource = $1 ORDER BY id DESC LIMIT $2`, resource, limit)
 	if err != nil {
 		return nil, s.interpret("history", err)
@@ -519,7 +519,7 @@ func (s *Store) History(ctx context.Context, resource string, limit int) ([]toke
 		var e tokens.Event
 		var kind string
 		var exp *time.Time
-		err := row.Scan(&e.At, &e.Resource, &kind, &e.Token, &e.Holder, &exp, &e.Actor)
+		err := row.Scan(&e.At, &e.Resource, &kind, &e.Token, &e.Holder, &exp, &e.Actor, &e.Key)
 		e.Kind = tokens.EventKind(kind)
 		if exp != nil {
 			e.ExpiresAt = *exp

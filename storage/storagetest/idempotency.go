@@ -19,10 +19,14 @@ type KeyHarness struct {
 	// Reopen closes s and opens the same data again, as a restart of the
 	// gateway would. Required: the restart rules are the point.
 	Reopen func(t *testing.T, s tokens.IdempotencyStore) tokens.IdempotencyStore
+	// History reads the lease history in which s records its events, as
+	// the gateway's store in that mode does (nil: s's own History method).
+	History func(s tokens.IdempotencyStore) Historian
 }
 
 // RunKeys runs the idempotency record suite: begin, finish, drop, expiry,
-// deadlines, scopes, concurrency and restarts.
+// deadlines, scopes, concurrency, restarts, and the lease history events of
+// retries (keyhistory.go).
 func RunKeys(t *testing.T, h KeyHarness) {
 	if h.Open == nil || h.Reopen == nil {
 		t.Fatal("storagetest: KeyHarness.Open and Reopen are required")
@@ -43,6 +47,9 @@ func RunKeys(t *testing.T, h KeyHarness) {
 		{"DeadlineIsUnknown", testKeyDeadline},
 		{"ConcurrentBegin", testKeyConcurrentBegin},
 		{"Restart", testKeyRestart},
+		{"HistoryReplay", testKeyHistoryReplay},
+		{"HistoryRefusals", testKeyHistoryRefusals},
+		{"HistoryRestart", testKeyHistoryRestart},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

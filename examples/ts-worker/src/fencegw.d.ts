@@ -584,8 +584,16 @@ export interface components {
         DashboardStep: {
             /** Format: date-time */
             at: string;
-            /** @enum {string} */
-            kind: "granted" | "renewed" | "released" | "revoked" | "expired" | "renew_refused" | "release_refused" | "rejected" | "run";
+            /**
+             * @description `replayed`: a retry with an `Idempotency-Key` answered from the
+             *     record of its first write, without reaching the upstream;
+             *     `retry_refused`: a retry refused with `code`
+             *     `idempotency_outcome_unknown` or `idempotency_key_mismatch`. Both
+             *     name the write in `idempotency` and the upstream in `upstream`;
+             *     `token` and `holder` are the retry's lease.
+             * @enum {string}
+             */
+            kind: "granted" | "renewed" | "released" | "revoked" | "expired" | "renew_refused" | "release_refused" | "rejected" | "replayed" | "retry_refused" | "run";
             /** Format: int64 */
             token: number;
             holder: string;
@@ -596,7 +604,7 @@ export interface components {
              * @description `granted`: writes forwarded under this token (by every replica when `accepted_writes_durable`, else by this gateway process since it started).
              */
             accepted_writes?: number;
-            /** @description `rejected`: how many identical refusals this step stands for, from `at` to `last`. */
+            /** @description `rejected`: how many identical refusals this step stands for, from `at` to `last`; `replayed`, `retry_refused`: how many identical retries. */
             count?: number;
             /** Format: date-time */
             last?: string;
@@ -614,6 +622,24 @@ export interface components {
             run?: {
                 [key: string]: unknown;
             };
+            idempotency?: components["schemas"]["DashboardKeyStep"];
+        };
+        /** @description `replayed`, `retry_refused`: the key and the first write with it ("replayed from the write of 07:03:08"). */
+        DashboardKeyStep: {
+            /** @description The `Idempotency-Key`, unquoted. */
+            key: string;
+            /**
+             * Format: date-time
+             * @description When the key's first write was recorded and forwarded.
+             */
+            write_at: string;
+            /**
+             * Format: int64
+             * @description The token the first write was forwarded under (a retry may come under a newer lease).
+             */
+            write_token: number;
+            /** @description `replayed`: the status of the answer replayed. */
+            status?: number;
         };
         DashboardTimeline: {
             resource: string;

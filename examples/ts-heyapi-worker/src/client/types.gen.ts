@@ -201,7 +201,16 @@ export type DashboardOverview = {
 
 export type DashboardStep = {
     at: string;
-    kind: 'granted' | 'renewed' | 'released' | 'revoked' | 'expired' | 'renew_refused' | 'release_refused' | 'rejected' | 'run';
+    /**
+     * `replayed`: a retry with an `Idempotency-Key` answered from the
+     * record of its first write, without reaching the upstream;
+     * `retry_refused`: a retry refused with `code`
+     * `idempotency_outcome_unknown` or `idempotency_key_mismatch`. Both
+     * name the write in `idempotency` and the upstream in `upstream`;
+     * `token` and `holder` are the retry's lease.
+     *
+     */
+    kind: 'granted' | 'renewed' | 'released' | 'revoked' | 'expired' | 'renew_refused' | 'release_refused' | 'rejected' | 'replayed' | 'retry_refused' | 'run';
     token: number;
     holder: string;
     expires_at?: string;
@@ -210,7 +219,7 @@ export type DashboardStep = {
      */
     accepted_writes?: number;
     /**
-     * `rejected`: how many identical refusals this step stands for, from `at` to `last`.
+     * `rejected`: how many identical refusals this step stands for, from `at` to `last`; `replayed`, `retry_refused`: how many identical retries.
      */
     count?: number;
     last?: string;
@@ -230,6 +239,29 @@ export type DashboardStep = {
     run?: {
         [key: string]: unknown;
     };
+    idempotency?: DashboardKeyStep;
+};
+
+/**
+ * `replayed`, `retry_refused`: the key and the first write with it ("replayed from the write of 07:03:08").
+ */
+export type DashboardKeyStep = {
+    /**
+     * The `Idempotency-Key`, unquoted.
+     */
+    key: string;
+    /**
+     * When the key's first write was recorded and forwarded.
+     */
+    write_at: string;
+    /**
+     * The token the first write was forwarded under (a retry may come under a newer lease).
+     */
+    write_token: number;
+    /**
+     * `replayed`: the status of the answer replayed.
+     */
+    status?: number;
 };
 
 export type DashboardTimeline = {
