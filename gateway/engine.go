@@ -51,6 +51,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
+	"os"
 	"sync"
 	"time"
 )
@@ -111,33 +112,70 @@ func (e *engine) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !e.carries(req) {
 		return e.std.RoundTrip(req)
 	}
-	ctx := req.Context()
-	c, err := e.get(ctx, req.URL.Host)
+	return e.exchange(req.Context(), req, time.Time{}, nil)
+}
+
+// exchangeHooks are the direct forward's (engine_forward.go) ears on an
+// exchange, in place of a ClientTrace in the request's context.
+type exchangeHooks interface {
+	// wroteHeaders: the request's head was written (the moment
+	// ClientTrace.WroteHeaders reports).
+	wroteHeaders()
+	// got1xx: an informational answer came before the final one.
+	got1xx(code int, header textproto.MIMEHeader) error
+}
+
+// exchange writes req on a connection to its upstream and reads the
+// answer's head; the body is read through the returned response. ctx
+// ending aborts it (at any point until the body is closed), and so does
+// deadline, if set (a deadline on the connection: no timer of its own).
+// With hooks nil, the request's context's ClientTrace hears what they
+// would.
+func (e *engine) exchange(ctx context.Context, req *http.Request, deadline time.Time, hooks exchangeHooks) (*http.Response, error) {
+	c, err := e.get(ctx, req.URL.Host, deadline)
 	if err != nil {
 		if req.Body != nil {
 			_ = req.Body.Close()
 		}
 		return nil, err
 	}
+	if !deadline.IsZero() {
+		c.deadline = true
+		_ = c.nc.SetDeadline(deadline)
+	}
 	// A context that ends unblocks the connection's I/O at once.
 	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(aLongTimeAgo) })
 	fail := func(err error) (*http.Response, error) {
 		stop()
 		_ = c.nc.Close()
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			err = errors.Join(context.Cause(ctx), err)
+		case !deadline.IsZero() && errors.Is(err, os.ErrDeadlineExceeded):
+			err = errors.Join(context.DeadlineExceeded, err)
 		}
 		return nil, err
 	}
+	var trace *httptrace.ClientTrace
+	if hooks != nil {
+		// The connection's own trace tells when the head was written.
+		req = req.WithContext(c.trace)
+	} else {
+		trace = httptrace.ContextClientTrace(ctx)
+	}
 	// Request.Write reports WroteHeaders to the context's trace once the
 	// head is in the buffer, then writes the body; one flush sends both.
-	if err := req.Write(c.bw); err != nil {
+	err = req.Write(c.bw)
+	if hooks != nil && c.wroteHead {
+		c.wroteHead = false
+		hooks.wroteHeaders()
+	}
+	if err != nil {
 		return fail(err)
 	}
 	if err := c.bw.Flush(); err != nil {
 		return fail(err)
 	}
-	trace := httptrace.ContextClientTrace(ctx)
 	c.limit = e.maxHead + int64(c.br.Size())
 	var resp *http.Response
 	for {
@@ -154,12 +192,19 @@ func (e *engine) RoundTrip(req *http.Request) (*http.Response, error) {
 		if code < 100 || code > 199 {
 			break
 		}
-		if trace != nil && trace.Got1xxResponse != nil {
-			if err := trace.Got1xxResponse(code, textproto.MIMEHeader(resp.Header)); err != nil {
-				return fail(err)
-			}
-			c.limit = e.maxHead + int64(c.br.Size())
+		var err error
+		switch {
+		case hooks != nil:
+			err = hooks.got1xx(code, textproto.MIMEHeader(resp.Header))
+		case trace != nil && trace.Got1xxResponse != nil:
+			err = trace.Got1xxResponse(code, textproto.MIMEHeader(resp.Header))
+		default:
+			continue
 		}
+		if err != nil {
+			return fail(err)
+		}
+		c.limit = e.maxHead + int64(c.br.Size())
 	}
 	c.limit = -1
 	b := &engineBody{e: e, c: c, rc: resp.Body, stop: stop, reuse: !resp.Close && !req.Close}
@@ -173,8 +218,9 @@ func (e *engine) RoundTrip(req *http.Request) (*http.Response, error) {
 // aLongTimeAgo is a deadline in the past: it fails blocked I/O at once.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// get returns a live idle connection to addr, or dials one.
-func (e *engine) get(ctx context.Context, addr string) (*engineConn, error) {
+// get returns a live idle connection to addr, or dials one (by deadline,
+// if set).
+func (e *engine) get(ctx context.Context, addr string, deadline time.Time) (*engineConn, error) {
 	now := time.Now()
 	e.mu.Lock()
 	for list := e.idle[addr]; len(list) > 0; list = e.idle[addr] {
@@ -189,11 +235,20 @@ func (e *engine) get(ctx context.Context, addr string) (*engineConn, error) {
 		e.mu.Lock()
 	}
 	e.mu.Unlock()
+	if !deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
 	nc, err := e.dial(ctx, "tcp", addr)
 	if err != nil {
+		if ctx.Err() != nil {
+			err = errors.Join(context.Cause(ctx), err)
+		}
 		return nil, err
 	}
 	c := &engineConn{nc: nc, addr: addr, limit: -1}
+	c.trace = httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{WroteHeaders: func() { c.wroteHead = true }})
 	c.br = bufio.NewReaderSize(c, 4<<10)
 	c.bw = bufio.NewWriterSize(nc, 4<<10)
 	return c, nil
@@ -252,6 +307,13 @@ type engineConn struct {
 	bw     *bufio.Writer
 	limit  int64
 	idleAt time.Time
+	// deadline: the exchange set a deadline on nc, to be lifted before
+	// the connection is reused.
+	deadline bool
+	// trace is a context whose ClientTrace sets wroteHead, for exchanges
+	// with hooks (one per connection, not one per request).
+	trace     context.Context
+	wroteHead bool
 }
 
 var errHeadTooLarge = errors.New("the upstream's response head is too large")
@@ -307,6 +369,10 @@ func (b *engineBody) Close() error {
 	// its end it is not closed (that would read the rest) but dropped with
 	// the connection.
 	if b.stop() && b.eof && b.reuse && b.c.br.Buffered() == 0 {
+		if b.c.deadline {
+			b.c.deadline = false
+			_ = b.c.nc.SetDeadline(time.Time{})
+		}
 		b.e.put(b.c)
 		return nil
 	}
