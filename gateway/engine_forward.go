@@ -32,6 +32,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/textproto"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -86,10 +87,19 @@ func isHex(c byte) bool {
 	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
 
-// headerPool lends the direct forward the outbound header maps: each is
-// filled with the client's value slices (capacity clipped, so that an
-// append never writes into them) and emptied after the request is written.
-var headerPool = sync.Pool{New: func() any { return make(http.Header, 16) }}
+// directState is what one direct forward needs besides its forward, lent
+// by directPool: the outbound request, its URL and header map, and the
+// hooks. The map is filled with the client's value slices (capacity
+// clipped, so that an append never writes into them) and emptied after
+// use; nothing keeps a reference to any of it past forwardDirect.
+type directState struct {
+	out   http.Request
+	url   url.URL
+	hooks directHooks
+	h     http.Header
+}
+
+var directPool = sync.Pool{New: func() any { return &directState{h: make(http.Header, 16)} }}
 
 // noUserAgent keeps Request.Write from sending Go's User-Agent, as the
 // reverse proxy does for a client that sent none.
@@ -104,28 +114,35 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, r *http.Request, f *forwa
 	if testHookDirect != nil {
 		testHookDirect()
 	}
-	h := headerPool.Get().(http.Header)
+	st := directPool.Get().(*directState)
+	defer func() {
+		clear(st.h)
+		h := st.h
+		*st = directState{h: h}
+		directPool.Put(st)
+	}()
+	h := st.h
 	for k, v := range r.Header {
 		h[k] = v[:len(v):len(v)]
 	}
-	u := *r.URL
-	out := http.Request{Method: r.Method, URL: &u, Proto: r.Proto, ProtoMajor: r.ProtoMajor, ProtoMinor: r.ProtoMinor,
+	st.url = *r.URL
+	st.out = http.Request{Method: r.Method, URL: &st.url, Proto: r.Proto, ProtoMajor: r.ProtoMajor, ProtoMinor: r.ProtoMinor,
 		Header: h, Host: r.Host, ContentLength: r.ContentLength, RemoteAddr: r.RemoteAddr}
+	out := &st.out
 	// The reverse proxy's steps before its Rewrite (ServeHTTP).
 	removeHopByHop(h)
 	delete(h, "Forwarded")
 	delete(h, "X-Forwarded-For")
 	delete(h, "X-Forwarded-Host")
 	delete(h, "X-Forwarded-Proto")
-	g.rewrite(&httputil.ProxyRequest{In: r, Out: &out}, f)
+	g.rewrite(&httputil.ProxyRequest{In: r, Out: out}, f)
 	if _, ok := h["User-Agent"]; !ok {
 		h["User-Agent"] = noUserAgent[:1:1]
 	}
 	deadline := time.Now().Add(g.cfg.ForwardTimeout)
-	fw := directHooks{w: w, f: f}
-	res, err := g.engine.exchange(r.Context(), &out, deadline, &fw)
-	clear(h)
-	headerPool.Put(h)
+	fw := &st.hooks
+	fw.w, fw.f = w, f
+	res, err := g.engine.exchange(r.Context(), out, deadline, fw)
 	if err != nil {
 		g.forwardFailed(w, r, f, err, errors.Is(err, context.DeadlineExceeded) || !time.Now().Before(deadline))
 		return

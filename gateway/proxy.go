@@ -164,8 +164,9 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	if r.Body != nil && r.Body != http.NoBody && !buffer {
 		r.Body = http.MaxBytesReader(w, r.Body, g.cfg.MaxBody)
 	}
-	guard, lift := limitBody(w, r, g.cfg.BodyTimeout)
-	defer lift()
+	// The write deadline set below is lifted by net/http itself once the
+	// answer is flushed (not earlier: the flush is bounded too).
+	guard, _ := limitBody(w, r, g.cfg.BodyTimeout)
 	kw, ok := g.keyedWrite(w, r, rawPath)
 	if !ok {
 		return
