@@ -32,16 +32,24 @@ import (
 func limitBody(w http.ResponseWriter, r *http.Request, d time.Duration) (guard *bodyGuard, lift func()) {
 	rc := http.NewResponseController(w)
 	lift = func() { _ = rc.SetWriteDeadline(time.Time{}) }
+	return limitBodyRead(rc, r, d), lift
+}
+
+// limitBodyRead is limitBody for a caller that leaves the write deadline
+// to net/http (it lifts it after the answer is flushed), with the caller's
+// controller of w: one allocation for the guard and the body reader.
+func limitBodyRead(rc *http.ResponseController, r *http.Request, d time.Duration) *bodyGuard {
 	if r.Body == nil || r.Body == http.NoBody || d <= 0 {
-		return nil, lift
+		return nil
 	}
 	deadline := time.Now().Add(d)
 	if rc.SetReadDeadline(deadline) != nil {
-		return nil, func() {} // not a net/http connection (a test recorder)
+		return nil // not a net/http connection (a test recorder)
 	}
-	guard = &bodyGuard{deadline: deadline, timeout: d}
-	r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc, guard: guard}
-	return guard, lift
+	guard := &bodyGuard{deadline: deadline, timeout: d}
+	guard.body = deadlineBody{ReadCloser: r.Body, rc: rc, guard: guard}
+	r.Body = &guard.body
+	return guard
 }
 
 // errBodyTimeout: the client did not send its body within the body timeout
@@ -57,6 +65,7 @@ type bodyGuard struct {
 	// broken is the error of a read that failed by the client's fault (a
 	// malformed chunked body, a connection closed mid-body), if any.
 	broken atomic.Pointer[error]
+	body   deadlineBody // the reader limitBody puts in place of the request's body
 }
 
 // brokenBy returns the error that made the client's body unreadable (not

@@ -53,6 +53,7 @@ import (
 	"net/textproto"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -314,6 +315,11 @@ type engineConn struct {
 	// with hooks (one per connection, not one per request).
 	trace     context.Context
 	wroteHead bool
+	// The idle check's (engine_alive.go), made once.
+	raw     syscall.RawConn
+	peek    func(fd uintptr) bool
+	peekBuf [1]byte
+	peekOK  bool
 }
 
 var errHeadTooLarge = errors.New("the upstream's response head is too large")

@@ -110,7 +110,7 @@ var testHookDirect func()
 
 // forwardDirect forwards r (directable) through the engine and copies the
 // answer to w, as the reverse proxy would.
-func (g *Gateway) forwardDirect(w http.ResponseWriter, r *http.Request, f *forward) {
+func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseController, r *http.Request, f *forward) {
 	if testHookDirect != nil {
 		testHookDirect()
 	}
@@ -170,7 +170,6 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, r *http.Request, f *forwa
 	w.WriteHeader(res.StatusCode)
 	// A body of unknown length, or an event stream, is flushed as it
 	// comes (the reverse proxy's flushInterval -1), its head at once.
-	rc := http.NewResponseController(w)
 	flush := res.ContentLength == -1 || eventStream(res.Header.Get("Content-Type"))
 	if flush {
 		_ = rc.Flush()
@@ -210,8 +209,9 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, r *http.Request, f *forwa
 // proxy's copyBuffer: write errors and read errors but io.EOF are
 // returned, read errors are logged.
 func (g *Gateway) copyAnswer(w http.ResponseWriter, rc *http.ResponseController, body io.Reader, flush bool) error {
-	buf := g.buffers.Get()
-	defer g.buffers.Put(buf)
+	bp := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(bp)
+	buf := *bp
 	for {
 		nr, rerr := body.Read(buf)
 		if rerr != nil && rerr != io.EOF && rerr != context.Canceled {
@@ -237,6 +237,10 @@ func (g *Gateway) copyAnswer(w http.ResponseWriter, rc *http.ResponseController,
 		}
 	}
 }
+
+// copyBuffers lend copyAnswer its buffers (by pointer: a slice put in a
+// sync.Pool as itself would allocate its header each time).
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // directHooks hears an exchange of the direct forward.
 type directHooks struct {

@@ -166,14 +166,15 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	// The write deadline set below is lifted by net/http itself once the
 	// answer is flushed (not earlier: the flush is bounded too).
-	guard, _ := limitBody(w, r, g.cfg.BodyTimeout)
+	rc := http.NewResponseController(w)
+	guard := limitBodyRead(rc, r, g.cfg.BodyTimeout)
 	kw, ok := g.keyedWrite(w, r, rawPath)
 	if !ok {
 		return
 	}
 	// A client that does not take its answer must not hold the resource's
 	// shared lock (and so its grants) for longer than this.
-	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(g.cfg.ForwardTimeout + g.cfg.BodyTimeout))
+	_ = rc.SetWriteDeadline(time.Now().Add(g.cfg.ForwardTimeout + g.cfg.BodyTimeout))
 
 	write := tokens.Write{Method: r.Method, Upstream: name, Path: truncateUTF8(path, 512), Principal: principalName(r.Context())}
 	permit, err := g.svc.Admit(r.Context(), leaseID, write)
@@ -227,7 +228,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 
 	if g.directable(r, f) {
-		g.forwardDirect(w, r, f) // engine_forward.go
+		g.forwardDirect(w, rc, r, f) // engine_forward.go
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.ForwardTimeout)
