@@ -145,18 +145,8 @@ func (e *engine) exchange(ctx context.Context, req *http.Request, deadline time.
 		_ = c.nc.SetDeadline(deadline)
 	}
 	// A context that ends unblocks the connection's I/O at once.
-	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(aLongTimeAgo) })
-	fail := func(err error) (*http.Response, error) {
-		stop()
-		_ = c.nc.Close()
-		switch {
-		case ctx.Err() != nil:
-			err = errors.Join(context.Cause(ctx), err)
-		case !deadline.IsZero() && errors.Is(err, os.ErrDeadlineExceeded):
-			err = errors.Join(context.DeadlineExceeded, err)
-		}
-		return nil, err
-	}
+	stop := context.AfterFunc(ctx, c.abort)
+	fail := func(err error) (*http.Response, error) { return nil, c.failed(ctx, stop, deadline, err) }
 	var trace *httptrace.ClientTrace
 	if hooks != nil {
 		// The connection's own trace tells when the head was written.
@@ -216,6 +206,20 @@ func (e *engine) exchange(ctx context.Context, req *http.Request, deadline time.
 	return resp, nil
 }
 
+// failed closes c after a failed exchange and returns err with what ended
+// it: ctx (its cause) or the deadline (context.DeadlineExceeded).
+func (c *engineConn) failed(ctx context.Context, stop func() bool, deadline time.Time, err error) error {
+	stop()
+	_ = c.nc.Close()
+	switch {
+	case ctx.Err() != nil:
+		err = errors.Join(context.Cause(ctx), err)
+	case !deadline.IsZero() && errors.Is(err, os.ErrDeadlineExceeded):
+		err = errors.Join(context.DeadlineExceeded, err)
+	}
+	return err
+}
+
 // aLongTimeAgo is a deadline in the past: it fails blocked I/O at once.
 var aLongTimeAgo = time.Unix(1, 0)
 
@@ -249,6 +253,7 @@ func (e *engine) get(ctx context.Context, addr string, deadline time.Time) (*eng
 		return nil, err
 	}
 	c := &engineConn{nc: nc, addr: addr, limit: -1}
+	c.abort = func() { _ = c.nc.SetDeadline(aLongTimeAgo) }
 	c.trace = httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{WroteHeaders: func() { c.wroteHead = true }})
 	c.br = bufio.NewReaderSize(c, 4<<10)
 	c.bw = bufio.NewWriterSize(nc, 4<<10)
@@ -315,6 +320,7 @@ type engineConn struct {
 	// with hooks (one per connection, not one per request).
 	trace     context.Context
 	wroteHead bool
+	abort     func() // fails blocked I/O on nc at once (made once)
 	// The idle check's (engine_alive.go), made once.
 	raw     syscall.RawConn
 	peek    func(fd uintptr) bool

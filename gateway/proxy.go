@@ -87,19 +87,33 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward) {
 			delete(h, k)
 		}
 	}
-	pr.SetXForwarded()
+	// What ProxyRequest.SetXForwarded sets (the client-sent ones were
+	// dropped above), with the values in one allocation instead of one
+	// each.
+	vals := new([4]string)
+	if ip, _, err := net.SplitHostPort(pr.In.RemoteAddr); err == nil {
+		vals[0] = ip
+		h["X-Forwarded-For"] = vals[0:1:1]
+	}
 	// The client's Host is the gateway's word only when the Host
 	// check vouched for it (hosts.go); otherwise it is dropped.
-	if g.hosts.any {
-		delete(h, "X-Forwarded-Host")
+	if !g.hosts.any {
+		vals[1] = pr.In.Host
+		h["X-Forwarded-Host"] = vals[1:2:2]
+	}
+	if pr.In.TLS == nil {
+		h["X-Forwarded-Proto"] = protoHTTP[:1:1]
+	} else {
+		h["X-Forwarded-Proto"] = protoHTTPS[:1:1]
 	}
 	// A client's Trailer announcement would reach the upstream
 	// without the trailer values (Go copies the announcement, not
 	// the values read after the body), and trailers would bypass
 	// the header rules above: neither is forwarded.
 	pr.Out.Trailer = nil
-	h[HeaderToken] = []string{f.token}
-	h[HeaderResource] = []string{f.permit.Lease.Resource}
+	vals[2], vals[3] = f.token, f.permit.Lease.Resource
+	h[HeaderToken] = vals[2:3:3]
+	h[HeaderResource] = vals[3:4:4]
 	// With authentication the client's Authorization is its key at
 	// the gateway, not a credential for the upstream.
 	if g.cfg.Auth != nil {
@@ -109,6 +123,9 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward) {
 		h[k] = v
 	}
 }
+
+// X-Forwarded-Proto values, shared (read only: capacity clipped where used).
+var protoHTTP, protoHTTPS = []string{"http"}, []string{"https"}
 
 // newTransport is tuned for many concurrent writes to a few upstreams.
 func newTransport() *http.Transport {
