@@ -124,6 +124,8 @@ type exchangeHooks interface {
 	wroteHeaders()
 	// got1xx: an informational answer came before the final one.
 	got1xx(code int, header textproto.MIMEHeader) error
+	// body is the request's body, all of it (req.ContentLength bytes).
+	body() []byte
 }
 
 // exchange writes req on a connection to its upstream and reads the
@@ -148,19 +150,28 @@ func (e *engine) exchange(ctx context.Context, req *http.Request, deadline time.
 	stop := context.AfterFunc(ctx, c.abort)
 	fail := func(err error) (*http.Response, error) { return nil, c.failed(ctx, stop, deadline, err) }
 	var trace *httptrace.ClientTrace
-	if hooks != nil {
+	switch {
+	case hooks != nil && c.host != nil && req.Host == "":
+		// Request.Write's bytes without its allocations (engine_write.go).
+		if err = writeHead(c.bw, req, c.host); err == nil {
+			hooks.wroteHeaders()
+			_, err = c.bw.Write(hooks.body())
+		}
+	case hooks != nil:
 		// The connection's own trace tells when the head was written.
 		req = req.WithContext(c.trace)
-	} else {
+		err = req.Write(c.bw)
+		if c.wroteHead {
+			c.wroteHead = false
+			hooks.wroteHeaders()
+		}
+	default:
+		// Request.Write reports WroteHeaders to the context's trace once
+		// the head is in the buffer, then writes the body.
 		trace = httptrace.ContextClientTrace(ctx)
+		err = req.Write(c.bw)
 	}
-	// Request.Write reports WroteHeaders to the context's trace once the
-	// head is in the buffer, then writes the body; one flush sends both.
-	err = req.Write(c.bw)
-	if hooks != nil && c.wroteHead {
-		c.wroteHead = false
-		hooks.wroteHeaders()
-	}
+	// One flush sends head and body.
 	if err != nil {
 		return fail(err)
 	}
@@ -254,6 +265,7 @@ func (e *engine) get(ctx context.Context, addr string, deadline time.Time) (*eng
 	}
 	c := &engineConn{nc: nc, addr: addr, limit: -1}
 	c.abort = func() { _ = c.nc.SetDeadline(aLongTimeAgo) }
+	c.host, _ = hostLine(addr) // nil: Request.Write writes the head
 	c.trace = httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{WroteHeaders: func() { c.wroteHead = true }})
 	c.br = bufio.NewReaderSize(c, 4<<10)
 	c.bw = bufio.NewWriterSize(nc, 4<<10)
@@ -321,6 +333,7 @@ type engineConn struct {
 	trace     context.Context
 	wroteHead bool
 	abort     func() // fails blocked I/O on nc at once (made once)
+	host      []byte // the Host line of its requests (engine_write.go)
 	// The idle check's (engine_alive.go), made once.
 	raw     syscall.RawConn
 	peek    func(fd uintptr) bool

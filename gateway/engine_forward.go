@@ -251,6 +251,8 @@ type directHooks struct {
 
 func (d *directHooks) wroteHeaders() { d.f.wroteRequest.Store(true) }
 
+func (d *directHooks) body() []byte { return d.f.buffered }
+
 // got1xx forwards an informational answer, as the reverse proxy's trace.
 func (d *directHooks) got1xx(code int, header textproto.MIMEHeader) error {
 	if d.done {
