@@ -135,6 +135,14 @@ func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(UpstreamReply)
 }
 
+// NewFloor is the upstream's handler on a server of its own, forwarding
+// nothing: what Go's net/http server costs by itself, the ceiling of any
+// gateway built on it.
+func NewFloor() http.Handler {
+	u := &Upstream{}
+	return http.HandlerFunc(u.serve)
+}
+
 // NewBareProxy is the baseline: an httputil.ReverseProxy to target as a
 // careful user would set it up (Rewrite with SetURL, a buffer pool, and a
 // transport tuned for keep-alive to one host), without any fencing.

@@ -51,7 +51,9 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
+	"os"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -111,33 +113,71 @@ func (e *engine) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !e.carries(req) {
 		return e.std.RoundTrip(req)
 	}
-	ctx := req.Context()
-	c, err := e.get(ctx, req.URL.Host)
+	return e.exchange(req.Context(), req, time.Time{}, nil)
+}
+
+// exchangeHooks are the direct forward's (engine_forward.go) ears on an
+// exchange, in place of a ClientTrace in the request's context.
+type exchangeHooks interface {
+	// wroteHeaders: the request's head was written (the moment
+	// ClientTrace.WroteHeaders reports).
+	wroteHeaders()
+	// got1xx: an informational answer came before the final one.
+	got1xx(code int, header textproto.MIMEHeader) error
+	// body is the request's body, all of it (req.ContentLength bytes).
+	body() []byte
+}
+
+// exchange writes req on a connection to its upstream and reads the
+// answer's head; the body is read through the returned response. ctx
+// ending aborts it (at any point until the body is closed), and so does
+// deadline, if set (a deadline on the connection: no timer of its own).
+// With hooks nil, the request's context's ClientTrace hears what they
+// would.
+func (e *engine) exchange(ctx context.Context, req *http.Request, deadline time.Time, hooks exchangeHooks) (*http.Response, error) {
+	c, err := e.get(ctx, req.URL.Host, deadline)
 	if err != nil {
 		if req.Body != nil {
 			_ = req.Body.Close()
 		}
 		return nil, err
 	}
-	// A context that ends unblocks the connection's I/O at once.
-	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(aLongTimeAgo) })
-	fail := func(err error) (*http.Response, error) {
-		stop()
-		_ = c.nc.Close()
-		if ctx.Err() != nil {
-			err = errors.Join(context.Cause(ctx), err)
-		}
-		return nil, err
+	if !deadline.IsZero() {
+		c.deadline = true
+		_ = c.nc.SetDeadline(deadline)
 	}
-	// Request.Write reports WroteHeaders to the context's trace once the
-	// head is in the buffer, then writes the body; one flush sends both.
-	if err := req.Write(c.bw); err != nil {
+	// A context that ends unblocks the connection's I/O at once.
+	stop := context.AfterFunc(ctx, c.abort)
+	fail := func(err error) (*http.Response, error) { return nil, c.failed(ctx, stop, deadline, err) }
+	var trace *httptrace.ClientTrace
+	switch {
+	case hooks != nil && c.host != nil && req.Host == "":
+		// Request.Write's bytes without its allocations (engine_write.go).
+		if err = writeHead(c.bw, req, c.host); err == nil {
+			hooks.wroteHeaders()
+			_, err = c.bw.Write(hooks.body())
+		}
+	case hooks != nil:
+		// The connection's own trace tells when the head was written.
+		req = req.WithContext(c.trace)
+		err = req.Write(c.bw)
+		if c.wroteHead {
+			c.wroteHead = false
+			hooks.wroteHeaders()
+		}
+	default:
+		// Request.Write reports WroteHeaders to the context's trace once
+		// the head is in the buffer, then writes the body.
+		trace = httptrace.ContextClientTrace(ctx)
+		err = req.Write(c.bw)
+	}
+	// One flush sends head and body.
+	if err != nil {
 		return fail(err)
 	}
 	if err := c.bw.Flush(); err != nil {
 		return fail(err)
 	}
-	trace := httptrace.ContextClientTrace(ctx)
 	c.limit = e.maxHead + int64(c.br.Size())
 	var resp *http.Response
 	for {
@@ -154,12 +194,19 @@ func (e *engine) RoundTrip(req *http.Request) (*http.Response, error) {
 		if code < 100 || code > 199 {
 			break
 		}
-		if trace != nil && trace.Got1xxResponse != nil {
-			if err := trace.Got1xxResponse(code, textproto.MIMEHeader(resp.Header)); err != nil {
-				return fail(err)
-			}
-			c.limit = e.maxHead + int64(c.br.Size())
+		var err error
+		switch {
+		case hooks != nil:
+			err = hooks.got1xx(code, textproto.MIMEHeader(resp.Header))
+		case trace != nil && trace.Got1xxResponse != nil:
+			err = trace.Got1xxResponse(code, textproto.MIMEHeader(resp.Header))
+		default:
+			continue
 		}
+		if err != nil {
+			return fail(err)
+		}
+		c.limit = e.maxHead + int64(c.br.Size())
 	}
 	c.limit = -1
 	b := &engineBody{e: e, c: c, rc: resp.Body, stop: stop, reuse: !resp.Close && !req.Close}
@@ -170,11 +217,26 @@ func (e *engine) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
+// failed closes c after a failed exchange and returns err with what ended
+// it: ctx (its cause) or the deadline (context.DeadlineExceeded).
+func (c *engineConn) failed(ctx context.Context, stop func() bool, deadline time.Time, err error) error {
+	stop()
+	_ = c.nc.Close()
+	switch {
+	case ctx.Err() != nil:
+		err = errors.Join(context.Cause(ctx), err)
+	case !deadline.IsZero() && errors.Is(err, os.ErrDeadlineExceeded):
+		err = errors.Join(context.DeadlineExceeded, err)
+	}
+	return err
+}
+
 // aLongTimeAgo is a deadline in the past: it fails blocked I/O at once.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// get returns a live idle connection to addr, or dials one.
-func (e *engine) get(ctx context.Context, addr string) (*engineConn, error) {
+// get returns a live idle connection to addr, or dials one (by deadline,
+// if set).
+func (e *engine) get(ctx context.Context, addr string, deadline time.Time) (*engineConn, error) {
 	now := time.Now()
 	e.mu.Lock()
 	for list := e.idle[addr]; len(list) > 0; list = e.idle[addr] {
@@ -189,11 +251,22 @@ func (e *engine) get(ctx context.Context, addr string) (*engineConn, error) {
 		e.mu.Lock()
 	}
 	e.mu.Unlock()
+	if !deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
 	nc, err := e.dial(ctx, "tcp", addr)
 	if err != nil {
+		if ctx.Err() != nil {
+			err = errors.Join(context.Cause(ctx), err)
+		}
 		return nil, err
 	}
 	c := &engineConn{nc: nc, addr: addr, limit: -1}
+	c.abort = func() { _ = c.nc.SetDeadline(aLongTimeAgo) }
+	c.host, _ = hostLine(addr) // nil: Request.Write writes the head
+	c.trace = httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{WroteHeaders: func() { c.wroteHead = true }})
 	c.br = bufio.NewReaderSize(c, 4<<10)
 	c.bw = bufio.NewWriterSize(nc, 4<<10)
 	return c, nil
@@ -252,6 +325,20 @@ type engineConn struct {
 	bw     *bufio.Writer
 	limit  int64
 	idleAt time.Time
+	// deadline: the exchange set a deadline on nc, to be lifted before
+	// the connection is reused.
+	deadline bool
+	// trace is a context whose ClientTrace sets wroteHead, for exchanges
+	// with hooks (one per connection, not one per request).
+	trace     context.Context
+	wroteHead bool
+	abort     func() // fails blocked I/O on nc at once (made once)
+	host      []byte // the Host line of its requests (engine_write.go)
+	// The idle check's (engine_alive.go), made once.
+	raw     syscall.RawConn
+	peek    func(fd uintptr) bool
+	peekBuf [1]byte
+	peekOK  bool
 }
 
 var errHeadTooLarge = errors.New("the upstream's response head is too large")
@@ -307,6 +394,10 @@ func (b *engineBody) Close() error {
 	// its end it is not closed (that would read the rest) but dropped with
 	// the connection.
 	if b.stop() && b.eof && b.reuse && b.c.br.Buffered() == 0 {
+		if b.c.deadline {
+			b.c.deadline = false
+			_ = b.c.nc.SetDeadline(time.Time{})
+		}
 		b.e.put(b.c)
 		return nil
 	}

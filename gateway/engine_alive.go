@@ -11,20 +11,23 @@ func (c *engineConn) alive() bool {
 	if c.br.Buffered() > 0 {
 		return false
 	}
-	sc, ok := c.nc.(syscall.Conn)
-	if !ok {
-		return false
+	if c.peek == nil {
+		sc, ok := c.nc.(syscall.Conn)
+		if !ok {
+			return false
+		}
+		rc, err := sc.SyscallConn()
+		if err != nil {
+			return false
+		}
+		// Made once per connection: a closure per check would allocate.
+		c.raw, c.peek = rc, func(fd uintptr) bool {
+			_, _, err := syscall.Recvfrom(int(fd), c.peekBuf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+			c.peekOK = err == syscall.EAGAIN || err == syscall.EWOULDBLOCK
+			return true // never wait
+		}
 	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	alive := false
-	var buf [1]byte
-	err = rc.Read(func(fd uintptr) bool {
-		_, _, err := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		alive = err == syscall.EAGAIN || err == syscall.EWOULDBLOCK
-		return true // never wait
-	})
-	return err == nil && alive
+	c.peekOK = false
+	err := c.raw.Read(c.peek)
+	return err == nil && c.peekOK
 }

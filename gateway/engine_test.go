@@ -63,6 +63,12 @@ func (u *diffUpstream) serve(w http.ResponseWriter, r *http.Request) {
 		w.(http.Flusher).Flush()
 		_, _ = io.WriteString(w, "part two")
 		w.Header().Set("X-Trail", "end")
+	case strings.HasPrefix(p, "/events"):
+		w.Header().Set("Content-Type", "Text/Event-Stream; charset=utf-8")
+		w.Header().Set("Content-Length", "21")
+		_, _ = io.WriteString(w, "data: one\n\n")
+		w.(http.Flusher).Flush()
+		_, _ = io.WriteString(w, "data: two\n")
 	case strings.HasPrefix(p, "/empty"):
 		w.WriteHeader(http.StatusNoContent)
 	case strings.HasPrefix(p, "/notmod"):
@@ -172,14 +178,28 @@ func (tg *testGateway) send(t *testing.T, c *http.Client, lease, id string, dc d
 }
 
 // startDiff starts two gateways on one upstream: one forwarding through
-// the engine (the default), one through httputil.ReverseProxy over the
-// plain Transport.
+// the engine (the default: its direct forward, engine_forward.go, for what
+// it carries, the reverse proxy over the engine for the rest), one through
+// httputil.ReverseProxy over the plain Transport.
 func startDiff(t testing.TB) (up *diffUpstream, eng, std *testGateway, engLease, stdLease string) {
+	countDirect(t)
 	up = newDiffUpstream(t)
 	eng = startFraming(t, up.URL, Config{}, false)
 	std = startFraming(t, up.URL, Config{}, false)
 	std.g.proxy.(*httputil.ReverseProxy).Transport = std.g.transport
+	std.g.direct = false
 	return up, eng, std, eng.lease(t, "r"), std.lease(t, "r")
+}
+
+// directs counts the direct forwards (engine_forward.go) of a test.
+var directs atomic.Int64
+
+// countDirect counts the direct forwards of t, which must not run in
+// parallel with another test that does.
+func countDirect(t testing.TB) {
+	directs.Store(0)
+	testHookDirect = func() { directs.Add(1) }
+	t.Cleanup(func() { testHookDirect = nil })
 }
 
 // compare sends dc through both gateways and requires the same request at
@@ -261,9 +281,20 @@ func TestEngineMatchesReverseProxy(t *testing.T) {
 		{method: "POST", path: "/plain", body: "x", header: h("Te", "trailers")},
 		{method: "POST", path: "/plain", body: "x", header: h("Expect", "100-continue")},
 		{method: "POST", path: "/plain", body: "x", header: h("User-Agent", "worker/1.0", "Content-Type", "application/json")},
+		{method: "POST", path: "/events", body: "x"},
+		{method: "POST", path: "/plain?a=1;b=2&c=%zz", body: "x"},
+		{method: "POST", path: "/plain?a=%41&b=%", body: "x"},
+		{method: "POST", path: "/plain", body: "x", header: h("Connection", "keep-alive, X-Drop", "X-Drop", "1", "Proxy-Connection", "keep-alive", "Upgrade-Insecure-Requests", "1")},
+		{method: "PUT", path: "/plain", body: "", header: h("Content-Type", "text/plain")},
+		{method: "GET", path: "/plain", header: h("Accept", "a", "Accept", "b", "Cookie", "c=1")},
 	}
 	for i, dc := range cases {
 		compare(t, up, eng, std, el, sl, c, "fixed-"+strconv.Itoa(i), dc)
+	}
+	// Most of these are the direct forward's; the rest (streamed bodies,
+	// Expect, TE) go through the reverse proxy.
+	if n := directs.Load(); n < int64(len(cases))/2 {
+		t.Errorf("%d of %d cases took the direct forward, want most", n, len(cases))
 	}
 }
 
@@ -274,7 +305,7 @@ func TestEngineMatchesReverseProxyRandom(t *testing.T) {
 	t.Cleanup(c.CloseIdleConnections)
 	rng := rand.New(rand.NewPCG(11, 11))
 	methods := []string{"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"}
-	paths := []string{"/plain", "/chunked", "/empty", "/big", "/close", "/early", "/nolength", "/status/418", "/notmod"}
+	paths := []string{"/plain", "/chunked", "/empty", "/big", "/close", "/early", "/nolength", "/status/418", "/notmod", "/events"}
 	segs := []string{"a", "b%20c", "d%2Fe", "~f", "g;h", "%C3%A9", "i+j"}
 	names := []string{"X-A", "X-B", "Cache-Control", "If-Match", "Accept", "Content-Type", "X-Forwarded-Host", "Connection", "Cookie"}
 	for i := range 150 {
@@ -299,6 +330,9 @@ func TestEngineMatchesReverseProxyRandom(t *testing.T) {
 			dc.chunked = rng.IntN(5) == 0
 		}
 		compare(t, up, eng, std, el, sl, c, "random-"+strconv.Itoa(i), dc)
+	}
+	if directs.Load() == 0 {
+		t.Error("no case took the direct forward")
 	}
 }
 

@@ -101,15 +101,20 @@ type Gateway struct {
 	transport *http.Transport
 	engine    *engine // over transport: the RoundTripper of proxy
 	proxy     http.Handler
-	inflight  atomic.Int64
-	ages      *inflightAges
-	sig       *signals
-	handler   http.Handler
-	hosts     hostList
-	bindings  routeTable
-	byKey     *principalCounts
-	streams   *streamSlots
-	keys      *keys // nil without Config.Idempotency
+	buffers   *bufferPool // response copy buffers, of the proxy and the direct forward
+	proxyLog  *log.Logger // the proxy's and the direct forward's messages
+	// direct: writes the engine can carry skip the reverse proxy
+	// (engine_forward.go); off only to compare the two in tests.
+	direct   bool
+	inflight atomic.Int64
+	ages     *inflightAges
+	sig      *signals
+	handler  http.Handler
+	hosts    hostList
+	bindings routeTable
+	byKey    *principalCounts
+	streams  *streamSlots
+	keys     *keys // nil without Config.Idempotency
 }
 
 // New builds a Gateway serving svc.
@@ -149,6 +154,8 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	}
 	cfg.Registry.MustRegister(newClockCollector(cfg.Clocks, now))
 	g.keys = newKeys(cfg.Idempotency, cfg.Registry, cfg.Logger)
+	g.buffers, g.proxyLog = newBufferPool(), slogErrorLog(g.log)
+	g.direct = directForwardOK()
 	g.proxy = g.newReverseProxy()
 	g.handler = g.framing(g.dispatch(g.routes()))
 	return g

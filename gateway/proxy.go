@@ -58,52 +58,75 @@ type forwardKey struct{}
 func (g *Gateway) newReverseProxy() *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			f := pr.In.Context().Value(forwardKey{}).(*forward)
-			pr.Out.URL.Path, pr.Out.URL.RawPath = f.path, f.rawPath
-			if f.buffered != nil {
-				pr.Out.Body = inMemoryBody(f.buffered)
-			}
-			pr.SetURL(f.upstream)
-			h := pr.Out.Header
-			// The lease is a secret between worker and gateway; the token,
-			// the resource and the forwarding facts are the gateway's word,
-			// never the client's: every client-sent Fencing-*, Forwarded,
-			// X-Forwarded-* and X-Real-Ip is dropped before the gateway's own
-			// are set.
-			for k := range h {
-				if strings.HasPrefix(k, "Fencing-") || strings.HasPrefix(k, "X-Forwarded-") || k == "Forwarded" || k == "X-Real-Ip" {
-					delete(h, k)
-				}
-			}
-			pr.SetXForwarded()
-			// The client's Host is the gateway's word only when the Host
-			// check vouched for it (hosts.go); otherwise it is dropped.
-			if g.hosts.any {
-				delete(h, "X-Forwarded-Host")
-			}
-			// A client's Trailer announcement would reach the upstream
-			// without the trailer values (Go copies the announcement, not
-			// the values read after the body), and trailers would bypass
-			// the header rules above: neither is forwarded.
-			pr.Out.Trailer = nil
-			h[HeaderToken] = []string{f.token}
-			h[HeaderResource] = []string{f.permit.Lease.Resource}
-			// With authentication the client's Authorization is its key at
-			// the gateway, not a credential for the upstream.
-			if g.cfg.Auth != nil {
-				h.Del("Authorization")
-			}
-			for k, v := range g.cfg.UpstreamHeaders[f.name] {
-				h[k] = v
-			}
+			g.rewrite(pr, pr.In.Context().Value(forwardKey{}).(*forward))
 		},
 		Transport:      g.engine,
 		ModifyResponse: g.recordAnswer,
-		BufferPool:     newBufferPool(),
+		BufferPool:     g.buffers,
 		ErrorHandler:   g.proxyError,
-		ErrorLog:       slogErrorLog(g.log),
+		ErrorLog:       g.proxyLog,
 	}
 }
+
+// rewrite turns the client's request into the upstream's: the Rewrite of
+// the reverse proxy, and of the engine's direct forward
+// (engine_forward.go), so that both send the same request.
+func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward) {
+	pr.Out.URL.Path, pr.Out.URL.RawPath = f.path, f.rawPath
+	if f.buffered != nil {
+		pr.Out.Body = inMemoryBody(f.buffered)
+	}
+	pr.SetURL(f.upstream)
+	h := pr.Out.Header
+	// The lease is a secret between worker and gateway; the token,
+	// the resource and the forwarding facts are the gateway's word,
+	// never the client's: every client-sent Fencing-*, Forwarded,
+	// X-Forwarded-* and X-Real-Ip is dropped before the gateway's own
+	// are set.
+	for k := range h {
+		if strings.HasPrefix(k, "Fencing-") || strings.HasPrefix(k, "X-Forwarded-") || k == "Forwarded" || k == "X-Real-Ip" {
+			delete(h, k)
+		}
+	}
+	// What ProxyRequest.SetXForwarded sets (the client-sent ones were
+	// dropped above), with the values in one allocation instead of one
+	// each.
+	vals := new([4]string)
+	if ip, _, err := net.SplitHostPort(pr.In.RemoteAddr); err == nil {
+		vals[0] = ip
+		h["X-Forwarded-For"] = vals[0:1:1]
+	}
+	// The client's Host is the gateway's word only when the Host
+	// check vouched for it (hosts.go); otherwise it is dropped.
+	if !g.hosts.any {
+		vals[1] = pr.In.Host
+		h["X-Forwarded-Host"] = vals[1:2:2]
+	}
+	if pr.In.TLS == nil {
+		h["X-Forwarded-Proto"] = protoHTTP[:1:1]
+	} else {
+		h["X-Forwarded-Proto"] = protoHTTPS[:1:1]
+	}
+	// A client's Trailer announcement would reach the upstream
+	// without the trailer values (Go copies the announcement, not
+	// the values read after the body), and trailers would bypass
+	// the header rules above: neither is forwarded.
+	pr.Out.Trailer = nil
+	vals[2], vals[3] = f.token, f.permit.Lease.Resource
+	h[HeaderToken] = vals[2:3:3]
+	h[HeaderResource] = vals[3:4:4]
+	// With authentication the client's Authorization is its key at
+	// the gateway, not a credential for the upstream.
+	if g.cfg.Auth != nil {
+		h.Del("Authorization")
+	}
+	for k, v := range g.cfg.UpstreamHeaders[f.name] {
+		h[k] = v
+	}
+}
+
+// X-Forwarded-Proto values, shared (read only: capacity clipped where used).
+var protoHTTP, protoHTTPS = []string{"http"}, []string{"https"}
 
 // newTransport is tuned for many concurrent writes to a few upstreams.
 func newTransport() *http.Transport {
@@ -159,15 +182,17 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	if r.Body != nil && r.Body != http.NoBody && !buffer {
 		r.Body = http.MaxBytesReader(w, r.Body, g.cfg.MaxBody)
 	}
-	guard, lift := limitBody(w, r, g.cfg.BodyTimeout)
-	defer lift()
+	// The write deadline set below is lifted by net/http itself once the
+	// answer is flushed (not earlier: the flush is bounded too).
+	rc := http.NewResponseController(w)
+	guard := limitBodyRead(rc, r, g.cfg.BodyTimeout)
 	kw, ok := g.keyedWrite(w, r, rawPath)
 	if !ok {
 		return
 	}
 	// A client that does not take its answer must not hold the resource's
 	// shared lock (and so its grants) for longer than this.
-	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(g.cfg.ForwardTimeout + g.cfg.BodyTimeout))
+	_ = rc.SetWriteDeadline(time.Now().Add(g.cfg.ForwardTimeout + g.cfg.BodyTimeout))
 
 	write := tokens.Write{Method: r.Method, Upstream: name, Path: truncateUTF8(path, 512), Principal: principalName(r.Context())}
 	permit, err := g.svc.Admit(r.Context(), leaseID, write)
@@ -224,6 +249,10 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 
+	if g.directable(r, f) {
+		g.forwardDirect(w, rc, r, f) // engine_forward.go
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.ForwardTimeout)
 	defer cancel()
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
@@ -237,8 +266,14 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 // is the outbound request, so the problem's instance is taken from f.
 func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	f := r.Context().Value(forwardKey{}).(*forward)
+	g.forwardFailed(w, r, f, err, errors.Is(err, context.DeadlineExceeded) || errors.Is(r.Context().Err(), context.DeadlineExceeded))
+}
+
+// forwardFailed answers a forward that got no response from the upstream,
+// through the reverse proxy or the engine's direct forward; timedOut: the
+// forward timeout ran out.
+func (g *Gateway) forwardFailed(w http.ResponseWriter, r *http.Request, f *forward, err error, timedOut bool) {
 	f.failed = true
-	timedOut := errors.Is(err, context.DeadlineExceeded) || errors.Is(r.Context().Err(), context.DeadlineExceeded)
 	var maxBytes *http.MaxBytesError
 	broken := f.body.brokenBy() // a malformed chunked body, a client gone mid-body
 	if bodyTimeout, tooLarge := f.body.ranOut(timedOut), errors.As(err, &maxBytes); bodyTimeout || tooLarge || broken != nil {

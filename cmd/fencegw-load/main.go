@@ -121,7 +121,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.resources, "resources", 1000, "leases (one per resource) the gateway-spread setup picks from")
 	fs.IntVar(&o.bodySize, "body-size", 256, "write body size in bytes")
 	fs.BoolVar(&o.grants, "grants", false, "measure lease grants per second instead of writes")
-	setups := fs.String("setups", "direct,bare-proxy,gateway,gateway-spread,peers", "setups to drive, comma-separated: direct, bare-proxy, gateway, gateway-spread, gateway-postgres, gateway-postgres-spread (the --postgres mode on -postgres), nginx, haproxy, caddy; peers: those of nginx, haproxy and caddy that are installed")
+	setups := fs.String("setups", "direct,bare-proxy,gateway,gateway-spread,peers", "setups to drive, comma-separated: direct, bare-proxy, gateway, gateway-spread, net-http (the ceiling: a Go net/http server that answers itself, forwarding nothing), gateway-postgres, gateway-postgres-spread (the --postgres mode on -postgres), nginx, haproxy, caddy; peers: those of nginx, haproxy and caddy that are installed")
 	fs.StringVar(&o.gateway, "gateway", "", "base URL of an existing gateway to drive instead of the embedded one")
 	fs.StringVar(&o.upstreamName, "upstream-name", "", "with -gateway: the upstream name writes go to (/v1/proxy/NAME/...)")
 	fs.StringVar(&o.direct, "direct", "", "with -gateway: full URL for the direct setup (POSTed to as is)")
@@ -174,7 +174,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	for _, s := range strings.Split(*setups, ",") {
 		switch s = strings.TrimSpace(s); s {
-		case "direct", "bare-proxy", "gateway", "gateway-spread":
+		case "direct", "bare-proxy", "gateway", "gateway-spread", "net-http":
 			o.setups = append(o.setups, s)
 		case "gateway-postgres", "gateway-postgres-spread":
 			if o.gateway != "" {
@@ -195,7 +195,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			}
 		case "":
 		default:
-			return o, fmt.Errorf("-setups: unknown setup %q (direct, bare-proxy, gateway, gateway-spread, gateway-postgres, gateway-postgres-spread, nginx, haproxy, caddy, peers)", s)
+			return o, fmt.Errorf("-setups: unknown setup %q (direct, bare-proxy, gateway, gateway-spread, net-http, gateway-postgres, gateway-postgres-spread, nginx, haproxy, caddy, peers)", s)
 		}
 	}
 	return o, nil
@@ -295,6 +295,32 @@ func startLocal(ctx context.Context, o options, conc int, setups []string) (*env
 		}
 		closers = append(closers, gw.Close)
 		e.gateway = gw.URL
+	}
+	if slices.Contains(setups, "net-http") {
+		// The ceiling of any gateway built on net/http: its server, with the
+		// upstream's handler, forwarding nothing.
+		if o.servers == "process" {
+			p, err := startSelf(ctx, o, "net-http", up.URL, tt)
+			if err != nil {
+				e.close()
+				return nil, err
+			}
+			e.peers["net-http"] = p
+			e.targets["net-http"] = bench.Target{Name: "net-http", URL: p.url.String() + bench.WritePath}
+		} else {
+			var srv *bench.Server
+			if tt != nil {
+				srv, err = bench.ServeTLSAt("net-http", "127.0.0.1:0", bench.NewFloor(), tt.config)
+			} else {
+				srv, err = bench.ServeAs("net-http", bench.NewFloor())
+			}
+			if err != nil {
+				e.close()
+				return nil, err
+			}
+			closers = append(closers, srv.Close)
+			e.targets["net-http"] = bench.Target{Name: "net-http", URL: srv.URL.String() + bench.WritePath}
+		}
 	}
 	if slices.ContainsFunc(setups, func(s string) bool { return strings.HasPrefix(s, "gateway-postgres") }) {
 		schema := "fencegw_load_" + strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -462,8 +488,10 @@ func runWrites(ctx context.Context, o options, out io.Writer) error {
 	}
 	if e.local != nil {
 		var sent int64
-		for _, m := range results {
-			sent += int64(m.requests)
+		for s, m := range results {
+			if s != "net-http" { // answers itself
+				sent += int64(m.requests)
+			}
 		}
 		if got := e.local.Requests.Load() - delivered; got != sent {
 			return fmt.Errorf("the upstream received %d writes, the clients saw %d answered: the setup is broken", got, sent)
@@ -510,6 +538,17 @@ func runServe(o options) error {
 			return err
 		}
 		closeServer = gw.Close
+	case "net-http":
+		var srv *bench.Server
+		if cfg != nil {
+			srv, err = bench.ServeTLSAt("net-http", o.serveListen, bench.NewFloor(), cfg)
+		} else {
+			srv, err = bench.ServeAt("net-http", o.serveListen, bench.NewFloor())
+		}
+		if err != nil {
+			return err
+		}
+		closeServer = srv.Close
 	case "bare-proxy":
 		var srv *bench.Server
 		if cfg != nil {
@@ -522,7 +561,7 @@ func runServe(o options) error {
 		}
 		closeServer = srv.Close
 	default:
-		return fmt.Errorf("-serve %q: not gateway, gateway-postgres or bare-proxy", o.serveRole)
+		return fmt.Errorf("-serve %q: not gateway, gateway-postgres, bare-proxy or net-http", o.serveRole)
 	}
 	stopProfiles, err := startProfiles(o)
 	if err != nil {

@@ -1,0 +1,309 @@
+package gateway
+
+// The direct forward: a fenced write the engine carries goes from the
+// handler to the engine without httputil.ReverseProxy.
+//
+// Under the reverse proxy every write paid for machinery only other writes
+// need: a clone of the request and of its header map, three derived
+// contexts (the forward timeout with its timer, the proxy's 1xx trace, the
+// gateway's trace), a copy of every response header value, a media type
+// parse. By the profile in docs/benchmarks.md that was about a third of
+// the gateway's allocations. The direct forward does the reverse proxy's
+// steps in its order, through the same code where the code is exported
+// (ProxyRequest.SetURL and SetXForwarded inside the gateway's rewrite,
+// Request.Write, ReadResponse) and as copies of its few lines where it is
+// not (the hop-by-hop headers, the response's header, trailer and flush
+// rules), and TestEngineMatchesReverseProxy holds the two to the same
+// bytes at the upstream and at the client. The forward timeout is a
+// deadline on the upstream connection instead of a context.
+//
+// It takes only what it can do without judgement: an unkeyed write
+// (Idempotency-Key answers are recorded by the proxy's ModifyResponse) to
+// a plain-http upstream, with no body or a small one read in whole
+// (smallbody.go), no Upgrade, Expect, TE or Trailer, and a query the
+// reverse proxy would pass unchanged. Everything else goes through the
+// reverse proxy as before.
+
+import (
+	"context"
+	"errors"
+	"io"
+	"mime"
+	"net/http"
+	"net/http/httputil"
+	"net/textproto"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"time"
+)
+
+// directForwardOK: GODEBUG=urlmaxqueryparams makes the reverse proxy
+// re-encode every query; the direct forward does not, so it stays off.
+func directForwardOK() bool { return !strings.Contains(os.Getenv("GODEBUG"), "urlmaxqueryparams") }
+
+// directable reports whether the direct forward carries r (see the top of
+// this file). Its body, if any, is f.buffered.
+func (g *Gateway) directable(r *http.Request, f *forward) bool {
+	if !g.direct || f.keyed != nil || f.upstream.Scheme != "http" || r.Method == http.MethodConnect ||
+		len(r.TransferEncoding) > 0 || r.Trailer != nil {
+		return false
+	}
+	if r.ContentLength != 0 && (f.buffered == nil || r.ContentLength != int64(len(f.buffered))) {
+		return false
+	}
+	h := r.Header
+	if len(h["Upgrade"]) > 0 || len(h["Expect"]) > 0 || len(h["Te"]) > 0 || len(h["Trailer"]) > 0 {
+		return false
+	}
+	return queryUnchanged(r.URL.RawQuery)
+}
+
+// queryUnchanged reports whether the reverse proxy's cleanQueryParams
+// leaves q as it is: no ';', every '%' starts an escape, at most 10,000
+// parameters.
+func queryUnchanged(q string) bool {
+	if strings.Count(q, "&") >= 10_000 {
+		return false
+	}
+	for i := 0; i < len(q); {
+		switch q[i] {
+		case ';':
+			return false
+		case '%':
+			if i+2 >= len(q) || !isHex(q[i+1]) || !isHex(q[i+2]) {
+				return false
+			}
+			i += 3
+		default:
+			i++
+		}
+	}
+	return true
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+// directState is what one direct forward needs besides its forward, lent
+// by directPool: the outbound request, its URL and header map, and the
+// hooks. The map is filled with the client's value slices (capacity
+// clipped, so that an append never writes into them) and emptied after
+// use; nothing keeps a reference to any of it past forwardDirect.
+type directState struct {
+	out   http.Request
+	url   url.URL
+	hooks directHooks
+	h     http.Header
+}
+
+var directPool = sync.Pool{New: func() any { return &directState{h: make(http.Header, 16)} }}
+
+// noUserAgent keeps Request.Write from sending Go's User-Agent, as the
+// reverse proxy does for a client that sent none.
+var noUserAgent = []string{""}
+
+// testHookDirect, if set (tests), is called for each direct forward.
+var testHookDirect func()
+
+// forwardDirect forwards r (directable) through the engine and copies the
+// answer to w, as the reverse proxy would.
+func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseController, r *http.Request, f *forward) {
+	if testHookDirect != nil {
+		testHookDirect()
+	}
+	st := directPool.Get().(*directState)
+	defer func() {
+		clear(st.h)
+		h := st.h
+		*st = directState{h: h}
+		directPool.Put(st)
+	}()
+	h := st.h
+	for k, v := range r.Header {
+		h[k] = v[:len(v):len(v)]
+	}
+	st.url = *r.URL
+	st.out = http.Request{Method: r.Method, URL: &st.url, Proto: r.Proto, ProtoMajor: r.ProtoMajor, ProtoMinor: r.ProtoMinor,
+		Header: h, Host: r.Host, ContentLength: r.ContentLength, RemoteAddr: r.RemoteAddr}
+	out := &st.out
+	// The reverse proxy's steps before its Rewrite (ServeHTTP).
+	removeHopByHop(h)
+	delete(h, "Forwarded")
+	delete(h, "X-Forwarded-For")
+	delete(h, "X-Forwarded-Host")
+	delete(h, "X-Forwarded-Proto")
+	g.rewrite(&httputil.ProxyRequest{In: r, Out: out}, f)
+	if _, ok := h["User-Agent"]; !ok {
+		h["User-Agent"] = noUserAgent[:1:1]
+	}
+	deadline := time.Now().Add(g.cfg.ForwardTimeout)
+	fw := &st.hooks
+	fw.w, fw.f = w, f
+	res, err := g.engine.exchange(r.Context(), out, deadline, fw)
+	if err != nil {
+		g.forwardFailed(w, r, f, err, errors.Is(err, context.DeadlineExceeded) || !time.Now().Before(deadline))
+		return
+	}
+	fw.done = true
+
+	// The reverse proxy's steps after its RoundTrip.
+	removeHopByHop(res.Header)
+	dst := w.Header()
+	for k, vv := range res.Header {
+		if len(dst[k]) == 0 {
+			dst[k] = vv // the response is this request's alone
+		} else {
+			dst[k] = append(dst[k], vv...)
+		}
+	}
+	announcedTrailers := len(res.Trailer)
+	if announcedTrailers > 0 {
+		trailerKeys := make([]string, 0, len(res.Trailer))
+		for k := range res.Trailer {
+			trailerKeys = append(trailerKeys, k)
+		}
+		dst.Add("Trailer", strings.Join(trailerKeys, ", "))
+	}
+	w.WriteHeader(res.StatusCode)
+	// A body of unknown length, or an event stream, is flushed as it
+	// comes (the reverse proxy's flushInterval -1), its head at once.
+	flush := res.ContentLength == -1 || eventStream(res.Header.Get("Content-Type"))
+	if flush {
+		_ = rc.Flush()
+	}
+	if err := g.copyAnswer(w, rc, res.Body, flush); err != nil {
+		defer res.Body.Close()
+		// As the reverse proxy: the answer is cut short, and the client
+		// must see that (ErrAbortHandler) rather than a short body.
+		if r.Context().Value(http.ServerContextKey) == nil {
+			return
+		}
+		panic(http.ErrAbortHandler)
+	}
+	_ = res.Body.Close() // now, to populate res.Trailer
+	if len(res.Trailer) > 0 {
+		// Force chunking, so that net/http does not add a Content-Length
+		// to a short body.
+		_ = rc.Flush()
+	}
+	if len(res.Trailer) == announcedTrailers {
+		for k, vv := range res.Trailer {
+			for _, v := range vv {
+				dst.Add(k, v)
+			}
+		}
+		return
+	}
+	for k, vv := range res.Trailer {
+		k = http.TrailerPrefix + k
+		for _, v := range vv {
+			dst.Add(k, v)
+		}
+	}
+}
+
+// copyAnswer copies the answer's body to the client, as the reverse
+// proxy's copyBuffer: write errors and read errors but io.EOF are
+// returned, read errors are logged.
+func (g *Gateway) copyAnswer(w http.ResponseWriter, rc *http.ResponseController, body io.Reader, flush bool) error {
+	bp := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(bp)
+	buf := *bp
+	for {
+		nr, rerr := body.Read(buf)
+		if rerr != nil && rerr != io.EOF && rerr != context.Canceled {
+			g.proxyLog.Printf("httputil: ReverseProxy read error during body copy: %v", rerr)
+		}
+		if nr > 0 {
+			nw, werr := w.Write(buf[:nr])
+			if werr != nil {
+				return werr
+			}
+			if nr != nw {
+				return io.ErrShortWrite
+			}
+			if flush {
+				_ = rc.Flush()
+			}
+		}
+		if rerr != nil {
+			if rerr == io.EOF {
+				return nil
+			}
+			return rerr
+		}
+	}
+}
+
+// copyBuffers lend copyAnswer its buffers (by pointer: a slice put in a
+// sync.Pool as itself would allocate its header each time).
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// directHooks hears an exchange of the direct forward.
+type directHooks struct {
+	w    http.ResponseWriter
+	f    *forward
+	done bool // the final answer arrived: no 1xx is forwarded after it
+}
+
+func (d *directHooks) wroteHeaders() { d.f.wroteRequest.Store(true) }
+
+func (d *directHooks) body() []byte { return d.f.buffered }
+
+// got1xx forwards an informational answer, as the reverse proxy's trace.
+func (d *directHooks) got1xx(code int, header textproto.MIMEHeader) error {
+	if d.done {
+		return nil
+	}
+	h := d.w.Header()
+	for k, vv := range header {
+		for _, v := range vv {
+			h.Add(k, v)
+		}
+	}
+	d.w.WriteHeader(code)
+	clear(h) // WriteHeader does not, for a 1xx
+	return nil
+}
+
+// hopHeaders are removed from requests and answers alike, with those a
+// Connection field names (the reverse proxy's removeHopByHopHeaders).
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+func removeHopByHop(h http.Header) {
+	for _, f := range h["Connection"] {
+		for sf := range strings.SplitSeq(f, ",") {
+			if sf = textproto.TrimString(sf); sf != "" {
+				h.Del(sf)
+			}
+		}
+	}
+	for _, f := range hopHeaders {
+		delete(h, f)
+	}
+}
+
+// eventStream reports whether a Content-Type is text/event-stream, as the
+// reverse proxy decides it (mime.ParseMediaType), parsing only the values
+// that could be.
+func eventStream(ct string) bool {
+	if !containsFold(ct, "event-stream") {
+		return false
+	}
+	base, _, _ := mime.ParseMediaType(ct)
+	return base == "text/event-stream"
+}
+
+// containsFold: s contains sub (lower-case ASCII) in any ASCII case.
+func containsFold(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if strings.EqualFold(s[i:i+len(sub)], sub) {
+			return true
+		}
+	}
+	return false
+}

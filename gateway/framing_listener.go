@@ -1,0 +1,170 @@
+package gateway
+
+// The framing listener: it wraps each accepted connection so that the
+// frame scanner (framing_scan.go) sees the plaintext bytes Go's server
+// reads, and hands each request its scanned head (framing.go).
+
+import (
+	"context"
+	"crypto/tls"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// Listener returns ln prepared to serve the gateway with srv: pass it to
+// srv.Serve. Each connection's header blocks are scanned, so the gateway
+// can refuse a request that carries both Content-Length and
+// Transfer-Encoding, which Go's server would otherwise frame by the latter
+// without telling it (see the top of this file). srv.Handler must pass
+// every request to the Gateway (it checks one scanned head per request).
+//
+// With tlsConfig the listener terminates TLS itself (the scanner must see
+// plaintext) and the gateway sets each request's TLS field, so
+// X-Forwarded-Proto stays https. It serves HTTP/1.1 only: ALPN offers
+// http/1.1 and srv.Protocols is set to HTTP/1 (also without TLS: no h2c).
+//
+// Listener also sets srv.ConnContext and srv.ConnState (keeping any hooks
+// already there) and srv.DisableGeneralOptionsHandler, so that "OPTIONS *"
+// reaches the gateway like every other request. It reads srv.MaxHeaderBytes,
+// the header timeouts (which also bound the TLS handshake) and ErrorLog:
+// set them first.
+func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config) net.Listener {
+	maxHeader := srv.MaxHeaderBytes
+	if maxHeader <= 0 {
+		maxHeader = http.DefaultMaxHeaderBytes
+	}
+	l := &framingListener{
+		Listener: ln,
+		// Go's server allows MaxHeaderBytes plus 4 KiB of slack, and bytes
+		// already in its 4 KiB read buffer do not count: never stop before
+		// Go would.
+		maxHead:   maxHeader + 16<<10,
+		hsTimeout: handshakeTimeout(srv),
+		errorLog:  srv.ErrorLog,
+	}
+	if tlsConfig != nil {
+		l.tls = tlsConfig.Clone()
+		l.tls.NextProtos = []string{"http/1.1"}
+	}
+	var p http.Protocols
+	p.SetHTTP1(true)
+	srv.Protocols = &p
+	srv.DisableGeneralOptionsHandler = true
+	connContext := srv.ConnContext
+	srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+		if fc, ok := c.(*framingConn); ok {
+			ctx = context.WithValue(ctx, framingKey{}, fc)
+		}
+		if connContext != nil {
+			ctx = connContext(ctx, c)
+		}
+		return ctx
+	}
+	connState := srv.ConnState
+	srv.ConnState = func(c net.Conn, s http.ConnState) {
+		if fc, ok := c.(*framingConn); ok && s == http.StateHijacked {
+			// What follows is not HTTP/1 (an upgraded connection).
+			fc.stop()
+		}
+		if connState != nil {
+			connState(c, s)
+		}
+	}
+	return l
+}
+
+// handshakeTimeout is what Go's server would allow a TLS handshake: the
+// least of its read-header, read and write timeouts that are set.
+func handshakeTimeout(srv *http.Server) time.Duration {
+	var d time.Duration
+	for _, t := range []time.Duration{srv.ReadHeaderTimeout, srv.ReadTimeout, srv.WriteTimeout} {
+		if t > 0 && (d == 0 || t < d) {
+			d = t
+		}
+	}
+	return d
+}
+
+type framingKey struct{}
+
+type framingListener struct {
+	net.Listener
+	tls       *tls.Config
+	maxHead   int
+	hsTimeout time.Duration
+	errorLog  interface{ Printf(string, ...any) }
+}
+
+func (l *framingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	fc := &framingConn{Conn: c, l: l}
+	fc.scan.init(l.maxHead)
+	if l.tls != nil {
+		fc.tlsConn = tls.Server(c, l.tls)
+		fc.Conn = fc.tlsConn
+	}
+	return fc, nil
+}
+
+// framingConn is one accepted connection as Go's server sees it: the TCP
+// connection, or the TLS connection over it.
+type framingConn struct {
+	net.Conn
+	l       *framingListener
+	tlsConn *tls.Conn
+	hsTried bool // Read only: Go's server never reads concurrently
+
+	mu       sync.Mutex
+	scan     frameScanner
+	tlsState *tls.ConnectionState
+}
+
+func (c *framingConn) Read(p []byte) (int, error) {
+	if c.tlsConn != nil && !c.hsTried {
+		c.hsTried = true
+		if err := c.handshake(); err != nil {
+			return 0, err
+		}
+	}
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.mu.Lock()
+		c.scan.feed(p[:n])
+		c.mu.Unlock()
+	}
+	return n, err
+}
+
+// CloseWrite lets Go's server half-close before closing (its
+// "rstAvoidance"), as it does with a bare TCP or TLS connection.
+func (c *framingConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+func (c *framingConn) stop() {
+	c.mu.Lock()
+	c.scan.state = scanStopped
+	c.mu.Unlock()
+}
+
+// next takes the scanned head of the request being served.
+func (c *framingConn) next() (frameInfo, *tls.ConnectionState, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	q := c.scan.queue
+	if len(q) == 0 {
+		return frameInfo{}, c.tlsState, false
+	}
+	f := q[0]
+	n := copy(q, q[1:])
+	c.scan.queue = q[:n]
+	return f, c.tlsState, true
+}

@@ -1,0 +1,378 @@
+package gateway
+
+// The frame scanner: follows the requests of an HTTP/1 byte stream as Go's
+// server parses them, and notes each head's request line and framing
+// fields for the framing check (framing.go).
+
+import (
+	"bytes"
+	"math"
+	"net/http"
+)
+
+// frameInfo is what the scanner saw in one request's head.
+type frameInfo struct {
+	lineHash uint64 // FNV-1a of the request line as Go's parser gets it
+	lineLen  int
+	length   int64 // the Content-Length value, if frameCL
+	flags    uint8
+	bad      string // why the gateway refuses the head, "" if it does not
+	badField string // the field bad names
+}
+
+// Flags of frameInfo.
+const (
+	frameCL uint8 = 1 << iota // a Content-Length field
+	frameTE                   // a Transfer-Encoding field
+)
+
+// Scanner states.
+const (
+	scanStart      uint8 = iota // before a request line
+	scanLine                    // in the request line
+	scanFieldStart              // at the start of a field line or of the empty line ending the head
+	scanFieldCR                 // after a CR that starts a line
+	scanName                    // in a field name
+	scanLength                  // in a Content-Length value
+	scanValue                   // in another field's value
+	scanBody                    // in a Content-Length body
+	scanStopped                 // not following the connection any more
+)
+
+// maxQueued bounds the heads scanned ahead of the handlers (pipelining):
+// Go's server reads at most 4 KiB ahead, so only a hijacked connection
+// would get near it.
+const maxQueued = 32
+
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+// priLine opens the HTTP/2 connection preface.
+const priLine = "PRI * HTTP/2.0"
+
+var priHash = func() uint64 {
+	h := uint64(fnvOffset)
+	for i := 0; i < len(priLine); i++ {
+		h = (h ^ uint64(priLine[i])) * fnvPrime
+	}
+	return h
+}()
+
+// frameScanner follows the requests in an HTTP/1 byte stream the way Go's
+// server parses them (net/http readRequest, net/textproto), without
+// buffering: lines end at LF, a CR right before it is dropped; after a POST
+// up to 4 leading CR or LF bytes are skipped; a body is only ever framed by
+// Content-Length here (a Transfer-Encoding head is the connection's last).
+type frameScanner struct {
+	state    uint8
+	cr       bool  // the previous byte was a CR not yet known to end a line
+	skipCRLF int   // CR/LF bytes Go skips before the next request line
+	bodyLeft int64 // bytes of the Content-Length body still to come
+	headLen  int   // bytes of the current head so far
+	maxHead  int
+
+	// The current head.
+	cur    frameInfo
+	method int // bytes of "POST " matched at the start of the line; -1: not a POST
+	isPost bool
+
+	// The current field line.
+	nameLen      int
+	notCL, notTE bool // the name so far is not content-length / transfer-encoding
+	underscore   bool // the name has a '_' where those have '-'
+	digits       int  // digits of a Content-Length value so far
+	trailing     bool // whitespace after them
+
+	queue []frameInfo // heads scanned, not yet taken by a handler
+}
+
+const (
+	nameCL = "content-length"
+	nameTE = "transfer-encoding"
+)
+
+func (s *frameScanner) init(maxHead int) {
+	s.maxHead = maxHead
+	s.state = scanStart
+}
+
+// feed follows p, the next bytes read from the connection.
+func (s *frameScanner) feed(p []byte) {
+	i := 0
+	for i < len(p) {
+		switch s.state {
+		case scanStopped:
+			return
+		case scanBody:
+			n := min(int64(len(p)-i), s.bodyLeft)
+			s.bodyLeft -= n
+			i += int(n)
+			if s.bodyLeft == 0 {
+				s.nextRequest()
+			}
+		case scanStart:
+			if b := p[i]; s.skipCRLF > 0 && (b == '\r' || b == '\n') {
+				s.skipCRLF--
+				i++
+				continue
+			}
+			s.skipCRLF = 0
+			s.cur = frameInfo{lineHash: fnvOffset}
+			s.method, s.isPost, s.cr, s.headLen = 0, false, false, 0
+			s.state = scanLine
+		case scanLine:
+			j := bytes.IndexByte(p[i:], '\n')
+			end := len(p)
+			if j >= 0 {
+				end = i + j + 1
+			}
+			if !s.count(end - i) {
+				return
+			}
+			s.lineBytes(p[i:end])
+			i = end
+		case scanName:
+			start := i
+			for i < len(p) {
+				b := p[i]
+				if b == ':' || b == '\r' || b == '\n' || b == ' ' || b == '\t' {
+					break
+				}
+				s.nameByte(b)
+				i++
+			}
+			if !s.count(i - start) {
+				return
+			}
+			if i < len(p) {
+				if !s.count(1) {
+					return
+				}
+				if p[i] != ':' {
+					s.fail(fieldHeaders, "a malformed header field name")
+					return
+				}
+				s.endName()
+				i++
+			}
+		case scanValue:
+			// Values are most of a head: jump to the line's end.
+			j := bytes.IndexByte(p[i:], '\n')
+			end := len(p)
+			if j >= 0 {
+				end = i + j + 1
+				s.state = scanFieldStart
+			}
+			if !s.count(end - i) {
+				return
+			}
+			i = end
+		default:
+			b := p[i]
+			i++
+			if !s.count(1) {
+				return
+			}
+			switch s.state {
+			case scanFieldStart:
+				switch b {
+				case '\n':
+					s.endHead()
+				case '\r':
+					s.state = scanFieldCR
+				case ' ', '\t':
+					// RFC 9112 5.2 lets a server refuse obs-fold; a front
+					// proxy may read a folded line as a field of its own.
+					s.fail(fieldHeaders, "a header line starts with whitespace (obs-fold)")
+					return
+				default:
+					s.nameLen, s.notCL, s.notTE, s.underscore = 0, false, false, false
+					s.state = scanName
+					s.nameByte(b)
+				}
+			case scanFieldCR:
+				if b != '\n' {
+					s.fail(fieldHeaders, "a header line starts with a CR")
+					return
+				}
+				s.endHead()
+			case scanLength:
+				s.lengthByte(b)
+			}
+		}
+	}
+}
+
+// count adds n bytes to the current head; false if it grew too large (the
+// scanner then stopped).
+func (s *frameScanner) count(n int) bool {
+	if s.headLen += n; s.headLen > s.maxHead {
+		s.fail(fieldHeaders, "the header block is too large")
+		return false
+	}
+	return true
+}
+
+// lineBytes adds seg, a piece of the request line that ends at its LF if
+// it has one, to the line's hash as Go's parser gets the line: without the
+// LF and one CR right before it.
+func (s *frameScanner) lineBytes(seg []byte) {
+	ends := len(seg) > 0 && seg[len(seg)-1] == '\n'
+	if ends {
+		seg = seg[:len(seg)-1]
+	}
+	if s.cr && (len(seg) > 0 || !ends) {
+		s.hashByte('\r') // the CR before this piece did not end the line
+	}
+	s.cr = false
+	if n := len(seg); n > 0 && seg[n-1] == '\r' {
+		seg = seg[:n-1]
+		s.cr = !ends // known only once the next byte comes
+	}
+	for _, b := range seg {
+		s.hashByte(b)
+	}
+	if ends {
+		s.isPost = s.method == len("POST ")
+		s.state = scanFieldStart
+	}
+}
+
+func (s *frameScanner) hashByte(b byte) {
+	s.cur.lineHash = (s.cur.lineHash ^ uint64(b)) * fnvPrime
+	s.cur.lineLen++
+	if s.method >= 0 && s.method < len("POST ") {
+		if "POST "[s.method] == b {
+			s.method++
+		} else {
+			s.method = -1
+		}
+	}
+}
+
+func (s *frameScanner) nameByte(b byte) {
+	c := b
+	if 'A' <= c && c <= 'Z' {
+		c += 'a' - 'A'
+	}
+	if c == '_' {
+		s.underscore, c = true, '-'
+	}
+	i := s.nameLen
+	s.notCL = s.notCL || i >= len(nameCL) || nameCL[i] != c
+	s.notTE = s.notTE || i >= len(nameTE) || nameTE[i] != c
+	s.nameLen++
+}
+
+func (s *frameScanner) endName() {
+	isCL := !s.notCL && s.nameLen == len(nameCL)
+	isTE := !s.notTE && s.nameLen == len(nameTE)
+	switch {
+	case (isCL || isTE) && s.underscore:
+		// Go takes Content_Length for another field; some proxies do not.
+		s.fail(fieldFraming, "a header field name like these with '_' for '-'")
+	case isCL && s.cur.flags&frameCL != 0:
+		s.fail("Content-Length", "more than one such field")
+	case isCL:
+		s.cur.flags |= frameCL
+		s.digits, s.trailing, s.cr = 0, false, false
+		s.state = scanLength
+	case isTE:
+		s.cur.flags |= frameTE
+		s.state = scanValue
+	default:
+		s.state = scanValue
+	}
+}
+
+// lengthByte follows a Content-Length value: optional whitespace, decimal
+// digits that fit an int64, optional whitespace (what Go's parser accepts).
+func (s *frameScanner) lengthByte(b byte) {
+	if s.cr && b != '\n' {
+		s.fail("Content-Length", "a CR inside the value")
+		return
+	}
+	switch {
+	case b == '\r':
+		s.cr = true
+	case b == '\n':
+		s.cr = false
+		if s.digits == 0 {
+			s.fail("Content-Length", "empty")
+			return
+		}
+		s.state = scanFieldStart
+	case b == ' ' || b == '\t':
+		s.trailing = s.digits > 0
+	case '0' <= b && b <= '9' && !s.trailing:
+		d := int64(b - '0')
+		if s.cur.length > (math.MaxInt64-d)/10 {
+			s.fail("Content-Length", "too large")
+			return
+		}
+		s.cur.length = s.cur.length*10 + d
+		s.digits++
+	default:
+		s.fail("Content-Length", "not one decimal number")
+	}
+}
+
+func (s *frameScanner) endHead() {
+	if !s.push(s.cur) {
+		return
+	}
+	switch {
+	case s.cur.flags&frameTE != 0:
+		// The gateway closes the connection after this request (or refuses
+		// it): nothing after it is read as a request.
+		s.state = scanStopped
+	case s.cur.lineHash == priHash && s.cur.lineLen == len(priLine):
+		// The HTTP/2 preface: net/http reads no request after it.
+		s.state = scanStopped
+	case s.cur.flags&frameCL != 0 && s.cur.length > 0:
+		s.bodyLeft = s.cur.length
+		s.state = scanBody
+	default:
+		s.nextRequest()
+	}
+}
+
+func (s *frameScanner) nextRequest() {
+	s.state = scanStart
+	s.skipCRLF = 0
+	if s.isPost {
+		s.skipCRLF = 4 // net/http: RFC 7230 section 3 tolerance for old buggy clients
+	}
+}
+
+// fail records what is wrong with the current head (the gateway refuses
+// it, if Go does not first) and stops following the connection.
+func (s *frameScanner) fail(field, reason string) {
+	s.cur.badField, s.cur.bad = field, reason
+	s.push(s.cur)
+	s.state = scanStopped
+}
+
+func (s *frameScanner) push(f frameInfo) bool {
+	if len(s.queue) >= maxQueued {
+		s.state = scanStopped
+		return false
+	}
+	s.queue = append(s.queue, f)
+	return true
+}
+
+// requestLineHash is the FNV-1a hash frameScanner computes for r's request
+// line ("METHOD REQUEST-URI PROTO", which net/http splits at its first two
+// spaces).
+func requestLineHash(r *http.Request) (uint64, int) {
+	h := uint64(fnvOffset)
+	for _, s := range [...]string{r.Method, " ", r.RequestURI, " ", r.Proto} {
+		for i := 0; i < len(s); i++ {
+			h = (h ^ uint64(s[i])) * fnvPrime
+		}
+	}
+	return h, len(r.Method) + len(r.RequestURI) + len(r.Proto) + 2
+}

@@ -1,0 +1,48 @@
+package gateway
+
+// TLS termination in the framing listener: the scanner must see plaintext,
+// so the listener runs the handshake Go's server would run.
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+)
+
+// handshake runs the TLS handshake that Go's server would run itself for a
+// *tls.Conn, bounded the same way, and keeps its state for the requests.
+func (c *framingConn) handshake() error {
+	ctx := context.Background()
+	if c.l.hsTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.l.hsTimeout)
+		defer cancel()
+	}
+	if err := c.tlsConn.HandshakeContext(ctx); err != nil {
+		reason := err.Error()
+		var re tls.RecordHeaderError
+		if errors.As(err, &re) && re.Conn != nil && looksLikeHTTP(re.RecordHeader) {
+			_, _ = io.WriteString(re.Conn, "HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n")
+			_ = re.Conn.Close()
+			reason = "client sent an HTTP request to an HTTPS server"
+		}
+		if c.l.errorLog != nil {
+			c.l.errorLog.Printf("http: TLS handshake error from %s: %v", c.RemoteAddr(), reason)
+		}
+		return err
+	}
+	st := c.tlsConn.ConnectionState()
+	c.mu.Lock()
+	c.tlsState = &st
+	c.mu.Unlock()
+	return nil
+}
+
+func looksLikeHTTP(hdr [5]byte) bool {
+	switch string(hdr[:]) {
+	case "GET /", "HEAD ", "POST ", "PUT /", "OPTIO":
+		return true
+	}
+	return false
+}
