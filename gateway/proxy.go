@@ -259,8 +259,29 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		WroteHeaders: func() { f.wroteRequest.Store(true) },
 	})
 	ctx = context.WithValue(ctx, forwardKey{}, f)
+	if len(r.Header["Expect"]) > 0 {
+		w = continueOnce{w}
+	}
 	g.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
+
+// continueOnce drops the upstream's 100 Continue that the reverse proxy
+// forwards: with Expect: 100-continue the gateway's own server already
+// sends one when the Transport starts reading the body, which the
+// upstream's 100 triggers, so forwarding it too would answer twice or
+// once, as timing has it. Other 1xx (103 Early Hints) pass.
+type continueOnce struct{ http.ResponseWriter }
+
+func (w continueOnce) WriteHeader(code int) {
+	if code == http.StatusContinue {
+		return
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController (flushes, deadlines) reach the
+// connection's writer.
+func (w continueOnce) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // proxyError answers a forward that got no response from the upstream. r
 // is the outbound request, so the problem's instance is taken from f.
