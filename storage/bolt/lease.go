@@ -22,10 +22,11 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 	var (
 		lease   tokens.Lease
 		st      resState
+		prev    *tokens.Lease
 		refusal error
 	)
 	err = s.update("grant", func(tx *bbolt.Tx) error {
-		refusal = nil
+		refusal, prev = nil, nil
 		now := s.now()
 		cur, err := getResource(tx, req.Resource)
 		if err != nil {
@@ -58,6 +59,16 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 		if err := putResource(tx, req.Resource, &st); err != nil {
 			return err
 		}
+		prev = holder
+		if err := unindexLive(tx, holder); err != nil {
+			return err
+		}
+		if err := indexLive(tx, &lease); err != nil {
+			return err
+		}
+		if err := pruneLive(tx, now); err != nil {
+			return err
+		}
 		return s.addEvent(tx, event(tokens.EventGranted, now, &lease))
 	})
 	if err != nil {
@@ -66,11 +77,8 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 	if refusal != nil {
 		return tokens.Lease{}, refusal
 	}
-	s.mu.Lock()
 	l := lease
-	s.leases[l.ID] = &l
-	s.resources[req.Resource] = &st
-	s.mu.Unlock()
+	s.cache.set(req.Resource, st, &l, prev)
 	return lease, nil
 }
 
@@ -94,14 +102,11 @@ func notFound() error {
 // lockLeaseResource takes the per-resource mutation lock of the lease's
 // resource: ErrNotFound for an unknown lease, ErrUnavailable once closed.
 func (s *Store) lockLeaseResource(ctx context.Context, leaseID string) (func(), error) {
-	resource, ok := s.cachedLeaseResource(leaseID)
-	if !ok {
-		if s.closed.Load() {
-			return nil, tokens.Unavailable("bolt", errClosed)
-		}
-		return nil, notFound()
+	l, err := s.leaseByID(ctx, leaseID)
+	if err != nil {
+		return nil, err
 	}
-	return s.lockResource(ctx, resource)
+	return s.lockResource(ctx, l.Resource)
 }
 
 // Renew implements tokens.Store.
@@ -113,6 +118,7 @@ func (s *Store) Renew(ctx context.Context, leaseID string, ttl time.Duration) (t
 	defer unlock()
 	var (
 		lease   tokens.Lease
+		st      resState
 		refusal error
 	)
 	err = s.update("renew", func(tx *bbolt.Tx) error {
@@ -126,13 +132,15 @@ func (s *Store) Renew(ctx context.Context, leaseID string, ttl time.Duration) (t
 			refusal = notFound()
 			return nil
 		}
-		st, err := getResource(tx, l.Resource)
-		if err != nil {
+		if st, err = getResource(tx, l.Resource); err != nil {
 			return err
 		}
 		if st.current != l.ID || st.token != l.Token || !l.Live(now) {
 			refusal = lost(l, st)
 			return s.addEvent(tx, event(tokens.EventRenewRefused, now, l))
+		}
+		if err := unindexLive(tx, l); err != nil {
+			return err
 		}
 		if ttl != 0 {
 			l.TTL = ttl
@@ -140,6 +148,12 @@ func (s *Store) Renew(ctx context.Context, leaseID string, ttl time.Duration) (t
 		l.ExpiresAt = now.Add(l.TTL)
 		lease = *l
 		if err := putLease(tx, l); err != nil {
+			return err
+		}
+		if err := indexLive(tx, l); err != nil {
+			return err
+		}
+		if err := pruneLive(tx, now); err != nil {
 			return err
 		}
 		return s.addEvent(tx, event(tokens.EventRenewed, now, l))
@@ -150,10 +164,8 @@ func (s *Store) Renew(ctx context.Context, leaseID string, ttl time.Duration) (t
 	if refusal != nil {
 		return tokens.Lease{}, refusal
 	}
-	s.mu.Lock()
 	l := lease
-	s.leases[l.ID] = &l
-	s.mu.Unlock()
+	s.cache.set(l.Resource, st, &l)
 	return lease, nil
 }
 
@@ -177,6 +189,7 @@ func (s *Store) release(ctx context.Context, leaseID, revokedBy string) (tokens.
 	defer unlock()
 	var (
 		lease   tokens.Lease
+		st      resState
 		changed bool
 		refusal error
 	)
@@ -195,13 +208,15 @@ func (s *Store) release(ctx context.Context, leaseID, revokedBy string) (tokens.
 		if l.Released() {
 			return nil // idempotent: its holder already released it
 		}
-		st, err := getResource(tx, l.Resource)
-		if err != nil {
+		if st, err = getResource(tx, l.Resource); err != nil {
 			return err
 		}
 		if st.current != l.ID || st.token != l.Token || !l.Live(now) {
 			refusal = lost(l, st)
 			return s.addEvent(tx, event(tokens.EventReleaseRefused, now, l))
+		}
+		if err := unindexLive(tx, l); err != nil {
+			return err
 		}
 		l.ReleasedAt = now
 		lease, changed = *l, true
@@ -221,10 +236,8 @@ func (s *Store) release(ctx context.Context, leaseID, revokedBy string) (tokens.
 		return tokens.Lease{}, refusal
 	}
 	if changed {
-		s.mu.Lock()
 		l := lease
-		s.leases[l.ID] = &l
-		s.mu.Unlock()
+		s.cache.set(l.Resource, st, &l)
 	}
 	return lease, nil
 }
@@ -236,11 +249,16 @@ func (s *Store) Drain(ctx context.Context, resource string, d time.Duration) err
 		return err
 	}
 	defer unlock()
-	var st resState
+	var (
+		st  resState
+		cur *tokens.Lease
+	)
 	err = s.update("drain", func(tx *bbolt.Tx) error {
 		var err error
-		st, err = getResource(tx, resource)
-		if err != nil {
+		if st, err = getResource(tx, resource); err != nil {
+			return err
+		}
+		if cur, err = getLease(tx, st.current); err != nil {
 			return err
 		}
 		until := s.now().Add(d)
@@ -253,8 +271,6 @@ func (s *Store) Drain(ctx context.Context, resource string, d time.Duration) err
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	s.resources[resource] = &st
-	s.mu.Unlock()
+	s.cache.set(resource, st, cur)
 	return nil
 }

@@ -1,76 +1,82 @@
 package bolt
 
 import (
-	"cmp"
 	"context"
-	"slices"
+	"errors"
+
+	bbolt "go.etcd.io/bbolt"
 
 	"github.com/fencegw/fencegw/tokens"
 )
 
-// Lease implements tokens.Store from the cache, without touching the file.
+// Lease implements tokens.Store, from the cache when it holds the lease.
 func (s *Store) Lease(ctx context.Context, leaseID string) (tokens.Lease, error) {
 	if s.closed.Load() {
 		return tokens.Lease{}, tokens.Unavailable("bolt", errClosed)
 	}
-	s.mu.RLock()
-	l, ok := s.leases[leaseID]
-	var out tokens.Lease
-	if ok {
-		out = *l
+	l, err := s.leaseByID(ctx, leaseID)
+	if err != nil {
+		return tokens.Lease{}, err
 	}
-	s.mu.RUnlock()
-	if !ok {
-		return tokens.Lease{}, notFound()
-	}
-	return out, nil
+	return *l, nil
 }
 
-// Resource implements tokens.Store from the cache, without touching the
-// file. A resource that was only ever drained, never granted, is not found.
+// Resource implements tokens.Store, from the cache when it holds the
+// resource. A resource that was only ever drained, never granted, is not
+// found.
 func (s *Store) Resource(ctx context.Context, name string) (tokens.Resource, error) {
 	if s.closed.Load() {
 		return tokens.Resource{}, tokens.Unavailable("bolt", errClosed)
 	}
-	r := tokens.Resource{Name: name}
-	s.mu.RLock()
-	st, ok := s.resources[name]
-	if ok && st.token > 0 {
-		r.Token, r.DrainUntil = st.token, st.drainUntil
-		if l, ok := s.leases[st.current]; ok {
-			c := *l
-			r.Lease = &c
-		}
+	e, err := s.resourceEntry(ctx, name)
+	if err != nil {
+		return tokens.Resource{}, err
 	}
-	s.mu.RUnlock()
-	if r.Token == 0 {
+	if e.st.token == 0 {
 		return tokens.Resource{}, &tokens.Error{Kind: tokens.ErrNotFound, Resource: name, Detail: "never granted"}
 	}
-	r.Now = s.now()
+	r := tokens.Resource{Name: name, Token: e.st.token, DrainUntil: e.st.drainUntil, Now: s.now()}
+	if e.lease != nil {
+		c := *e.lease
+		r.Lease = &c
+	}
 	return r, nil
 }
 
-// CurrentLeases implements tokens.Store from the cache. limit <= 0 means
-// 100; it is capped at 1000.
+// CurrentLeases implements tokens.Store from the live-lease index
+// (bucketLive), soonest expiry first. limit <= 0 means 100; it is capped at
+// 1000.
 func (s *Store) CurrentLeases(ctx context.Context, limit int) ([]tokens.Lease, error) {
-	if s.closed.Load() {
-		return nil, tokens.Unavailable("bolt", errClosed)
+	if err := s.enter(ctx); err != nil {
+		return nil, err
 	}
+	defer s.leave()
 	limit = clampLimit(limit)
 	now := s.now()
 	var out []tokens.Lease
-	s.mu.RLock()
-	for _, st := range s.resources {
-		if l, ok := s.leases[st.current]; ok && l.Token == st.token && l.Live(now) {
-			out = append(out, *l)
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		// Past the entries that expired at or before now.
+		c := tx.Bucket(bucketLive).Cursor()
+		for k, v := c.Seek(liveTime(now.Add(1))); k != nil && len(out) < limit; k, v = c.Next() {
+			l, err := getLease(tx, string(v))
+			if err != nil {
+				return err
+			}
+			if l == nil {
+				return errors.New("live index names a missing lease: " + tokens.LeaseHint(string(v)))
+			}
+			st, err := getResource(tx, l.Resource)
+			if err != nil {
+				return err
+			}
+			if st.current == l.ID && st.token == l.Token && l.Live(now) {
+				out = append(out, *l)
+			}
 		}
-	}
-	s.mu.RUnlock()
-	slices.SortFunc(out, func(a, b tokens.Lease) int {
-		return cmp.Or(a.ExpiresAt.Compare(b.ExpiresAt), cmp.Compare(a.Resource, b.Resource))
+		return nil
 	})
-	if len(out) > limit {
-		out = out[:limit]
+	if err != nil {
+		return nil, tokens.Unavailable("current leases", err)
 	}
 	return out, nil
 }

@@ -9,13 +9,22 @@ import (
 	"github.com/fencegw/fencegw/tokens"
 )
 
-// recover creates the buckets, applies the crash drain if the previous
+// recover creates the buckets (and the live-lease index of a file written
+// before it existed), applies the crash drain if the previous
 // process did not close the store, and clears the clean-shutdown marker.
 func (s *Store) recover() error {
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		fresh := tx.Bucket(bucketMeta) == nil
 		for _, name := range [][]byte{bucketMeta, bucketResources, bucketLeases, bucketRejections, bucketRejIndex, bucketHistory} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return err
+			}
+		}
+		if tx.Bucket(bucketLive) == nil {
+			if _, err := tx.CreateBucket(bucketLive); err != nil {
+				return err
+			}
+			if err := buildLive(tx); err != nil {
 				return err
 			}
 		}
@@ -87,34 +96,3 @@ func (s *Store) recover() error {
 	}
 	return nil
 }
-
-// load fills the cache from the file.
-func (s *Store) load() error {
-	err := s.db.View(func(tx *bbolt.Tx) error {
-		err := tx.Bucket(bucketLeases).ForEach(func(k, v []byte) error {
-			l, err := decodeLease(string(k), v)
-			if err != nil {
-				return fmt.Errorf("lease %s: %w", tokens.LeaseHint(string(k)), err)
-			}
-			s.leases[l.ID] = &l
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		return tx.Bucket(bucketResources).ForEach(func(k, v []byte) error {
-			st, err := decodeResource(v)
-			if err != nil {
-				return fmt.Errorf("resource %q: %w", k, err)
-			}
-			s.resources[string(k)] = &st
-			return nil
-		})
-	})
-	if err != nil {
-		return tokens.Unavailable("load store", err)
-	}
-	return nil
-}
-
-// Close writes the clean-shutdown marker and closes the file. Operations

@@ -10,7 +10,9 @@
 // cache update, so the in-memory cache changes in commit order.
 //
 // The hot read path of the gateway, Lease and Resource, is served from that
-// cache without opening a transaction.
+// cache without opening a transaction. The cache is bounded (cache.go):
+// what it does not hold is read from the file, so the heap does not grow
+// with the number of resources the file knows.
 package bolt
 
 import (
@@ -74,6 +76,10 @@ type Options struct {
 	// MaxIdempotencyRecords caps the idempotency records kept (keys.go);
 	// the oldest go first. 0 means DefaultMaxIdempotencyRecords.
 	MaxIdempotencyRecords int
+	// CacheEntries bounds the resource states, and separately the leases,
+	// kept in memory, in each of the cache's two generations (cache.go).
+	// 0 means DefaultCacheEntries.
+	CacheEntries int
 	// Logger receives operational messages; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -103,12 +109,9 @@ type Store struct {
 	// by Close, so Close writes its marker after the last commit.
 	life sync.RWMutex
 
-	// mu guards the cache, a copy of the committed leases and resource
-	// states. It is changed only after a successful commit, under the
-	// resource's lock.
-	mu        sync.RWMutex
-	leases    map[string]*tokens.Lease
-	resources map[string]*resState
+	// cache holds copies of committed leases and resource states, changed
+	// only after a successful commit under the resource's lock.
+	cache *cache
 
 	stopGC   chan struct{}
 	stopOnce sync.Once
@@ -140,6 +143,9 @@ func Open(path string, opts Options) (*Store, error) {
 	if opts.MaxIdempotencyRecords <= 0 {
 		opts.MaxIdempotencyRecords = DefaultMaxIdempotencyRecords
 	}
+	if opts.CacheEntries <= 0 {
+		opts.CacheEntries = DefaultCacheEntries
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -158,21 +164,16 @@ func Open(path string, opts Options) (*Store, error) {
 	}
 	db.MaxBatchDelay = maxBatchDelay
 	s := &Store{
-		db:        db,
-		now:       opts.Now,
-		log:       opts.Logger,
-		opts:      opts,
-		locks:     tokens.NewLocalLocker(),
-		leases:    make(map[string]*tokens.Lease),
-		resources: make(map[string]*resState),
-		stopGC:    make(chan struct{}),
-		gcDone:    make(chan struct{}),
+		db:     db,
+		now:    opts.Now,
+		log:    opts.Logger,
+		opts:   opts,
+		locks:  tokens.NewLocalLocker(),
+		cache:  newCache(opts.CacheEntries),
+		stopGC: make(chan struct{}),
+		gcDone: make(chan struct{}),
 	}
 	if err := s.recover(); err != nil {
-		_ = db.Close()
-		return nil, err
-	}
-	if err := s.load(); err != nil {
 		_ = db.Close()
 		return nil, err
 	}
@@ -251,18 +252,6 @@ func (s *Store) update(op string, fn func(tx *bbolt.Tx) error) error {
 		return tokens.Unavailable(op, err)
 	}
 	return nil
-}
-
-// cachedLeaseResource returns the resource of a cached lease.
-func (s *Store) cachedLeaseResource(id string) (string, bool) {
-	s.mu.RLock()
-	l, ok := s.leases[id]
-	var r string
-	if ok {
-		r = l.Resource
-	}
-	s.mu.RUnlock()
-	return r, ok
 }
 
 func clampLimit(limit int) int {
