@@ -171,6 +171,9 @@ func (s *Store) resourceEntry(ctx context.Context, name string) (*entry, error) 
 	if err != nil {
 		return nil, tokens.Unavailable("read resource", err)
 	}
+	if s.fillHook != nil {
+		s.fillHook()
+	}
 	s.cache.set(name, e.st, e.lease)
 	return e, nil
 }
@@ -215,6 +218,9 @@ func (s *Store) leaseByID(ctx context.Context, leaseID string) (*tokens.Lease, e
 	defer unlock()
 	if l, err = read(); err != nil {
 		return nil, err
+	}
+	if s.fillHook != nil {
+		s.fillHook()
 	}
 	s.cache.fillLease(l, epoch)
 	return l, nil

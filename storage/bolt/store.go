@@ -112,6 +112,9 @@ type Store struct {
 	// cache holds copies of committed leases and resource states, changed
 	// only after a successful commit under the resource's lock.
 	cache *cache
+	// fillHook, if set (by tests), runs between a cache fill's read and
+	// its insert: where a mutation committing unordered would be missed.
+	fillHook func()
 
 	stopGC   chan struct{}
 	stopOnce sync.Once
