@@ -212,33 +212,3 @@ func (s *Store) Rejections(ctx context.Context, q tokens.RejectionQuery) ([]toke
 	}
 	return out, nil
 }
-
-// History implements tokens.Store: newest first, limit defaulting to 100
-// and capped at 1000. A resource without history has an empty one.
-func (s *Store) History(ctx context.Context, resource string, limit int) ([]tokens.Event, error) {
-	if err := s.enter(ctx); err != nil {
-		return nil, err
-	}
-	defer s.leave()
-	limit = clampLimit(limit)
-	var out []tokens.Event
-	err := s.db.View(func(tx *bbolt.Tx) error {
-		b := tx.Bucket(bucketHistory).Bucket([]byte(resource))
-		if b == nil {
-			return nil
-		}
-		c := b.Cursor()
-		for k, v := c.Last(); k != nil && len(out) < limit; k, v = c.Prev() {
-			ev, err := decodeEvent(resource, v)
-			if err != nil {
-				return fmt.Errorf("history of %q: %w", resource, err)
-			}
-			out = append(out, ev)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, tokens.Unavailable("history", err)
-	}
-	return out, nil
-}

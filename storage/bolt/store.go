@@ -91,7 +91,7 @@ var (
 	bucketLeases     = []byte("leases")
 	bucketRejections = []byte("rejections")
 	bucketRejIndex   = []byte("rejections_by_resource") // one sub-bucket per resource: id -> nil
-	bucketHistory    = []byte("history")                // one sub-bucket per resource: seq -> event
+	bucketEvents     = []byte("events")                 // lease history (history.go): resource, seq -> event
 
 	keyClean = []byte("clean_shutdown")
 )
@@ -177,6 +177,10 @@ func Open(path string, opts Options) (*Store, error) {
 		gcDone: make(chan struct{}),
 	}
 	if err := s.recover(); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	if err := s.migrateHistory(); err != nil {
 		_ = db.Close()
 		return nil, err
 	}

@@ -291,9 +291,9 @@ func TestCorruptValues(t *testing.T) {
 			}
 			err := s.db.Update(func(tx *bbolt.Tx) error {
 				if tc.bucket == nil { // corrupt the history event of the grant
-					b := tx.Bucket(bucketHistory).Bucket([]byte("h"))
-					v := append([]byte(nil), b.Get(seqKey(1))...)
-					return b.Put(seqKey(1), append(v, 0))
+					b := tx.Bucket(bucketEvents)
+					v := append([]byte(nil), b.Get(resourceKey("h", 1))...)
+					return b.Put(resourceKey("h", 1), append(v, 0))
 				}
 				return tx.Bucket(tc.bucket).Put(tc.key, tc.val)
 			})

@@ -46,43 +46,6 @@ func putResource(tx *bbolt.Tx, name string, st *resState) error {
 	return tx.Bucket(bucketResources).Put([]byte(name), encodeResource(st))
 }
 
-// addEvent appends to the resource's history and drops the oldest events
-// beyond the cap.
-func (s *Store) addEvent(tx *bbolt.Tx, ev tokens.Event) error {
-	b, err := tx.Bucket(bucketHistory).CreateBucketIfNotExists([]byte(ev.Resource))
-	if err != nil {
-		return err
-	}
-	seq, err := b.NextSequence()
-	if err != nil {
-		return err
-	}
-	if err := b.Put(seqKey(seq), encodeEvent(&ev)); err != nil {
-		return err
-	}
-	limit := uint64(s.opts.MaxHistoryPerResource)
-	if seq <= limit {
-		return nil
-	}
-	// Sequences have no gaps except at the front, so everything at or
-	// below seq-limit is beyond the cap; usually that is one event.
-	var old [][]byte
-	c := b.Cursor()
-	for k, _ := c.First(); k != nil; k, _ = c.Next() {
-		n, ok := keySeq(k)
-		if ok && n > seq-limit {
-			break
-		}
-		old = append(old, bytes.Clone(k))
-	}
-	for _, k := range old {
-		if err := b.Delete(k); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 func event(kind tokens.EventKind, at time.Time, l *tokens.Lease) tokens.Event {
 	return tokens.Event{At: at, Resource: l.Resource, Kind: kind, Token: l.Token, Holder: l.Holder, ExpiresAt: l.ExpiresAt}
 }
@@ -105,7 +68,11 @@ func liveTime(t time.Time) []byte {
 }
 
 func indexLive(tx *bbolt.Tx, l *tokens.Lease) error {
-	return tx.Bucket(bucketLive).Put(liveKey(l), []byte(l.ID))
+	b := tx.Bucket(bucketLive)
+	// Keys are mostly appended (expiries grow with the clock): pages split
+	// at 90% instead of half full take ~40% less of the file.
+	b.FillPercent = 0.9
+	return b.Put(liveKey(l), []byte(l.ID))
 }
 
 func unindexLive(tx *bbolt.Tx, l *tokens.Lease) error {
