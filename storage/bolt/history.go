@@ -124,26 +124,35 @@ func (s *Store) History(ctx context.Context, resource string, limit int) ([]toke
 	return out, nil
 }
 
-// migrateChunk is how many resources' history one migrating transaction
-// moves, so that a large file is not moved in one transaction held in
-// memory.
+// migrateChunk is how many resources' sub-buckets one migrating
+// transaction moves, so that a large file is not moved in one transaction
+// held in memory.
 const migrateChunk = 10_000
 
-// migrateHistory moves the history of a file written before bucketEvents
-// into it, a chunk of resources per transaction (each chunk is copied and
-// deleted in one, so a crash midway leaves nothing twice), and drops
-// bucketHistory at the end.
+// migrateHistory moves the lease history and the write counts of a file
+// written before bucketEvents and bucketWriteCounts into them.
 func (s *Store) migrateHistory() error {
+	if err := s.migrateSubBuckets(bucketHistory, bucketEvents, "lease history"); err != nil {
+		return err
+	}
+	return s.migrateSubBuckets(bucketWrites, bucketWriteCounts, "write counts")
+}
+
+// migrateSubBuckets moves every sub-bucket of old (resource -> n -> value,
+// n 8 big-endian bytes) into to as resourceKey(resource, n) -> value, a
+// chunk of resources per transaction (each chunk is copied and deleted in
+// one, so a crash midway leaves nothing twice), and drops old at the end.
+func (s *Store) migrateSubBuckets(oldName, toName []byte, what string) error {
 	moved := 0
 	for {
 		done := false
 		err := s.db.Update(func(tx *bbolt.Tx) error {
-			old := tx.Bucket(bucketHistory)
+			old := tx.Bucket(oldName)
 			if old == nil {
 				done = true
 				return nil
 			}
-			events := tx.Bucket(bucketEvents)
+			to := tx.Bucket(toName)
 			var names [][]byte
 			c := old.Cursor()
 			for k, v := c.First(); k != nil && len(names) < migrateChunk; k, v = c.Next() {
@@ -154,15 +163,15 @@ func (s *Store) migrateHistory() error {
 			}
 			if len(names) == 0 {
 				done = true
-				return tx.DeleteBucket(bucketHistory)
+				return tx.DeleteBucket(oldName)
 			}
 			for _, name := range names {
 				err := old.Bucket(name).ForEach(func(k, v []byte) error {
-					seq, ok := keySeq(k)
+					n, ok := keySeq(k)
 					if !ok {
-						return fmt.Errorf("history of %q: key %x: %w", name, k, errCorrupt)
+						return fmt.Errorf("%s of %q: key %x: %w", what, name, k, errCorrupt)
 					}
-					return events.Put(resourceKey(string(name), seq), bytes.Clone(v))
+					return to.Put(resourceKey(string(name), n), bytes.Clone(v))
 				})
 				if err != nil {
 					return err
@@ -175,11 +184,11 @@ func (s *Store) migrateHistory() error {
 			return nil
 		})
 		if err != nil {
-			return tokens.Unavailable("migrate lease history", err)
+			return tokens.Unavailable("migrate "+what, err)
 		}
 		if done {
 			if moved > 0 {
-				s.log.Info("moved lease history to the one-bucket layout", "resources", moved)
+				s.log.Info("moved to the one-bucket layout", "what", what, "resources", moved)
 			}
 			return nil
 		}
