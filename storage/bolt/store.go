@@ -102,7 +102,7 @@ type Store struct {
 	now    func() time.Time
 	log    *slog.Logger
 	opts   Options
-	locks  *tokens.LocalLocker // serialises mutations of one resource
+	locks  *tokens.LocalLocker // exclusive: a resource's mutations; shared: its cache fills
 	closed atomic.Bool
 
 	// life is held shared by every operation that uses db and exclusively
