@@ -2,7 +2,6 @@ package torture
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"net/url"
 	"os"
@@ -12,7 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	bbolt "go.etcd.io/bbolt"
+
+	"github.com/fencegw/fencegw/storage/bolt"
 )
 
 // run runs a command with a bound on its time and returns its output.
@@ -187,35 +187,7 @@ func waitFor(ctx context.Context, d time.Duration, ok func(context.Context) erro
 }
 
 // SeedBolt writes, before the gateway first opens it, an embedded store
-// file in which resources were last granted token base. It writes the
-// resource record of storage/bolt's codec (version 1; varint token; empty
-// current lease; zero drain time); if that format changes, the gateway
-// refuses the file at start and the torture fails loudly.
+// file in which resources were last granted token base (bolt.Seed).
 func SeedBolt(dataDir string, resources []string, base int64) error {
-	if err := os.MkdirAll(dataDir, 0o700); err != nil {
-		return err
-	}
-	db, err := bbolt.Open(filepath.Join(dataDir, "fencegw.db"), 0o600, &bbolt.Options{Timeout: time.Second})
-	if err != nil {
-		return err
-	}
-	err = db.Update(func(tx *bbolt.Tx) error {
-		b, err := tx.CreateBucketIfNotExists([]byte("resources"))
-		if err != nil {
-			return err
-		}
-		rec := binary.AppendVarint([]byte{1}, base)
-		rec = binary.AppendUvarint(rec, 0) // current lease: ""
-		rec = binary.AppendVarint(rec, 0)  // drain until: zero time
-		for _, r := range resources {
-			if err := b.Put([]byte(r), rec); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if cerr := db.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return bolt.Seed(filepath.Join(dataDir, "fencegw.db"), base, resources...)
 }

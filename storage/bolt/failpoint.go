@@ -1,6 +1,7 @@
 package bolt
 
 import (
+	"context"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
@@ -14,27 +15,23 @@ import (
 // A crash in between loses a token that a worker already holds and used.
 func (s *Store) grantBeforeDurable(req tokens.GrantRequest) (tokens.Lease, error) {
 	now := s.now()
-	s.mu.Lock()
-	var cur resState
-	if st := s.resources[req.Resource]; st != nil {
-		cur = *st
+	e, err := s.resourceEntry(context.Background(), req.Resource)
+	if err != nil {
+		return tokens.Lease{}, err
 	}
-	if h := s.leases[cur.current]; h != nil && h.Token == cur.token && h.Live(now) {
-		s.mu.Unlock()
+	cur := e.st
+	if h := e.lease; h != nil && h.Token == cur.token && h.Live(now) {
 		return tokens.Lease{}, &tokens.Error{Kind: tokens.ErrLeaseHeld, Resource: req.Resource, Holder: h.Holder,
 			CurrentToken: cur.token, ExpiresAt: h.ExpiresAt, RetryAfter: h.Remaining(now)}
 	}
 	if now.Before(cur.drainUntil) {
-		s.mu.Unlock()
 		return tokens.Lease{}, &tokens.Error{Kind: tokens.ErrFenceBusy, Resource: req.Resource, CurrentToken: cur.token,
 			RetryAfter: cur.drainUntil.Sub(now)}
 	}
 	lease := tokens.Lease{ID: req.LeaseID, Resource: req.Resource, Holder: req.Holder, Owner: req.Owner, Token: cur.token + 1,
 		TTL: req.TTL, GrantedAt: now, ExpiresAt: now.Add(req.TTL)}
 	st := resState{token: lease.Token, current: lease.ID, drainUntil: cur.drainUntil}
-	s.leases[lease.ID] = &lease
-	s.resources[req.Resource] = &st
-	s.mu.Unlock()
+	s.cache.set(req.Resource, st, &lease)
 	go func() {
 		time.Sleep(100 * time.Millisecond)
 		_ = s.update("grant", func(tx *bbolt.Tx) error {

@@ -9,9 +9,15 @@ import (
 	"github.com/fencegw/fencegw/tokens"
 )
 
-// bucketWrites holds forwarded-write counts: one sub-bucket per resource,
-// token (8 bytes, big-endian) -> count (8 bytes). Created on first use.
-var bucketWrites = []byte("write_counts")
+// bucketWriteCounts holds forwarded-write counts: resourceKey(resource,
+// token) -> count (8 bytes, big-endian), so one resource's counts are
+// contiguous and in token order. Files written before it kept one
+// sub-bucket per resource in bucketWrites (token -> count), ~100 bytes of
+// bucket headers per resource written under; Open moves them over.
+var (
+	bucketWriteCounts = []byte("writes")
+	bucketWrites      = []byte("write_counts")
+)
 
 // maxCountedTokens is how many of a resource's newest tokens keep their
 // counts; older ones are dropped as new ones are counted (the lease
@@ -30,16 +36,9 @@ func (s *Store) AddWrites(ctx context.Context, batch []tokens.TokenWrites) error
 	}
 	defer s.leave()
 	return s.update("add writes", func(tx *bbolt.Tx) error {
-		root, err := tx.CreateBucketIfNotExists(bucketWrites)
-		if err != nil {
-			return err
-		}
+		b := tx.Bucket(bucketWriteCounts)
 		for _, w := range batch {
-			b, err := root.CreateBucketIfNotExists([]byte(w.Resource))
-			if err != nil {
-				return err
-			}
-			key := seqKey(uint64(w.Token))
+			key := resourceKey(w.Resource, uint64(w.Token))
 			n := w.N
 			if v := b.Get(key); len(v) == 8 {
 				n += binary.BigEndian.Uint64(v)
@@ -47,9 +46,17 @@ func (s *Store) AddWrites(ctx context.Context, batch []tokens.TokenWrites) error
 			if err := b.Put(key, binary.BigEndian.AppendUint64(nil, n)); err != nil {
 				return err
 			}
+			if w.Token <= maxCountedTokens {
+				continue
+			}
 			// Drop the counts of tokens far older than this one.
+			prefix := resourcePrefix(w.Resource)
 			c := b.Cursor()
-			for k, _ := c.First(); k != nil && w.Token > maxCountedTokens && int64(binary.BigEndian.Uint64(k)) <= w.Token-maxCountedTokens; k, _ = c.First() {
+			for k, _ := c.Seek(prefix); ; k, _ = c.Seek(prefix) {
+				t, ok := resourceKeyN(prefix, k)
+				if !ok || int64(t) > w.Token-maxCountedTokens {
+					break
+				}
 				if err := c.Delete(); err != nil {
 					return err
 				}
@@ -67,16 +74,9 @@ func (s *Store) Writes(ctx context.Context, resource string, toks []int64) (map[
 	defer s.leave()
 	out := map[int64]uint64{}
 	err := s.db.View(func(tx *bbolt.Tx) error {
-		root := tx.Bucket(bucketWrites)
-		if root == nil {
-			return nil
-		}
-		b := root.Bucket([]byte(resource))
-		if b == nil {
-			return nil
-		}
+		b := tx.Bucket(bucketWriteCounts)
 		for _, t := range toks {
-			if v := b.Get(seqKey(uint64(t))); len(v) == 8 {
+			if v := b.Get(resourceKey(resource, uint64(t))); len(v) == 8 {
 				out[t] = binary.BigEndian.Uint64(v)
 			}
 		}

@@ -1,0 +1,196 @@
+package bolt
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// The lease history is one bucket, bucketEvents, keyed by resource and a
+// per-resource sequence (resourceKey), so a resource's events are
+// contiguous and in order. Files written before it kept one sub-bucket per
+// resource in bucketHistory; a sub-bucket costs ~100 bytes of headers even
+// inline, which for a resource granted once was two thirds of its history's
+// share of the file (see docs/benchmarks.md, "Memory"). Open moves such
+// history over (migrateHistory).
+
+// bucketHistory is the history bucket of files written before bucketEvents:
+// one sub-bucket per resource, seq -> event.
+var bucketHistory = []byte("history")
+
+// resourceKey is resource, length-prefixed so that no resource's keys fall
+// inside another's, followed by n as 8 big-endian bytes.
+func resourceKey(resource string, n uint64) []byte {
+	k := binary.AppendUvarint(make([]byte, 0, binary.MaxVarintLen64+len(resource)+8), uint64(len(resource)))
+	k = append(k, resource...)
+	return binary.BigEndian.AppendUint64(k, n)
+}
+
+// resourceKeyN returns the n of a key of prefix's resource.
+func resourceKeyN(prefix, k []byte) (uint64, bool) {
+	if len(k) != len(prefix)+8 || !bytes.HasPrefix(k, prefix) {
+		return 0, false
+	}
+	return binary.BigEndian.Uint64(k[len(prefix):]), true
+}
+
+// resourcePrefix is what every resourceKey of resource starts with.
+func resourcePrefix(resource string) []byte {
+	k := resourceKey(resource, 0)
+	return k[:len(k)-8]
+}
+
+// lastResourceKey positions c on the last key of prefix's resource and
+// returns it, or nil if the resource has none.
+func lastResourceKey(c *bbolt.Cursor, prefix []byte) ([]byte, []byte) {
+	k, v := c.Seek(binary.BigEndian.AppendUint64(bytes.Clone(prefix), ^uint64(0)))
+	switch {
+	case k == nil:
+		k, v = c.Last()
+	case bytes.Equal(k, append(bytes.Clone(prefix), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff)):
+	default:
+		k, v = c.Prev()
+	}
+	if _, ok := resourceKeyN(prefix, k); !ok {
+		return nil, nil
+	}
+	return k, v
+}
+
+// addEvent appends to the resource's history and drops the oldest events
+// beyond the cap.
+func (s *Store) addEvent(tx *bbolt.Tx, ev tokens.Event) error {
+	b := tx.Bucket(bucketEvents)
+	prefix := resourcePrefix(ev.Resource)
+	c := b.Cursor()
+	seq := uint64(1)
+	if k, _ := lastResourceKey(c, prefix); k != nil {
+		last, _ := resourceKeyN(prefix, k)
+		seq = last + 1
+	}
+	if err := b.Put(resourceKey(ev.Resource, seq), encodeEvent(&ev)); err != nil {
+		return err
+	}
+	limit := uint64(s.opts.MaxHistoryPerResource)
+	if seq <= limit {
+		return nil
+	}
+	// Sequences have no gaps except at the front, so everything at or
+	// below seq-limit is beyond the cap; usually that is one event.
+	c = b.Cursor()
+	for k, _ := c.Seek(prefix); ; k, _ = c.Seek(prefix) {
+		n, ok := resourceKeyN(prefix, k)
+		if !ok || n > seq-limit {
+			return nil
+		}
+		if err := c.Delete(); err != nil {
+			return err
+		}
+	}
+}
+
+// History implements tokens.Store: newest first, limit defaulting to 100
+// and capped at 1000. A resource without history has an empty one.
+func (s *Store) History(ctx context.Context, resource string, limit int) ([]tokens.Event, error) {
+	if err := s.enter(ctx); err != nil {
+		return nil, err
+	}
+	defer s.leave()
+	limit = clampLimit(limit)
+	var out []tokens.Event
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		prefix := resourcePrefix(resource)
+		c := tx.Bucket(bucketEvents).Cursor()
+		for k, v := lastResourceKey(c, prefix); k != nil && len(out) < limit; k, v = c.Prev() {
+			if _, ok := resourceKeyN(prefix, k); !ok {
+				break
+			}
+			ev, err := decodeEvent(resource, v)
+			if err != nil {
+				return fmt.Errorf("history of %q: %w", resource, err)
+			}
+			out = append(out, ev)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, tokens.Unavailable("history", err)
+	}
+	return out, nil
+}
+
+// migrateChunk is how many resources' sub-buckets one migrating
+// transaction moves, so that a large file is not moved in one transaction
+// held in memory.
+const migrateChunk = 10_000
+
+// migrateHistory moves the lease history and the write counts of a file
+// written before bucketEvents and bucketWriteCounts into them.
+func (s *Store) migrateHistory() error {
+	if err := s.migrateSubBuckets(bucketHistory, bucketEvents, "lease history"); err != nil {
+		return err
+	}
+	return s.migrateSubBuckets(bucketWrites, bucketWriteCounts, "write counts")
+}
+
+// migrateSubBuckets moves every sub-bucket of old (resource -> n -> value,
+// n 8 big-endian bytes) into to as resourceKey(resource, n) -> value, a
+// chunk of resources per transaction (each chunk is copied and deleted in
+// one, so a crash midway leaves nothing twice), and drops old at the end.
+func (s *Store) migrateSubBuckets(oldName, toName []byte, what string) error {
+	moved := 0
+	for {
+		done := false
+		err := s.db.Update(func(tx *bbolt.Tx) error {
+			old := tx.Bucket(oldName)
+			if old == nil {
+				done = true
+				return nil
+			}
+			to := tx.Bucket(toName)
+			var names [][]byte
+			c := old.Cursor()
+			for k, v := c.First(); k != nil && len(names) < migrateChunk; k, v = c.Next() {
+				if v != nil {
+					continue // not a sub-bucket: nothing ever wrote one
+				}
+				names = append(names, bytes.Clone(k))
+			}
+			if len(names) == 0 {
+				done = true
+				return tx.DeleteBucket(oldName)
+			}
+			for _, name := range names {
+				err := old.Bucket(name).ForEach(func(k, v []byte) error {
+					n, ok := keySeq(k)
+					if !ok {
+						return fmt.Errorf("%s of %q: key %x: %w", what, name, k, errCorrupt)
+					}
+					return to.Put(resourceKey(string(name), n), bytes.Clone(v))
+				})
+				if err != nil {
+					return err
+				}
+				if err := old.DeleteBucket(name); err != nil {
+					return err
+				}
+			}
+			moved += len(names)
+			return nil
+		})
+		if err != nil {
+			return tokens.Unavailable("migrate "+what, err)
+		}
+		if done {
+			if moved > 0 {
+				s.log.Info("moved to the one-bucket layout", "what", what, "resources", moved)
+			}
+			return nil
+		}
+	}
+}
