@@ -20,10 +20,10 @@ import (
 // control implements the generated strict server over a tokens.Service.
 // Handlers return domain errors; one error handler turns them into problems.
 type control struct {
-	svc    *tokens.Service
-	obs    *metrics
-	sig    *signals
-	clocks *tokens.Clocks
+	svc     *tokens.Service
+	metrics *metrics
+	sig     *signals
+	clocks  *tokens.Clocks
 }
 
 var _ server.StrictServerInterface = (*control)(nil)
@@ -51,7 +51,7 @@ func (c *control) AcquireLease(ctx context.Context, req server.AcquireLeaseReque
 		}
 	}
 	lease, err := c.svc.Acquire(ctx, in)
-	c.obs.grant(err)
+	c.metrics.grant(err)
 	if err != nil {
 		return nil, err
 	}

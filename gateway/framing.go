@@ -128,7 +128,7 @@ const refusalLinger = 500 * time.Millisecond
 // refuseFraming answers 400 invalid_request and closes the connection.
 func (g *Gateway) refuseFraming(w http.ResponseWriter, r *http.Request, field, detail string) {
 	if strings.HasPrefix(r.URL.Path, proxyPrefix) {
-		g.obs.write(outcomeBadRequest)
+		g.metrics.write(outcomeBadRequest)
 	}
 	w.Header().Set("Connection", "close")
 	// net/http may still read up to 256 KiB of the unread body before it

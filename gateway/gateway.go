@@ -96,7 +96,7 @@ type Gateway struct {
 	cfg       Config
 	svc       *tokens.Service
 	log       *slog.Logger
-	obs       *metrics
+	metrics   *metrics
 	feed      *feed
 	transport *http.Transport
 	engine    *engine // over transport: the RoundTripper of proxy
@@ -142,12 +142,12 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	}
 	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport(), hosts: newHostList(cfg.AllowedHosts), bindings: newRouteTable(cfg.Routes)}
 	g.engine = newEngine(g.transport)
-	g.obs = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
+	g.metrics = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
 	g.byKey = newPrincipalCounts(cfg.Registry)                       // attribution.go
 	g.streams = newStreamSlots(cfg.MaxStreams, cfg.MaxStreamsPerKey) // streamcap.go
 	g.ages = newInflightAges(cfg.ForwardTimeout + cfg.BodyTimeout)
 	g.sig = newSignals(cfg.Registry, svc, g.ages)
-	g.obs.drains = g.sig.drains
+	g.metrics.drains = g.sig.drains
 	now := time.Now
 	if svc != nil {
 		now = svc.Now
@@ -255,7 +255,7 @@ func (g *Gateway) routes() http.Handler {
 		r.Get("/", http.RedirectHandler("/ui/", http.StatusFound).ServeHTTP)
 	}
 
-	strict := server.NewStrictHandlerWithOptions(&control{svc: g.svc, obs: g.obs, sig: g.sig, clocks: g.cfg.Clocks}, nil, server.StrictHTTPServerOptions{
+	strict := server.NewStrictHandlerWithOptions(&control{svc: g.svc, metrics: g.metrics, sig: g.sig, clocks: g.cfg.Clocks}, nil, server.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc: g.requestErrorHandler,
 		ResponseErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
 			writeProblem(w, r, g.log, err)

@@ -121,7 +121,7 @@ func (g *Gateway) browserGuard(next http.Handler) http.Handler {
 
 func (g *Gateway) refuseBrowser(w http.ResponseWriter, r *http.Request, err error) {
 	if strings.HasPrefix(r.URL.Path, proxyPrefix) {
-		g.obs.write(outcomeBadRequest)
+		g.metrics.write(outcomeBadRequest)
 	}
 	writeProblem(w, r, g.log, err)
 }

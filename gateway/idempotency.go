@@ -99,7 +99,7 @@ func (g *Gateway) keyedWrite(w http.ResponseWriter, r *http.Request, rawPath str
 		return nil, true
 	}
 	fail := func(err error) (*keyed, bool) {
-		g.obs.write(outcomeBadRequest)
+		g.metrics.write(outcomeBadRequest)
 		writeProblem(w, r, g.log, err)
 		return nil, false
 	}
@@ -186,7 +186,7 @@ func (g *Gateway) beginKeyed(w http.ResponseWriter, r *http.Request, k *keyed, p
 		case errors.Is(err, tokens.ErrOutcomeUnknown):
 			g.keys.count[keyUnknown].Inc()
 		default:
-			g.obs.refused(err)
+			g.metrics.refused(err)
 		}
 		writeProblem(w, r, g.log, err)
 		return false

@@ -144,7 +144,7 @@ func newTransport() *http.Transport {
 // serveProxy handles /v1/proxy/{upstream}/{path...}.
 func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	if err := checkWriteRequest(r); err != nil { // pathrule.go
-		g.obs.write(outcomeBadRequest)
+		g.metrics.write(outcomeBadRequest)
 		writeProblem(w, r, g.log, err)
 		return
 	}
@@ -155,26 +155,26 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	base, found := g.cfg.Upstreams[name]
 	if !found {
-		g.obs.write(outcomeUnknownUpstream)
+		g.metrics.write(outcomeUnknownUpstream)
 		sendProblem(w, r, problem{Status: http.StatusNotFound, Code: codeUnknownUpstream, Title: "Unknown upstream",
 			Detail: "no upstream named " + strconv.Quote(truncate(name, 64)) + " is configured"})
 		return
 	}
 	path, err := checkProxyPath(rawPath) // pathrule.go
 	if err != nil {
-		g.obs.write(outcomeBadRequest)
+		g.metrics.write(outcomeBadRequest)
 		writeProblem(w, r, g.log, err)
 		return
 	}
 	leaseID := r.Header.Get(HeaderLease)
 	if leaseID == "" {
-		g.obs.write(outcomeBadRequest)
+		g.metrics.write(outcomeBadRequest)
 		sendProblem(w, r, problem{Status: http.StatusBadRequest, Code: codeMissingLease, Title: "Missing lease",
 			Detail: "a fenced write needs a " + HeaderLease + " header"})
 		return
 	}
 	if r.ContentLength > g.cfg.MaxBody {
-		g.obs.write(outcomeBadRequest)
+		g.metrics.write(outcomeBadRequest)
 		writeProblem(w, r, g.log, &http.MaxBytesError{Limit: g.cfg.MaxBody})
 		return
 	}
@@ -206,7 +206,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if err != nil {
-		g.obs.refused(err)
+		g.metrics.refused(err)
 		g.byKey.refused(write.Principal, err) // attribution.go
 		writeProblem(w, r, g.log, err)
 		return
@@ -236,7 +236,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		permit.Done(outcome)
 		g.inflight.Add(-1)
 		g.ages.end(slot)
-		g.obs.forwarded(f, time.Since(start))
+		g.metrics.forwarded(f, time.Since(start))
 		if !f.failed && g.cfg.OnForwarded != nil {
 			g.cfg.OnForwarded(permit.Lease.Resource, permit.Lease.Token)
 		}

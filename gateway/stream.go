@@ -125,8 +125,8 @@ func (g *Gateway) serveStream(w http.ResponseWriter, r *http.Request) {
 	// Subscribe before reading the backlog so nothing falls between the two.
 	live, unsubscribe := g.feed.subscribe(streamBuffer)
 	defer unsubscribe()
-	g.obs.subs.Inc()
-	defer g.obs.subs.Dec()
+	g.metrics.subs.Inc()
+	defer g.metrics.subs.Dec()
 
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
