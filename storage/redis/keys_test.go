@@ -1,7 +1,6 @@
 package redis_test
 
 import (
-	"sync"
 	"testing"
 
 	"github.com/fencegw/fencegw/storage/storagetest"
@@ -15,32 +14,10 @@ import (
 // it.
 func TestKeysConformance(t *testing.T) {
 	client(t, -1)
-	var mu sync.Mutex
-	envs := map[tokens.IdempotencyStore]*env{}
+	envs := envsBy(func(e *env) tokens.IdempotencyStore { return e.ledger })
 	storagetest.RunKeys(t, storagetest.KeyHarness{
-		Open: func(t *testing.T) tokens.IdempotencyStore {
-			e := open(t, -1)
-			mu.Lock()
-			envs[e.ledger] = e
-			mu.Unlock()
-			return e.ledger
-		},
-		Reopen: func(t *testing.T, s tokens.IdempotencyStore) tokens.IdempotencyStore {
-			mu.Lock()
-			old := envs[s]
-			mu.Unlock()
-			old.ledger.Close()
-			e := &env{rdb: old.rdb, schema: old.schema, prefix: old.prefix}
-			e.reopen(t)
-			mu.Lock()
-			envs[e.ledger] = e
-			mu.Unlock()
-			return e.ledger
-		},
-		History: func(s tokens.IdempotencyStore) storagetest.Historian {
-			mu.Lock()
-			defer mu.Unlock()
-			return envs[s].store
-		},
+		Open:    envs.open,
+		Reopen:  envs.reopen,
+		History: func(s tokens.IdempotencyStore) storagetest.Historian { return envs.of(s).store },
 	})
 }

@@ -80,29 +80,47 @@ func (e *env) reopen(t *testing.T) {
 func TestConformance(t *testing.T) {
 	client(t, -1)
 	pgtest.Require(t)
-	var mu sync.Mutex
-	envs := map[tokens.Store]*env{}
-	storagetest.Run(t, storagetest.Harness{
-		Open: func(t *testing.T) tokens.Store {
-			e := open(t, -1)
-			mu.Lock()
-			envs[e.store] = e
-			mu.Unlock()
-			return e.store
-		},
-		Reopen: func(t *testing.T, s tokens.Store) tokens.Store {
-			mu.Lock()
-			old := envs[s]
-			mu.Unlock()
-			old.ledger.Close()
-			e := &env{rdb: old.rdb, schema: old.schema, prefix: old.prefix}
-			e.reopen(t)
-			mu.Lock()
-			envs[e.store] = e
-			mu.Unlock()
-			return e.store
-		},
-	})
+	envs := envsBy(func(e *env) tokens.Store { return e.store })
+	storagetest.Run(t, storagetest.Harness{Open: envs.open, Reopen: envs.reopen})
+}
+
+// envRegistry remembers which env opened the store a suite holds (its
+// ledger or its Redis store, as by says), so that Reopen finds the Redis
+// client, schema and prefix to open again on.
+type envRegistry[S comparable] struct {
+	by func(*env) S
+	mu sync.Mutex
+	m  map[S]*env
+}
+
+func envsBy[S comparable](by func(*env) S) *envRegistry[S] {
+	return &envRegistry[S]{by: by, m: map[S]*env{}}
+}
+
+func (r *envRegistry[S]) add(e *env) S {
+	s := r.by(e)
+	r.mu.Lock()
+	r.m[s] = e
+	r.mu.Unlock()
+	return s
+}
+
+func (r *envRegistry[S]) of(s S) *env {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.m[s]
+}
+
+func (r *envRegistry[S]) open(t *testing.T) S { return r.add(open(t, -1)) }
+
+// reopen closes the ledger under s and opens the same schema and prefix
+// again, as a restarted gateway would.
+func (r *envRegistry[S]) reopen(t *testing.T, s S) S {
+	old := r.of(s)
+	old.ledger.Close()
+	e := &env{rdb: old.rdb, schema: old.schema, prefix: old.prefix}
+	e.reopen(t)
+	return r.add(e)
 }
 
 func grant(t *testing.T, s tokens.Store, resource string, ttl time.Duration) tokens.Lease {
