@@ -81,7 +81,7 @@ type Rejection struct {
 	Token        int64
 	CurrentToken int64
 	Holder       string
-	LeaseHint    string // a short, non-secret prefix of the lease id
+	LeaseHint    string // a short, non-secret part of the lease id (LeaseHint)
 	Method       string
 	Upstream     string
 	Path         string
