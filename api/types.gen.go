@@ -61,9 +61,9 @@ type Lease struct {
 	// Holder Example: worker-3
 	Holder string `json:"holder"`
 
-	// LeaseId The lease's secret. Send it as `Fencing-Lease` with every write; never log it.
+	// LeaseId The lease's secret. Send it as `Fencing-Lease` with every write; never log it. It is opaque: do not parse it; its length and format may change.
 	//
-	// Example: fl_4w5sz2l6kq3d7yq2ywj6n2k4xq7r3m2a
+	// Example: fl_01k8kucrf8smtipqbuagr3vogqom9udqasngvhrcq0
 	LeaseId    string     `json:"lease_id"`
 	ReleasedAt *time.Time `json:"released_at,omitempty"`
 
@@ -217,7 +217,7 @@ type Rejection struct {
 	// LeaseEndedAt When the lease the write carried expired or was released.
 	LeaseEndedAt *time.Time `json:"lease_ended_at,omitempty"`
 
-	// LeaseHint A short prefix of the lease id, never the whole secret.
+	// LeaseHint A few characters of the lease id, never the whole secret: of a lease id `fl_` + 10 characters of its grant time + 32 random ones, the first 6 random ones; of any other id (older ids, or what a client sent) its first 6.
 	LeaseHint *string `json:"lease_hint,omitempty"`
 	Method    string  `json:"method"`
 	Path      string  `json:"path"`

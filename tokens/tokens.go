@@ -81,7 +81,7 @@ type Rejection struct {
 	Token        int64
 	CurrentToken int64
 	Holder       string
-	LeaseHint    string // a short, non-secret prefix of the lease id
+	LeaseHint    string // a short, non-secret part of the lease id (LeaseHint)
 	Method       string
 	Upstream     string
 	Path         string
@@ -196,22 +196,60 @@ func (l Limits) ValidateWait(wait time.Duration) error {
 	return nil
 }
 
-var leaseIDEncoding = base32.StdEncoding.WithPadding(base32.NoPadding)
-
 // LeaseIDPrefix starts every lease id, so a leaked one is recognisable.
 const LeaseIDPrefix = "fl_"
 
-// NewLeaseID returns an unguessable lease id with 160 random bits.
-func NewLeaseID() string {
+// A lease id is LeaseIDPrefix, leaseTimeChars of the grant's Unix
+// milliseconds, then leaseRandomChars of 160 random bits, both in lowercase
+// base32hex. That alphabet is in ASCII order, so ids sort by the time they
+// were made: a store keyed by lease id (storage/bolt's B-tree) appends new
+// ids near its right edge instead of inserting each into a random page,
+// which kept every page of the index resident and made each commit dirty
+// pages all over the file. The secret is the random part alone; the time
+// part tells a holder of the id nothing it did not know (granted_at).
+//
+// Ids made before this format ("fl_" + 32 chars of lowercase standard
+// base32, all random) are still valid: an id is opaque to every store, only
+// LeaseHint looks inside it.
+const (
+	leaseTimeChars   = 10 // 50 bits of milliseconds: enough until the year 37,000
+	leaseRandomChars = 32 // 160 bits
+	leaseIDLen       = len(LeaseIDPrefix) + leaseTimeChars + leaseRandomChars
+	leaseHintChars   = 6
+)
+
+const base32hex = "0123456789abcdefghijklmnopqrstuv"
+
+var leaseIDEncoding = base32.NewEncoding(base32hex).WithPadding(base32.NoPadding)
+
+// NewLeaseID returns an unguessable lease id with 160 random bits, ordered
+// by the time it was made.
+func NewLeaseID() string { return newLeaseID(time.Now()) }
+
+func newLeaseID(now time.Time) string {
 	var b [20]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go >= 1.24)
-	return LeaseIDPrefix + strings.ToLower(leaseIDEncoding.EncodeToString(b[:]))
+	id := make([]byte, leaseIDLen)
+	copy(id, LeaseIDPrefix)
+	ms := uint64(max(now.UnixMilli(), 0))
+	for i := len(LeaseIDPrefix) + leaseTimeChars - 1; i >= len(LeaseIDPrefix); i-- {
+		id[i] = base32hex[ms&31]
+		ms >>= 5
+	}
+	leaseIDEncoding.Encode(id[len(LeaseIDPrefix)+leaseTimeChars:], b[:])
+	return string(id)
 }
 
 // LeaseHint is the non-secret part of a lease id shown in logs and on the
-// dashboard: enough to tell leases apart, far too little to forge one.
+// dashboard: enough to tell leases apart, far too little to forge one. For
+// a time-ordered id it is the start of the random part (the time part of
+// two leases granted in the same millisecond is the same).
 func LeaseHint(id string) string {
-	const n = len(LeaseIDPrefix) + 6
+	if len(id) == leaseIDLen && strings.HasPrefix(id, LeaseIDPrefix) {
+		start := len(LeaseIDPrefix) + leaseTimeChars
+		return LeaseIDPrefix + id[start:start+leaseHintChars] + "…"
+	}
+	const n = len(LeaseIDPrefix) + leaseHintChars
 	if len(id) <= n {
 		return "…"
 	}

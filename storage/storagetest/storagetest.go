@@ -80,6 +80,7 @@ func Run(t *testing.T, h Harness) {
 		{"RevokeEnded", testRevokeEnded},
 		{"WriteCounts", testWriteCounts},
 		{"LeaseState", testLeaseState},
+		{"LeaseIDFormats", testLeaseIDFormats},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -429,8 +429,8 @@ export interface components {
         LeaseState: "current" | "expired" | "released" | "superseded";
         Lease: {
             /**
-             * @description The lease's secret. Send it as `Fencing-Lease` with every write; never log it.
-             * @example fl_4w5sz2l6kq3d7yq2ywj6n2k4xq7r3m2a
+             * @description The lease's secret. Send it as `Fencing-Lease` with every write; never log it. It is opaque: do not parse it; its length and format may change.
+             * @example fl_01k8kucrf8smtipqbuagr3vogqom9udqasngvhrcq0
              */
             lease_id: string;
             resource: components["schemas"]["ResourceName"];
@@ -502,7 +502,7 @@ export interface components {
              */
             current_token: number;
             holder: string;
-            /** @description A short prefix of the lease id, never the whole secret. */
+            /** @description A few characters of the lease id, never the whole secret: of a lease id `fl_` + 10 characters of its grant time + 32 random ones, the first 6 random ones; of any other id (older ids, or what a client sent) its first 6. */
             lease_hint?: string;
             method: string;
             upstream: string;
@@ -796,7 +796,7 @@ export interface components {
                  *       "status": 404,
                  *       "code": "not_found",
                  *       "detail": "no such lease",
-                 *       "instance": "/v1/leases/fl_4w5sz2l6kq3d7yq2ywj6n2k4xq7r3m2a"
+                 *       "instance": "/v1/leases/fl_01k8kucrf8smtipqbuagr3vogqom9udqasngvhrcq0"
                  *     }
                  */
                 "application/problem+json": components["schemas"]["Problem"];
@@ -839,7 +839,7 @@ export interface components {
                  *       "status": 409,
                  *       "code": "lease_lost",
                  *       "detail": "superseded by a newer grant",
-                 *       "instance": "/v1/leases/fl_4w5sz2l6kq3d7yq2ywj6n2k4xq7r3m2a/renew",
+                 *       "instance": "/v1/leases/fl_01k8kucrf8smtipqbuagr3vogqom9udqasngvhrcq0/renew",
                  *       "resource": "stmt:acct:88213",
                  *       "token": 33,
                  *       "current_token": 34,
@@ -1077,7 +1077,7 @@ export interface operations {
                 content: {
                     /**
                      * @example {
-                     *       "lease_id": "fl_4w5sz2l6kq3d7yq2ywj6n2k4xq7r3m2a",
+                     *       "lease_id": "fl_01k8kucrf8smtipqbuagr3vogqom9udqasngvhrcq0",
                      *       "resource": "stmt:acct:88213",
                      *       "holder": "worker-3",
                      *       "token": 33,
@@ -1121,7 +1121,7 @@ export interface operations {
                 content: {
                     /**
                      * @example {
-                     *       "lease_id": "fl_4w5sz2l6kq3d7yq2ywj6n2k4xq7r3m2a",
+                     *       "lease_id": "fl_01k8kucrf8smtipqbuagr3vogqom9udqasngvhrcq0",
                      *       "resource": "stmt:acct:88213",
                      *       "holder": "worker-3",
                      *       "token": 33,
@@ -1211,7 +1211,7 @@ export interface operations {
                 content: {
                     /**
                      * @example {
-                     *       "lease_id": "fl_4w5sz2l6kq3d7yq2ywj6n2k4xq7r3m2a",
+                     *       "lease_id": "fl_01k8kucrf8smtipqbuagr3vogqom9udqasngvhrcq0",
                      *       "resource": "stmt:acct:88213",
                      *       "holder": "worker-3",
                      *       "token": 33,
@@ -1256,7 +1256,7 @@ export interface operations {
                 content: {
                     /**
                      * @example {
-                     *       "lease_id": "fl_4w5sz2l6kq3d7yq2ywj6n2k4xq7r3m2a",
+                     *       "lease_id": "fl_01k8kucrf8smtipqbuagr3vogqom9udqasngvhrcq0",
                      *       "resource": "stmt:acct:88213",
                      *       "holder": "worker-3",
                      *       "token": 33,
@@ -1355,7 +1355,7 @@ export interface operations {
                      *           "token": 33,
                      *           "current_token": 34,
                      *           "holder": "worker-3",
-                     *           "lease_hint": "fl_4w5sz…",
+                     *           "lease_hint": "fl_smtipq…",
                      *           "method": "POST",
                      *           "upstream": "statements",
                      *           "path": "/statements/88213/lines",
@@ -1432,7 +1432,7 @@ export interface operations {
                     /**
                      * @example event: rejection
                      *     id: 17
-                     *     data: {"id":17,"at":"2026-11-30T00:41:52Z","resource":"stmt:acct:88213","code":"stale_token","token":33,"current_token":34,"holder":"worker-3","lease_hint":"fl_4w5sz…","method":"POST","upstream":"statements","path":"/statements/88213/lines"}
+                     *     data: {"id":17,"at":"2026-11-30T00:41:52Z","resource":"stmt:acct:88213","code":"stale_token","token":33,"current_token":34,"holder":"worker-3","lease_hint":"fl_smtipq…","method":"POST","upstream":"statements","path":"/statements/88213/lines"}
                      *
                      *     event: summary
                      *     id: 58

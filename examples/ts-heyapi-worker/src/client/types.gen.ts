@@ -46,7 +46,7 @@ export type LeaseState = 'current' | 'expired' | 'released' | 'superseded';
 
 export type Lease = {
     /**
-     * The lease's secret. Send it as `Fencing-Lease` with every write; never log it.
+     * The lease's secret. Send it as `Fencing-Lease` with every write; never log it. It is opaque: do not parse it; its length and format may change.
      */
     lease_id: string;
     resource: ResourceName;
@@ -111,7 +111,7 @@ export type Rejection = {
     current_token: number;
     holder: string;
     /**
-     * A short prefix of the lease id, never the whole secret.
+     * A few characters of the lease id, never the whole secret: of a lease id `fl_` + 10 characters of its grant time + 32 random ones, the first 6 random ones; of any other id (older ids, or what a client sent) its first 6.
      */
     lease_hint?: string;
     method: string;
