@@ -26,6 +26,9 @@ type writeRecord struct {
 	token    int64
 	status   int
 	code     string
+	detail   string
+	start    time.Time
+	took     time.Duration
 }
 
 // Many workers, several resources, TTLs shorter than some pauses, an
@@ -87,9 +90,10 @@ func TestConcurrentWorkersUpstreamLog(t *testing.T) {
 							time.Sleep(time.Duration(rng.IntN(30)) * time.Millisecond)
 						}
 						id := fmt.Sprintf("w%d-s%d-k%d", w, seq, k)
+						start := time.Now()
 						ans := write(t, pick(gws, w+seq+k+1), "svc", "/item", l, id)
 						mu.Lock()
-						writes = append(writes, writeRecord{id, res, l.Token, ans.Status, ans.Problem.Code})
+						writes = append(writes, writeRecord{id, res, l.Token, ans.Status, ans.Problem.Code, ans.Problem.Detail, start, time.Since(start)})
 						mu.Unlock()
 					}
 					if rng.IntN(2) == 0 {
@@ -143,7 +147,8 @@ func checkHistory(t *testing.T, grants []grantRecord, writes []writeRecord, seen
 				t.Errorf("write %s refused (%s) but arrived", w.id, w.code)
 			}
 		default:
-			t.Errorf("write %s: unexpected %d %s", w.id, w.status, w.code)
+			t.Errorf("write %s (%s token %d, sent %s, answered after %v): unexpected %d %s: %s",
+				w.id, w.resource, w.token, w.start.Format("15:04:05.000"), w.took.Round(time.Millisecond), w.status, w.code, w.detail)
 		}
 	}
 	// No write of token T was still in flight (or started) after a grant of

@@ -112,10 +112,10 @@ func startEmbedded(t *testing.T, ups map[string]string, o options) *gw {
 
 func startWith(t *testing.T, store tokens.Store, locker tokens.Locker, ups map[string]string, o options, closeStore func()) *gw {
 	t.Helper()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	log := testLog(t)
 	g := &gw{store: store}
 	svc := tokens.New(tokens.Config{
-		Store: store, Locker: locker, GrantWait: o.grantWait, DrainPeriod: o.drainPeriod, Logger: log,
+		Store: store, Locker: loggedLocker{locker, log}, GrantWait: o.grantWait, DrainPeriod: o.drainPeriod, Logger: log,
 		OnRejection: func(r tokens.Rejection) {
 			if g.gate != nil {
 				g.gate.Publish(r)
@@ -152,6 +152,69 @@ func startWith(t *testing.T, store tokens.Store, locker tokens.Locker, ups map[s
 	})
 	return g
 }
+
+// testLogs holds each test's log (see testLog).
+var testLogs sync.Map // testing.TB -> *slog.Logger
+
+// testLog is the test's log, shared by every gateway and store it starts
+// (Debug and up): kept in memory, and printed only if the test failed, so
+// that a 503 or a lost session in a flaky run comes with its cause.
+func testLog(t testing.TB) *slog.Logger {
+	t.Helper()
+	if l, ok := testLogs.Load(t); ok {
+		return l.(*slog.Logger)
+	}
+	var mu sync.Mutex
+	var buf bytes.Buffer
+	w := writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.Write(p)
+	})
+	l := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	testLogs.Store(t, l)
+	t.Cleanup(func() {
+		// Registered before the gateways' cleanups, so it runs after them
+		// and sees what they logged while closing.
+		testLogs.Delete(t)
+		mu.Lock()
+		defer mu.Unlock()
+		if t.Failed() && buf.Len() > 0 {
+			t.Logf("the gateways' and stores' log:\n%s", buf.String())
+		}
+	})
+	return l
+}
+
+// loggedLocker logs every lock call that failed, with how long it waited:
+// the gateway answers 503 with a generic detail, and the test log must say
+// which lock failed and why.
+type loggedLocker struct {
+	tokens.Locker
+	log *slog.Logger
+}
+
+func (l loggedLocker) Shared(ctx context.Context, resource string) (func(), error) {
+	start := time.Now()
+	unlock, err := l.Locker.Shared(ctx, resource)
+	if err != nil {
+		l.log.Warn("test: shared lock failed", "resource", resource, "waited", time.Since(start), "err", err)
+	}
+	return unlock, err
+}
+
+func (l loggedLocker) Exclusive(ctx context.Context, resource string) (func(), error) {
+	start := time.Now()
+	unlock, err := l.Locker.Exclusive(ctx, resource)
+	if err != nil {
+		l.log.Warn("test: exclusive lock failed", "resource", resource, "waited", time.Since(start), "err", err)
+	}
+	return unlock, err
+}
+
+type writerFunc func(p []byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
 // --- a tiny worker-side client, speaking the wire protocol directly ---
 

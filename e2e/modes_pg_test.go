@@ -29,7 +29,7 @@ func startPostgres(t *testing.T, ups map[string]string, o options) []*gw {
 	schema := pgtest.NewSchema(t)
 	var gws []*gw
 	for range replicas {
-		st := pgtest.Open(t, schema, postgres.Options{})
+		st := pgtest.Open(t, schema, postgres.Options{Logger: testLog(t)})
 		gws = append(gws, startWith(t, st, st, ups, o, func() {}))
 	}
 	return gws
@@ -42,8 +42,8 @@ func startPostgresRedis(t *testing.T, ups map[string]string, o options) []*gw {
 	prefix := fmt.Sprintf("fencegw-e2e:%s:", schema)
 	var gws []*gw
 	for range replicas {
-		pg := pgtest.Open(t, schema, postgres.Options{})
-		rs := redis.New(rdb, pg, redis.Options{Prefix: prefix})
+		pg := pgtest.Open(t, schema, postgres.Options{Logger: testLog(t)})
+		rs := redis.New(rdb, pg, redis.Options{Prefix: prefix, Logger: testLog(t)})
 		gws = append(gws, startWith(t, rs, pg, ups, o, func() {}))
 	}
 	return gws

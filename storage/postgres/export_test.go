@@ -12,3 +12,6 @@ func (s *Store) Channel() string { return s.channel }
 
 // Pool is s's query pool.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// LockKey is the advisory lock key of resource's lock in s's schema.
+func (s *Store) LockKey(resource string) int64 { return s.lockKey("resource", resource) }

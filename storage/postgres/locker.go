@@ -151,9 +151,20 @@ func (s *Store) lockWith(ctx context.Context, kind, name string, shared bool, ex
 	case err == nil:
 		return &Lock{conn: conn, key: key, shared: shared, resource: name, log: s.log}, nil
 	case isPgCode(err, codeLockNotAvailable, codeQueryCanceled) && ctx.Err() == nil:
-		// lock_timeout fired: the lock was not granted and the session is
-		// healthy, so the connection may go back to the pool.
-		conn.Release()
+		// lock_timeout fired, but that does not mean the lock was not
+		// granted: if the holder let go while the timeout was being
+		// handled, PostgreSQL keeps the lock it granted and still reports
+		// the timeout (LockErrorCleanup in proc.c), and a session-level
+		// lock outlives the error. Back in the pool, such a connection held
+		// the resource's lock for good: the next grant that drew it got the
+		// lock at once (it is re-entrant), every other session waited for
+		// it in vain. A pooled lock connection holds no advisory lock, so
+		// giving up all of this session's makes it clean again.
+		if err := unlockAll(conn); err != nil {
+			destroy(conn)
+		} else {
+			conn.Release()
+		}
 		return nil, fmt.Errorf("advisory lock %q: waited %v: %w", name, wait.Round(time.Millisecond), context.DeadlineExceeded)
 	default:
 		// Cancelled mid-wait or the connection broke: the lock may have
@@ -198,6 +209,14 @@ func (l *Lock) Unlock() error {
 		l.conn.Release()
 	})
 	return l.err
+}
+
+// unlockAll gives up every advisory lock conn's session holds.
+func unlockAll(conn *pgxpool.Conn) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := conn.Exec(ctx, "SELECT pg_advisory_unlock_all()")
+	return err
 }
 
 // destroy closes a pooled connection instead of returning it to the pool.

@@ -3,6 +3,9 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -130,4 +133,83 @@ func TestLockerSessionKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	u()
+}
+
+// A lock wait whose lock_timeout fires just as the holder lets go may be
+// granted all the same: PostgreSQL then reports the timeout and keeps the
+// lock (LockErrorCleanup in proc.c), and a session-level lock outlives the
+// error. A Store that put such a connection back in its pool held the
+// resource's lock for good: its next grant drew it and got the lock at
+// once, every other session's writes waited for it until their own
+// lock_timeout and were answered 503 (TestConcurrentWorkersUpstreamLog
+// under load). Here holders let go around the waiters' lock_timeout, again
+// and again: after every timed-out wait, nobody may hold the lock.
+func TestLockTimeoutRacingTheGrantKeepsNoLock(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.NewSchema(t)
+	const (
+		lockTimeout = 5 * time.Millisecond
+		resources   = 4
+		rounds      = 150
+	)
+	holders := pgtest.Open(t, schema, postgres.Options{})
+	waiters := pgtest.Open(t, schema, postgres.Options{LockTimeout: lockTimeout, MaxLockConns: resources})
+	ctx := t.Context()
+	var timedOut atomic.Int64
+	var wg sync.WaitGroup
+	for r := range resources {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resource := fmt.Sprintf("race-%d", r)
+			key := holders.LockKey(resource)
+			for i := range rounds {
+				held, err := holders.ExclusiveLock(ctx, resource)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				let := make(chan struct{})
+				go func() {
+					defer close(let)
+					// Around the waiter's lock_timeout, a little later each round.
+					time.Sleep(lockTimeout - time.Millisecond + time.Duration(i%8)*250*time.Microsecond)
+					_ = held.Unlock()
+				}()
+				// No deadline: the wait ends by lock_timeout alone.
+				got, err := waiters.ExclusiveLock(context.WithoutCancel(ctx), resource)
+				<-let
+				switch {
+				case err == nil:
+					if err := got.Unlock(); err != nil {
+						t.Error(err)
+						return
+					}
+					continue
+				case !errors.Is(err, context.DeadlineExceeded):
+					t.Errorf("lock wait: %v, want a timeout", err)
+					return
+				}
+				timedOut.Add(1)
+				var n int
+				err = holders.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_locks
+					WHERE locktype = 'advisory' AND granted AND objsubid = 1
+						AND classid::bigint = $1 AND objid::bigint = $2`,
+					int64(uint64(key)>>32), int64(uint32(key))).Scan(&n)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if n != 0 {
+					t.Errorf("%s, round %d: the wait timed out, yet a session holds the lock", resource, i)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if timedOut.Load() == 0 {
+		t.Fatal("void run: no lock wait timed out")
+	}
+	t.Logf("%d of %d lock waits timed out", timedOut.Load(), resources*rounds)
 }
