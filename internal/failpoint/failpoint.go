@@ -32,7 +32,7 @@ const (
 	// token a worker already used. Caught by duplicate-token.
 	NotDurable = active == "not_durable"
 
-	// UnlockOnTimeout (gateway proxyError): a forward that timed out
+	// UnlockOnTimeout (gateway forwardFailed): a forward that timed out
 	// releases the resource's lock at once, without the drain period,
 	// although the write may still land. Caught by stale-applied (the
 	// successor's writes land before the timed-out one; exactly-once and
