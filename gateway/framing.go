@@ -56,7 +56,7 @@ func (g *Gateway) framing(next http.Handler) http.Handler {
 		fc, _ := r.Context().Value(framingKey{}).(*framingConn)
 		if fc == nil {
 			if len(r.TransferEncoding) > 0 {
-				w.Header().Set("Connection", "close")
+				w = closeAfterAnswer(w)
 			}
 			next.ServeHTTP(w, r)
 			return
@@ -67,7 +67,7 @@ func (g *Gateway) framing(next http.Handler) http.Handler {
 			return
 		}
 		if f.flags&frameTE != 0 {
-			w.Header().Set("Connection", "close")
+			w = closeAfterAnswer(w)
 		}
 		if tlsState != nil && r.TLS == nil {
 			r2 := *r
@@ -140,3 +140,26 @@ func (g *Gateway) refuseFraming(w http.ResponseWriter, r *http.Request, field, d
 	writeProblem(w, r, g.log, &tokens.Error{Kind: errRequest, Field: field,
 		Detail: detail + "; nothing was forwarded and the connection is closed"})
 }
+
+// closeAfterAnswer makes w's final answer close the connection, so that
+// nothing after a body framed by Transfer-Encoding is read as a next
+// request. Setting the header once is not enough: the reverse proxy
+// clears the header map after it forwards an upstream's 1xx, so the
+// header is set again on the final status.
+func closeAfterAnswer(w http.ResponseWriter) http.ResponseWriter {
+	w.Header().Set("Connection", "close")
+	return closingWriter{w}
+}
+
+type closingWriter struct{ http.ResponseWriter }
+
+func (w closingWriter) WriteHeader(code int) {
+	if code >= 200 {
+		w.Header().Set("Connection", "close")
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController (flushes, deadlines) reach the
+// connection's writer.
+func (w closingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -688,3 +688,49 @@ func TestBodyTimeoutAnswers408(t *testing.T) {
 		t.Fatalf("metrics:\n%s", out.Body.String())
 	}
 }
+
+// A request framed by Transfer-Encoding closes its connection after the
+// answer even when the upstream sends a 1xx first: the reverse proxy
+// clears the header map after forwarding a 1xx, which took the
+// gateway's Connection: close with it, and the bytes after the chunked
+// body were then read as a next request.
+func TestFrameTEClosesAfterAnUpstream1xx(t *testing.T) {
+	var mu sync.Mutex
+	var paths []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		paths = append(paths, r.URL.Path)
+		mu.Unlock()
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Link", "</a.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		_, _ = io.WriteString(w, "ok")
+	}))
+	t.Cleanup(up.Close)
+	tg := startFraming(t, up.URL, Config{}, false)
+	lease := tg.lease(t, "r")
+	head := func(path string) string {
+		return "POST /v1/proxy/svc" + path + " HTTP/1.1\r\nHost: gw\r\nFencing-Lease: " + lease + "\r\n"
+	}
+	c := tg.dial(t)
+	_, _ = io.WriteString(c, head("/chunked")+"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"+
+		head("/smuggled")+"Content-Length: 0\r\n\r\n")
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	for err == nil && resp.StatusCode < 200 {
+		resp, err = http.ReadResponse(br, nil)
+	}
+	if err != nil || resp.StatusCode != 200 || !resp.Close {
+		t.Fatalf("final answer %v, %v; want 200 with Connection: close", resp, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if next, err := http.ReadResponse(br, nil); err == nil {
+		t.Fatalf("a second answer on the connection: %d", next.StatusCode)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Join(paths, " ") != "/chunked" {
+		t.Fatalf("upstream got %q, want /chunked only", paths)
+	}
+}
