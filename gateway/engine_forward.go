@@ -10,7 +10,8 @@ package gateway
 // parse. By the profile in docs/benchmarks.md that was about a third of
 // the gateway's allocations. The direct forward does the reverse proxy's
 // steps in its order, through the same code where the code is exported
-// (ProxyRequest.SetURL and SetXForwarded inside the gateway's rewrite,
+// (ProxyRequest.SetURL inside the gateway's rewrite, which sets the headers
+// of SetXForwarded itself;
 // Request.Write, ReadResponse) and as copies of its few lines where it is
 // not (the hop-by-hop headers, the response's header, trailer and flush
 // rules), and TestEngineMatchesReverseProxy holds the two to the same
@@ -147,7 +148,6 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 		g.forwardFailed(w, r, f, err, errors.Is(err, context.DeadlineExceeded) || !time.Now().Before(deadline))
 		return
 	}
-	fw.done = true
 
 	// The reverse proxy's steps after its RoundTrip.
 	removeHopByHop(res.Header)
@@ -209,8 +209,8 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 // proxy's copyBuffer: write errors and read errors but io.EOF are
 // returned, read errors are logged.
 func (g *Gateway) copyAnswer(w http.ResponseWriter, rc *http.ResponseController, body io.Reader, flush bool) error {
-	bp := copyBuffers.Get().(*[]byte)
-	defer copyBuffers.Put(bp)
+	bp := g.buffers.take()
+	defer g.buffers.give(bp)
 	buf := *bp
 	for {
 		nr, rerr := body.Read(buf)
@@ -238,15 +238,10 @@ func (g *Gateway) copyAnswer(w http.ResponseWriter, rc *http.ResponseController,
 	}
 }
 
-// copyBuffers lend copyAnswer its buffers (by pointer: a slice put in a
-// sync.Pool as itself would allocate its header each time).
-var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
-
 // directHooks hears an exchange of the direct forward.
 type directHooks struct {
-	w    http.ResponseWriter
-	f    *forward
-	done bool // the final answer arrived: no 1xx is forwarded after it
+	w http.ResponseWriter
+	f *forward
 }
 
 func (d *directHooks) wroteHeaders() { d.f.wroteRequest.Store(true) }
@@ -255,9 +250,6 @@ func (d *directHooks) body() []byte { return d.f.buffered }
 
 // got1xx forwards an informational answer, as the reverse proxy's trace.
 func (d *directHooks) got1xx(code int, header textproto.MIMEHeader) error {
-	if d.done {
-		return nil
-	}
 	h := d.w.Header()
 	for k, vv := range header {
 		for _, v := range vv {

@@ -370,7 +370,8 @@ func truncate(s string, n int) string {
 	return s[:n]
 }
 
-// bufferPool lends the reverse proxy 32 KiB copy buffers.
+// bufferPool lends the reverse proxy and the direct forward 32 KiB copy
+// buffers.
 type bufferPool struct{ p sync.Pool }
 
 func newBufferPool() *bufferPool {
@@ -379,3 +380,9 @@ func newBufferPool() *bufferPool {
 
 func (b *bufferPool) Get() []byte  { return *(b.p.Get().(*[]byte)) }
 func (b *bufferPool) Put(v []byte) { b.p.Put(&v) }
+
+// take and give lend the direct forward the same buffers by pointer:
+// httputil.BufferPool's Put takes a slice, which allocates its header
+// each time it goes back into the sync.Pool.
+func (b *bufferPool) take() *[]byte  { return b.p.Get().(*[]byte) }
+func (b *bufferPool) give(v *[]byte) { b.p.Put(v) }
