@@ -91,20 +91,17 @@ func (c *cache) resource(name string) (*entry, bool) { return lookup(c, &c.res, 
 
 func (c *cache) lease(id string) (*tokens.Lease, bool) { return lookup(c, &c.leases, id) }
 
-// set records a committed state of resource name, its current lease cur
-// (nil if none) and other leases of it whose records are as committed.
-// The caller holds the resource's exclusive lock, or its shared lock while
-// filling a miss.
-func (c *cache) set(name string, st resState, cur *tokens.Lease, others ...*tokens.Lease) {
+// set records a committed state of resource name and its current lease cur
+// (nil if none). The caller holds the resource's exclusive lock, or its
+// shared lock while filling a miss. Other leases of the resource are left
+// as they are: a mutation that supersedes one does not change its record,
+// and putting it back here could revive one that collectLeases deleted
+// meanwhile (collection takes no resource lock).
+func (c *cache) set(name string, st resState, cur *tokens.Lease) {
 	c.mu.Lock()
 	insert(c, &c.res, name, &entry{st: st, lease: cur})
 	if cur != nil {
 		insert(c, &c.leases, cur.ID, cur)
-	}
-	for _, l := range others {
-		if l != nil {
-			insert(c, &c.leases, l.ID, l)
-		}
 	}
 	c.mu.Unlock()
 }
@@ -134,13 +131,6 @@ func (c *cache) dropLeases(ids []string) {
 	}
 	c.epoch++
 	c.mu.Unlock()
-}
-
-// size is the number of cached resource states and leases.
-func (c *cache) size() (resources, leases int) {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return len(c.res[0]) + len(c.res[1]), len(c.leases[0]) + len(c.leases[1])
 }
 
 // resourceEntry returns resource name's committed state and current lease,
@@ -174,7 +164,12 @@ func (s *Store) resourceEntry(ctx context.Context, name string) (*entry, error) 
 	if s.fillHook != nil {
 		s.fillHook()
 	}
-	s.cache.set(name, e.st, e.lease)
+	// A name never granted nor drained is not cached: lookups of any
+	// name (GET /v1/resources/{name}, the dashboard) would otherwise push
+	// the resources that writes use out of the cache.
+	if e.st != (resState{}) {
+		s.cache.set(name, e.st, e.lease)
+	}
 	return e, nil
 }
 

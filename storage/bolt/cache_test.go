@@ -418,3 +418,10 @@ func TestFillOrderedAgainstCommits(t *testing.T) {
 		})
 	}
 }
+
+// size is the number of cached resource states and leases.
+func (c *cache) size() (resources, leases int) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return len(c.res[0]) + len(c.res[1]), len(c.leases[0]) + len(c.leases[1])
+}

@@ -23,11 +23,10 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 	var (
 		lease   tokens.Lease
 		st      resState
-		prev    *tokens.Lease
 		refusal error
 	)
 	err = s.update("grant", func(tx *bbolt.Tx) error {
-		refusal, prev = nil, nil
+		refusal = nil
 		now := s.now()
 		cur, err := getResource(tx, req.Resource)
 		if err != nil {
@@ -60,7 +59,6 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 		if err := putResource(tx, req.Resource, &st); err != nil {
 			return err
 		}
-		prev = holder
 		if err := unindexLive(tx, holder); err != nil {
 			return err
 		}
@@ -79,7 +77,7 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 		return tokens.Lease{}, refusal
 	}
 	l := lease
-	s.cache.set(req.Resource, st, &l, prev)
+	s.cache.set(req.Resource, st, &l)
 	return lease, nil
 }
 
