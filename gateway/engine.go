@@ -90,22 +90,15 @@ func newEngine(std *http.Transport) *engine {
 	}
 }
 
-// oneExchange reports whether r is one plain request and answer, the
-// kind the engine writes and reads itself: not CONNECT, no
-// Transfer-Encoding or trailers, no Upgrade, Expect, TE or Trailer
-// header. Both the engine (carries) and the direct forward (directable)
-// ask it, so that the two cannot drift apart.
-func oneExchange(r *http.Request) bool {
-	h := r.Header
-	return r.Method != http.MethodConnect && len(r.TransferEncoding) == 0 && r.Trailer == nil &&
-		len(h["Upgrade"]) == 0 && len(h["Expect"]) == 0 && len(h["Te"]) == 0 && len(h["Trailer"]) == 0
-}
-
 // carries reports whether the engine forwards req itself: plain http, no
 // body or a body in memory of known length (smallbody.go), no upgrade, no
 // Expect, no trailers, not CONNECT.
 func (e *engine) carries(req *http.Request) bool {
-	if req.URL.Scheme != "http" || !oneExchange(req) {
+	if req.URL.Scheme != "http" || req.Method == http.MethodConnect || req.Trailer != nil || len(req.TransferEncoding) > 0 {
+		return false
+	}
+	h := req.Header
+	if len(h["Upgrade"]) > 0 || len(h["Expect"]) > 0 || len(h["Te"]) > 0 {
 		return false
 	}
 	if req.Body == nil || req.Body == http.NoBody {
