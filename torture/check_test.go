@@ -91,6 +91,14 @@ func TestCheckCatchesEachRule(t *testing.T) {
 		{RuleStoreDown, func(h *History) {
 			h.Faults = append(h.Faults, Fault{Kind: "restart-postgres", Start: at(650), End: at(900), DownFrom: at(690), DownTo: at(800)})
 		}},
+		{RuleStoreDown, func(h *History) {
+			// a Redis outage: a write under a lease granted while Redis
+			// was down (so its state could only have come from Redis).
+			h.Faults = append(h.Faults, Fault{Kind: FaultRestartRedis, Start: at(600), End: at(900), DownFrom: at(690), DownTo: at(800)})
+			h.Grants = append(h.Grants, Grant{Resource: "q", Token: 1, Holder: "D", Returned: at(700)})
+			h.Writes = append(h.Writes, Write{ID: "d1", Resource: "q", Token: 1, Status: 200, Sent: at(750), Returned: at(760)})
+			h.Arrivals = append(h.Arrivals, Arrival{Seq: 4, Resource: "q", Token: 1, ID: "d1", Arrived: at(755), Applied: at(756)})
+		}},
 		{RuleTokenMismatch, func(h *History) {
 			// the upstream got another token than the write's lease has.
 			h.Arrivals[2].Token = 3
@@ -138,6 +146,23 @@ func TestCheckCatchesEachRule(t *testing.T) {
 				t.Errorf("%s not flagged:\n%s", c.rule, r)
 			}
 		})
+	}
+}
+
+// A Redis outage in the PostgreSQL + Redis mode does not stop writes a
+// replica admits from the fence it already holds in PostgreSQL under a
+// lease granted before the outage (good's b1 and b2 arrive at 701 and 721, in the window);
+// a PostgreSQL outage does.
+func TestCheckRedisOutageKeepsHeldFences(t *testing.T) {
+	h := good()
+	h.Faults = append(h.Faults, Fault{Kind: FaultRestartRedis, Start: at(600), End: at(900), DownFrom: at(690), DownTo: at(800)})
+	if r := Check(h); !r.OK() {
+		t.Fatalf("a write under a lease granted before the Redis outage was flagged:\n%s", r)
+	}
+	h = good()
+	h.Faults = append(h.Faults, Fault{Kind: FaultRestartPostgres, Start: at(600), End: at(900), DownFrom: at(690), DownTo: at(800)})
+	if r := Check(h); r.Stats.ViolationCounts[RuleStoreDown] != 2 {
+		t.Fatalf("the writes in a PostgreSQL outage were not both flagged:\n%s", r)
 	}
 }
 
