@@ -431,6 +431,12 @@ func (g *Gateway) controlBody(next http.Handler) http.Handler {
 // value (a second object, garbage). A value that does not parse is left to
 // the generated decoder, whose errors name the field.
 func oneJSONValue(data []byte) error {
+	if json.Valid(data) {
+		// One value, whitespace at most around it: the common case, checked
+		// without the decoder's allocations (a decoder and its buffer were
+		// ~1 KiB per grant, a tenth of the grant path's allocations).
+		return nil
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	var v json.RawMessage
 	if dec.Decode(&v) != nil {
