@@ -107,21 +107,42 @@ func startEmbedded(t *testing.T, ups map[string]string, o options) *gw {
 	if err != nil {
 		t.Fatalf("open store: %v", err)
 	}
-	return startWith(t, store, tokens.NewLocalLocker(), ups, o, func() { _ = store.Close() })
+	return startWith(t, stores{store: store, locker: tokens.NewLocalLocker(), close: func() { _ = store.Close() }}, ups, o)
 }
 
-func startWith(t *testing.T, store tokens.Store, locker tokens.Locker, ups map[string]string, o options, closeStore func()) *gw {
+// stores are what one gateway under test runs on: the parts cmd/fencegw
+// wires for its storage mode.
+type stores struct {
+	store  tokens.Store
+	locker tokens.Locker
+	// fencer admits writes (locker is then its exclusive side); nil: a
+	// lock per write, as in the embedded mode.
+	fencer tokens.Fencer
+	// onFree, if set, registers the service's Wake for resources freed on
+	// another replica.
+	onFree func(func(resource string))
+	// keys keeps Idempotency-Key records; nil: the store itself. In the
+	// Redis mode it is the PostgreSQL ledger.
+	keys  tokens.IdempotencyStore
+	close func() // nil: nothing to close
+}
+
+func startWith(t *testing.T, s stores, ups map[string]string, o options) *gw {
 	t.Helper()
 	log := testLog(t)
+	store := s.store
 	g := &gw{store: store}
 	svc := tokens.New(tokens.Config{
-		Store: store, Locker: loggedLocker{locker, log}, GrantWait: o.grantWait, DrainPeriod: o.drainPeriod, Logger: log,
+		Store: store, Locker: loggedLocker{s.locker, log}, Fencer: s.fencer, GrantWait: o.grantWait, DrainPeriod: o.drainPeriod, Logger: log,
 		OnRejection: func(r tokens.Rejection) {
 			if g.gate != nil {
 				g.gate.Publish(r)
 			}
 		},
 	})
+	if s.onFree != nil {
+		s.onFree(svc.Wake)
+	}
 	targets := map[string]*url.URL{}
 	for name, raw := range ups {
 		u, err := url.Parse(raw)
@@ -130,11 +151,9 @@ func startWith(t *testing.T, store tokens.Store, locker tokens.Locker, ups map[s
 		}
 		targets[name] = u
 	}
-	// Idempotency records live in the durable store: the store itself, or
-	// in the Redis mode the PostgreSQL ledger (which is also the locker).
-	keys, ok := store.(tokens.IdempotencyStore)
-	if !ok {
-		keys, _ = locker.(tokens.IdempotencyStore)
+	keys := s.keys
+	if keys == nil {
+		keys = store.(tokens.IdempotencyStore) // bolt and PostgreSQL keep their own
 	}
 	forward := o.forwardTimeout
 	if forward <= 0 {
@@ -148,7 +167,9 @@ func startWith(t *testing.T, store tokens.Store, locker tokens.Locker, ups map[s
 	t.Cleanup(func() {
 		g.gate.Close()
 		g.srv.Close()
-		closeStore()
+		if s.close != nil {
+			s.close()
+		}
 	})
 	return g
 }

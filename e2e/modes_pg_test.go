@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"os"
 	"testing"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/fencegw/fencegw/storage/postgres"
 	"github.com/fencegw/fencegw/storage/postgres/pgtest"
 	"github.com/fencegw/fencegw/storage/redis"
+	"github.com/fencegw/fencegw/tokens"
 )
 
 // Three replicas sharing one PostgreSQL schema (and, in the second mode,
@@ -28,9 +30,9 @@ func startPostgres(t *testing.T, ups map[string]string, o options) []*gw {
 	pgtest.Require(t)
 	schema := pgtest.NewSchema(t)
 	var gws []*gw
-	for range replicas {
+	for i := range replicas {
 		st := pgtest.Open(t, schema, postgres.Options{Logger: testLog(t)})
-		gws = append(gws, startWith(t, st, st, ups, o, func() {}))
+		gws = append(gws, startWith(t, fenced(t, st, st, nil, i, o), ups, o))
 	}
 	return gws
 }
@@ -41,12 +43,35 @@ func startPostgresRedis(t *testing.T, ups map[string]string, o options) []*gw {
 	schema := pgtest.NewSchema(t)
 	prefix := fmt.Sprintf("fencegw-e2e:%s:", schema)
 	var gws []*gw
-	for range replicas {
+	for i := range replicas {
 		pg := pgtest.Open(t, schema, postgres.Options{Logger: testLog(t)})
 		rs := redis.New(rdb, pg, redis.Options{Prefix: prefix, Logger: testLog(t)})
-		gws = append(gws, startWith(t, rs, pg, ups, o, func() {}))
+		gws = append(gws, startWith(t, fenced(t, rs, pg, rs, i, o), ups, o))
 	}
 	return gws
+}
+
+// fenced admits writes under fences the replica keeps in PostgreSQL, as
+// cmd/fencegw does in both PostgreSQL modes (backend_postgres.go): state
+// reads leases from Redis in the Redis mode, from PostgreSQL if nil.
+func fenced(t *testing.T, store tokens.Store, pg *postgres.Store, state postgres.StateReader, replica int, o options) stores {
+	t.Helper()
+	drain := o.drainPeriod
+	if drain <= 0 {
+		drain = tokens.DefaultDrainPeriod
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	fence, err := pg.NewFence(ctx, postgres.FenceOptions{
+		SessionCheck: postgres.DefaultSessionCheck,
+		OrphanDrain:  drain + postgres.DefaultSessionCheck,
+		Replica:      fmt.Sprintf("e2e/%d", replica),
+		State:        state,
+	})
+	if err != nil {
+		t.Fatalf("fences of replica %d: %v", replica, err)
+	}
+	return stores{store: store, locker: fence, fencer: fence, onFree: fence.OnFree, keys: pg, close: fence.Close}
 }
 
 func requireRedis(t *testing.T) *goredis.Client {

@@ -63,15 +63,18 @@ type secureOptions struct {
 }
 
 // startSecure runs a gateway with the security tests' auth file on store.
-func startSecure(t *testing.T, store tokens.Store, locker tokens.Locker, ups map[string]string, o secureOptions, closeStore func()) *gw {
+func startSecure(t *testing.T, s stores, ups map[string]string, o secureOptions) *gw {
 	t.Helper()
 	cfg, err := auth.Parse([]byte(securityAuthFile()))
 	if err != nil {
 		t.Fatalf("auth file: %v", err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	g := &gw{store: store}
-	svc := tokens.New(tokens.Config{Store: store, Locker: locker, Logger: log, DrainPeriod: o.drainPeriod})
+	g := &gw{store: s.store}
+	svc := tokens.New(tokens.Config{Store: s.store, Locker: s.locker, Fencer: s.fencer, Logger: log, DrainPeriod: o.drainPeriod})
+	if s.onFree != nil {
+		s.onFree(svc.Wake)
+	}
 	targets := map[string]*url.URL{}
 	for name, raw := range ups {
 		u, err := url.Parse(raw)
@@ -96,7 +99,9 @@ func startSecure(t *testing.T, store tokens.Store, locker tokens.Locker, ups map
 	t.Cleanup(func() {
 		g.gate.Close()
 		g.srv.Close()
-		closeStore()
+		if s.close != nil {
+			s.close()
+		}
 	})
 	return g
 }
@@ -107,7 +112,7 @@ func startSecureEmbedded(t *testing.T, ups map[string]string, o secureOptions) *
 	if err != nil {
 		t.Fatalf("open store: %v", err)
 	}
-	return startSecure(t, store, tokens.NewLocalLocker(), ups, o, func() { _ = store.Close() })
+	return startSecure(t, stores{store: store, locker: tokens.NewLocalLocker(), close: func() { _ = store.Close() }}, ups, o)
 }
 
 // secureModes are the three storage modes with authentication on.
@@ -119,7 +124,7 @@ var secureModes = []struct {
 	{"postgres", func(t *testing.T, ups map[string]string) *gw {
 		pgtest.Require(t)
 		st := pgtest.Open(t, pgtest.NewSchema(t), postgres.Options{})
-		return startSecure(t, st, st, ups, secureOptions{}, func() {})
+		return startSecure(t, fenced(t, st, st, nil, 0, options{}), ups, secureOptions{})
 	}},
 	{"postgres-redis", func(t *testing.T, ups map[string]string) *gw {
 		pgtest.Require(t)
@@ -127,7 +132,7 @@ var secureModes = []struct {
 		schema := pgtest.NewSchema(t)
 		pg := pgtest.Open(t, schema, postgres.Options{})
 		rs := redis.New(rdb, pg, redis.Options{Prefix: "fencegw-e2e-sec:" + schema + ":"})
-		return startSecure(t, rs, pg, ups, secureOptions{}, func() {})
+		return startSecure(t, fenced(t, rs, pg, rs, 0, options{}), ups, secureOptions{})
 	}},
 }
 
