@@ -55,7 +55,9 @@ import (
 //     may still land. Resources it never fenced are not held up.
 //  4. Each lock session is pinged every SessionCheck/10; a replica admits
 //     locally only while its session was confirmed alive less than
-//     SessionCheck ago, and destroys a session that fails a ping. So after
+//     SessionCheck ago, and destroys a session that fails a ping (or does
+//     not answer within sessionPingTimeout: a slow answer only stops
+//     admission, it does not drop the fences). So after
 //     a session dies, this replica admits at most for SessionCheck, each
 //     such write finishes within the forward timeout, and OrphanDrain
 //     (drain period + SessionCheck, with the drain period at least the
@@ -891,7 +893,7 @@ func (ls *lockSession) healthLoop() {
 		conn, gen := ls.conn, ls.gen.Load()
 		var err error
 		if conn != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), ls.f.opts.SessionCheck)
+			ctx, cancel := context.WithTimeout(context.Background(), sessionPingTimeout(ls.f.opts.SessionCheck))
 			_, err = conn.Exec(ctx, "SELECT 1")
 			cancel()
 		}
@@ -905,6 +907,20 @@ func (ls *lockSession) healthLoop() {
 		}
 		ls.okAt.Store(int64(sent.Sub(ls.f.epoch)))
 	}
+}
+
+// sessionPingTimeout is how long a health check may take before its session
+// is destroyed. Longer than SessionCheck on purpose: admission already stops
+// SessionCheck after the last check that succeeded (confirmed), whether or
+// not the session is destroyed, so a slow answer costs nothing in safety; but
+// destroying a session that is only slow (a CPU-starved replica, a busy
+// database) drops every fence on it, and each of their resources then drains
+// for OrphanDrain (the drain period plus SessionCheck) before its next grant.
+// pgx closes a connection whose query times out, so keeping the session
+// means waiting for the answer. A dead session answers with an error at once
+// (a terminated backend, a reset connection), or, cut off, in this time.
+func sessionPingTimeout(check time.Duration) time.Duration {
+	return max(5*check, 5*time.Second)
 }
 
 // acquire tries hf's shared lock and records presence; it returns the
