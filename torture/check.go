@@ -56,24 +56,27 @@ type Violation struct {
 
 // Stats are the figures of a run.
 type Stats struct {
-	Grants          int            `json:"grants"`
-	Writes          int            `json:"writes"`
-	OK              int            `json:"ok"`               // 2xx
-	StaleRejected   int            `json:"stale_rejected"`   // 409 stale_token, lease_expired, lease_released
-	StaleAttempts   int            `json:"stale_attempts"`   // refused as stale, or sent after the worker's TTL ran out
-	Unavailable     int            `json:"unavailable"`      // 503
-	UnknownOutcome  int            `json:"unknown_outcome"`  // 408, 413, 502, 504, no answer
-	OtherRefused    int            `json:"other_refused"`    // other 4xx
-	Arrivals        int            `json:"arrivals"`         // at the upstream
-	Applied         int            `json:"applied"`          // acted on by the upstream
-	ForeignWrites   int            `json:"foreign_writes"`   // thieves' writes: sent with another principal's lease
-	ForeignOps      int            `json:"foreign_ops"`      // thieves' renewals and releases
-	ForeignRefused  int            `json:"foreign_refused"`  // of those, 403 lease_not_owned
-	RouteThefts     int            `json:"route_thefts"`     // writes under a lease of one resource to another's path
-	RouteRefused    int            `json:"route_refused"`    // of those, 403 resource_mismatch
-	KeyRetries      int            `json:"key_retries"`      // keyed writes sent again with their key
-	KeyReplayed     int            `json:"key_replayed"`     // retries answered from the gateway's record
-	KeyUnknown      int            `json:"key_unknown"`      // retries answered idempotency_outcome_unknown
+	Grants         int `json:"grants"`
+	Writes         int `json:"writes"`
+	OK             int `json:"ok"`              // 2xx
+	StaleRejected  int `json:"stale_rejected"`  // 409 stale_token, lease_expired, lease_released
+	StaleAttempts  int `json:"stale_attempts"`  // refused as stale, or sent after the worker's TTL ran out
+	Unavailable    int `json:"unavailable"`     // 503
+	UnknownOutcome int `json:"unknown_outcome"` // 408, 413, 502, 504, no answer
+	OtherRefused   int `json:"other_refused"`   // other 4xx
+	Arrivals       int `json:"arrivals"`        // at the upstream
+	Applied        int `json:"applied"`         // acted on by the upstream
+	ForeignWrites  int `json:"foreign_writes"`  // thieves' writes: sent with another principal's lease
+	ForeignOps     int `json:"foreign_ops"`     // thieves' renewals and releases
+	ForeignRefused int `json:"foreign_refused"` // of those, 403 lease_not_owned
+	RouteThefts    int `json:"route_thefts"`    // writes under a lease of one resource to another's path
+	RouteRefused   int `json:"route_refused"`   // of those, 403 resource_mismatch
+	KeyRetries     int `json:"key_retries"`     // keyed writes sent again with their key
+	KeyReplayed    int `json:"key_replayed"`    // retries answered from the gateway's record
+	KeyUnknown     int `json:"key_unknown"`     // retries answered idempotency_outcome_unknown
+	// HeldInOutage: writes that arrived during a Redis outage under a
+	// lease granted before it (admitted from a fence already held).
+	HeldInOutage    int            `json:"held_in_outage,omitempty"`
 	Faults          map[string]int `json:"faults"`           // by kind
 	ViolationCounts map[string]int `json:"violation_counts"` // by rule
 }
@@ -120,6 +123,9 @@ func (r Report) String() string {
 	b.WriteString("faults:")
 	for _, k := range kinds {
 		fmt.Fprintf(&b, " %s=%d", k, s.Faults[k])
+	}
+	if s.Faults[FaultRestartRedis] > 0 {
+		fmt.Fprintf(&b, "; %d writes arrived in a Redis outage under leases granted before it", s.HeldInOutage)
 	}
 	b.WriteString("\n")
 	fmt.Fprintf(&b, "violations: %d", r.ViolationCount())
@@ -298,6 +304,7 @@ func Check(h History) Report {
 					// violation: one no worker had been granted before the
 					// outage began.
 					if t, ok := grantedAt[a.Resource][a.Token]; ok && t.Before(f.Start) {
+						st.HeldInOutage++
 						continue
 					}
 				}

@@ -156,8 +156,8 @@ func TestCheckCatchesEachRule(t *testing.T) {
 func TestCheckRedisOutageKeepsHeldFences(t *testing.T) {
 	h := good()
 	h.Faults = append(h.Faults, Fault{Kind: FaultRestartRedis, Start: at(600), End: at(900), DownFrom: at(690), DownTo: at(800)})
-	if r := Check(h); !r.OK() {
-		t.Fatalf("a write under a lease granted before the Redis outage was flagged:\n%s", r)
+	if r := Check(h); !r.OK() || r.Stats.HeldInOutage != 2 {
+		t.Fatalf("writes under a lease granted before the Redis outage were flagged, or not counted:\n%s", r)
 	}
 	h = good()
 	h.Faults = append(h.Faults, Fault{Kind: FaultRestartPostgres, Start: at(600), End: at(900), DownFrom: at(690), DownTo: at(800)})
