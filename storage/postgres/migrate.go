@@ -74,7 +74,13 @@ func (s *Store) migrate(ctx context.Context) error {
 	if err != nil {
 		return tokens.Unavailable("postgres migrations", err)
 	}
-	rows, err := s.pool.Query(ctx, `SELECT version_id FROM `+migrationTable)
+	// A version's state is its newest row: goose records a rollback
+	// (goose down) as a row with is_applied false, and a later up as
+	// another true one.
+	rows, err := s.pool.Query(ctx, `SELECT version_id FROM (
+			SELECT DISTINCT ON (version_id) version_id, is_applied FROM `+migrationTable+`
+			ORDER BY version_id, id DESC) latest
+		WHERE is_applied`)
 	if err != nil {
 		return tokens.Unavailable("postgres migrations", err)
 	}
@@ -88,6 +94,12 @@ func (s *Store) migrate(ctx context.Context) error {
 	}
 	for _, m := range todo {
 		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			// A migration may rewrite a large table: it is bounded by ctx
+			// (the caller's open deadline), not by the per-statement
+			// timeout meant for the request path.
+			if _, err := tx.Exec(ctx, `SET LOCAL statement_timeout = 0`); err != nil {
+				return err
+			}
 			// No arguments: pgx sends it as one simple query, so a file may
 			// hold several statements.
 			if _, err := tx.Exec(ctx, m.up); err != nil {

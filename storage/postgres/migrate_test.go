@@ -163,3 +163,57 @@ func TestMigrateRefusesAMissingOlderVersion(t *testing.T) {
 		t.Fatalf("err = %v, want it to name 00003_retention.sql", err)
 	}
 }
+
+// A migration rolled back with goose (its Down run, then a row with
+// is_applied false) is applied again at the next start: a version's state
+// is its newest row, not whether any row names it.
+func TestMigrateReappliesARolledBackVersion(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.NewSchema(t)
+	s := pgtest.Open(t, schema, postgres.Options{})
+	files, err := filepath.Glob("migrations/*.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("migrations: %v %v", files, err)
+	}
+	slices.Sort(files)
+	newest := files[len(files)-1]
+	src, err := os.ReadFile(newest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, down, ok := strings.Cut(string(src), "-- +goose Down")
+	if !ok || strings.TrimSpace(down) == "" {
+		t.Fatalf("%s has no Down section", newest)
+	}
+	version := migrationRows(t, s)[len(migrationRows(t, s))-1].Version
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// What goose down does: the Down SQL and a row recording it.
+	if _, err := conn.Exec(ctx, `SET search_path TO `+pgx.Identifier{schema}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, down); err != nil {
+		t.Fatalf("down of %s: %v", newest, err)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO fencegw_migrations (version_id, is_applied) VALUES ($1, false)`, version); err != nil {
+		t.Fatal(err)
+	}
+
+	again := pgtest.Open(t, schema, postgres.Options{})
+	rows := migrationRows(t, again)
+	if last := rows[len(rows)-1]; last.Version != version || !last.Applied {
+		t.Fatalf("newest row %+v, want version %d applied again (%s)", last, version, newest)
+	}
+	// The store works on the re-created schema: a grant and its history.
+	l, err := again.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", Holder: "h", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := again.History(ctx, l.Resource, 10); err != nil {
+		t.Fatalf("history after the re-applied migration: %v", err)
+	}
+}
