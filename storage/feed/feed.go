@@ -125,6 +125,11 @@ type Replicated struct {
 	batch     *batch.Batcher[tokens.Rejection, struct{}]
 	dropped   atomic.Int64
 
+	// closing, once Close has begun, bounds all of its sends together: a
+	// transport that is down must not hold a shutdown for a send timeout
+	// per batch still queued.
+	closing atomic.Pointer[context.Context]
+
 	mu     sync.Mutex
 	cancel context.CancelFunc // the subscription's
 	done   chan struct{}      // closed when the subscription has ended
@@ -155,7 +160,15 @@ func NewReplicated(t Transport, opts Options) *Replicated {
 }
 
 func (f *Replicated) send(rs []tokens.Rejection, _ []struct{}) error {
-	ctx, cancel := context.WithTimeout(context.Background(), f.opts.SendTimeout)
+	parent := context.Background()
+	if c := f.closing.Load(); c != nil {
+		parent = *c
+		if parent.Err() != nil {
+			f.log.Warn("live rejection feed: closed before these were sent (they are recorded)", "rejections", len(rs))
+			return nil
+		}
+	}
+	ctx, cancel := context.WithTimeout(parent, f.opts.SendTimeout)
 	defer cancel()
 	if err := f.transport.PublishRejections(ctx, rs); err != nil {
 		f.log.Warn("live rejection feed: publish failed (the rejections are recorded)", "rejections", len(rs), "err", err)
@@ -211,8 +224,12 @@ func (f *Replicated) Subscribe(ctx context.Context, deliver func(tokens.Rejectio
 	}
 }
 
-// Close sends what is queued, then ends the subscription and waits for it.
+// Close sends what is queued, within one SendTimeout for all of it, then
+// ends the subscription and waits for it.
 func (f *Replicated) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), f.opts.SendTimeout)
+	defer cancel()
+	f.closing.Store(&ctx)
 	f.batch.Close()
 	f.mu.Lock()
 	cancel, done := f.cancel, f.done
