@@ -41,11 +41,15 @@ func TestIncidentStaleWriteIsRejected(t *testing.T) {
 		gws := m.start(t, map[string]string{"statements": up.URL}, options{})
 		res := "stmt:acct:88213:" + m.name
 
-		a := acquire(t, pick(gws, 0), res, "worker-A", time.Second)
+		// A TTL long enough for A's first write on a loaded CI machine
+		// (-race, every package at once).
+		const ttl = 2 * time.Second
+		asked := time.Now()
+		a := acquire(t, pick(gws, 0), res, "worker-A", ttl)
 		if got := write(t, pick(gws, 1), "statements", "/lines", a, "A line 1"); got.Status != http.StatusOK {
 			t.Fatalf("A's first write: %d %s", got.Status, got.Body)
 		}
-		time.Sleep(1500 * time.Millisecond) // A stalls past its TTL
+		time.Sleep(time.Until(asked.Add(ttl + 500*time.Millisecond))) // A stalls past its TTL
 
 		b := acquire(t, pick(gws, 2), res, "worker-B", 10*time.Second)
 		if b.Token <= a.Token {
@@ -147,7 +151,11 @@ func TestGrantWaitsForInFlightWrite(t *testing.T) {
 		up := newUpstream(t)
 		gws := m.start(t, map[string]string{"svc": up.URL}, options{})
 		res := "inflight:" + m.name
-		a := acquire(t, pick(gws, 0), res, "A", 400*time.Millisecond)
+		// Long enough for the write to be admitted on a loaded CI machine;
+		// it expires while the write is held at the upstream.
+		const ttl = 1500 * time.Millisecond
+		asked := time.Now()
+		a := acquire(t, pick(gws, 0), res, "A", ttl)
 
 		entered, release := make(chan struct{}), make(chan struct{})
 		var once, releaseOnce sync.Once
@@ -161,8 +169,12 @@ func TestGrantWaitsForInFlightWrite(t *testing.T) {
 		})
 		slowDone := make(chan answer, 1)
 		go func() { slowDone <- write(t, pick(gws, 1), "svc", "/w", a, "slow") }()
-		<-entered
-		time.Sleep(500 * time.Millisecond) // A's lease expires while its write is in flight
+		select {
+		case <-entered:
+		case got := <-slowDone:
+			t.Fatalf("the write answered %d without reaching the upstream: %s", got.Status, got.Body)
+		}
+		time.Sleep(time.Until(asked.Add(ttl + 100*time.Millisecond))) // A's lease expires while its write is in flight
 
 		var finishedAt time.Time
 		granted := make(chan leaseJSON, 1)
