@@ -20,6 +20,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/fencegw/fencegw/tokens"
 )
 
 // seenRequest is what an upstream got, as its handler saw it.
@@ -165,12 +167,12 @@ func (tg *testGateway) send(t *testing.T, c *http.Client, lease, id string, dc d
 	})
 	resp, err := c.Do(req.WithContext(ctx))
 	if err != nil {
-		t.Fatalf("%s %s: %v", dc.method, dc.path, err)
+		t.Fatalf("%s %s (%s): %v", dc.method, dc.path, id, err)
 	}
 	b, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if err != nil {
-		t.Fatalf("%s %s: reading the answer: %v", dc.method, dc.path, err)
+		t.Fatalf("%s %s (%s): reading the answer: %v", dc.method, dc.path, id, err)
 	}
 	a.Status, a.Header, a.Body, a.Trailer = resp.StatusCode, resp.Header, string(b), resp.Trailer
 	a.Header.Del("Date")
@@ -188,7 +190,10 @@ func startDiff(t testing.TB) (up *diffUpstream, eng, std *testGateway, engLease,
 	std = startFraming(t, up.URL, Config{}, false)
 	std.g.proxy.(*httputil.ReverseProxy).Transport = std.g.transport
 	std.g.direct = false
-	return up, eng, std, eng.lease(t, "r"), std.lease(t, "r")
+	// Leases as long as allowed: a fuzz run outlives a minute, and every
+	// write after its lease ran out would be refused alike by both
+	// (compare would pass, having compared nothing).
+	return up, eng, std, eng.leaseTTL(t, "r", time.Hour), std.leaseTTL(t, "r", time.Hour)
 }
 
 // directs counts the direct forwards (engine_forward.go) of a test.
@@ -211,6 +216,11 @@ func compare(t *testing.T, up *diffUpstream, eng, std *testGateway, engLease, st
 	ae := eng.send(t, c, engLease, id+"/engine", dc)
 	as := std.send(t, c, stdLease, id+"/std", dc)
 	se, ss := up.take(id+"/engine"), up.take(id+"/std")
+	for _, code := range []string{tokens.CodeLeaseExpired, tokens.CodeStaleToken, tokens.CodeLeaseReleased} {
+		if len(se)+len(ss) == 0 && (strings.Contains(ae.Body, `"`+code+`"`) || strings.Contains(as.Body, `"`+code+`"`)) {
+			t.Fatalf("%s: refused with %s: the test's leases are no longer current, nothing can be compared", id, code)
+		}
+	}
 	if len(se) == 0 && len(ss) == 0 && ae.Status >= 400 && fmt.Sprint(ae) == fmt.Sprint(as) {
 		return // refused by the gateway before any forward, alike
 	}

@@ -332,7 +332,12 @@ func (tg *testGateway) dial(t *testing.T) net.Conn {
 
 func (tg *testGateway) lease(t testing.TB, resource string) string {
 	t.Helper()
-	p, err := tg.svc.Acquire(context.Background(), tokens.AcquireRequest{Resource: resource, Holder: "h", TTL: time.Minute})
+	return tg.leaseTTL(t, resource, time.Minute)
+}
+
+func (tg *testGateway) leaseTTL(t testing.TB, resource string, ttl time.Duration) string {
+	t.Helper()
+	p, err := tg.svc.Acquire(context.Background(), tokens.AcquireRequest{Resource: resource, Holder: "h", TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
