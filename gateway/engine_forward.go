@@ -45,20 +45,11 @@ import (
 func directForwardOK() bool { return !strings.Contains(os.Getenv("GODEBUG"), "urlmaxqueryparams") }
 
 // directable reports whether the direct forward carries r (see the top of
-// this file). Its body, if any, is f.buffered.
+// this file): one plain exchange, as the engine decides it (oneExchange),
+// unkeyed, with a query the reverse proxy would pass unchanged. Its body,
+// if any, is f.buffered.
 func (g *Gateway) directable(r *http.Request, f *forward) bool {
-	if !g.direct || f.keyed != nil || f.upstream.Scheme != "http" || r.Method == http.MethodConnect ||
-		len(r.TransferEncoding) > 0 || r.Trailer != nil {
-		return false
-	}
-	if r.ContentLength != 0 && (f.buffered == nil || r.ContentLength != int64(len(f.buffered))) {
-		return false
-	}
-	h := r.Header
-	if len(h["Upgrade"]) > 0 || len(h["Expect"]) > 0 || len(h["Te"]) > 0 || len(h["Trailer"]) > 0 {
-		return false
-	}
-	return queryUnchanged(r.URL.RawQuery)
+	return g.direct && f.keyed == nil && oneExchange(r, f.upstream, f) && queryUnchanged(r.URL.RawQuery)
 }
 
 // queryUnchanged reports whether the reverse proxy's cleanQueryParams

@@ -612,3 +612,81 @@ func TestEnginePutPrunes(t *testing.T) {
 		t.Fatalf("maxIdle 2: %d idle, the third not closed", len(e.idle["up"]))
 	}
 }
+
+// The engine (carries, on the reverse proxy's outbound request) and the
+// direct forward (directable, on the client's request) take the same
+// requests as one plain exchange: one predicate, oneExchange. Before it
+// they had drifted (a Trailer header kept a write from the direct forward
+// only); the direct forward alone also refuses keyed writes and queries
+// the reverse proxy would rewrite.
+func TestOneExchange(t *testing.T) {
+	plain, _ := url.Parse("http://up:8080/base")
+	tlsUp, _ := url.Parse("https://up:8443/base")
+	type row struct {
+		name     string
+		method   string
+		upstream *url.URL
+		length   int64
+		buffered []byte
+		te       []string
+		trailer  http.Header
+		header   http.Header
+		want     bool
+	}
+	rows := []row{
+		{name: "GET", want: true},
+		{name: "POST in memory", method: "POST", length: 4, buffered: []byte("body"), want: true},
+		{name: "POST streamed", method: "POST", length: 4},
+		{name: "POST other length", method: "POST", length: 5, buffered: []byte("body")},
+		{name: "https", upstream: tlsUp},
+		{name: "CONNECT", method: http.MethodConnect},
+		{name: "chunked", method: "POST", length: -1, te: []string{"chunked"}},
+		{name: "trailers", method: "POST", length: -1, te: []string{"chunked"}, trailer: http.Header{"X-T": nil}},
+		{name: "Upgrade", header: http.Header{"Upgrade": {"websocket"}, "Connection": {"upgrade"}}},
+		{name: "Expect", method: "POST", length: 4, header: http.Header{"Expect": {"100-continue"}}},
+		{name: "TE", header: http.Header{"Te": {"trailers"}}},
+		{name: "Trailer header", method: "POST", length: 4, buffered: []byte("body"), header: http.Header{"Trailer": {"X-T"}}},
+	}
+	g := &Gateway{direct: true}
+	e := &engine{}
+	for _, rw := range rows {
+		if rw.method == "" {
+			rw.method = "GET"
+		}
+		if rw.upstream == nil {
+			rw.upstream = plain
+		}
+		if rw.header == nil {
+			rw.header = http.Header{}
+		}
+		f := &forward{upstream: rw.upstream, buffered: rw.buffered}
+		in := httptest.NewRequest(rw.method, "http://gw/v1/proxy/svc/a?x=1", nil)
+		in.ContentLength, in.TransferEncoding, in.Trailer, in.Header = rw.length, rw.te, rw.trailer, rw.header
+		if rw.length != 0 {
+			in.Body = io.NopCloser(strings.NewReader("body"))
+		}
+		// As the reverse proxy and rewrite make it.
+		out := in.Clone(context.WithValue(context.Background(), forwardKey{}, f))
+		out.URL = rw.upstream.JoinPath("a")
+		if rw.buffered != nil {
+			out.Body = inMemoryBody(rw.buffered)
+		}
+		if got := g.directable(in, f); got != rw.want {
+			t.Errorf("%s: directable %v, want %v", rw.name, got, rw.want)
+		}
+		if got := e.carries(out); got != rw.want {
+			t.Errorf("%s: the engine carries it: %v, want %v", rw.name, got, rw.want)
+		}
+		if !rw.want {
+			continue
+		}
+		// The direct forward's own conditions.
+		if g.directable(in, &forward{upstream: f.upstream, buffered: f.buffered, keyed: new(keyed)}) {
+			t.Errorf("%s: a keyed write is directable", rw.name)
+		}
+		in.URL.RawQuery = "a=1;b=2"
+		if g.directable(in, f) {
+			t.Errorf("%s: a query the reverse proxy rewrites is directable", rw.name)
+		}
+	}
+}
