@@ -690,3 +690,21 @@ func TestOneExchange(t *testing.T) {
 		}
 	}
 }
+
+// The direct forward is on only while the reverse proxy passes queries as
+// they are; a urlmaxqueryparams setting, from wherever (here the
+// environment, which the runtime applies as it changes), turns it off.
+func TestDirectForwardOK(t *testing.T) {
+	t.Setenv("GODEBUG", "")
+	if !directForwardOK() {
+		t.Fatal("off by default")
+	}
+	t.Setenv("GODEBUG", "urlmaxqueryparams=0")
+	if directForwardOK() {
+		t.Fatal("on with urlmaxqueryparams=0, which makes the reverse proxy re-encode every query")
+	}
+	t.Setenv("GODEBUG", "urlmaxqueryparams=20000")
+	if directForwardOK() {
+		t.Fatal("on with urlmaxqueryparams=20000")
+	}
+}
