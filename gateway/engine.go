@@ -51,6 +51,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
+	"net/url"
 	"os"
 	"sync"
 	"syscall"
@@ -90,22 +91,34 @@ func newEngine(std *http.Transport) *engine {
 	}
 }
 
-// carries reports whether the engine forwards req itself: plain http, no
-// body or a body in memory of known length (smallbody.go), no upgrade, no
-// Expect, no trailers, not CONNECT.
+// oneExchange reports whether r, a fenced write forwarded as f to target,
+// is one plain exchange, the kind the engine writes and reads itself: to a
+// plain-http target; not CONNECT; no body, or one of known length in
+// memory (f.buffered, smallbody.go); no Transfer-Encoding and no trailers;
+// no Upgrade, Expect, TE or Trailer header. Everything else needs the
+// Transport's judgement (streaming, 100-continue, upgrades, TLS).
+//
+// It is the one answer to that question: the engine asks it of the
+// reverse proxy's outbound request (carries), the direct forward of the
+// client's request (directable, engine_forward.go), so the two cannot
+// drift apart again (they had: only one looked at the Trailer header,
+// TestOneExchange).
+func oneExchange(r *http.Request, target *url.URL, f *forward) bool {
+	if f == nil || target.Scheme != "http" || r.Method == http.MethodConnect || len(r.TransferEncoding) > 0 || r.Trailer != nil {
+		return false
+	}
+	h := r.Header
+	if len(h["Upgrade"]) > 0 || len(h["Expect"]) > 0 || len(h["Te"]) > 0 || len(h["Trailer"]) > 0 {
+		return false
+	}
+	return r.ContentLength == 0 || f.buffered != nil && r.ContentLength == int64(len(f.buffered))
+}
+
+// carries reports whether the engine forwards req, the reverse proxy's
+// outbound request, itself (oneExchange).
 func (e *engine) carries(req *http.Request) bool {
-	if req.URL.Scheme != "http" || req.Method == http.MethodConnect || req.Trailer != nil || len(req.TransferEncoding) > 0 {
-		return false
-	}
-	h := req.Header
-	if len(h["Upgrade"]) > 0 || len(h["Expect"]) > 0 || len(h["Te"]) > 0 {
-		return false
-	}
-	if req.Body == nil || req.Body == http.NoBody {
-		return req.ContentLength == 0
-	}
 	f, _ := req.Context().Value(forwardKey{}).(*forward)
-	return f != nil && f.buffered != nil && req.ContentLength == int64(len(f.buffered))
+	return oneExchange(req, req.URL, f)
 }
 
 // RoundTrip forwards req and returns the upstream's answer.

@@ -34,31 +34,52 @@ import (
 	"net/http/httputil"
 	"net/textproto"
 	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"time"
 )
 
-// directForwardOK: GODEBUG=urlmaxqueryparams makes the reverse proxy
-// re-encode every query; the direct forward does not, so it stays off.
-func directForwardOK() bool { return !strings.Contains(os.Getenv("GODEBUG"), "urlmaxqueryparams") }
+// directForwardOK reports whether the reverse proxy passes a query it
+// has no reason to change as it is, as the direct forward does. A
+// urlmaxqueryparams GODEBUG setting makes it re-encode every query
+// (cleanQueryParams), and that setting need not be in the environment: a
+// //go:debug line of the main package, a godebug line of its go.mod, or a
+// go line before 1.24 (whose default is urlmaxqueryparams=0) set it too,
+// unseen by os.Getenv. So the reverse proxy itself is asked, with a query
+// any re-encoding reorders; the direct forward stays off if it changes.
+func directForwardOK() bool {
+	const query = "b=1&a=2"
+	var got string
+	p := &httputil.ReverseProxy{
+		Rewrite:      func(pr *httputil.ProxyRequest) { got = pr.Out.URL.RawQuery },
+		Transport:    probeTransport{},
+		ErrorHandler: func(http.ResponseWriter, *http.Request, error) {},
+	}
+	req := &http.Request{Method: http.MethodGet, URL: &url.URL{Scheme: "http", Host: "probe", Path: "/", RawQuery: query},
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: http.Header{}, Body: http.NoBody, Host: "probe"}
+	p.ServeHTTP(probeWriter{}, req)
+	return got == query
+}
+
+// probeTransport and probeWriter let directForwardOK's request go nowhere.
+type probeTransport struct{}
+
+func (probeTransport) RoundTrip(*http.Request) (*http.Response, error) {
+	return nil, errors.New("a probe is not forwarded")
+}
+
+type probeWriter struct{}
+
+func (probeWriter) Header() http.Header         { return http.Header{} }
+func (probeWriter) Write(b []byte) (int, error) { return len(b), nil }
+func (probeWriter) WriteHeader(int)             {}
 
 // directable reports whether the direct forward carries r (see the top of
-// this file). Its body, if any, is f.buffered.
+// this file): one plain exchange, as the engine decides it (oneExchange),
+// unkeyed, with a query the reverse proxy would pass unchanged. Its body,
+// if any, is f.buffered.
 func (g *Gateway) directable(r *http.Request, f *forward) bool {
-	if !g.direct || f.keyed != nil || f.upstream.Scheme != "http" || r.Method == http.MethodConnect ||
-		len(r.TransferEncoding) > 0 || r.Trailer != nil {
-		return false
-	}
-	if r.ContentLength != 0 && (f.buffered == nil || r.ContentLength != int64(len(f.buffered))) {
-		return false
-	}
-	h := r.Header
-	if len(h["Upgrade"]) > 0 || len(h["Expect"]) > 0 || len(h["Te"]) > 0 || len(h["Trailer"]) > 0 {
-		return false
-	}
-	return queryUnchanged(r.URL.RawQuery)
+	return g.direct && f.keyed == nil && oneExchange(r, f.upstream, f) && queryUnchanged(r.URL.RawQuery)
 }
 
 // queryUnchanged reports whether the reverse proxy's cleanQueryParams

@@ -20,6 +20,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/fencegw/fencegw/tokens"
 )
 
 // seenRequest is what an upstream got, as its handler saw it.
@@ -165,12 +167,12 @@ func (tg *testGateway) send(t *testing.T, c *http.Client, lease, id string, dc d
 	})
 	resp, err := c.Do(req.WithContext(ctx))
 	if err != nil {
-		t.Fatalf("%s %s: %v", dc.method, dc.path, err)
+		t.Fatalf("%s %s (%s): %v", dc.method, dc.path, id, err)
 	}
 	b, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if err != nil {
-		t.Fatalf("%s %s: reading the answer: %v", dc.method, dc.path, err)
+		t.Fatalf("%s %s (%s): reading the answer: %v", dc.method, dc.path, id, err)
 	}
 	a.Status, a.Header, a.Body, a.Trailer = resp.StatusCode, resp.Header, string(b), resp.Trailer
 	a.Header.Del("Date")
@@ -188,7 +190,10 @@ func startDiff(t testing.TB) (up *diffUpstream, eng, std *testGateway, engLease,
 	std = startFraming(t, up.URL, Config{}, false)
 	std.g.proxy.(*httputil.ReverseProxy).Transport = std.g.transport
 	std.g.direct = false
-	return up, eng, std, eng.lease(t, "r"), std.lease(t, "r")
+	// Leases as long as allowed: a fuzz run outlives a minute, and every
+	// write after its lease ran out would be refused alike by both
+	// (compare would pass, having compared nothing).
+	return up, eng, std, eng.leaseTTL(t, "r", time.Hour), std.leaseTTL(t, "r", time.Hour)
 }
 
 // directs counts the direct forwards (engine_forward.go) of a test.
@@ -211,6 +216,11 @@ func compare(t *testing.T, up *diffUpstream, eng, std *testGateway, engLease, st
 	ae := eng.send(t, c, engLease, id+"/engine", dc)
 	as := std.send(t, c, stdLease, id+"/std", dc)
 	se, ss := up.take(id+"/engine"), up.take(id+"/std")
+	for _, code := range []string{tokens.CodeLeaseExpired, tokens.CodeStaleToken, tokens.CodeLeaseReleased} {
+		if len(se)+len(ss) == 0 && (strings.Contains(ae.Body, `"`+code+`"`) || strings.Contains(as.Body, `"`+code+`"`)) {
+			t.Fatalf("%s: refused with %s: the test's leases are no longer current, nothing can be compared", id, code)
+		}
+	}
 	if len(se) == 0 && len(ss) == 0 && ae.Status >= 400 && fmt.Sprint(ae) == fmt.Sprint(as) {
 		return // refused by the gateway before any forward, alike
 	}
@@ -600,5 +610,101 @@ func TestEnginePutPrunes(t *testing.T) {
 	e.put(extra)
 	if len(e.idle["up"]) != 2 || !closed(extraPeer) {
 		t.Fatalf("maxIdle 2: %d idle, the third not closed", len(e.idle["up"]))
+	}
+}
+
+// The engine (carries, on the reverse proxy's outbound request) and the
+// direct forward (directable, on the client's request) take the same
+// requests as one plain exchange: one predicate, oneExchange. Before it
+// they had drifted (a Trailer header kept a write from the direct forward
+// only); the direct forward alone also refuses keyed writes and queries
+// the reverse proxy would rewrite.
+func TestOneExchange(t *testing.T) {
+	plain, _ := url.Parse("http://up:8080/base")
+	tlsUp, _ := url.Parse("https://up:8443/base")
+	type row struct {
+		name     string
+		method   string
+		upstream *url.URL
+		length   int64
+		buffered []byte
+		te       []string
+		trailer  http.Header
+		header   http.Header
+		want     bool
+	}
+	rows := []row{
+		{name: "GET", want: true},
+		{name: "POST in memory", method: "POST", length: 4, buffered: []byte("body"), want: true},
+		{name: "POST streamed", method: "POST", length: 4},
+		{name: "POST other length", method: "POST", length: 5, buffered: []byte("body")},
+		{name: "https", upstream: tlsUp},
+		{name: "CONNECT", method: http.MethodConnect},
+		{name: "chunked", method: "POST", length: -1, te: []string{"chunked"}},
+		{name: "trailers", method: "POST", length: -1, te: []string{"chunked"}, trailer: http.Header{"X-T": nil}},
+		{name: "Upgrade", header: http.Header{"Upgrade": {"websocket"}, "Connection": {"upgrade"}}},
+		{name: "Expect", method: "POST", length: 4, header: http.Header{"Expect": {"100-continue"}}},
+		{name: "TE", header: http.Header{"Te": {"trailers"}}},
+		{name: "Trailer header", method: "POST", length: 4, buffered: []byte("body"), header: http.Header{"Trailer": {"X-T"}}},
+	}
+	g := &Gateway{direct: true}
+	e := &engine{}
+	for _, rw := range rows {
+		if rw.method == "" {
+			rw.method = "GET"
+		}
+		if rw.upstream == nil {
+			rw.upstream = plain
+		}
+		if rw.header == nil {
+			rw.header = http.Header{}
+		}
+		f := &forward{upstream: rw.upstream, buffered: rw.buffered}
+		in := httptest.NewRequest(rw.method, "http://gw/v1/proxy/svc/a?x=1", nil)
+		in.ContentLength, in.TransferEncoding, in.Trailer, in.Header = rw.length, rw.te, rw.trailer, rw.header
+		if rw.length != 0 {
+			in.Body = io.NopCloser(strings.NewReader("body"))
+		}
+		// As the reverse proxy and rewrite make it.
+		out := in.Clone(context.WithValue(context.Background(), forwardKey{}, f))
+		out.URL = rw.upstream.JoinPath("a")
+		if rw.buffered != nil {
+			out.Body = inMemoryBody(rw.buffered)
+		}
+		if got := g.directable(in, f); got != rw.want {
+			t.Errorf("%s: directable %v, want %v", rw.name, got, rw.want)
+		}
+		if got := e.carries(out); got != rw.want {
+			t.Errorf("%s: the engine carries it: %v, want %v", rw.name, got, rw.want)
+		}
+		if !rw.want {
+			continue
+		}
+		// The direct forward's own conditions.
+		if g.directable(in, &forward{upstream: f.upstream, buffered: f.buffered, keyed: new(keyed)}) {
+			t.Errorf("%s: a keyed write is directable", rw.name)
+		}
+		in.URL.RawQuery = "a=1;b=2"
+		if g.directable(in, f) {
+			t.Errorf("%s: a query the reverse proxy rewrites is directable", rw.name)
+		}
+	}
+}
+
+// The direct forward is on only while the reverse proxy passes queries as
+// they are; a urlmaxqueryparams setting, from wherever (here the
+// environment, which the runtime applies as it changes), turns it off.
+func TestDirectForwardOK(t *testing.T) {
+	t.Setenv("GODEBUG", "")
+	if !directForwardOK() {
+		t.Fatal("off by default")
+	}
+	t.Setenv("GODEBUG", "urlmaxqueryparams=0")
+	if directForwardOK() {
+		t.Fatal("on with urlmaxqueryparams=0, which makes the reverse proxy re-encode every query")
+	}
+	t.Setenv("GODEBUG", "urlmaxqueryparams=20000")
+	if directForwardOK() {
+		t.Fatal("on with urlmaxqueryparams=20000")
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -66,6 +67,7 @@ func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config) net.List
 	srv.ConnState = func(c net.Conn, s http.ConnState) {
 		if fc, ok := c.(*framingConn); ok && s == http.StateHijacked {
 			// What follows is not HTTP/1 (an upgraded connection).
+			fc.hijacked.Store(true)
 			fc.stop()
 		}
 		if connState != nil {
@@ -102,7 +104,7 @@ func (l *framingListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	fc := &framingConn{Conn: c, l: l}
+	fc := &framingConn{Conn: c, tcp: c, l: l}
 	fc.scan.init(l.maxHead)
 	if l.tls != nil {
 		fc.tlsConn = tls.Server(c, l.tls)
@@ -115,9 +117,14 @@ func (l *framingListener) Accept() (net.Conn, error) {
 // connection, or the TLS connection over it.
 type framingConn struct {
 	net.Conn
+	tcp     net.Conn // the accepted connection, under TLS if any
 	l       *framingListener
 	tlsConn *tls.Conn
 	hsTried bool // Read only: Go's server never reads concurrently
+
+	closed     atomic.Bool // Close was called
+	halfClosed atomic.Bool // CloseWrite was called (net/http's own linger)
+	hijacked   atomic.Bool // its hijacker closes it as it likes
 
 	mu       sync.Mutex
 	scan     frameScanner
@@ -143,10 +150,77 @@ func (c *framingConn) Read(p []byte) (int, error) {
 // CloseWrite lets Go's server half-close before closing (its
 // "rstAvoidance"), as it does with a bare TCP or TLS connection.
 func (c *framingConn) CloseWrite() error {
+	c.halfClosed.Store(true)
 	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()
 	}
 	return nil
+}
+
+// Close closes the connection, without a reset that would lose the
+// answer: see linger.
+func (c *framingConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) && !c.halfClosed.Load() && !c.hijacked.Load() && (c.midRequest() || unreadBytes(c.tcp)) {
+		c.linger()
+	}
+	return c.Conn.Close()
+}
+
+// midRequest reports whether the client may still be sending a request:
+// the scanner is not between two requests (it is in a head or a body, or
+// stopped following the connection: after a Transfer-Encoding head or a
+// head it refused).
+func (c *framingConn) midRequest() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.scan.state != scanStart
+}
+
+// A lingering close reads and drops at most lingerBytes for at most
+// lingerTime: net/http's own figures (maxPostHandlerReadBytes, what its
+// server reads of a body a handler left; rstAvoidanceDelay, how long its
+// closeWriteAndWait waits).
+const (
+	lingerBytes = 256 << 10
+	lingerTime  = 500 * time.Millisecond
+)
+
+// linger ends the gateway's side of a connection that holds bytes nobody
+// read, or is closed in the middle of a request, before it is closed. Go's server answers a request it cannot parse
+// (a request line with a space in its target, a header line without a
+// colon, no Host) itself, before any handler, and closes the connection at
+// once. A close with unread bytes in the socket is a TCP reset (RFC 9293
+// 3.6.1), and the client's kernel drops what it had not read yet: the
+// client loses the 400 and sees "connection reset by peer" instead
+// (DESIGN.md: bad input gets a 4xx, never a reset). After the answers of
+// handlers, net/http half-closes and waits (closeWriteAndWait, and then
+// halfClosed is set and this does nothing); after the ones it sends before
+// them, it does not. So here the gateway says it is done writing (TLS
+// close_notify, then FIN: the client reads the answer to its end) and
+// reads and drops what the client still sends until it stops, lingerTime
+// passes or lingerBytes came; only then is the connection closed. It runs
+// in the Close of Go's connection goroutine, as closeWriteAndWait does.
+// A connection closed between requests (keep-alive's end, an idle
+// timeout) costs one non-blocking peek (unreadBytes) and closes at once;
+// a hijacked one is its hijacker's.
+func (c *framingConn) linger() {
+	// First: it also bounds a Read of Go's server blocked meanwhile (which
+	// holds the read lock; a Server.Close in the middle of a handler).
+	_ = c.tcp.SetReadDeadline(time.Now().Add(lingerTime))
+	if c.tlsConn != nil {
+		_ = c.tlsConn.CloseWrite() // fails harmlessly before a handshake
+	}
+	if cw, ok := c.tcp.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	var buf [4 << 10]byte
+	for n := 0; n < lingerBytes; {
+		m, err := c.tcp.Read(buf[:])
+		n += m
+		if err != nil {
+			return
+		}
+	}
 }
 
 func (c *framingConn) stop() {

@@ -332,7 +332,12 @@ func (tg *testGateway) dial(t *testing.T) net.Conn {
 
 func (tg *testGateway) lease(t testing.TB, resource string) string {
 	t.Helper()
-	p, err := tg.svc.Acquire(context.Background(), tokens.AcquireRequest{Resource: resource, Holder: "h", TTL: time.Minute})
+	return tg.leaseTTL(t, resource, time.Minute)
+}
+
+func (tg *testGateway) leaseTTL(t testing.TB, resource string, ttl time.Duration) string {
+	t.Helper()
+	p, err := tg.svc.Acquire(context.Background(), tokens.AcquireRequest{Resource: resource, Holder: "h", TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -732,5 +737,62 @@ func TestFrameTEClosesAfterAnUpstream1xx(t *testing.T) {
 	defer mu.Unlock()
 	if strings.Join(paths, " ") != "/chunked" {
 		t.Fatalf("upstream got %q, want /chunked only", paths)
+	}
+}
+
+// A request Go's server refuses before any handler (a request line with a
+// space in its target, a header line without a colon, no Host) is answered
+// by net/http itself, which then closes the connection at once. With bytes
+// of the request still unread (its body, beyond Go's 4 KiB read buffer)
+// that close is a TCP reset, and the client loses the answer: the 400 that
+// FuzzEngineMatchesReverseProxy reached as "connection reset by peer"
+// (testdata/fuzz/FuzzEngineMatchesReverseProxy). The client must read the
+// whole answer and then the end of the connection, never a reset.
+func TestRefusedHeadIsReadNotReset(t *testing.T) {
+	body := strings.Repeat("z", 16<<10)
+	for _, tlsOn := range []bool{false, true} {
+		tg := startFraming(t, newRecorder(t).URL, Config{}, tlsOn)
+		lease := tg.lease(t, "r")
+		for name, head := range map[string]string{
+			"space in the query": "PATCH /v1/proxy/svc/a?k=%     2F HTTP/1.1\r\nHost: gw\r\n",
+			"no colon":           "POST /v1/proxy/svc/a HTTP/1.1\r\nHost: gw\r\nX-A\r\n",
+			"no Host":            "POST /v1/proxy/svc/a HTTP/1.1\r\n",
+		} {
+			t.Run(map[bool]string{false: "plain/", true: "tls/"}[tlsOn]+name, func(t *testing.T) {
+				c := tg.dial(t)
+				raw := head + "Fencing-Lease: " + lease + "\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+				if _, err := io.WriteString(c, raw); err != nil {
+					t.Fatal(err)
+				}
+				_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+				got, err := io.ReadAll(c)
+				if err != nil {
+					t.Fatalf("reading the answer: %v (after %q)", err, got)
+				}
+				resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(got)), nil)
+				if err != nil || resp.StatusCode != http.StatusBadRequest {
+					t.Fatalf("answer %q, want a 400", got)
+				}
+			})
+		}
+		if tlsOn {
+			// Plain HTTP to the TLS listener: its own 400 (framing_tls.go).
+			t.Run("tls/plain HTTP", func(t *testing.T) {
+				c, err := net.Dial("tcp", tg.addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				raw := "POST /v1/proxy/svc/a HTTP/1.1\r\nHost: gw\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+				if _, err := io.WriteString(c, raw); err != nil {
+					t.Fatal(err)
+				}
+				_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+				got, err := io.ReadAll(c)
+				if err != nil || !strings.HasPrefix(string(got), "HTTP/1.0 400 ") {
+					t.Fatalf("reading the answer: %v (after %q), want a 400 and the end", err, got)
+				}
+			})
+		}
 	}
 }

@@ -24,7 +24,7 @@ func (c *framingConn) handshake() error {
 		var re tls.RecordHeaderError
 		if errors.As(err, &re) && re.Conn != nil && looksLikeHTTP(re.RecordHeader) {
 			_, _ = io.WriteString(re.Conn, "HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n")
-			_ = re.Conn.Close()
+			_ = c.Close() // lingering: the rest of the request is unread
 			reason = "client sent an HTTP request to an HTTPS server"
 		}
 		if c.l.errorLog != nil {
