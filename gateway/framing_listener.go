@@ -158,10 +158,19 @@ func (c *framingConn) CloseWrite() error {
 }
 
 // Close closes the connection, without a reset that would lose the
-// answer: see linger.
+// answer: see linger. A lingering close happens in a goroutine of its own,
+// and Close returns at once: Server.Close closes the active connections one
+// after another, and must not wait lingerTime for each.
 func (c *framingConn) Close() error {
-	if c.closed.CompareAndSwap(false, true) && !c.halfClosed.Load() && !c.hijacked.Load() && (c.midRequest() || unreadBytes(c.tcp)) {
-		c.linger()
+	if !c.closed.CompareAndSwap(false, true) {
+		return nil // closed already, or lingering towards it
+	}
+	if !c.halfClosed.Load() && !c.hijacked.Load() && (c.midRequest() || unreadBytes(c.tcp)) {
+		go func() {
+			c.linger()
+			_ = c.Conn.Close()
+		}()
+		return nil
 	}
 	return c.Conn.Close()
 }
@@ -198,8 +207,7 @@ const (
 // them, it does not. So here the gateway says it is done writing (TLS
 // close_notify, then FIN: the client reads the answer to its end) and
 // reads and drops what the client still sends until it stops, lingerTime
-// passes or lingerBytes came; only then is the connection closed. It runs
-// in the Close of Go's connection goroutine, as closeWriteAndWait does.
+// passes or lingerBytes came; only then is the connection closed.
 // A connection closed between requests (keep-alive's end, an idle
 // timeout) costs one non-blocking peek (unreadBytes) and closes at once;
 // a hijacked one is its hijacker's.
