@@ -35,7 +35,7 @@ type Harness struct {
 
 // Short lease times keep the suite fast; long ones never expire during a test.
 const (
-	shortTTL = 400 * time.Millisecond // long enough for a loaded CI machine to renew in time
+	shortTTL = time.Second // long enough for a grant and a renewal on a loaded CI machine (400 ms was not, at load 13)
 	longTTL  = time.Minute
 	// waitLimit bounds every poll.
 	waitLimit = 5 * time.Second
