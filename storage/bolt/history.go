@@ -84,7 +84,7 @@ func (s *Store) addEvent(tx *bbolt.Tx, ev tokens.Event) error {
 		seq = last + 1
 	}
 	key := resourceKey(ev.Resource, seq)
-	s.fills.noteKey(b, &s.fills.events, key)
+	s.fills.noteKey(b, &s.fills.events, key, fillAppendedEvents)
 	if err := b.Put(key, encodeEvent(&ev)); err != nil {
 		return err
 	}

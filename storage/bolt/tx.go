@@ -91,22 +91,27 @@ const leasesFill = 0.9
 func (s *Store) putResource(tx *bbolt.Tx, name string, st *resState) error {
 	b := tx.Bucket(bucketResources)
 	k := resourcePrefix(name)
-	s.fills.noteKey(b, &s.fills.res, k)
+	s.fills.noteKey(b, &s.fills.res, k, fillAppendedStates)
 	return b.Put(k, encodeResource(st))
 }
 
 // Where the pages of a bucket whose new keys are often appended (resource
 // states, the lease history) split, set per transaction (fillTracker). A
 // page split half full (bbolt's default) stays half full when every later
-// key lands to its right, as appended keys do; split at 90 % it stays 90 %
-// full. But a page split at 90 % that later takes keys in its middle splits
-// again soon, into a full page and a nearly empty one: with keys inserted
-// in random places that leaves pages ~40 % used on average, against ~70 %
-// with the default (a simulation of random inserts into 54-entry pages;
-// measured in docs/benchmarks.md). So a transaction splits at 90 % only if
-// every new key it put in the bucket is past the bucket's last key as the
-// transaction found it.
+// key lands to its right, as appended keys do; split full it stays full:
+// history events never change once written, so their pages are filled
+// whole, and a resource state grows by 8 bytes when drained, so 5 % of its
+// pages is left free. But a page split full that later takes keys in its
+// middle splits again soon, into a full page and a nearly empty one: with
+// keys inserted in random places, pages split at 90 % end ~40 % used on
+// average, against ~70 % with the default (a simulation of random inserts
+// into 54-entry pages; TestAppendedBucketsSplitFull measures both). So a
+// transaction splits full only if every new key it put in the bucket is
+// past the bucket's last key as the transaction found it.
 const (
+	fillAppendedEvents = 1.0
+	fillAppendedStates = 0.95
+	// fillAppended is for keys moved over in order at open (migrateRekeyed).
 	fillAppended = 0.9
 	// fillInserted is bbolt's default, 0.5, nudged up so that it can be
 	// told from a Bucket's initial FillPercent: once a transaction put a key
@@ -127,9 +132,9 @@ type fillSlot struct {
 }
 
 // noteKey is called before k is put in b: if k is new, it sets b's split
-// point for this transaction (fillAppended while every new key was past
-// the bucket's last, fillInserted once one was not).
-func (f *fillTracker) noteKey(b *bbolt.Bucket, slot *fillSlot, k []byte) {
+// point for this transaction (appended while every new key was past the
+// bucket's last, fillInserted once one was not).
+func (f *fillTracker) noteKey(b *bbolt.Bucket, slot *fillSlot, k []byte, appended float64) {
 	if b.FillPercent == fillInserted {
 		return // decided for this transaction
 	}
@@ -143,7 +148,7 @@ func (f *fillTracker) noteKey(b *bbolt.Bucket, slot *fillSlot, k []byte) {
 		slot.last = bytes.Clone(last)
 	}
 	if slot.last == nil || bytes.Compare(k, slot.last) > 0 {
-		b.FillPercent = fillAppended
+		b.FillPercent = appended
 	} else {
 		b.FillPercent = fillInserted
 	}
