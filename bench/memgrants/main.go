@@ -41,13 +41,17 @@ func main() {
 	cache := flag.Int("cache", 0, "bolt.Options.CacheEntries (0: the default)")
 	dir := flag.String("dir", "", "directory for the store file (default: a temporary one, removed at the end)")
 	every := flag.Int("every", 100_000, "report every this many grants")
+	names := flag.String("names", "seq", "order of the resource names granted: seq (mem/1, mem/2, ...) or scattered (the same names in a scattered order, as random names would arrive)")
 	flag.Parse()
-	if err := run(*n, *acquirers, *ttl, *cache, *dir, *every); err != nil {
+	if *names != "seq" && *names != "scattered" {
+		log.Fatalf("-names %q: want seq or scattered", *names)
+	}
+	if err := run(*n, *acquirers, *ttl, *cache, *dir, *every, *names == "scattered"); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(n, acquirers int, ttl time.Duration, cacheEntries int, dir string, every int) error {
+func run(n, acquirers int, ttl time.Duration, cacheEntries int, dir string, every int, scattered bool) error {
 	if dir == "" {
 		d, err := os.MkdirTemp("", "memgrants-")
 		if err != nil {
@@ -58,7 +62,11 @@ func run(n, acquirers int, ttl time.Duration, cacheEntries int, dir string, ever
 	}
 	path := filepath.Join(dir, "fencegw.db")
 	opts := bolt.Options{CacheEntries: cacheEntries, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	fmt.Printf("memgrants: n=%d acquirers=%d ttl=%v cache=%d GOMAXPROCS=%d file=%s\n", n, acquirers, ttl, cacheEntries, runtime.GOMAXPROCS(0), path)
+	fmt.Printf("memgrants: n=%d acquirers=%d ttl=%v cache=%d scattered=%v GOMAXPROCS=%d file=%s\n", n, acquirers, ttl, cacheEntries, scattered, runtime.GOMAXPROCS(0), path)
+	order := func(i int64) int64 { return i }
+	if scattered {
+		order = scatter(int64(n))
+	}
 	report("start", 0, 0, path)
 	s, err := bolt.Open(path, opts)
 	if err != nil {
@@ -94,7 +102,7 @@ func run(n, acquirers int, ttl time.Duration, cacheEntries int, dir string, ever
 				if i > int64(n) {
 					return
 				}
-				_, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: resourceName(i), Holder: "memgrants", TTL: ttl})
+				_, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: resourceName(order(i)), Holder: "memgrants", TTL: ttl})
 				if err != nil {
 					errc <- fmt.Errorf("grant %d: %w", i, err)
 					return
@@ -158,6 +166,25 @@ func fileStats(path string, n int) error {
 }
 
 func resourceName(i int64) string { return "mem/" + strconv.FormatInt(i, 10) }
+
+// scatter returns a permutation of 1..n that visits the names in a
+// scattered order (i -> (i-1)*a mod n + 1, a prime not dividing n), so that
+// consecutive grants land far apart in the key order, as random names do,
+// while the names and their lengths stay those of the seq order.
+func scatter(n int64) func(int64) int64 {
+	a := int64(2654435761) % n
+	for a < 2 || gcd(a, n) != 1 {
+		a++
+	}
+	return func(i int64) int64 { return (i-1)*a%n + 1 }
+}
+
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
 
 // sample reads random resources and their leases, as a fenced write does.
 func sample(ctx context.Context, s *bolt.Store, n, reads int) error {

@@ -11,8 +11,11 @@ import (
 
 // DefaultCacheEntries is the default of Options.CacheEntries. An entry costs
 // about 250-400 bytes of heap (a resource state with its current lease, or
-// a lease), so the cache stays below ~60 MB whatever the file holds.
-const DefaultCacheEntries = 65_536
+// a lease), so the cache stays below ~30 MB whatever the file holds. It was
+// 65,536: halved, a million grants end at ~55 MB of anonymous memory
+// instead of ~95 (docs/benchmarks.md, "Memory"), and a resource or lease
+// stays cached until 32,768 to 65,536 others went in after its last use.
+const DefaultCacheEntries = 32_768
 
 // cache holds copies of committed resource states (with their current
 // lease) and leases, so that the read path of a fenced write (Lease, then

@@ -19,8 +19,13 @@ import (
 // (written before authentication existed) still decode, with both empty.
 // Version 3 appends a rejection's Principal (older ones decode with none).
 // Version 4 appends an event's idempotency facts (see encodeKeyEvent).
+// Version 5 makes the records of every grant smaller (docs/benchmarks.md,
+// "Memory"): a resource's current lease id is packed (leaseIDRef), a
+// lease's expiry and release are offsets from its grant (relTime), an
+// event's kind is a number (eventKinds) and its expiry an offset from its
+// time.
 
-const codecVersion = 4
+const codecVersion = 5
 
 // errCorrupt is the cause of every decoding failure.
 var errCorrupt = errors.New("corrupt record")
@@ -104,11 +109,135 @@ func (d *decoder) str() string {
 }
 
 func (d *decoder) time() time.Time {
-	n := d.int()
+	return fromUnixNano(d.int())
+}
+
+func fromUnixNano(n int64) time.Time {
 	if n == 0 {
 		return time.Time{}
 	}
 	return time.Unix(0, n)
+}
+
+// relTime encodes v as its offset from base (both Unix nanoseconds, 0 for
+// the zero time), a few bytes instead of nine when they are close: 0 for
+// the zero time, offsets at or after base shifted up by one.
+func (e *encoder) relTime(v time.Time, base int64) {
+	if v.IsZero() {
+		e.int(0)
+		return
+	}
+	d := v.UnixNano() - base
+	if d >= 0 {
+		d++
+	}
+	e.int(d)
+}
+
+func (d *decoder) relTime(base int64) time.Time {
+	v := d.int()
+	switch {
+	case v == 0:
+		return time.Time{}
+	case v > 0:
+		v--
+	}
+	return fromUnixNano(base + v)
+}
+
+// leaseIDRef encodes a lease id: 0 for none, 1 and the 27 bytes of
+// packLeaseID for an id in the time-ordered format, else 2 + its length and
+// the id.
+func (e *encoder) leaseIDRef(id string) {
+	switch p, ok := packLeaseID(id); {
+	case id == "":
+		e.uint(0)
+	case ok:
+		e.uint(1)
+		e.b = append(e.b, p[:]...)
+	default:
+		e.uint(uint64(len(id)) + 2)
+		e.b = append(e.b, id...)
+	}
+}
+
+func (d *decoder) leaseIDRef() string {
+	switch n := d.uint(); {
+	case d.err != nil || n == 0:
+		return ""
+	case n == 1:
+		if len(d.b) < packedLeaseIDLen {
+			d.fail("lease id", "truncated")
+			return ""
+		}
+		id := unpackLeaseID(d.b[:packedLeaseIDLen])
+		d.b = d.b[packedLeaseIDLen:]
+		return id
+	default:
+		n -= 2
+		if n > uint64(len(d.b)) {
+			d.fail("lease id", "length beyond the record")
+			return ""
+		}
+		id := string(d.b[:n])
+		d.b = d.b[n:]
+		return id
+	}
+}
+
+// Lease ids of the time-ordered format (tokens.NewLeaseID: "fl_" and 42
+// lowercase base32hex characters, 10 of Unix milliseconds then 32 random)
+// pack into 27 bytes, 5 bits a character, in the same byte order.
+const (
+	leaseIDPrefix    = tokens.LeaseIDPrefix
+	leaseIDChars     = 42
+	packedLeaseIDLen = (leaseIDChars*5 + 7) / 8
+	base32hexDigits  = "0123456789abcdefghijklmnopqrstuv"
+)
+
+func packLeaseID(id string) (p [packedLeaseIDLen]byte, ok bool) {
+	if len(id) != len(leaseIDPrefix)+leaseIDChars || id[:len(leaseIDPrefix)] != leaseIDPrefix {
+		return p, false
+	}
+	var acc uint32
+	bits, j := 0, 0
+	for i := len(leaseIDPrefix); i < len(id); i++ {
+		c := id[i]
+		var v byte
+		switch {
+		case c >= '0' && c <= '9':
+			v = c - '0'
+		case c >= 'a' && c <= 'v':
+			v = c - 'a' + 10
+		default:
+			return p, false
+		}
+		acc = acc<<5 | uint32(v)
+		if bits += 5; bits >= 8 {
+			bits -= 8
+			p[j] = byte(acc >> bits)
+			j++
+		}
+	}
+	p[j] = byte(acc << (8 - bits)) // the last 2 bits, then 6 zero bits
+	// A first byte of 0xff (ids of the year 35,000 on) is left to the
+	// other ids' form: it tags them in leaseKey.
+	return p, p[0] != otherLeaseKey
+}
+
+func unpackLeaseID(p []byte) string {
+	id := make([]byte, len(leaseIDPrefix), len(leaseIDPrefix)+leaseIDChars)
+	copy(id, leaseIDPrefix)
+	var acc uint32
+	bits := 0
+	for _, b := range p {
+		acc = acc<<8 | uint32(b)
+		for bits += 8; bits >= 5 && len(id) < cap(id); {
+			bits -= 5
+			id = append(id, base32hexDigits[acc>>bits&31])
+		}
+	}
+	return string(id)
 }
 
 // finish reports the first decoding error; trailing bytes are corruption
@@ -128,8 +257,11 @@ func encodeLease(l *tokens.Lease) []byte {
 	e.int(l.Token)
 	e.int(int64(l.TTL))
 	e.time(l.GrantedAt)
-	e.time(l.ExpiresAt)
-	e.time(l.ReleasedAt)
+	// Version 5: relative to the grant (and the expiry to the grant's
+	// end), one byte for a lease as granted.
+	granted := unixNano(l.GrantedAt)
+	e.relTime(l.ExpiresAt, granted+int64(l.TTL))
+	e.relTime(l.ReleasedAt, granted)
 	e.str(l.Owner)
 	return e.b
 }
@@ -142,8 +274,14 @@ func decodeLease(id string, b []byte) (tokens.Lease, error) {
 	l.Token = d.int()
 	l.TTL = time.Duration(d.int())
 	l.GrantedAt = d.time()
-	l.ExpiresAt = d.time()
-	l.ReleasedAt = d.time()
+	if d.version >= 5 {
+		granted := unixNano(l.GrantedAt)
+		l.ExpiresAt = d.relTime(granted + int64(l.TTL))
+		l.ReleasedAt = d.relTime(granted)
+	} else {
+		l.ExpiresAt = d.time()
+		l.ReleasedAt = d.time()
+	}
 	if d.version >= 2 {
 		l.Owner = d.str()
 	}
@@ -160,7 +298,7 @@ type resState struct {
 func encodeResource(r *resState) []byte {
 	e := newEncoder()
 	e.int(r.token)
-	e.str(r.current)
+	e.leaseIDRef(r.current) // version 5
 	e.time(r.drainUntil)
 	return e.b
 }
@@ -172,7 +310,11 @@ func decodeResource(b []byte) (resState, error) {
 	if failpoint.FloatTokens {
 		r.token = int64(float64(r.token))
 	}
-	r.current = d.str()
+	if d.version >= 5 {
+		r.current = d.leaseIDRef()
+	} else {
+		r.current = d.str()
+	}
 	r.drainUntil = d.time()
 	return r, d.finish("resource")
 }
@@ -214,13 +356,32 @@ func decodeRejection(id int64, b []byte) (tokens.Rejection, error) {
 	return r, d.finish("rejection")
 }
 
+// eventKinds numbers the event kinds for the codec (version 5): a kind's
+// number is its index, kept forever; 0 means the kind's name follows.
+var eventKinds = []tokens.EventKind{"", tokens.EventGranted, tokens.EventRenewed, tokens.EventReleased,
+	tokens.EventRenewRefused, tokens.EventReleaseRefused, tokens.EventRevoked, tokens.EventReplayed,
+	tokens.EventRetryRefused}
+
+var eventKindNumbers = func() map[tokens.EventKind]uint64 {
+	m := make(map[tokens.EventKind]uint64, len(eventKinds))
+	for i, k := range eventKinds[1:] {
+		m[k] = uint64(i + 1)
+	}
+	return m
+}()
+
 func encodeEvent(ev *tokens.Event) []byte {
 	e := newEncoder()
 	e.time(ev.At)
-	e.str(string(ev.Kind))
+	if n, ok := eventKindNumbers[ev.Kind]; ok {
+		e.uint(n)
+	} else {
+		e.uint(0)
+		e.str(string(ev.Kind))
+	}
 	e.int(ev.Token)
 	e.str(ev.Holder)
-	e.time(ev.ExpiresAt)
+	e.relTime(ev.ExpiresAt, unixNano(ev.At))
 	e.str(ev.Actor)
 	encodeKeyEvent(e, ev.Key)
 	return e.b
@@ -230,10 +391,25 @@ func decodeEvent(resource string, b []byte) (tokens.Event, error) {
 	d := newDecoder("event", b)
 	ev := tokens.Event{Resource: resource}
 	ev.At = d.time()
-	ev.Kind = tokens.EventKind(d.str())
+	if d.version >= 5 {
+		switch n := d.uint(); {
+		case n == 0:
+			ev.Kind = tokens.EventKind(d.str())
+		case n < uint64(len(eventKinds)):
+			ev.Kind = eventKinds[n]
+		default:
+			d.fail("event", "unknown kind")
+		}
+	} else {
+		ev.Kind = tokens.EventKind(d.str())
+	}
 	ev.Token = d.int()
 	ev.Holder = d.str()
-	ev.ExpiresAt = d.time()
+	if d.version >= 5 {
+		ev.ExpiresAt = d.relTime(unixNano(ev.At))
+	} else {
+		ev.ExpiresAt = d.time()
+	}
 	if d.version >= 2 {
 		ev.Actor = d.str()
 	}

@@ -38,7 +38,7 @@ func (s *Store) grantBeforeDurable(req tokens.GrantRequest) (tokens.Lease, error
 			if err := putLease(tx, &lease); err != nil {
 				return err
 			}
-			return putResource(tx, req.Resource, &st)
+			return s.putResource(tx, req.Resource, &st)
 		})
 	}()
 	return lease, nil

@@ -61,7 +61,11 @@ func (s *Store) collectLeases() (int, error) {
 			}
 			for ; k != nil && len(candidates) < gcChunk; k, v = c.Next() {
 				after = bytes.Clone(k)
-				l, err := decodeLease(string(k), v)
+				id, err := leaseKeyID(k)
+				if err != nil {
+					continue // left for an operator to see, as below
+				}
+				l, err := decodeLease(id, v)
 				if err != nil || !ended(&l).Before(horizon) {
 					continue // an unreadable lease is left for an operator to see
 				}
@@ -93,7 +97,7 @@ func (s *Store) collectLeases() (int, error) {
 					if err != nil || st.current == id {
 						continue
 					}
-					if err := tx.Bucket(bucketLeases).Delete([]byte(id)); err != nil {
+					if err := tx.Bucket(bucketLeases).Delete(leaseKey(id)); err != nil {
 						return err
 					}
 					deleted = append(deleted, id)

@@ -39,6 +39,16 @@ func resourceKeyN(prefix, k []byte) (uint64, bool) {
 	return binary.BigEndian.Uint64(k[len(prefix):]), true
 }
 
+// resourceKeyName is the resource name of a key made by resourcePrefix (or
+// resourceKey), for messages: the bytes after the length.
+func resourceKeyName(k []byte) string {
+	n, w := binary.Uvarint(k)
+	if w <= 0 || uint64(len(k)-w) < n {
+		return string(k)
+	}
+	return string(k[w : w+int(n)])
+}
+
 // resourcePrefix is what every resourceKey of resource starts with.
 func resourcePrefix(resource string) []byte {
 	k := resourceKey(resource, 0)
@@ -73,7 +83,9 @@ func (s *Store) addEvent(tx *bbolt.Tx, ev tokens.Event) error {
 		last, _ := resourceKeyN(prefix, k)
 		seq = last + 1
 	}
-	if err := b.Put(resourceKey(ev.Resource, seq), encodeEvent(&ev)); err != nil {
+	key := resourceKey(ev.Resource, seq)
+	s.fills.noteKey(b, &s.fills.events, key, fillAppendedEvents)
+	if err := b.Put(key, encodeEvent(&ev)); err != nil {
 		return err
 	}
 	limit := uint64(s.opts.MaxHistoryPerResource)
@@ -155,14 +167,22 @@ func (s *Store) migrateSubBuckets(oldName, toName []byte, what string) error {
 			to := tx.Bucket(toName)
 			var names [][]byte
 			c := old.Cursor()
+			guarded := false
 			for k, v := c.First(); k != nil && len(names) < migrateChunk; k, v = c.Next() {
 				if v != nil {
 					continue // not a sub-bucket: nothing ever wrote one
+				}
+				if bytes.Equal(k, layoutGuard) {
+					guarded = true
+					continue
 				}
 				names = append(names, bytes.Clone(k))
 			}
 			if len(names) == 0 {
 				done = true
+				if guarded {
+					return nil
+				}
 				return tx.DeleteBucket(oldName)
 			}
 			for _, name := range names {
@@ -193,4 +213,97 @@ func (s *Store) migrateSubBuckets(oldName, toName []byte, what string) error {
 			return nil
 		}
 	}
+}
+
+// migrateResources moves the resource states of a file written before
+// bucketResources (keyed by the bare name, in bucketResourcesByName) over.
+// It runs before recover, which reads the states.
+func (s *Store) migrateResources() error {
+	return s.migrateRekeyed(bucketResourcesByName, bucketResources, "resource states",
+		func(k []byte) []byte { return resourcePrefix(string(k)) })
+}
+
+// migrateLeases moves the leases of a file written before bucketLeases
+// (keyed by the id itself, in bucketLeasesByID) over.
+func (s *Store) migrateLeases() error {
+	return s.migrateRekeyed(bucketLeasesByID, bucketLeases, "leases",
+		func(k []byte) []byte { return leaseKey(string(k)) })
+}
+
+// migrateRekeyed moves every record of bucket old into bucket to under
+// rekey(its key), a chunk per transaction (each chunk copied and deleted
+// in one, so a crash midway leaves nothing twice), and drops old at the
+// end.
+func (s *Store) migrateRekeyed(oldName, toName []byte, what string, rekey func([]byte) []byte) error {
+	moved := 0
+	for {
+		done := false
+		err := s.db.Update(func(tx *bbolt.Tx) error {
+			old := tx.Bucket(oldName)
+			if old == nil {
+				done = true
+				return nil
+			}
+			to, err := tx.CreateBucketIfNotExists(toName)
+			if err != nil {
+				return err
+			}
+			to.FillPercent = fillAppended // old's order is mostly to's
+			var keys [][]byte
+			c := old.Cursor()
+			for k, v := c.First(); k != nil && len(keys) < migrateChunk; k, v = c.Next() {
+				if v == nil {
+					return fmt.Errorf("%s: %q is a bucket, not a record: %w", what, k, errCorrupt)
+				}
+				if err := to.Put(rekey(k), bytes.Clone(v)); err != nil {
+					return err
+				}
+				keys = append(keys, bytes.Clone(k))
+			}
+			if len(keys) == 0 {
+				done = true
+				return tx.DeleteBucket(oldName)
+			}
+			for _, k := range keys {
+				if err := old.Delete(k); err != nil {
+					return err
+				}
+			}
+			moved += len(keys)
+			return nil
+		})
+		if err != nil {
+			return tokens.Unavailable("migrate "+what, err)
+		}
+		if done {
+			if moved > 0 {
+				s.log.Info("moved to the compact layout", "what", what, "records", moved)
+			}
+			return nil
+		}
+	}
+}
+
+// layoutGuard keeps versions older than the compact layout (resource states
+// and leases under new keys in new buckets, codec version 5) from opening a
+// file that has it: they would find none of its resources and start every
+// token again at 1. Those versions move the sub-buckets of bucketHistory
+// into bucketEvents at open, and fail on a key that is not a sequence
+// number; the guard is such a sub-bucket, which this version leaves alone.
+var layoutGuard = []byte("fencegw: this file has the compact layout (2026-12); open it with that version of fencegw or a newer one")
+
+// putLayoutGuard puts layoutGuard in place, if it is not there yet.
+func putLayoutGuard(tx *bbolt.Tx) error {
+	h, err := tx.CreateBucketIfNotExists(bucketHistory)
+	if err != nil {
+		return err
+	}
+	if h.Bucket(layoutGuard) != nil {
+		return nil
+	}
+	g, err := h.CreateBucket(layoutGuard)
+	if err != nil {
+		return err
+	}
+	return g.Put([]byte("newer"), []byte{1})
 }

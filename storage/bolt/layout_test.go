@@ -86,7 +86,7 @@ func TestHistoryMigrated(t *testing.T) {
 	at := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	names := []string{"a", "ab", "b", "long/" + string(make([]byte, 200))}
 	err := s.db.Update(func(tx *bbolt.Tx) error {
-		old, err := tx.CreateBucket(bucketHistory)
+		old, err := tx.CreateBucketIfNotExists(bucketHistory) // it holds the layout guard
 		if err != nil {
 			return err
 		}
@@ -118,8 +118,8 @@ func TestHistoryMigrated(t *testing.T) {
 		}
 	}
 	if err := s.db.View(func(tx *bbolt.Tx) error {
-		if tx.Bucket(bucketHistory) != nil {
-			return errors.New("the old history bucket is still there")
+		if err := onlyLayoutGuard(tx); err != nil {
+			return err
 		}
 		return nil
 	}); err != nil {

@@ -46,7 +46,7 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 				Detail: "draining: a write whose outcome is unknown may still land", RetryAfter: cur.drainUntil.Sub(now)}
 			return nil
 		}
-		if tx.Bucket(bucketLeases).Get([]byte(req.LeaseID)) != nil {
+		if tx.Bucket(bucketLeases).Get(leaseKey(req.LeaseID)) != nil {
 			refusal = tokens.Invalid("lease_id", "already used")
 			return nil
 		}
@@ -56,7 +56,7 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 		if err := putLease(tx, &lease); err != nil {
 			return err
 		}
-		if err := putResource(tx, req.Resource, &st); err != nil {
+		if err := s.putResource(tx, req.Resource, &st); err != nil {
 			return err
 		}
 		if err := unindexLive(tx, holder); err != nil {
@@ -265,7 +265,7 @@ func (s *Store) Drain(ctx context.Context, resource string, d time.Duration) err
 			return nil
 		}
 		st.drainUntil = until
-		return putResource(tx, resource, &st)
+		return s.putResource(tx, resource, &st)
 	})
 	if err != nil {
 		return err

@@ -1,6 +1,7 @@
 package bolt
 
 import (
+	"bytes"
 	"context"
 
 	bbolt "go.etcd.io/bbolt"
@@ -57,9 +58,20 @@ func (s *Store) CurrentLeases(ctx context.Context, limit int) ([]tokens.Lease, e
 		// Past the entries that expired at or before now.
 		c := tx.Bucket(bucketLive).Cursor()
 		for k, v := c.Seek(liveTime(now.Add(1))); k != nil && len(out) < limit; k, v = c.Next() {
-			l, err := getLease(tx, string(v))
+			id := string(v) // entries written before the index held no ids
+			if id == "" && len(k) >= 8 {
+				st, err := getResource(tx, string(k[8:]))
+				if err != nil {
+					return err
+				}
+				id = st.current
+			}
+			l, err := getLease(tx, id)
 			if err != nil {
 				return err
+			}
+			if l != nil && !bytes.Equal(liveKey(l), k) {
+				l = nil // not this entry's lease (cannot happen, as below)
 			}
 			if l == nil {
 				// Cannot happen (an entry goes with its lease's supersession

@@ -15,6 +15,9 @@ import (
 func (s *Store) recover() error {
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		fresh := tx.Bucket(bucketMeta) == nil
+		if err := putLayoutGuard(tx); err != nil {
+			return err
+		}
 		for _, name := range [][]byte{bucketMeta, bucketResources, bucketLeases, bucketRejections, bucketRejIndex, bucketEvents, bucketWriteCounts} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
@@ -59,12 +62,12 @@ func (s *Store) recover() error {
 		err := res.ForEach(func(k, v []byte) error {
 			st, err := decodeResource(v)
 			if err != nil {
-				return fmt.Errorf("resource %q: %w", k, err)
+				return fmt.Errorf("resource %q: %w", resourceKeyName(k), err)
 			}
 			if st.current == "" {
 				return nil
 			}
-			lv := leases.Get([]byte(st.current))
+			lv := leases.Get(leaseKey(st.current))
 			if lv == nil {
 				return nil
 			}

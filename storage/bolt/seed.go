@@ -27,7 +27,7 @@ func Seed(path string, token int64, resources ...string) error {
 				continue
 			}
 			st.token = token
-			if err := putResource(tx, r, &st); err != nil {
+			if err := s.putResource(tx, r, &st); err != nil {
 				return err
 			}
 		}

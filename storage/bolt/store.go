@@ -87,8 +87,8 @@ type Options struct {
 // Bucket names.
 var (
 	bucketMeta       = []byte("meta")
-	bucketResources  = []byte("resources")
-	bucketLeases     = []byte("leases")
+	bucketResources  = []byte("resource_states") // resourcePrefix(name) -> state (tx.go)
+	bucketLeases     = []byte("lease_records")   // leaseKey(id) -> lease (tx.go)
 	bucketRejections = []byte("rejections")
 	bucketRejIndex   = []byte("rejections_by_resource") // one sub-bucket per resource: id -> nil
 	bucketEvents     = []byte("events")                 // lease history (history.go): resource, seq -> event
@@ -123,6 +123,8 @@ type Store struct {
 	recorder *batch.Batcher[tokens.Rejection, tokens.Rejection] // log.go
 
 	keys *keyLog // idempotency records (keys.go)
+
+	fills fillTracker // where pages split (tx.go); write transactions only
 }
 
 var _ tokens.Store = (*Store)(nil)
@@ -175,6 +177,14 @@ func Open(path string, opts Options) (*Store, error) {
 		cache:  newCache(opts.CacheEntries),
 		stopGC: make(chan struct{}),
 		gcDone: make(chan struct{}),
+	}
+	if err := s.migrateResources(); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	if err := s.migrateLeases(); err != nil {
+		_ = db.Close()
+		return nil, err
 	}
 	if err := s.recover(); err != nil {
 		_ = db.Close()

@@ -269,10 +269,10 @@ func TestCorruptValues(t *testing.T) {
 		// check runs against the reopened store.
 		check func(*Store) error
 	}{
-		{"lease truncated", bucketLeases, []byte("fl_x"), []byte{codecVersion, 0x05, 'a'}, readLease},
-		{"lease huge length", bucketLeases, []byte("fl_x"), []byte{codecVersion, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, readLease},
-		{"resource bad version", bucketResources, []byte("r"), []byte{99, 1, 2}, readResource},
-		{"resource empty", bucketResources, []byte("r"), []byte{}, readResource},
+		{"lease truncated", bucketLeases, leaseKey("fl_x"), []byte{codecVersion, 0x05, 'a'}, readLease},
+		{"lease huge length", bucketLeases, leaseKey("fl_x"), []byte{codecVersion, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, readLease},
+		{"resource bad version", bucketResources, resourcePrefix("r"), []byte{99, 1, 2}, readResource},
+		{"resource empty", bucketResources, resourcePrefix("r"), []byte{}, readResource},
 		{"rejection garbage", bucketRejections, seqKey(1), []byte{codecVersion, 0x80}, func(s *Store) error {
 			_, err := s.Rejections(ctx, tokens.RejectionQuery{})
 			return err
