@@ -178,6 +178,14 @@ func Open(path string, opts Options) (*Store, error) {
 		stopGC: make(chan struct{}),
 		gcDone: make(chan struct{}),
 	}
+	// The guard goes in first, in a commit of its own: a migration cut off
+	// midway (a crash, a kill) leaves some records moved, and a version
+	// older than the compact layout must refuse that file, not serve it
+	// with the moved resources' tokens starting again at 1.
+	if err := db.Update(putLayoutGuard); err != nil {
+		_ = db.Close()
+		return nil, tokens.Unavailable("open "+path, err)
+	}
 	if err := s.migrateResources(); err != nil {
 		_ = db.Close()
 		return nil, err

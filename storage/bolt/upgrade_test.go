@@ -244,3 +244,61 @@ func dumpStore(ctx context.Context, s *Store, names, ids []string) (*fixtureDump
 	d.Rejections = rej
 	return d, nil
 }
+
+// A move to the compact layout cut off midway (here: a record of the old
+// leases bucket it cannot move, after the resource states were moved) leaves
+// a file that has the layout guard: a version older than the compact layout
+// refuses it instead of opening it without the moved resource states, whose
+// tokens would start again at 1. Fixed, the file then opens and the move
+// completes.
+func TestMigrationCutOffMidwayKeepsTheGuard(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fencegw.db")
+	if err := os.WriteFile(path, gunzip(t, "testdata/main-3786b66.db.gz"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	raw := func(fn func(tx *bbolt.Tx) error) {
+		t.Helper()
+		db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		if err := db.Update(fn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poison := []byte("poison")
+	raw(func(tx *bbolt.Tx) error {
+		if tx.Bucket(bucketLeasesByID) == nil || tx.Bucket(bucketResourcesByName) == nil {
+			return errors.New("the fixture is not of the old layout")
+		}
+		_, err := tx.Bucket(bucketLeasesByID).CreateBucket(poison) // a bucket, not a record: migrateLeases fails on it
+		return err
+	})
+	if s, err := Open(path, Options{}); err == nil {
+		_ = s.Close()
+		t.Fatal("Open moved a leases bucket holding a sub-bucket")
+	}
+	raw(func(tx *bbolt.Tx) error {
+		if tx.Bucket(bucketResourcesByName) != nil {
+			return errors.New("the resource states were not moved before the leases failed: the test proves nothing")
+		}
+		if h := tx.Bucket(bucketHistory); h == nil || h.Bucket(layoutGuard) == nil {
+			return errors.New("records were moved to the compact layout, and the file has no layout guard")
+		}
+		return tx.Bucket(bucketLeasesByID).DeleteBucket(poison)
+	})
+	s, err := Open(path, Options{})
+	if err != nil {
+		t.Fatalf("Open after the cut-off move: %v", err)
+	}
+	defer s.Close()
+	if err := s.db.View(func(tx *bbolt.Tx) error {
+		if tx.Bucket(bucketLeasesByID) != nil {
+			return errors.New("the old leases bucket is still there")
+		}
+		return onlyLayoutGuard(tx)
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
