@@ -15,9 +15,6 @@ import (
 func (s *Store) recover() error {
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		fresh := tx.Bucket(bucketMeta) == nil
-		if err := putLayoutGuard(tx); err != nil {
-			return err
-		}
 		for _, name := range [][]byte{bucketMeta, bucketResources, bucketLeases, bucketRejections, bucketRejIndex, bucketEvents, bucketWriteCounts} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err

@@ -127,8 +127,12 @@ type fillTracker struct {
 }
 
 type fillSlot struct {
-	b    *bbolt.Bucket // the bucket of the transaction the slot is for
-	last []byte        // its last key before the transaction's first new key
+	// b and txid name the bucket and transaction the slot is for: a
+	// Bucket of a later transaction may be allocated at the address of an
+	// earlier one, and a rolled-back transaction's id is reused.
+	b    *bbolt.Bucket
+	txid int
+	last []byte // its last key before the transaction's first new key
 }
 
 // noteKey is called before k is put in b: if k is new, it sets b's split
@@ -142,8 +146,8 @@ func (f *fillTracker) noteKey(b *bbolt.Bucket, slot *fillSlot, k []byte, appende
 	if got, _ := c.Seek(k); got != nil && bytes.Equal(got, k) {
 		return // replaces a value: no new key
 	}
-	if slot.b != b { // the transaction's first new key in b
-		slot.b = b
+	if slot.b != b || slot.txid != b.Tx().ID() { // the transaction's first new key in b
+		slot.b, slot.txid = b, b.Tx().ID()
 		last, _ := c.Last()
 		slot.last = bytes.Clone(last)
 	}
