@@ -194,26 +194,28 @@ func Check(h History) Report {
 	}
 	st.Grants, st.Writes, st.Arrivals = len(h.Grants), len(h.Writes), len(h.Arrivals)
 
-	// No token granted twice. grantedAt is when each (resource, token)
-	// grant first returned to a worker.
-	granted := map[string]map[int64]string{}
-	grantedAt := map[string]map[int64]time.Time{}
+	// No token granted twice. granted holds, per resource and token, the
+	// holder of the last grant recorded and the earliest time one returned
+	// to a worker.
+	type grantSeen struct {
+		holder string
+		at     time.Time
+	}
+	granted := map[string]map[int64]grantSeen{}
 	for _, g := range h.Grants {
-		if grantedAt[g.Resource] == nil {
-			grantedAt[g.Resource] = map[int64]time.Time{}
-		}
-		if t, ok := grantedAt[g.Resource][g.Token]; !ok || g.Returned.Before(t) {
-			grantedAt[g.Resource][g.Token] = g.Returned
-		}
 		m := granted[g.Resource]
 		if m == nil {
-			m = map[int64]string{}
+			m = map[int64]grantSeen{}
 			granted[g.Resource] = m
 		}
+		seen := grantSeen{holder: g.Holder, at: g.Returned}
 		if prev, dup := m[g.Token]; dup {
-			flag(RuleDuplicateToken, "%s: token %d granted to %s and again to %s", g.Resource, g.Token, prev, g.Holder)
+			flag(RuleDuplicateToken, "%s: token %d granted to %s and again to %s", g.Resource, g.Token, prev.holder, g.Holder)
+			if prev.at.Before(seen.at) {
+				seen.at = prev.at
+			}
 		}
-		m[g.Token] = g.Holder
+		m[g.Token] = seen
 	}
 
 	// writes holds each id's first attempt; a keyed write's attempts are
@@ -303,7 +305,7 @@ func Check(h History) Report {
 					// have learnt of from Redis during the outage is a
 					// violation: one no worker had been granted before the
 					// outage began.
-					if t, ok := grantedAt[a.Resource][a.Token]; ok && t.Before(f.Start) {
+					if g, ok := granted[a.Resource][a.Token]; ok && g.at.Before(f.Start) {
 						st.HeldInOutage++
 						continue
 					}
