@@ -150,69 +150,80 @@ func (s *Store) migrateHistory() error {
 	return s.migrateSubBuckets(bucketWrites, bucketWriteCounts, "write counts")
 }
 
-// migrateSubBuckets moves every sub-bucket of old (resource -> n -> value,
-// n 8 big-endian bytes) into to as resourceKey(resource, n) -> value, a
-// chunk of resources per transaction (each chunk is copied and deleted in
-// one, so a crash midway leaves nothing twice), and drops old at the end.
-func (s *Store) migrateSubBuckets(oldName, toName []byte, what string) error {
+// migrateInChunks runs chunk in one write transaction after another until
+// it reports done: a migration of a large file is not held in memory in one
+// transaction, and each chunk is copied and deleted in one, so a crash
+// midway leaves nothing twice. n is what a chunk moved, for the log line.
+func (s *Store) migrateInChunks(what, layout string, chunk func(tx *bbolt.Tx) (n int, done bool, err error)) error {
 	moved := 0
 	for {
-		done := false
+		var n int
+		var done bool
 		err := s.db.Update(func(tx *bbolt.Tx) error {
-			old := tx.Bucket(oldName)
-			if old == nil {
-				done = true
-				return nil
-			}
-			to := tx.Bucket(toName)
-			var names [][]byte
-			c := old.Cursor()
-			guarded := false
-			for k, v := c.First(); k != nil && len(names) < migrateChunk; k, v = c.Next() {
-				if v != nil {
-					continue // not a sub-bucket: nothing ever wrote one
-				}
-				if bytes.Equal(k, layoutGuard) {
-					guarded = true
-					continue
-				}
-				names = append(names, bytes.Clone(k))
-			}
-			if len(names) == 0 {
-				done = true
-				if guarded {
-					return nil
-				}
-				return tx.DeleteBucket(oldName)
-			}
-			for _, name := range names {
-				err := old.Bucket(name).ForEach(func(k, v []byte) error {
-					n, ok := keySeq(k)
-					if !ok {
-						return fmt.Errorf("%s of %q: key %x: %w", what, name, k, errCorrupt)
-					}
-					return to.Put(resourceKey(string(name), n), bytes.Clone(v))
-				})
-				if err != nil {
-					return err
-				}
-				if err := old.DeleteBucket(name); err != nil {
-					return err
-				}
-			}
-			moved += len(names)
-			return nil
+			var err error
+			n, done, err = chunk(tx)
+			return err
 		})
 		if err != nil {
 			return tokens.Unavailable("migrate "+what, err)
 		}
+		moved += n
 		if done {
 			if moved > 0 {
-				s.log.Info("moved to the one-bucket layout", "what", what, "resources", moved)
+				s.log.Info("moved to the "+layout+" layout", "what", what, "moved", moved)
 			}
 			return nil
 		}
 	}
+}
+
+// migrateSubBuckets moves every sub-bucket of old (resource -> n -> value,
+// n 8 big-endian bytes) into to as resourceKey(resource, n) -> value, a
+// chunk of resources per transaction, and drops old at the end (unless it
+// holds the layout guard, which stays).
+func (s *Store) migrateSubBuckets(oldName, toName []byte, what string) error {
+	return s.migrateInChunks(what, "one-bucket", func(tx *bbolt.Tx) (int, bool, error) {
+		old := tx.Bucket(oldName)
+		if old == nil {
+			return 0, true, nil
+		}
+		to := tx.Bucket(toName)
+		var names [][]byte
+		c := old.Cursor()
+		guarded := false
+		for k, v := c.First(); k != nil && len(names) < migrateChunk; k, v = c.Next() {
+			if v != nil {
+				continue // not a sub-bucket: nothing ever wrote one
+			}
+			if bytes.Equal(k, layoutGuard) {
+				guarded = true
+				continue
+			}
+			names = append(names, bytes.Clone(k))
+		}
+		if len(names) == 0 {
+			if guarded {
+				return 0, true, nil
+			}
+			return 0, true, tx.DeleteBucket(oldName)
+		}
+		for _, name := range names {
+			err := old.Bucket(name).ForEach(func(k, v []byte) error {
+				n, ok := keySeq(k)
+				if !ok {
+					return fmt.Errorf("%s of %q: key %x: %w", what, name, k, errCorrupt)
+				}
+				return to.Put(resourceKey(string(name), n), bytes.Clone(v))
+			})
+			if err != nil {
+				return 0, false, err
+			}
+			if err := old.DeleteBucket(name); err != nil {
+				return 0, false, err
+			}
+		}
+		return len(names), false, nil
+	})
 }
 
 // migrateResources moves the resource states of a file written before
@@ -231,57 +242,39 @@ func (s *Store) migrateLeases() error {
 }
 
 // migrateRekeyed moves every record of bucket old into bucket to under
-// rekey(its key), a chunk per transaction (each chunk copied and deleted
-// in one, so a crash midway leaves nothing twice), and drops old at the
-// end.
+// rekey(its key), a chunk per transaction, and drops old at the end.
 func (s *Store) migrateRekeyed(oldName, toName []byte, what string, rekey func([]byte) []byte) error {
-	moved := 0
-	for {
-		done := false
-		err := s.db.Update(func(tx *bbolt.Tx) error {
-			old := tx.Bucket(oldName)
-			if old == nil {
-				done = true
-				return nil
-			}
-			to, err := tx.CreateBucketIfNotExists(toName)
-			if err != nil {
-				return err
-			}
-			to.FillPercent = fillAppended // old's order is mostly to's
-			var keys [][]byte
-			c := old.Cursor()
-			for k, v := c.First(); k != nil && len(keys) < migrateChunk; k, v = c.Next() {
-				if v == nil {
-					return fmt.Errorf("%s: %q is a bucket, not a record: %w", what, k, errCorrupt)
-				}
-				if err := to.Put(rekey(k), bytes.Clone(v)); err != nil {
-					return err
-				}
-				keys = append(keys, bytes.Clone(k))
-			}
-			if len(keys) == 0 {
-				done = true
-				return tx.DeleteBucket(oldName)
-			}
-			for _, k := range keys {
-				if err := old.Delete(k); err != nil {
-					return err
-				}
-			}
-			moved += len(keys)
-			return nil
-		})
+	return s.migrateInChunks(what, "compact", func(tx *bbolt.Tx) (int, bool, error) {
+		old := tx.Bucket(oldName)
+		if old == nil {
+			return 0, true, nil
+		}
+		to, err := tx.CreateBucketIfNotExists(toName)
 		if err != nil {
-			return tokens.Unavailable("migrate "+what, err)
+			return 0, false, err
 		}
-		if done {
-			if moved > 0 {
-				s.log.Info("moved to the compact layout", "what", what, "records", moved)
+		to.FillPercent = fillAppended // old's order is mostly to's
+		var keys [][]byte
+		c := old.Cursor()
+		for k, v := c.First(); k != nil && len(keys) < migrateChunk; k, v = c.Next() {
+			if v == nil {
+				return 0, false, fmt.Errorf("%s: %q is a bucket, not a record: %w", what, k, errCorrupt)
 			}
-			return nil
+			if err := to.Put(rekey(k), bytes.Clone(v)); err != nil {
+				return 0, false, err
+			}
+			keys = append(keys, bytes.Clone(k))
 		}
-	}
+		if len(keys) == 0 {
+			return 0, true, tx.DeleteBucket(oldName)
+		}
+		for _, k := range keys {
+			if err := old.Delete(k); err != nil {
+				return 0, false, err
+			}
+		}
+		return len(keys), false, nil
+	})
 }
 
 // layoutGuard keeps versions older than the compact layout (resource states
