@@ -345,7 +345,7 @@ func parseSecurity(cfg *config) error {
 		cfg.AllowedHosts = nil
 	case len(cfg.HostsFlag) > 0:
 		cfg.AllowedHosts = append(append([]string(nil), gateway.LoopbackHosts...), cfg.HostsFlag...)
-		if host, _, err := net.SplitHostPort(cfg.Listen); err == nil && host != "" && net.ParseIP(host) != nil && !net.ParseIP(host).IsUnspecified() {
+		if host, _, err := net.SplitHostPort(cfg.Listen); err == nil && host != "" && net.ParseIP(host) != nil && !net.ParseIP(host).IsUnspecified() && !slices.Contains(cfg.AllowedHosts, host) {
 			cfg.AllowedHosts = append(cfg.AllowedHosts, host)
 		}
 	default:

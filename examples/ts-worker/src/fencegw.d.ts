@@ -761,6 +761,29 @@ export interface components {
     };
     responses: {
         /**
+         * @description Any other answer of the gateway's own: an RFC 9457 problem document
+         *     with a stable `code` (an open set: see `ProblemCode`), for
+         *     generators that give every operation one error type. The statuses
+         *     and codes an operation documents are listed beside it.
+         */
+        Problem: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "type": "urn:fencegw:problem:store_unavailable",
+                 *       "title": "Store unavailable",
+                 *       "status": 503,
+                 *       "code": "store_unavailable",
+                 *       "detail": "the token store cannot be reached"
+                 *     }
+                 */
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /**
          * @description `invalid_request`: the request is malformed; `field` names what is
          *     wrong (for ambiguous HTTP framing, the header fields, and the
          *     connection is closed).
@@ -1099,6 +1122,7 @@ export interface operations {
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["Problem"];
         };
     };
     getLease: {
@@ -1139,6 +1163,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["Problem"];
         };
     };
     releaseLease: {
@@ -1166,6 +1191,7 @@ export interface operations {
             409: components["responses"]["LeaseLost"];
             429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["Problem"];
         };
     };
     renewLease: {
@@ -1234,6 +1260,7 @@ export interface operations {
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["Problem"];
         };
     };
     revokeLease: {
@@ -1276,6 +1303,7 @@ export interface operations {
             409: components["responses"]["LeaseLost"];
             429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["Problem"];
         };
     };
     getResource: {
@@ -1318,6 +1346,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["Problem"];
         };
     };
     listRejections: {
@@ -1386,6 +1415,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["Problem"];
         };
     };
     streamRejections: {
@@ -1445,6 +1475,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             429: components["responses"]["TooManyRequests"];
+            default: components["responses"]["Problem"];
         };
     };
     getIndex: {
@@ -1486,6 +1517,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             429: components["responses"]["TooManyRequests"];
+            default: components["responses"]["Problem"];
         };
     };
     getOpenAPIYAML: {
@@ -1506,9 +1538,7 @@ export interface operations {
                     "application/yaml": string;
                 };
             };
-            401: components["responses"]["Unauthorized"];
-            403: components["responses"]["Forbidden"];
-            429: components["responses"]["TooManyRequests"];
+            default: components["responses"]["Problem"];
         };
     };
     getOpenAPIJSON: {
@@ -1541,9 +1571,7 @@ export interface operations {
                     };
                 };
             };
-            401: components["responses"]["Unauthorized"];
-            403: components["responses"]["Forbidden"];
-            429: components["responses"]["TooManyRequests"];
+            default: components["responses"]["Problem"];
         };
     };
     healthz: {
@@ -1565,6 +1593,7 @@ export interface operations {
                     "text/plain": string;
                 };
             };
+            default: components["responses"]["Problem"];
         };
     };
     readyz: {
@@ -1587,6 +1616,7 @@ export interface operations {
                 };
             };
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["Problem"];
         };
     };
     metrics: {
@@ -1610,6 +1640,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             429: components["responses"]["TooManyRequests"];
+            default: components["responses"]["Problem"];
         };
     };
     dashboardOverview: {
@@ -1717,6 +1748,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["Problem"];
         };
     };
     dashboardTimeline: {
@@ -1802,6 +1834,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["Problem"];
         };
     };
 }

@@ -496,6 +496,14 @@ export type AcquireLeaseErrors = {
      *
      */
     503: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type AcquireLeaseError = AcquireLeaseErrors[keyof AcquireLeaseErrors];
@@ -555,6 +563,14 @@ export type ReleaseLeaseErrors = {
      *
      */
     503: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type ReleaseLeaseError = ReleaseLeaseErrors[keyof ReleaseLeaseErrors];
@@ -610,6 +626,14 @@ export type GetLeaseErrors = {
      *
      */
     503: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type GetLeaseError = GetLeaseErrors[keyof GetLeaseErrors];
@@ -713,6 +737,14 @@ export type RenewLeaseErrors = {
      *
      */
     503: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type RenewLeaseError = RenewLeaseErrors[keyof RenewLeaseErrors];
@@ -772,6 +804,14 @@ export type RevokeLeaseErrors = {
      *
      */
     503: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type RevokeLeaseError = RevokeLeaseErrors[keyof RevokeLeaseErrors];
@@ -836,6 +876,14 @@ export type GetResourceErrors = {
      *
      */
     503: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type GetResourceError = GetResourceErrors[keyof GetResourceErrors];
@@ -906,6 +954,14 @@ export type ListRejectionsErrors = {
      *
      */
     503: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type ListRejectionsError = ListRejectionsErrors[keyof ListRejectionsErrors];
@@ -979,6 +1035,14 @@ export type StreamRejectionsErrors = {
      *
      */
     429: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type StreamRejectionsError = StreamRejectionsErrors[keyof StreamRejectionsErrors];
@@ -1025,6 +1089,14 @@ export type GetIndexErrors = {
      *
      */
     429: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type GetIndexError = GetIndexErrors[keyof GetIndexErrors];
@@ -1047,23 +1119,13 @@ export type GetOpenApiyamlData = {
 
 export type GetOpenApiyamlErrors = {
     /**
-     * `unauthorized`: authentication is on and the request carries no API
-     * key or a wrong one.
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
      *
      */
-    401: Problem;
-    /**
-     * `forbidden`: the key's role or resource prefixes do not allow the
-     * call; `lease_not_owned`: the lease was acquired by another key.
-     *
-     */
-    403: Problem;
-    /**
-     * `rate_limited`: the key is over its request rate; `too_many_leases`:
-     * it holds as many live leases as it may. Retry after `Retry-After`.
-     *
-     */
-    429: Problem;
+    default: Problem;
 };
 
 export type GetOpenApiyamlError = GetOpenApiyamlErrors[keyof GetOpenApiyamlErrors];
@@ -1086,23 +1148,13 @@ export type GetOpenApijsonData = {
 
 export type GetOpenApijsonErrors = {
     /**
-     * `unauthorized`: authentication is on and the request carries no API
-     * key or a wrong one.
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
      *
      */
-    401: Problem;
-    /**
-     * `forbidden`: the key's role or resource prefixes do not allow the
-     * call; `lease_not_owned`: the lease was acquired by another key.
-     *
-     */
-    403: Problem;
-    /**
-     * `rate_limited`: the key is over its request rate; `too_many_leases`:
-     * it holds as many live leases as it may. Retry after `Retry-After`.
-     *
-     */
-    429: Problem;
+    default: Problem;
 };
 
 export type GetOpenApijsonError = GetOpenApijsonErrors[keyof GetOpenApijsonErrors];
@@ -1124,6 +1176,19 @@ export type HealthzData = {
     query?: never;
     url: '/healthz';
 };
+
+export type HealthzErrors = {
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
+};
+
+export type HealthzError = HealthzErrors[keyof HealthzErrors];
 
 export type HealthzResponses = {
     /**
@@ -1149,6 +1214,14 @@ export type ReadyzErrors = {
      *
      */
     503: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type ReadyzError = ReadyzErrors[keyof ReadyzErrors];
@@ -1188,6 +1261,14 @@ export type MetricsErrors = {
      *
      */
     429: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type MetricsError = MetricsErrors[keyof MetricsErrors];
@@ -1260,6 +1341,14 @@ export type DashboardOverviewErrors = {
      *
      */
     503: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type DashboardOverviewError = DashboardOverviewErrors[keyof DashboardOverviewErrors];
@@ -1327,6 +1416,14 @@ export type DashboardTimelineErrors = {
      *
      */
     503: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type DashboardTimelineError = DashboardTimelineErrors[keyof DashboardTimelineErrors];
