@@ -100,7 +100,9 @@ func TestShutdownDelayKeepsServing(t *testing.T) {
 
 	// A write held at the upstream across the end of the delay.
 	held := make(chan kaAnswer, 1)
-	go func() { held <- ka.do("POST", p.url()+"/v1/proxy/svc/hold/bye", "across the end", "Fencing-Lease", l.LeaseID) }()
+	go func() {
+		held <- ka.do("POST", p.url()+"/v1/proxy/svc/hold/bye", "across the end", "Fencing-Lease", l.LeaseID)
+	}()
 	<-up.entered
 	// The listener closes when the delay is over.
 	for {
