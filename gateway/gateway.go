@@ -115,6 +115,9 @@ type Gateway struct {
 	byKey    *principalCounts
 	streams  *streamSlots
 	keys     *keys // nil without Config.Idempotency
+	// stopping: the process is shutting down, and /readyz says so, so that
+	// a load balancer takes the replica out before it stops serving.
+	stopping atomic.Bool
 }
 
 // New builds a Gateway serving svc.
@@ -171,6 +174,13 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.handler.
 
 // InFlight is the number of admitted writes not yet answered.
 func (g *Gateway) InFlight() int64 { return g.inflight.Load() }
+
+// ShuttingDown turns readiness off for good: from now on /readyz answers
+// 503 shutting_down while everything else is served as before. Call it
+// when shutdown begins, a while (the shutdown delay) before the server stops
+// accepting, so that a load balancer that health-checks /readyz stops
+// sending here while the replica still answers.
+func (g *Gateway) ShuttingDown() { g.stopping.Store(true) }
 
 // Close ends live streams (so a graceful shutdown is not held up by them)
 // and idle upstream connections.
@@ -304,6 +314,12 @@ func (g *Gateway) acquireHandler(si server.ServerInterface) http.Handler {
 }
 
 func (g *Gateway) serveReady(w http.ResponseWriter, r *http.Request) {
+	if g.stopping.Load() {
+		sendProblem(w, r, problem{Status: http.StatusServiceUnavailable, Code: codeShuttingDown, Title: "Shutting down",
+			Detail:     "this replica is shutting down: it still serves requests for its shutdown delay, but takes no new ones after it; send them to another replica",
+			retryAfter: defaultUnavailableRetry})
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := g.svc.Ping(ctx); err != nil {

@@ -294,7 +294,11 @@ export interface paths {
          * Readiness (stores reachable)
          * @description Answers `ready` when every store the gateway uses (the bbolt file, or
          *     PostgreSQL and Redis) answers a ping within 2 s, else
-         *     `503 store_unavailable`.
+         *     `503 store_unavailable`. From the moment the process is told to stop
+         *     (SIGTERM, SIGINT) it answers `503 shutting_down`, while the replica
+         *     goes on serving everything else for its `--shutdown-delay`: a load
+         *     balancer that health-checks this takes the replica out before it
+         *     stops accepting.
          */
         get: operations["readyz"];
         put?: never;
@@ -720,6 +724,7 @@ export interface components {
          *     | `upstream_unreachable` | 502 | the upstream could not be reached or broke the connection |
          *     | `fence_busy` | 503 | a grant waited too long for in-flight writes or a drain period |
          *     | `store_unavailable` | 503 | the token store cannot be reached, or every connection to it is in use (fail closed) |
+         *     | `shutting_down` | 503 | `/readyz` only: the replica is shutting down; send new requests elsewhere |
          *     | `upstream_timeout` | 504 | the upstream did not answer in time; the outcome is unknown |
          * @example stale_token
          */

@@ -199,7 +199,11 @@ export const healthz = <ThrowOnError extends boolean = false>(options?: Options<
  *
  * Answers `ready` when every store the gateway uses (the bbolt file, or
  * PostgreSQL and Redis) answers a ping within 2 s, else
- * `503 store_unavailable`.
+ * `503 store_unavailable`. From the moment the process is told to stop
+ * (SIGTERM, SIGINT) it answers `503 shutting_down`, while the replica
+ * goes on serving everything else for its `--shutdown-delay`: a load
+ * balancer that health-checks this takes the replica out before it
+ * stops accepting.
  *
  */
 export const readyz = <ThrowOnError extends boolean = false>(options?: Options<ReadyzData, ThrowOnError>) => (options?.client ?? client).get<ReadyzResponses, ReadyzErrors, ThrowOnError>({ url: '/readyz', ...options });
