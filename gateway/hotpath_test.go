@@ -224,9 +224,10 @@ func (keyAuth) Authenticate(r *http.Request) (*Principal, error) {
 
 func (keyAuth) Allow(*Principal) (bool, time.Duration) { return true, 0 }
 
-// With authentication on, the shortcut authenticates and checks roles
-// exactly as the router's middleware does: no key 401, a viewer 403, a
-// worker through to the lease check.
+// With authentication on, the shortcuts (fenced writes and POST
+// /v1/leases) authenticate and check roles exactly as the router's
+// middleware does: no key 401, a viewer 403, a worker through to the lease
+// check (or, for an acquire, the body's).
 func TestDispatchAgreesWithRouterWithAuth(t *testing.T) {
 	up := newRecorder(t)
 	tg := startFraming(t, up.URL, Config{Auth: keyAuth{}}, false)
@@ -235,7 +236,7 @@ func TestDispatchAgreesWithRouterWithAuth(t *testing.T) {
 	direct := tg.g.dispatch(router, tg.g.acquireHandler(si))
 	seen := map[int]bool{}
 	for _, key := range []string{"", "Bearer nope", "Bearer viewer", "Bearer worker", "Bearer narrow"} {
-		for _, p := range []string{"/v1/proxy/svc/a", "/v1/proxy/nope/a", "/v1/%70roxy/svc/a"} {
+		for _, p := range []string{"/v1/proxy/svc/a", "/v1/proxy/nope/a", "/v1/%70roxy/svc/a", "/v1/leases", "/v1/le%61ses"} {
 			for _, m := range []string{"POST", "GET", "PURGE"} {
 				req := func() *http.Request {
 					r := httptest.NewRequest("GET", "http://gw"+p, strings.NewReader("x"))
