@@ -188,6 +188,9 @@ type heldFence struct {
 	// settled is closed when the fence leaves fenceAcquiring or is gone.
 	settled chan struct{}
 	gone    chan struct{}
+	// dropped is set when the fence is gone (status fenceGone), for
+	// heldRef.Check, which takes no lock.
+	dropped atomic.Bool
 }
 
 // NewFence starts the lock sessions and the yield listener. The Store stays
@@ -248,7 +251,7 @@ func (s *Store) NewFence(ctx context.Context, opts FenceOptions) (*Fence, error)
 
 // Hold admits one write under leaseID (tokens.Fencer): see the comment at
 // the top of this file for why the state it returns may come from memory.
-func (f *Fence) Hold(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, func(), error) {
+func (f *Fence) Hold(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, tokens.Held, error) {
 	now := time.Now()
 	f.mu.Lock()
 	hf := f.byLease[leaseID]
@@ -259,7 +262,7 @@ func (f *Fence) Hold(ctx context.Context, leaseID string) (tokens.Lease, tokens.
 			hf.inflight++
 			f.mu.Unlock()
 			f.stats.LocalAdmits.Add(1)
-			return *state.Lease, state, f.releaser(hf), nil
+			return *state.Lease, state, &heldRef{f: f, hf: hf}, nil
 		}
 	}
 	f.mu.Unlock()
@@ -269,7 +272,7 @@ func (f *Fence) Hold(ctx context.Context, leaseID string) (tokens.Lease, tokens.
 // holdSlow reads the lease from the database, refuses it there if it is
 // refused for good, and otherwise admits it on a state read under a held
 // fence.
-func (f *Fence) holdSlow(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, func(), error) {
+func (f *Fence) holdSlow(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, tokens.Held, error) {
 	lease, state, err := f.state.LeaseState(ctx, leaseID)
 	if err != nil {
 		return tokens.Lease{}, tokens.Resource{}, nil, err
@@ -277,7 +280,7 @@ func (f *Fence) holdSlow(ctx context.Context, leaseID string) (tokens.Lease, tok
 	if tokens.Judge(lease, state, state.Now) != nil {
 		// Final: tokens never go down, a superseded or released lease stays
 		// so, an expired one cannot be renewed. No fence needed to refuse.
-		return lease, state, func() {}, nil
+		return lease, state, noHold{}, nil
 	}
 	hf, err := f.hold(ctx, lease.Resource)
 	if err != nil {
@@ -290,8 +293,46 @@ func (f *Fence) holdSlow(ctx context.Context, leaseID string) (tokens.Lease, tok
 		return tokens.Lease{}, tokens.Resource{}, nil, err
 	}
 	f.remember(hf, state, readStart)
-	return lease, state, f.releaser(hf), nil
+	return lease, state, &heldRef{f: f, hf: hf}, nil
 }
+
+// heldRef is one admitted write's hold on a fence (tokens.Held).
+type heldRef struct {
+	f    *Fence
+	hf   *heldFence
+	done atomic.Bool
+}
+
+// Release ends the write's hold on the fence.
+func (h *heldRef) Release() {
+	if !h.done.Swap(true) {
+		h.f.release(h.hf)
+	}
+}
+
+// Check is the proof taken before each byte of the write is sent (see
+// point 4 at the top of this file): the fence was not dropped, and the
+// session that took its lock is still the connected one and was confirmed
+// alive by a check sent less than SessionCheck ago. Two atomic loads and a
+// monotonic clock read; no lock, no allocation.
+func (h *heldRef) Check() error {
+	hf := h.hf
+	if hf.dropped.Load() || !hf.sess.confirmed(time.Now(), hf.gen) {
+		return errFenceLost
+	}
+	return nil
+}
+
+// errFenceLost is Check's answer, made once: the hot path allocates nothing.
+var errFenceLost = &tokens.Error{Kind: tokens.ErrFenceLost,
+	Detail: "this replica's lock session for the resource was lost or not confirmed alive lately"}
+
+// noHold is the hold of a write refused without a fence: nothing to
+// release, nothing to prove.
+type noHold struct{}
+
+func (noHold) Release()     {}
+func (noHold) Check() error { return errFenceLost }
 
 // remember keeps state, read under hf's lock, for local checks.
 func (f *Fence) remember(hf *heldFence, state tokens.Resource, readStart time.Time) {
@@ -469,6 +510,7 @@ func (f *Fence) dropLocked(hf *heldFence) {
 		hf.settled = nil
 	}
 	hf.status = fenceGone
+	hf.dropped.Store(true)
 	if f.byResource[hf.resource] == hf {
 		delete(f.byResource, hf.resource)
 	}
