@@ -295,4 +295,3 @@ func TestFenceLostMidBodyNeverCompletesIt(t *testing.T) {
 		})
 	}
 }
-

@@ -44,6 +44,12 @@ type WorkerConfig struct {
 	// gateway's route bindings must refuse (403 resource_mismatch). It
 	// needs the gateway started with WritePathRoute.
 	RouteTheftPermille int `json:"route_theft_permille,omitempty"`
+	// SlowBodyPermille of the writes send half their body, stop for
+	// between SlowBodyMin and SlowBodyMax, then send the rest (a slow
+	// client: the gateway admits the write when its head arrives).
+	SlowBodyPermille int           `json:"slow_body_permille,omitempty"`
+	SlowBodyMin      time.Duration `json:"slow_body_min,omitempty"`
+	SlowBodyMax      time.Duration `json:"slow_body_max,omitempty"`
 }
 
 // WritePath is the path, below the upstream, of the writes to resource:
@@ -95,6 +101,9 @@ type worker struct {
 	key    string // API key ("": no authentication)
 	rng    *rand.Rand
 	seq    int
+	// trickle, if set, makes the next request's body a slow one
+	// (nemesis_sessions.go).
+	trickle time.Duration
 }
 
 // heldLease is a lease a goroutine of the group holds, as it saw the grant.
@@ -149,6 +158,8 @@ type answer struct {
 }
 
 func (w *worker) do(ctx context.Context, method, url string, body []byte, header ...string) answer {
+	pause := w.trickle
+	w.trickle = 0
 	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
 	if err != nil {
 		return answer{}
@@ -159,7 +170,12 @@ func (w *worker) do(ctx context.Context, method, url string, body []byte, header
 	if w.key != "" {
 		req.Header.Set("Authorization", "Bearer "+w.key)
 	}
-	resp, err := w.client.Do(req)
+	var resp *http.Response
+	if pause > 0 {
+		resp, err = w.doTrickle(req, body, pause) // worker_slow.go
+	} else {
+		resp, err = w.client.Do(req)
+	}
 	if err != nil {
 		return answer{}
 	}
@@ -226,6 +242,9 @@ func (w *worker) run(ctx context.Context) {
 				gi := w.rng.IntN(len(cfg.Gateways))
 				late := time.Since(granted) >= cfg.TTL
 				sent := now()
+				if cfg.SlowBodyPermille > 0 && w.rng.IntN(1000) < cfg.SlowBodyPermille {
+					w.trickle = cfg.SlowBodyMin + time.Duration(w.rng.Int64N(int64(max(cfg.SlowBodyMax-cfg.SlowBodyMin, 1))))
+				}
 				a = w.do(context.WithoutCancel(ctx), "POST", cfg.Gateways[gi]+"/v1/proxy/"+cfg.Upstream+WritePath(res), []byte(id),
 					"Fencing-Lease", lease.LeaseID, "Content-Type", "text/plain", HeaderReplica, strconv.Itoa(gi),
 					"Idempotency-Key", `"`+id+`"`)
