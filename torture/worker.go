@@ -228,9 +228,13 @@ func (w *worker) run(ctx context.Context) {
 			if ctx.Err() != nil {
 				break
 			}
+			if cfg.SlowBodyPermille > 0 && w.rng.IntN(1000) < cfg.SlowBodyPermille {
+				w.slowWrite(ctx, res, lease, granted) // worker_slow.go
+				continue
+			}
 			w.seq++
 			id := w.holder + "." + strconv.Itoa(w.seq)
-			// Every write carries its id as its Idempotency-Key, and an
+			// Every other write carries its id as its Idempotency-Key, and an
 			// answer that leaves its outcome open is retried with it, on
 			// any replica; if the lease ended meanwhile, under a new lease
 			// of the resource (the key's scope is the resource). The
@@ -242,9 +246,6 @@ func (w *worker) run(ctx context.Context) {
 				gi := w.rng.IntN(len(cfg.Gateways))
 				late := time.Since(granted) >= cfg.TTL
 				sent := now()
-				if cfg.SlowBodyPermille > 0 && w.rng.IntN(1000) < cfg.SlowBodyPermille {
-					w.trickle = cfg.SlowBodyMin + time.Duration(w.rng.Int64N(int64(max(cfg.SlowBodyMax-cfg.SlowBodyMin, 1))))
-				}
 				a = w.do(context.WithoutCancel(ctx), "POST", cfg.Gateways[gi]+"/v1/proxy/"+cfg.Upstream+WritePath(res), []byte(id),
 					"Fencing-Lease", lease.LeaseID, "Content-Type", "text/plain", HeaderReplica, strconv.Itoa(gi),
 					"Idempotency-Key", `"`+id+`"`)
