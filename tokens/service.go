@@ -76,12 +76,17 @@ type Config struct {
 //     the store's. A replica's death is an unknown outcome for every write
 //     it may have had in flight (guarantee 7): it leaves a presence row for
 //     each fence it held, and the next exclusive taker of such a resource
-//     starts a drain period of the drain period plus the session check (the
-//     longest a replica that lost its session goes on admitting). So
-//     --drain-period must be at least --forward-timeout, as it is by
-//     default. The limit: a replica frozen between admitting a write and
-//     sending it, for longer than PostgreSQL takes to drop its session, can
-//     send it after that drain.
+//     starts a drain period of the drain period plus the session check.
+//     No byte of an admitted write is sent unless its fence is proven held
+//     at that moment (Permit.Check, before every write system call to the
+//     upstream): a replica that lost its session stops sending within the
+//     session check of the loss, however long the write's body takes, so
+//     every byte it sent left at least a drain period before that drain
+//     ends (fence.go point 4 has the argument). --drain-period should be
+//     at least --forward-timeout, as it is by default, so that this margin
+//     is as long as the one a timed-out forward gets. The limit: a process
+//     stopped between its last proof and its write system call (a window
+//     of nanoseconds) sends what it proved a moment before it stopped.
 type Service struct {
 	store       Store
 	locker      Locker

@@ -57,19 +57,38 @@ import (
 //     locally only while its session was confirmed alive less than
 //     SessionCheck ago, and destroys a session that fails a ping (or does
 //     not answer within sessionPingTimeout: a slow answer only stops
-//     admission, it does not drop the fences). So after
-//     a session dies, this replica admits at most for SessionCheck, each
-//     such write finishes within the forward timeout, and OrphanDrain
-//     (drain period + SessionCheck, with the drain period at least the
-//     forward timeout) outlasts them all. A clean shutdown gives every fence
-//     up after the in-flight writes drained: no orphan, no wait.
+//     admission, it does not drop the fences). The same proof is taken
+//     again before every byte of an admitted write is sent (heldRef.Check,
+//     which the gateway calls before each write system call to the
+//     upstream): the fence was not dropped, the session that took its lock
+//     is still the connected one, and a ping *sent* at S succeeded less
+//     than SessionCheck ago. A ping sent at S that succeeded means the
+//     session was alive after S, so it died at D > S, and every byte that
+//     passes the proof leaves before S + SessionCheck < D + SessionCheck.
+//     The next exclusive taker finds the orphan row no earlier than D and
+//     drains for OrphanDrain (the drain period + SessionCheck) from then,
+//     so every byte sent under a fence that was lost left at least a drain
+//     period before that drain ends: the margin the drain period gives a
+//     forward that timed out, whose last byte left before its timeout.
+//     This bound runs from the session's death, not from the write's
+//     admission, so a body that takes --body-timeout to arrive, or streams
+//     for the whole forward timeout, is covered: its bytes stop at the
+//     proof (the gateway resets the exchange, never completing the body).
+//     A clean shutdown gives every fence up after the in-flight writes
+//     drained: no orphan, no wait.
 //
-// Honest limit: a replica frozen (SIGSTOP, a VM pause) after admitting a
-// write and before sending it, for longer than PostgreSQL takes to drop its
-// session (TCP keepalive, or an operator's pg_terminate_backend), can send
-// that write after the drain that its orphan started has ended. No lock in
-// the database can stop a process that is not running; only an upstream
-// that checks Fencing-Token can.
+// The limit, which no gateway can remove: a process stopped between its
+// last proof and its write system call (SIGSTOP, a VM pause, a page fault
+// or preemption at the wrong instant) sends, when it runs again, bytes it
+// proved it could send a moment before it stopped. The window is the code
+// between the clock read in Check and the kernel's entry in write(2):
+// measured at 20 ns or less (the clock's resolution; 2 cores, shared),
+// against a SessionCheck of a second (go test -run '^$' -bench SendWindow
+// -benchtime 200000x ./gateway/: window-ns). Only an upstream that checks
+// Fencing-Token closes it. Bytes handed to the kernel before the proof failed may also
+// still be in its send buffer or on the network; the reset discards what
+// the kernel had not sent, and the drain period covers the rest, as for
+// any write whose outcome is unknown.
 
 // Defaults for FenceOptions fields left zero.
 const (
