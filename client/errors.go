@@ -95,6 +95,14 @@ const (
 	CodeFenceBusy            = "fence_busy"             // 503: in-flight writes or a drain period held the grant up (ErrUnavailable)
 	CodeStoreUnavailable     = "store_unavailable"      // 503: the token store cannot be reached (ErrUnavailable)
 	CodeUpstreamTimeout      = "upstream_timeout"       // 504: the write's outcome is unknown (ErrUpstream)
+
+	// CodeFenceLost (503, ErrUnavailable): the gateway replica could no
+	// longer prove it held the resource's fence (its database session was
+	// lost) before sending the write, or the rest of it. The upstream never
+	// got a complete request; if part of it had been sent (the problem's
+	// "sent"), the upstream may have acted on that part, and the resource
+	// drains as for an unknown outcome.
+	CodeFenceLost = "fence_lost"
 )
 
 // Operations named in *Error.Op.
