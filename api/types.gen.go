@@ -144,9 +144,14 @@ type Problem struct {
 	Holder   *string `json:"holder,omitempty"`
 	Instance *string `json:"instance,omitempty"`
 	Resource *string `json:"resource,omitempty"`
-	Status   int     `json:"status"`
-	Title    string  `json:"title"`
-	Token    *int64  `json:"token,omitempty"`
+
+	// Sent With `fence_lost`: whether any byte of the write had been sent to
+	// the upstream when the fence was found lost (the exchange was then
+	// reset, never completed; its outcome is unknown).
+	Sent   *bool  `json:"sent,omitempty"`
+	Status int    `json:"status"`
+	Title  string `json:"title"`
+	Token  *int64 `json:"token,omitempty"`
 
 	// Type A URI naming the problem type.
 	Type string `json:"type"`

@@ -96,6 +96,14 @@ const (
 	CodeStoreUnavailable     = "store_unavailable"      // 503: the token store cannot be reached (ErrUnavailable)
 	CodeShuttingDown         = "shutting_down"          // 503, /readyz only: the replica is shutting down
 	CodeUpstreamTimeout      = "upstream_timeout"       // 504: the write's outcome is unknown (ErrUpstream)
+
+	// CodeFenceLost (503, ErrUnavailable): the gateway replica could no
+	// longer prove it held the resource's fence (its database session was
+	// lost) before sending the write, or the rest of it. The upstream never
+	// got a complete request; if part of it had been sent (the problem's
+	// "sent"), the upstream may have acted on that part, and the resource
+	// drains as for an unknown outcome.
+	CodeFenceLost = "fence_lost"
 )
 
 // Operations named in *Error.Op.

@@ -82,7 +82,13 @@ func newEngine(std *http.Transport) *engine {
 				var d net.Dialer
 				return d.DialContext(ctx, network, addr)
 			}
-			return std.DialContext(ctx, network, addr)
+			nc, err := std.DialContext(ctx, network, addr)
+			// The engine checks its writes itself (engineConn.Write), on
+			// the bare connection, which it can peek at (alive).
+			if fc, ok := nc.(*fencedConn); ok {
+				nc = fc.Conn
+			}
+			return nc, err
 		},
 		maxIdle:     std.MaxIdleConnsPerHost,
 		idleTimeout: std.IdleConnTimeout,
@@ -123,10 +129,11 @@ func (e *engine) carries(req *http.Request) bool {
 
 // RoundTrip forwards req and returns the upstream's answer.
 func (e *engine) RoundTrip(req *http.Request) (*http.Response, error) {
-	if !e.carries(req) {
+	f, _ := req.Context().Value(forwardKey{}).(*forward)
+	if !oneExchange(req, req.URL, f) {
 		return e.std.RoundTrip(req)
 	}
-	return e.exchange(req.Context(), req, time.Time{}, nil)
+	return e.exchange(req.Context(), req, f, time.Time{}, nil)
 }
 
 // exchangeHooks are the direct forward's (engine_forward.go) ears on an
@@ -146,8 +153,9 @@ type exchangeHooks interface {
 // ending aborts it (at any point until the body is closed), and so does
 // deadline, if set (a deadline on the connection: no timer of its own).
 // With hooks nil, the request's context's ClientTrace hears what they
-// would.
-func (e *engine) exchange(ctx context.Context, req *http.Request, deadline time.Time, hooks exchangeHooks) (*http.Response, error) {
+// would. Every write of req's bytes is checked against f's fence first
+// (engineConn.Write).
+func (e *engine) exchange(ctx context.Context, req *http.Request, f *forward, deadline time.Time, hooks exchangeHooks) (*http.Response, error) {
 	c, err := e.get(ctx, req.URL.Host, deadline)
 	if err != nil {
 		if req.Body != nil {
@@ -161,6 +169,7 @@ func (e *engine) exchange(ctx context.Context, req *http.Request, deadline time.
 	}
 	// A context that ends unblocks the connection's I/O at once.
 	stop := context.AfterFunc(ctx, c.abort)
+	c.fw = f
 	fail := func(err error) (*http.Response, error) { return nil, c.failed(ctx, stop, deadline, err) }
 	var trace *httptrace.ClientTrace
 	switch {
@@ -191,6 +200,7 @@ func (e *engine) exchange(ctx context.Context, req *http.Request, deadline time.
 	if err := c.bw.Flush(); err != nil {
 		return fail(err)
 	}
+	c.fw = nil // all of the request has left
 	c.limit = e.maxHead + int64(c.br.Size())
 	var resp *http.Response
 	for {
@@ -281,7 +291,7 @@ func (e *engine) get(ctx context.Context, addr string, deadline time.Time) (*eng
 	c.host, _ = hostLine(addr) // nil: Request.Write writes the head
 	c.trace = httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{WroteHeaders: func() { c.wroteHead = true }})
 	c.br = bufio.NewReaderSize(c, 4<<10)
-	c.bw = bufio.NewWriterSize(nc, 4<<10)
+	c.bw = bufio.NewWriterSize(c, 4<<10)
 	return c, nil
 }
 
@@ -347,6 +357,9 @@ type engineConn struct {
 	wroteHead bool
 	abort     func() // fails blocked I/O on nc at once (made once)
 	host      []byte // the Host line of its requests (engine_write.go)
+	// fw is the write whose request is being written, whose fence each
+	// write system call checks first (sendcheck.go); nil between requests.
+	fw *forward
 	// The idle check's (engine_alive.go), made once.
 	raw     syscall.RawConn
 	peek    func(fd uintptr) bool
@@ -367,6 +380,23 @@ func (c *engineConn) Read(p []byte) (int, error) {
 	if c.limit > 0 {
 		c.limit -= int64(n)
 	}
+	return n, err
+}
+
+// Write sends p, the bytes of c.fw's request, if c.fw's fence is still
+// provably held (sendcheck.go); else it resets the connection and sends
+// nothing. The exchange then fails and closes c.
+func (c *engineConn) Write(p []byte) (int, error) {
+	f := c.fw
+	if f == nil {
+		return c.nc.Write(p)
+	}
+	if err := f.sendCheck(); err != nil {
+		resetOnClose(c.nc)
+		return 0, err
+	}
+	n, err := c.nc.Write(p)
+	f.sentBytes(n)
 	return n, err
 }
 

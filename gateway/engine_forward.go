@@ -164,7 +164,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	deadline := time.Now().Add(g.cfg.ForwardTimeout)
 	fw := &st.hooks
 	fw.w, fw.f = w, f
-	res, err := g.engine.exchange(r.Context(), out, deadline, fw)
+	res, err := g.engine.exchange(r.Context(), out, f, deadline, fw)
 	if err != nil {
 		g.forwardFailed(w, r, f, err, errors.Is(err, context.DeadlineExceeded) || !time.Now().Before(deadline))
 		return

@@ -145,6 +145,7 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	}
 	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport(), hosts: newHostList(cfg.AllowedHosts), bindings: newRouteTable(cfg.Routes)}
 	g.engine = newEngine(g.transport)
+	g.transport.DialContext = fencedDial(g.transport.DialContext) // sendcheck.go
 	g.metrics = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
 	g.byKey = newPrincipalCounts(cfg.Registry)                       // attribution.go
 	g.streams = newStreamSlots(cfg.MaxStreams, cfg.MaxStreamsPerKey) // streamcap.go

@@ -17,6 +17,7 @@ const (
 	outcomeUnknownUpstream = "unknown_upstream"
 	outcomeBadRequest      = "bad_request"
 	outcomeUnavailable     = "store_unavailable"
+	outcomeFenceLost       = "fence_lost" // the fence could not be proven before a send (sendcheck.go)
 )
 
 // metrics holds pre-resolved series so the write path does no label lookups.
@@ -35,7 +36,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer, inflight func() float64) *metrics {
 	writes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fencegw_writes_total",
-		Help: "Fenced writes by outcome: forwarded, rejected (stale/expired/released/unknown lease), upstream_error, unknown_upstream, bad_request, store_unavailable.",
+		Help: "Fenced writes by outcome: forwarded, rejected (stale/expired/released/unknown lease), upstream_error, unknown_upstream, bad_request, store_unavailable, fence_lost.",
 	}, []string{"outcome"})
 	rejections := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fencegw_rejections_total",
@@ -67,7 +68,7 @@ func newMetrics(reg prometheus.Registerer, inflight func() float64) *metrics {
 		forwardDur: forwardDur,
 		subs:       subs,
 	}
-	for _, o := range []string{outcomeForwarded, outcomeRejected, outcomeUpstreamError, outcomeUnknownUpstream, outcomeBadRequest, outcomeUnavailable} {
+	for _, o := range []string{outcomeForwarded, outcomeRejected, outcomeUpstreamError, outcomeUnknownUpstream, outcomeBadRequest, outcomeUnavailable, outcomeFenceLost} {
 		m.writes[o] = writes.WithLabelValues(o)
 	}
 	for _, c := range tokens.RejectionCodes {
@@ -102,6 +103,10 @@ func (m *metrics) forwarded(f *forward, d time.Duration) {
 		m.drains.Inc() // Permit.Done(OutcomeUnknown) put the resource in a drain period
 	}
 	if f.failed {
+		if f.fenceLost.Load() {
+			m.writes[outcomeFenceLost].Inc()
+			return
+		}
 		if f.badRequest {
 			m.writes[outcomeBadRequest].Inc()
 			return

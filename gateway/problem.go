@@ -24,6 +24,7 @@ const (
 	codeUnsupportedMedia     = "unsupported_media_type"
 	codeMethodNotAllowed     = "method_not_allowed"
 	codeFenceBusy            = "fence_busy"
+	codeFenceLost            = "fence_lost"
 	codeStoreUnavailable     = "store_unavailable"
 	codeUpstreamUnreachable  = "upstream_unreachable"
 	codeUpstreamTimeout      = "upstream_timeout"
@@ -54,6 +55,9 @@ type problem struct {
 	CurrentToken *int64     `json:"current_token,omitempty"`
 	Holder       string     `json:"holder,omitempty"`
 	ExpiresAt    *time.Time `json:"expires_at,omitempty"`
+	// Sent, with fence_lost: whether any byte of the write had reached the
+	// upstream's connection when the fence was found lost.
+	Sent *bool `json:"sent,omitempty"`
 
 	retryAfter time.Duration
 }
@@ -85,6 +89,7 @@ var kinds = []struct {
 	{tokens.ErrKeyInProgress, http.StatusConflict, tokens.CodeKeyInProgress, "Idempotency key in progress"},
 	{tokens.ErrOutcomeUnknown, http.StatusConflict, tokens.CodeOutcomeUnknown, "Outcome unknown"},
 	{tokens.ErrFenceBusy, http.StatusServiceUnavailable, codeFenceBusy, "Fence busy"},
+	{tokens.ErrFenceLost, http.StatusServiceUnavailable, codeFenceLost, "Fence lost"},
 	{tokens.ErrUnavailable, http.StatusServiceUnavailable, codeStoreUnavailable, "Store unavailable"},
 }
 

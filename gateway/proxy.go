@@ -40,7 +40,12 @@ type forward struct {
 	// wroteRequest is set once request headers reached the upstream: from
 	// then on, a failure leaves the outcome unknown.
 	wroteRequest atomic.Bool
-	body         *bodyGuard // nil without a body
+	// fenceLost: the fence could not be proven held before a send
+	// (sendcheck.go); sent: some of the request's bytes had been handed
+	// to the upstream's connection by then (or ever).
+	fenceLost, sent atomic.Bool
+	conn            *fencedConn // the Transport's connection, once it has one
+	body            *bodyGuard  // nil without a body
 	// buffered is the whole body of a small write, read before the
 	// forward (smallbody.go); nil if the body streams.
 	buffered   []byte
@@ -257,11 +262,13 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		WroteHeaders: func() { f.wroteRequest.Store(true) },
+		GotConn:      f.attach, // sendcheck.go
 	})
 	ctx = context.WithValue(ctx, forwardKey{}, f)
 	if len(r.Header["Expect"]) > 0 {
 		w = continueOnce{w}
 	}
+	defer f.detach()
 	g.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
 
@@ -295,6 +302,10 @@ func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 // forward timeout ran out.
 func (g *Gateway) forwardFailed(w http.ResponseWriter, r *http.Request, f *forward, err error, timedOut bool) {
 	f.failed = true
+	if f.fenceLost.Load() {
+		g.refuseLostFence(w, r, f)
+		return
+	}
 	var maxBytes *http.MaxBytesError
 	broken := f.body.brokenBy() // a malformed chunked body, a client gone mid-body
 	if bodyTimeout, tooLarge := f.body.ranOut(timedOut), errors.As(err, &maxBytes); bodyTimeout || tooLarge || broken != nil {
@@ -340,6 +351,23 @@ func (g *Gateway) forwardFailed(w http.ResponseWriter, r *http.Request, f *forwa
 	}
 	sendProblem(w, r, problem{Status: http.StatusBadGateway, Code: codeUpstreamUnreachable, Title: "Upstream unreachable", Instance: f.instance,
 		Detail: detail, Resource: f.permit.Lease.Resource})
+}
+
+// refuseLostFence answers a write whose fence could not be proven held
+// before a send (sendcheck.go): 503 fence_lost, saying whether any of it
+// had reached the upstream's connection. If some had, the outcome is
+// unknown: Done drains the resource (if the store can still be reached;
+// if not, the presence row of the lost session makes the next grant drain
+// anyway).
+func (g *Gateway) refuseLostFence(w http.ResponseWriter, r *http.Request, f *forward) {
+	sent := f.sent.Load()
+	f.unknown = sent
+	detail := "this replica could no longer prove it holds the resource's fence (its lock session was lost or not confirmed alive lately); nothing was forwarded"
+	if sent {
+		detail = "this replica could no longer prove it holds the resource's fence (its lock session was lost or not confirmed alive lately) while the request was being sent; the exchange was reset before the request was complete, the outcome is unknown and the resource is closed to grants for the drain period"
+	}
+	sendProblem(w, r, problem{Status: http.StatusServiceUnavailable, Code: codeFenceLost, Title: "Fence lost", Instance: f.instance,
+		Detail: detail, Resource: f.permit.Lease.Resource, Token: &f.permit.Lease.Token, Sent: &sent, retryAfter: defaultUnavailableRetry})
 }
 
 // refuseBody answers a small write whose body could not be read in whole

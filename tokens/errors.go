@@ -33,6 +33,10 @@ var (
 	ErrFenceBusy = errors.New("fence busy")
 	// ErrUnavailable: the store that holds tokens cannot be reached; fail closed.
 	ErrUnavailable = errors.New("store unavailable")
+	// ErrFenceLost: an admitted write can no longer prove that its replica
+	// holds the resource's fence (its lock session died or was not
+	// confirmed alive lately), so no more of it may be sent (Permit.Check).
+	ErrFenceLost = errors.New("fence lost")
 )
 
 // Error carries the facts of a domain failure. It wraps one of the sentinel

@@ -76,12 +76,17 @@ type Config struct {
 //     the store's. A replica's death is an unknown outcome for every write
 //     it may have had in flight (guarantee 7): it leaves a presence row for
 //     each fence it held, and the next exclusive taker of such a resource
-//     starts a drain period of the drain period plus the session check (the
-//     longest a replica that lost its session goes on admitting). So
-//     --drain-period must be at least --forward-timeout, as it is by
-//     default. The limit: a replica frozen between admitting a write and
-//     sending it, for longer than PostgreSQL takes to drop its session, can
-//     send it after that drain.
+//     starts a drain period of the drain period plus the session check.
+//     No byte of an admitted write is sent unless its fence is proven held
+//     at that moment (Permit.Check, before every write system call to the
+//     upstream): a replica that lost its session stops sending within the
+//     session check of the loss, however long the write's body takes, so
+//     every byte it sent left at least a drain period before that drain
+//     ends (fence.go point 4 has the argument). --drain-period should be
+//     at least --forward-timeout, as it is by default, so that this margin
+//     is as long as the one a timed-out forward gets. The limit: a process
+//     stopped between its last proof and its write system call (a window
+//     of nanoseconds) sends what it proved a moment before it stopped.
 type Service struct {
 	store       Store
 	locker      Locker
@@ -479,11 +484,26 @@ type Write struct {
 }
 
 // Permit is an admitted write. Its holder must call Done exactly once, after
-// the upstream answered or the forward gave up.
+// the upstream answered or the forward gave up, and Check before sending
+// each byte of the write.
 type Permit struct {
 	Lease  Lease
 	svc    *Service
-	unlock func()
+	unlock func() // without a Fencer
+	held   Held   // with a Fencer
+}
+
+// Check returns nil if the write may send bytes to the upstream now, or an
+// error wrapping ErrFenceLost if its fence can no longer be proven held
+// (see Held.Check): nothing more of the write may then be sent, and what
+// was sent is an unknown outcome. Without a Fencer (the embedded mode) it
+// is always nil: the lock lives in the process, and cannot be lost unless
+// the process dies, and a dead process sends nothing.
+func (p *Permit) Check() error {
+	if p.held == nil || failpoint.NoSendCheck {
+		return nil
+	}
+	return p.held.Check()
 }
 
 // Admit checks that leaseID is its resource's current live lease and holds
@@ -575,7 +595,7 @@ func (s *Service) judge(lease Lease, state Resource) (Lease, error) {
 
 // admitFenced is Admit with a Fencer.
 func (s *Service) admitFenced(ctx context.Context, leaseID string, w Write) (*Permit, error) {
-	lease, state, release, err := s.fencer.Hold(ctx, leaseID)
+	lease, state, held, err := s.fencer.Hold(ctx, leaseID)
 	if errors.Is(err, ErrNotFound) {
 		return nil, s.reject(ctx, &Error{Kind: ErrUnknownLease}, Lease{ID: leaseID}, Resource{}, w)
 	}
@@ -586,16 +606,16 @@ func (s *Service) admitFenced(ctx context.Context, leaseID string, w Write) (*Pe
 		return nil, err
 	}
 	if err := ownedBy(lease, w.Principal); err != nil {
-		release()
+		held.Release()
 		return nil, s.reject(ctx, err, lease, state, w)
 	}
 	admitted, refusal := s.judge(lease, state)
 	if refusal != nil {
-		release()
+		held.Release()
 		s.rememberStale(refusal, lease, state)
 		return nil, s.reject(ctx, refusal, lease, state, w)
 	}
-	return &Permit{Lease: admitted, svc: s, unlock: release}, nil
+	return &Permit{Lease: admitted, svc: s, held: held}, nil
 }
 
 // rememberStale caches a stale_token verdict (see staleCache). Expired and
@@ -628,6 +648,10 @@ func (p *Permit) Done(outcome Outcome) {
 			p.svc.log.Error("could not start drain period", "resource", p.Lease.Resource, "err", err)
 		}
 		cancel()
+	}
+	if p.held != nil {
+		p.held.Release()
+		return
 	}
 	p.unlock()
 }

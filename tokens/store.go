@@ -119,14 +119,29 @@ type Locker interface {
 // return.
 type Fencer interface {
 	// Hold returns leaseID's lease, its resource's fence state (with the
-	// store's clock, or an estimate that runs ahead of it, in Now) and a
-	// release func, safe to call more than once. If Judge admits the write
-	// on that state, the resource's shared fence is held until release and
-	// no grant, release or revoke of the resource can take effect before.
-	// The state may come from memory only if Judge admits the write on it: a
-	// state on which Judge refuses was read from the store, so that no write
-	// is refused on what a replica remembers. ErrNotFound for an unknown id.
-	Hold(ctx context.Context, leaseID string) (Lease, Resource, func(), error)
+	// store's clock, or an estimate that runs ahead of it, in Now) and the
+	// write's hold on the fence. If Judge admits the write on that state,
+	// the resource's shared fence is held until Held.Release and no grant,
+	// release or revoke of the resource can take effect before, as long as
+	// Held.Check says so. The state may come from memory only if Judge
+	// admits the write on it: a state on which Judge refuses was read from
+	// the store, so that no write is refused on what a replica remembers.
+	// ErrNotFound for an unknown id.
+	Hold(ctx context.Context, leaseID string) (Lease, Resource, Held, error)
+}
+
+// Held is one admitted write's hold on its resource's shared fence.
+type Held interface {
+	// Release ends the hold; later calls do nothing.
+	Release()
+	// Check returns nil only if the fence is provably still held at this
+	// moment: the lock session that holds it is the one that took it, it
+	// was confirmed alive (by a check sent) less than the session check
+	// ago, and the fence was not dropped since. Otherwise it returns an
+	// error wrapping ErrFenceLost. It is called before every byte of the
+	// write is sent, so it must be cheap: no I/O, no allocation, no lock
+	// shared with other resources' writes.
+	Check() error
 }
 
 // EventKind names what happened to a lease.

@@ -94,6 +94,9 @@ func (n *nemesis) heal() {
 func (n *nemesis) inject(ctx context.Context, f *Fault) error {
 	cfg := n.cfg
 	r := n.replicas[n.rng.IntN(len(n.replicas))]
+	if ok, err := n.injectSessions(ctx, f, r); ok { // nemesis_sessions.go
+		return err
+	}
 	switch f.Kind {
 	case FaultKillGateway:
 		r.Kill()

@@ -53,8 +53,8 @@ const (
 // DefaultFaults are the fault kinds used in each mode.
 var DefaultFaults = map[string][]string{
 	ModeEmbedded: {FaultKillGateway, FaultKillInWrite, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream},
-	ModePostgres: {FaultKillGateway, FaultKillInWrite, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres, FaultRestartPostgresInWrite},
-	ModeRedis:    {FaultKillGateway, FaultKillInWrite, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres, FaultRestartPostgresInWrite, FaultRestartRedis},
+	ModePostgres: append([]string{FaultKillGateway, FaultKillInWrite, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres, FaultRestartPostgresInWrite}, sessionFaults...),
+	ModeRedis:    append([]string{FaultKillGateway, FaultKillInWrite, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres, FaultRestartPostgresInWrite, FaultRestartRedis}, sessionFaults...),
 }
 
 // DefaultTokenBase puts every resource's tokens just above 2^53, where a
@@ -308,6 +308,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			Goroutines: cfg.Goroutines, TTL: cfg.TTL, Wait: cfg.TTL, Timeout: cfg.ForwardTimeout + cfg.DrainPeriod + 3*time.Second,
 			MaxWrites: cfg.MaxWrites, Seed: cfg.Seed + uint64(g), Keys: groupKeys[g], TheftPermille: cfg.TheftPermille,
 			RouteTheftPermille: cfg.TheftPermille}
+		if slices.Contains(cfg.Faults, FaultSlowBody) { // nemesis_sessions.go
+			wc.SlowBodyPermille = 80
+			wc.SlowBodyMin, wc.SlowBodyMax = cfg.slowBodyPause()
+			wc.Timeout += wc.SlowBodyMax
+		}
 		if len(cfg.WorkerCommand) == 0 {
 			wc.StallPermille = 60
 			workers.Go(func() { RunWorkers(workCtx, wc, rec) })

@@ -44,6 +44,12 @@ type WorkerConfig struct {
 	// gateway's route bindings must refuse (403 resource_mismatch). It
 	// needs the gateway started with WritePathRoute.
 	RouteTheftPermille int `json:"route_theft_permille,omitempty"`
+	// SlowBodyPermille of the writes send half their body, stop for
+	// between SlowBodyMin and SlowBodyMax, then send the rest (a slow
+	// client: the gateway admits the write when its head arrives).
+	SlowBodyPermille int           `json:"slow_body_permille,omitempty"`
+	SlowBodyMin      time.Duration `json:"slow_body_min,omitempty"`
+	SlowBodyMax      time.Duration `json:"slow_body_max,omitempty"`
 }
 
 // WritePath is the path, below the upstream, of the writes to resource:
@@ -95,6 +101,9 @@ type worker struct {
 	key    string // API key ("": no authentication)
 	rng    *rand.Rand
 	seq    int
+	// trickle, if set, makes the next request's body a slow one
+	// (nemesis_sessions.go).
+	trickle time.Duration
 }
 
 // heldLease is a lease a goroutine of the group holds, as it saw the grant.
@@ -149,6 +158,8 @@ type answer struct {
 }
 
 func (w *worker) do(ctx context.Context, method, url string, body []byte, header ...string) answer {
+	pause := w.trickle
+	w.trickle = 0
 	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
 	if err != nil {
 		return answer{}
@@ -159,7 +170,12 @@ func (w *worker) do(ctx context.Context, method, url string, body []byte, header
 	if w.key != "" {
 		req.Header.Set("Authorization", "Bearer "+w.key)
 	}
-	resp, err := w.client.Do(req)
+	var resp *http.Response
+	if pause > 0 {
+		resp, err = w.doTrickle(req, body, pause) // worker_slow.go
+	} else {
+		resp, err = w.client.Do(req)
+	}
 	if err != nil {
 		return answer{}
 	}
@@ -212,9 +228,13 @@ func (w *worker) run(ctx context.Context) {
 			if ctx.Err() != nil {
 				break
 			}
+			if cfg.SlowBodyPermille > 0 && w.rng.IntN(1000) < cfg.SlowBodyPermille {
+				w.slowWrite(ctx, res, lease, granted) // worker_slow.go
+				continue
+			}
 			w.seq++
 			id := w.holder + "." + strconv.Itoa(w.seq)
-			// Every write carries its id as its Idempotency-Key, and an
+			// Every other write carries its id as its Idempotency-Key, and an
 			// answer that leaves its outcome open is retried with it, on
 			// any replica; if the lease ended meanwhile, under a new lease
 			// of the resource (the key's scope is the resource). The

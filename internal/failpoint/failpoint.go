@@ -67,6 +67,14 @@ const (
 	// share fences between replicas: run in postgres mode with the faults
 	// kill-in-write,pause-worker. Caught by stale-applied.
 	NoReplicaDrain = active == "no_replica_drain"
+
+	// NoSendCheck (tokens.Permit.Check): the proof that a replica still
+	// holds a write's fence is not taken before its bytes are sent, so a
+	// replica whose lock sessions died goes on sending a slow body (or a
+	// write admitted just before) after another replica drained the
+	// orphan and granted a newer token. Run in postgres mode with the
+	// faults kill-pg-sessions,slow-body. Caught by stale-applied.
+	NoSendCheck = active == "no_send_check"
 )
 
 // Break describes one broken build for the torture's runner.
@@ -95,6 +103,7 @@ var Breaks = []Break{
 	{Name: "skip_route_check", On: SkipRouteCheck, Mode: "embedded", CaughtBy: []string{"foreign-route"}},
 	{Name: "forget_idempotency", On: ForgetIdempotency, Mode: "embedded", CaughtBy: []string{"idempotency-key-once"}},
 	{Name: "no_replica_drain", On: NoReplicaDrain, Mode: "postgres", Faults: "kill-in-write,pause-worker", CaughtBy: []string{"stale-applied"}},
+	{Name: "no_send_check", On: NoSendCheck, Mode: "postgres", Faults: "kill-pg-sessions,slow-body", CaughtBy: []string{"stale-applied"}},
 }
 
 // Active returns the name of the failpoint this binary was built with, or

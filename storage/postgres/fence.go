@@ -6,12 +6,9 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/fencegw/fencegw/tokens"
 )
@@ -57,19 +54,38 @@ import (
 //     locally only while its session was confirmed alive less than
 //     SessionCheck ago, and destroys a session that fails a ping (or does
 //     not answer within sessionPingTimeout: a slow answer only stops
-//     admission, it does not drop the fences). So after
-//     a session dies, this replica admits at most for SessionCheck, each
-//     such write finishes within the forward timeout, and OrphanDrain
-//     (drain period + SessionCheck, with the drain period at least the
-//     forward timeout) outlasts them all. A clean shutdown gives every fence
-//     up after the in-flight writes drained: no orphan, no wait.
+//     admission, it does not drop the fences). The same proof is taken
+//     again before every byte of an admitted write is sent (heldRef.Check,
+//     which the gateway calls before each write system call to the
+//     upstream): the fence was not dropped, the session that took its lock
+//     is still the connected one, and a ping *sent* at S succeeded less
+//     than SessionCheck ago. A ping sent at S that succeeded means the
+//     session was alive after S, so it died at D > S, and every byte that
+//     passes the proof leaves before S + SessionCheck < D + SessionCheck.
+//     The next exclusive taker finds the orphan row no earlier than D and
+//     drains for OrphanDrain (the drain period + SessionCheck) from then,
+//     so every byte sent under a fence that was lost left at least a drain
+//     period before that drain ends: the margin the drain period gives a
+//     forward that timed out, whose last byte left before its timeout.
+//     This bound runs from the session's death, not from the write's
+//     admission, so a body that takes --body-timeout to arrive, or streams
+//     for the whole forward timeout, is covered: its bytes stop at the
+//     proof (the gateway resets the exchange, never completing the body).
+//     A clean shutdown gives every fence up after the in-flight writes
+//     drained: no orphan, no wait.
 //
-// Honest limit: a replica frozen (SIGSTOP, a VM pause) after admitting a
-// write and before sending it, for longer than PostgreSQL takes to drop its
-// session (TCP keepalive, or an operator's pg_terminate_backend), can send
-// that write after the drain that its orphan started has ended. No lock in
-// the database can stop a process that is not running; only an upstream
-// that checks Fencing-Token can.
+// The limit, which no gateway can remove: a process stopped between its
+// last proof and its write system call (SIGSTOP, a VM pause, a page fault
+// or preemption at the wrong instant) sends, when it runs again, bytes it
+// proved it could send a moment before it stopped. The window is the code
+// between the clock read in Check and the kernel's entry in write(2):
+// measured at 20 ns or less (the clock's resolution; 2 cores, shared),
+// against a SessionCheck of a second (go test -run '^$' -bench SendWindow
+// -benchtime 200000x ./gateway/: window-ns). Only an upstream that checks
+// Fencing-Token closes it. Bytes handed to the kernel before the proof failed may also
+// still be in its send buffer or on the network; the reset discards what
+// the kernel had not sent, and the drain period covers the rest, as for
+// any write whose outcome is unknown.
 
 // Defaults for FenceOptions fields left zero.
 const (
@@ -188,6 +204,9 @@ type heldFence struct {
 	// settled is closed when the fence leaves fenceAcquiring or is gone.
 	settled chan struct{}
 	gone    chan struct{}
+	// dropped is set when the fence is gone (status fenceGone), for
+	// heldRef.Check, which takes no lock.
+	dropped atomic.Bool
 }
 
 // NewFence starts the lock sessions and the yield listener. The Store stays
@@ -248,7 +267,7 @@ func (s *Store) NewFence(ctx context.Context, opts FenceOptions) (*Fence, error)
 
 // Hold admits one write under leaseID (tokens.Fencer): see the comment at
 // the top of this file for why the state it returns may come from memory.
-func (f *Fence) Hold(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, func(), error) {
+func (f *Fence) Hold(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, tokens.Held, error) {
 	now := time.Now()
 	f.mu.Lock()
 	hf := f.byLease[leaseID]
@@ -259,7 +278,7 @@ func (f *Fence) Hold(ctx context.Context, leaseID string) (tokens.Lease, tokens.
 			hf.inflight++
 			f.mu.Unlock()
 			f.stats.LocalAdmits.Add(1)
-			return *state.Lease, state, f.releaser(hf), nil
+			return *state.Lease, state, &heldRef{f: f, hf: hf}, nil
 		}
 	}
 	f.mu.Unlock()
@@ -269,7 +288,7 @@ func (f *Fence) Hold(ctx context.Context, leaseID string) (tokens.Lease, tokens.
 // holdSlow reads the lease from the database, refuses it there if it is
 // refused for good, and otherwise admits it on a state read under a held
 // fence.
-func (f *Fence) holdSlow(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, func(), error) {
+func (f *Fence) holdSlow(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, tokens.Held, error) {
 	lease, state, err := f.state.LeaseState(ctx, leaseID)
 	if err != nil {
 		return tokens.Lease{}, tokens.Resource{}, nil, err
@@ -277,7 +296,7 @@ func (f *Fence) holdSlow(ctx context.Context, leaseID string) (tokens.Lease, tok
 	if tokens.Judge(lease, state, state.Now) != nil {
 		// Final: tokens never go down, a superseded or released lease stays
 		// so, an expired one cannot be renewed. No fence needed to refuse.
-		return lease, state, func() {}, nil
+		return lease, state, noHold{}, nil
 	}
 	hf, err := f.hold(ctx, lease.Resource)
 	if err != nil {
@@ -290,8 +309,46 @@ func (f *Fence) holdSlow(ctx context.Context, leaseID string) (tokens.Lease, tok
 		return tokens.Lease{}, tokens.Resource{}, nil, err
 	}
 	f.remember(hf, state, readStart)
-	return lease, state, f.releaser(hf), nil
+	return lease, state, &heldRef{f: f, hf: hf}, nil
 }
+
+// heldRef is one admitted write's hold on a fence (tokens.Held).
+type heldRef struct {
+	f    *Fence
+	hf   *heldFence
+	done atomic.Bool
+}
+
+// Release ends the write's hold on the fence.
+func (h *heldRef) Release() {
+	if !h.done.Swap(true) {
+		h.f.release(h.hf)
+	}
+}
+
+// Check is the proof taken before each byte of the write is sent (see
+// point 4 at the top of this file): the fence was not dropped, and the
+// session that took its lock is still the connected one and was confirmed
+// alive by a check sent less than SessionCheck ago. Two atomic loads and a
+// monotonic clock read; no lock, no allocation.
+func (h *heldRef) Check() error {
+	hf := h.hf
+	if hf.dropped.Load() || !hf.sess.confirmed(time.Now(), hf.gen) {
+		return errFenceLost
+	}
+	return nil
+}
+
+// errFenceLost is Check's answer, made once: the hot path allocates nothing.
+var errFenceLost = &tokens.Error{Kind: tokens.ErrFenceLost,
+	Detail: "this replica's lock session for the resource was lost or not confirmed alive lately"}
+
+// noHold is the hold of a write refused without a fence: nothing to
+// release, nothing to prove.
+type noHold struct{}
+
+func (noHold) Release()     {}
+func (noHold) Check() error { return errFenceLost }
 
 // remember keeps state, read under hf's lock, for local checks.
 func (f *Fence) remember(hf *heldFence, state tokens.Resource, readStart time.Time) {
@@ -469,6 +526,7 @@ func (f *Fence) dropLocked(hf *heldFence) {
 		hf.settled = nil
 	}
 	hf.status = fenceGone
+	hf.dropped.Store(true)
 	if f.byResource[hf.resource] == hf {
 		delete(f.byResource, hf.resource)
 	}
@@ -700,288 +758,4 @@ func (f *Fence) closeSessions() {
 	for _, ls := range f.sessions {
 		ls.close()
 	}
-}
-
-// listenLoop hears yield requests from every replica; after each
-// (re)connect it gives up every fence, since requests may have been missed.
-func (f *Fence) listenLoop(ready chan struct{}) {
-	defer f.wg.Done()
-	backoff := 50 * time.Millisecond
-	first := true
-	for {
-		err := f.listenOnce(func() {
-			backoff = 50 * time.Millisecond
-			if first {
-				first = false
-				close(ready)
-			} else {
-				f.yieldAll()
-			}
-		})
-		select {
-		case <-f.stop:
-			return
-		default:
-		}
-		f.log.Warn("fence listener: reconnecting; every fence is given up", "err", err, "in", backoff)
-		f.yieldAll()
-		select {
-		case <-f.stop:
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 2*time.Second)
-	}
-}
-
-func (f *Fence) listenOnce(listening func()) error {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-f.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
-	conn, err := pgx.ConnectConfig(cctx, f.store.sessionConfig(f.opts.Replica))
-	ccancel()
-	if err != nil {
-		return err
-	}
-	defer func() {
-		c, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = conn.Close(c)
-	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{f.channel}.Sanitize()); err != nil {
-		return err
-	}
-	f.listenerPID.Store(conn.PgConn().PID())
-	listening()
-	for {
-		wctx, wcancel := context.WithTimeout(ctx, 2*time.Second)
-		n, err := conn.WaitForNotification(wctx)
-		wcancel()
-		switch {
-		case err == nil:
-			if resource, ok := strings.CutPrefix(n.Payload, notifyFree); ok {
-				if fn := f.onFree.Load(); fn != nil {
-					(*fn)(resource)
-				}
-				continue
-			}
-			f.yield(n.Payload)
-		case ctx.Err() != nil:
-			return ctx.Err()
-		case errors.Is(err, context.DeadlineExceeded):
-			// Quiet: make sure the connection is still alive.
-			pctx, pcancel := context.WithTimeout(ctx, time.Second)
-			_, err = conn.Exec(pctx, "SELECT 1")
-			pcancel()
-			if err != nil {
-				return err
-			}
-		default:
-			return err
-		}
-	}
-}
-
-// lockSession is one long-lived connection holding shared fences.
-type lockSession struct {
-	f   *Fence
-	idx int
-
-	mu    sync.Mutex // serialises use of conn
-	conn  *pgx.Conn
-	pid   uint32
-	start time.Time
-
-	gen atomic.Uint64 // changes on each reconnect; 0 while disconnected
-	// okAt: epoch offset (ns) at which the last successful check was sent.
-	okAt atomic.Int64
-}
-
-// confirmed reports whether the session that took a fence of generation gen
-// is still the one connected and was confirmed alive within SessionCheck.
-func (ls *lockSession) confirmed(now time.Time, gen uint64) bool {
-	if ls.gen.Load() != gen {
-		return false
-	}
-	ok := ls.f.epoch.Add(time.Duration(ls.okAt.Load()))
-	return now.Sub(ok) < ls.f.opts.SessionCheck
-}
-
-var sessionGen atomic.Uint64
-
-func (ls *lockSession) connect(ctx context.Context) error {
-	sent := time.Now()
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	conn, err := pgx.ConnectConfig(cctx, ls.f.store.sessionConfig(ls.f.opts.Replica))
-	if err != nil {
-		return tokens.Unavailable("postgres lock session", err)
-	}
-	var pid uint32
-	var start time.Time
-	err = conn.QueryRow(cctx, `SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`).Scan(&pid, &start)
-	if err != nil {
-		_ = conn.Close(cctx)
-		return tokens.Unavailable("postgres lock session", err)
-	}
-	ls.mu.Lock()
-	ls.conn, ls.pid, ls.start = conn, pid, start
-	ls.okAt.Store(int64(sent.Sub(ls.f.epoch)))
-	ls.gen.Store(sessionGen.Add(1))
-	ls.mu.Unlock()
-	return nil
-}
-
-// fail destroys the session after an error: PostgreSQL frees its locks, its
-// presence rows become orphans, and every fence on it is dropped (writes
-// still in flight under them finish; the orphan rows make the next grant
-// drain for them).
-func (ls *lockSession) fail(gen uint64, err error) {
-	ls.mu.Lock()
-	if ls.gen.Load() != gen || ls.conn == nil {
-		ls.mu.Unlock()
-		return
-	}
-	conn := ls.conn
-	ls.conn = nil
-	ls.gen.Store(0)
-	ls.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	_ = conn.Close(ctx)
-	cancel()
-	ls.f.log.Error("fence lock session lost: its fences are dropped, and their resources drain before the next grant",
-		"session", ls.idx, "err", err)
-	f := ls.f
-	f.mu.Lock()
-	for _, hf := range f.byResource {
-		if hf.sess == ls && hf.gen == gen && hf.status != fenceAcquiring {
-			f.stats.Lost.Add(1)
-			f.dropLocked(hf)
-		}
-	}
-	f.mu.Unlock()
-}
-
-func (ls *lockSession) healthLoop() {
-	defer ls.f.wg.Done()
-	// Often: a session that died is noticed within one interval (fail
-	// closed, guarantee 4), and a ping is cheap.
-	every := ls.f.opts.SessionCheck / 10
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ls.f.stop:
-			return
-		case <-t.C:
-		}
-		if ls.gen.Load() == 0 {
-			if err := ls.connect(context.Background()); err != nil {
-				ls.f.log.Warn("fence lock session: reconnect failed", "session", ls.idx, "err", err)
-			}
-			continue
-		}
-		sent := time.Now()
-		ls.mu.Lock()
-		conn, gen := ls.conn, ls.gen.Load()
-		var err error
-		if conn != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), sessionPingTimeout(ls.f.opts.SessionCheck))
-			_, err = conn.Exec(ctx, "SELECT 1")
-			cancel()
-		}
-		ls.mu.Unlock()
-		if conn == nil {
-			continue
-		}
-		if err != nil {
-			ls.fail(gen, err)
-			continue
-		}
-		ls.okAt.Store(int64(sent.Sub(ls.f.epoch)))
-	}
-}
-
-// sessionPingTimeout is how long a health check may take before its session
-// is destroyed. Longer than SessionCheck on purpose: admission already stops
-// SessionCheck after the last check that succeeded (confirmed), whether or
-// not the session is destroyed, so a slow answer costs nothing in safety; but
-// destroying a session that is only slow (a CPU-starved replica, a busy
-// database) drops every fence on it, and each of their resources then drains
-// for OrphanDrain (the drain period plus SessionCheck) before its next grant.
-// pgx closes a connection whose query times out, so keeping the session
-// means waiting for the answer. A dead session answers with an error at once
-// (a terminated backend, a reset connection), or, cut off, in this time.
-func sessionPingTimeout(check time.Duration) time.Duration {
-	return max(5*check, 5*time.Second)
-}
-
-// acquire tries hf's shared lock and records presence; it returns the
-// session generation the lock was taken on, or 0 if the lock is not free.
-func (ls *lockSession) acquire(ctx context.Context, hf *heldFence) (uint64, error) {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	gen := ls.gen.Load()
-	if ls.conn == nil || gen == 0 {
-		return 0, tokens.Unavailable("postgres lock session", errors.New("reconnecting"))
-	}
-	var ok bool
-	err := ls.conn.QueryRow(ctx, `
-		WITH l AS (SELECT pg_try_advisory_lock_shared($1) AS ok),
-		p AS (
-			INSERT INTO fence_presence (resource, backend_pid, backend_start, replica)
-			SELECT $2, $3, $4, $5 FROM l WHERE l.ok
-			ON CONFLICT DO NOTHING
-		)
-		SELECT ok FROM l`, hf.key, hf.resource, ls.pid, ls.start, ls.f.opts.Replica).Scan(&ok)
-	if err != nil {
-		// The lock may have been granted before the error: only the
-		// session's death makes sure it is not held.
-		go ls.fail(gen, err)
-		if ctx.Err() != nil {
-			return 0, fmt.Errorf("fence %q: %w", hf.resource, ctx.Err())
-		}
-		return 0, tokens.Unavailable("postgres fence", err)
-	}
-	if !ok {
-		return 0, nil
-	}
-	return gen, nil
-}
-
-// unlock gives hf's lock up and deletes its presence row.
-func (ls *lockSession) unlock(hf *heldFence) {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	if ls.conn == nil || ls.gen.Load() != hf.gen {
-		return // the session is gone, and its locks with it
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), ls.f.opts.SessionCheck)
-	defer cancel()
-	b := &pgx.Batch{}
-	b.Queue(`DELETE FROM fence_presence WHERE resource = $1 AND backend_pid = $2 AND backend_start = $3`,
-		hf.resource, ls.pid, ls.start)
-	b.Queue(`SELECT pg_advisory_unlock_shared($1)`, hf.key)
-	if err := ls.conn.SendBatch(ctx, b).Close(); err != nil {
-		go ls.fail(hf.gen, err)
-	}
-}
-
-func (ls *lockSession) close() {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	if ls.conn != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = ls.conn.Close(ctx)
-		cancel()
-		ls.conn = nil
-	}
-	ls.gen.Store(0)
 }

@@ -39,9 +39,9 @@ func TestSlowSessionKeepsItsFences(t *testing.T) {
 	hold := func(timeout time.Duration) error {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
-		_, _, release, err := fence.Hold(ctx, lease.ID)
+		_, _, held, err := fence.Hold(ctx, lease.ID)
 		if err == nil {
-			release()
+			held.Release()
 		}
 		return err
 	}

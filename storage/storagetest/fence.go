@@ -91,6 +91,7 @@ func RunFence(t *testing.T, h FenceHarness) {
 		{"GrantWaitsForWritesInFlightElsewhere", testFenceGrantWaits},
 		{"GrantNotStarvedByWrites", testFenceGrantNotStarved},
 		{"SessionKilledWithWriteInFlightDrains", testFenceSessionKilled},
+		{"SessionKilledWriteLosesItsProof", testFenceSessionKilledLosesProof}, // fence_send.go
 		{"CrashedReplicaDrainsOnlyItsResources", testFenceCrash},
 		{"CleanShutdownNeedsNoDrain", testFenceCleanShutdown},
 		{"LostNotifyDoesNotWedgeGrants", testFenceLostNotify},

@@ -762,6 +762,12 @@ export interface components {
             holder?: string;
             /** Format: date-time */
             expires_at?: string;
+            /**
+             * @description With `fence_lost`: whether any byte of the write had been sent to
+             *     the upstream when the fence was found lost (the exchange was then
+             *     reset, never completed; its outcome is unknown).
+             */
+            sent?: boolean;
         };
     };
     responses: {

@@ -395,6 +395,13 @@ export type Problem = {
     current_token?: number;
     holder?: string;
     expires_at?: string;
+    /**
+     * With `fence_lost`: whether any byte of the write had been sent to
+     * the upstream when the fence was found lost (the exchange was then
+     * reset, never completed; its outcome is unknown).
+     *
+     */
+    sent?: boolean;
 };
 
 /**

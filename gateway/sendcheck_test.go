@@ -1,0 +1,297 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencegw/fencegw/storage/bolt"
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// switchFencer is a tokens.Fencer over the embedded store and a local
+// lock whose fences the test declares lost (lost): the state a replica is
+// in when its lock session dies, without a database to kill sessions of
+// (the PostgreSQL modes' own Check is tested with real sessions killed, in
+// storage/storagetest's fence suite and cmd/fencegw).
+type switchFencer struct {
+	store  tokens.Store
+	locker *tokens.LocalLocker
+	lost   atomic.Bool
+	checks atomic.Int64
+}
+
+func (s *switchFencer) Hold(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, tokens.Held, error) {
+	lease, err := s.store.Lease(ctx, leaseID)
+	if err != nil {
+		return tokens.Lease{}, tokens.Resource{}, nil, err
+	}
+	unlock, err := s.locker.Shared(ctx, lease.Resource)
+	if err != nil {
+		return tokens.Lease{}, tokens.Resource{}, nil, err
+	}
+	state, err := s.store.Resource(ctx, lease.Resource)
+	if err != nil {
+		unlock()
+		return tokens.Lease{}, tokens.Resource{}, nil, err
+	}
+	return lease, state, &switchHeld{s: s, unlock: unlock}, nil
+}
+
+type switchHeld struct {
+	s      *switchFencer
+	unlock func()
+}
+
+func (h *switchHeld) Release() { h.unlock() }
+
+func (h *switchHeld) Check() error {
+	h.s.checks.Add(1)
+	if h.s.lost.Load() {
+		return &tokens.Error{Kind: tokens.ErrFenceLost}
+	}
+	return nil
+}
+
+// recordingUpstream records what each request's body brought: the bytes,
+// and whether it ended cleanly (a complete body) or was cut short.
+type recordingUpstream struct {
+	mu       sync.Mutex
+	requests []upstreamRequest
+	firstIn  chan struct{} // a byte of a streamed body arrived
+	once     sync.Once
+}
+
+type upstreamRequest struct {
+	path     string
+	body     string
+	complete bool
+}
+
+func (u *recordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var got []byte
+	buf := make([]byte, 64)
+	var err error
+	for {
+		var n int
+		n, err = r.Body.Read(buf)
+		got = append(got, buf[:n]...)
+		if n > 0 && strings.HasPrefix(r.URL.Path, "/stream") {
+			u.once.Do(func() { close(u.firstIn) })
+		}
+		if err != nil {
+			break
+		}
+	}
+	u.mu.Lock()
+	u.requests = append(u.requests, upstreamRequest{path: r.URL.Path, body: string(got), complete: err == io.EOF})
+	u.mu.Unlock()
+	if err != io.EOF {
+		return
+	}
+	_, _ = io.WriteString(w, "ok")
+}
+
+func (u *recordingUpstream) seen() []upstreamRequest {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]upstreamRequest(nil), u.requests...)
+}
+
+// waitPath waits until the upstream has finished with a request to path.
+func (u *recordingUpstream) waitPath(t *testing.T, path string) upstreamRequest {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for _, r := range u.seen() {
+			if r.path == path {
+				return r
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the upstream never finished with %s", path)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func startSwitchGateway(t *testing.T, upstream *httptest.Server) (*Gateway, *tokens.Service, *switchFencer, string) {
+	t.Helper()
+	store, err := bolt.Open(t.TempDir()+"/fencegw.db", bolt.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	locker := tokens.NewLocalLocker()
+	fencer := &switchFencer{store: store, locker: locker}
+	svc := tokens.New(tokens.Config{Store: store, Locker: locker, Fencer: fencer, Logger: log, DrainPeriod: time.Minute})
+	target, _ := url.Parse(upstream.URL)
+	g := New(svc, Config{Upstreams: map[string]*url.URL{"svc": target}, Logger: log})
+	if upstream.TLS != nil {
+		g.transport.TLSClientConfig = upstream.Client().Transport.(*http.Transport).TLSClientConfig
+	}
+	srv := httptest.NewServer(g)
+	t.Cleanup(func() {
+		srv.Close()
+		g.Close()
+	})
+	return g, svc, fencer, srv.URL
+}
+
+type fenceLostProblem struct {
+	Code string `json:"code"`
+	Sent *bool  `json:"sent"`
+}
+
+func readFenceLost(t *testing.T, resp *http.Response) fenceLostProblem {
+	t.Helper()
+	defer resp.Body.Close()
+	var p fenceLostProblem
+	if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
+		t.Fatalf("%d: %v", resp.StatusCode, err)
+	}
+	if resp.StatusCode != http.StatusServiceUnavailable || p.Code != codeFenceLost || p.Sent == nil {
+		t.Fatalf("answer %d %+v, want 503 fence_lost saying whether anything was sent", resp.StatusCode, p)
+	}
+	return p
+}
+
+// A write whose fence is lost before it is sent sends nothing, whichever
+// path carries it: the direct forward (a small body to a plain-http
+// upstream), the reverse proxy's Transport (an https upstream), a streamed
+// body.
+func TestFenceLostBeforeSendSendsNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		tls  bool
+		body func() io.Reader
+	}{
+		{"direct forward", false, func() io.Reader { return strings.NewReader("small") }},
+		{"https upstream", true, func() io.Reader { return strings.NewReader("small") }},
+		{"streamed body", false, func() io.Reader { return io.MultiReader(strings.NewReader("chunk"), strings.NewReader("ed")) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := &recordingUpstream{firstIn: make(chan struct{})}
+			var upstream *httptest.Server
+			if tc.tls {
+				upstream = httptest.NewTLSServer(up)
+			} else {
+				upstream = httptest.NewServer(up)
+			}
+			t.Cleanup(upstream.Close)
+			_, svc, fencer, addr := startSwitchGateway(t, upstream)
+			lease, err := svc.Acquire(t.Context(), tokens.AcquireRequest{Resource: "r", Holder: "h", TTL: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			write := func(path string) *http.Response {
+				req, _ := http.NewRequest("POST", addr+"/v1/proxy/svc"+path, tc.body())
+				req.Header.Set(HeaderLease, lease.ID)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return resp
+			}
+			// The same path with the fence held: it is forwarded.
+			if resp := write("/held"); resp.StatusCode != http.StatusOK {
+				t.Fatalf("write with the fence held: %d", resp.StatusCode)
+			} else {
+				resp.Body.Close()
+			}
+			if fencer.checks.Load() == 0 {
+				t.Fatal("a write was sent without its fence being checked")
+			}
+			fencer.lost.Store(true)
+			if p := readFenceLost(t, write("/lost")); *p.Sent {
+				t.Errorf("a write refused before anything was sent says sent: true")
+			}
+			for _, r := range up.seen() {
+				if r.path == "/lost" {
+					t.Fatalf("the upstream got %q of a write whose fence was lost before it was sent", r.body)
+				}
+			}
+			// Nothing was sent: the outcome is known, no drain.
+			if state, err := svc.Resource(t.Context(), "r"); err != nil || !state.DrainUntil.IsZero() {
+				t.Fatalf("resource after a write refused before sending: %+v %v; want no drain", state, err)
+			}
+		})
+	}
+}
+
+// A streamed body whose fence is lost midway stops at once: the next chunk
+// is not sent, the upstream's exchange is cut (never a complete body), the
+// client hears that some of it was sent, and the resource drains.
+func TestFenceLostMidBodyNeverCompletesIt(t *testing.T) {
+	up := &recordingUpstream{firstIn: make(chan struct{})}
+	upstream := httptest.NewServer(up)
+	t.Cleanup(upstream.Close)
+	_, svc, fencer, addr := startSwitchGateway(t, upstream)
+	lease, err := svc.Acquire(t.Context(), tokens.AcquireRequest{Resource: "r", Holder: "h", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		length int64 // -1: chunked
+	}{{"chunked", -1}, {"content-length", int64(2 * smallBody)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			up.once, up.firstIn = sync.Once{}, make(chan struct{})
+			fencer.lost.Store(false)
+			pr, pw := io.Pipe()
+			req, _ := http.NewRequest("POST", addr+"/v1/proxy/svc/stream-"+tc.name, pr)
+			req.ContentLength = tc.length
+			req.Header.Set(HeaderLease, lease.ID)
+			answer := make(chan *http.Response, 1)
+			go func() {
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Error(err)
+					close(answer)
+					return
+				}
+				answer <- resp
+			}()
+			first := strings.Repeat("a", smallBody)
+			if _, err := io.WriteString(pw, first); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-up.firstIn:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the first part of the body never reached the upstream")
+			}
+			fencer.lost.Store(true)
+			go func() {
+				_, _ = io.WriteString(pw, strings.Repeat("b", smallBody))
+				_ = pw.Close()
+			}()
+			resp := <-answer
+			if resp == nil {
+				return
+			}
+			if p := readFenceLost(t, resp); !*p.Sent {
+				t.Errorf("a write cut midway says sent: false")
+			}
+			got := up.waitPath(t, "/stream-"+tc.name)
+			if got.complete || strings.Contains(got.body, "b") {
+				t.Fatalf("the upstream got %d bytes (complete: %v), %d of them after the fence was lost",
+					len(got.body), got.complete, strings.Count(got.body, "b"))
+			}
+			state, err := svc.Resource(t.Context(), "r")
+			if err != nil || state.DrainUntil.IsZero() {
+				t.Fatalf("resource after a write cut midway: %+v %v; want a drain (its outcome is unknown)", state, err)
+			}
+		})
+	}
+}

@@ -1,0 +1,62 @@
+package storagetest
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// The proof before every byte (tokens.Permit.Check): a write admitted on a
+// replica whose lock session then dies can no longer prove its fence by
+// the time another replica's newer grant returns, so none of its bytes
+// can be sent after the new holder's; a write on a live session keeps its
+// proof across many session checks; and the replica admits and proves
+// again once its sessions are back.
+func testFenceSessionKilledLosesProof(t *testing.T, h FenceHarness) {
+	rs := h.Replicas(t, 2, fenceOpts)
+	a, b := rs[0].Service(fenceOpts), rs[1].Service(fenceOpts)
+	old := acquireOn(t, a, "proof", "old", fenceTTL)
+	p := admit(t, a, old) // admitted; its body has not been sent yet
+	defer p.Done(tokens.OutcomeKnown)
+	if err := p.Check(); err != nil {
+		t.Fatalf("a write just admitted cannot prove its fence: %v", err)
+	}
+	// Health checks renew the proof: a live session never loses it. The
+	// lease expiring does not matter either: the fence is still held.
+	time.Sleep(3 * fenceOpts.SessionCheck)
+	if err := p.Check(); err != nil {
+		t.Fatalf("a write on a live session lost its proof after three session checks: %v", err)
+	}
+
+	rs[0].KillSessions(t)
+	l, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "proof", Holder: "new", TTL: 10 * time.Second,
+		Wait: fenceOpts.DrainPeriod + fenceOpts.SessionCheck + 5*time.Second})
+	if err != nil {
+		t.Fatalf("grant after the old replica's session died: %v", err)
+	}
+	if err := p.Check(); !errors.Is(err, tokens.ErrFenceLost) {
+		t.Fatalf("token %d was granted on another replica, and token %d's write on the replica whose session died could still send: Check = %v, want ErrFenceLost",
+			l.Token, old.Token, err)
+	}
+
+	// Liveness: the replica reconnects and writes under the new lease,
+	// with a proof, within seconds.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		q, err := a.Admit(t.Context(), l.ID, tokens.Write{Method: "POST", Upstream: "u", Path: "/x"})
+		if err == nil {
+			cerr := q.Check()
+			q.Done(tokens.OutcomeKnown)
+			if cerr == nil {
+				break
+			}
+			err = cerr
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica whose sessions were killed does not write again: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
