@@ -160,6 +160,11 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 			Detail: "no upstream named " + strconv.Quote(truncate(name, 64)) + " is configured"})
 		return
 	}
+	if k := upstreamLookalike(r.Header, g.cfg.UpstreamHeaders[name]); k != "" {
+		g.metrics.write(outcomeBadRequest)
+		writeProblem(w, r, g.log, lookalikeError(k))
+		return
+	}
 	path, err := checkProxyPath(rawPath) // pathrule.go
 	if err != nil {
 		g.metrics.write(outcomeBadRequest)
