@@ -289,7 +289,7 @@ func (g *Gateway) recoverer(next http.Handler) http.Handler {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
-				g.log.Error("panic serving request", "method", r.Method, "path", r.URL.Path, "panic", v)
+				g.log.Error("panic serving request", "method", r.Method, "path", logPath(r), "panic", v)
 				sendProblem(w, r, problem{Status: http.StatusInternalServerError, Code: codeInternalError, Title: "Internal error"})
 			}
 		}()
@@ -297,7 +297,16 @@ func (g *Gateway) recoverer(next http.Handler) http.Handler {
 	})
 }
 
-// slogErrorLog routes the reverse proxy's own messages to slog.
+// slogErrorLog routes the reverse proxy's own messages to slog, with lease
+// ids cut to their hints (its errors name the outbound URL, whose path the
+// client chose).
 func slogErrorLog(l *slog.Logger) *log.Logger {
-	return slog.NewLogLogger(l.Handler(), slog.LevelWarn)
+	return log.New(redactingWriter{l}, "", 0)
+}
+
+type redactingWriter struct{ l *slog.Logger }
+
+func (w redactingWriter) Write(p []byte) (int, error) {
+	w.l.Warn(tokens.RedactLeaseIDs(strings.TrimSuffix(string(p), "\n")))
+	return len(p), nil
 }
