@@ -53,6 +53,7 @@ import (
 // embedder) only that last rule applies.
 func (g *Gateway) framing(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w, r = watchBody(w, r) // early.go
 		fc, _ := r.Context().Value(framingKey{}).(*framingConn)
 		if fc == nil {
 			if len(r.TransferEncoding) > 0 {

@@ -274,11 +274,21 @@ type testGateway struct {
 // cmd/fencegw does; tlsConfig switches TLS on.
 func startFraming(t testing.TB, up string, cfg Config, tlsOn bool) *testGateway {
 	t.Helper()
+	return startFramingWith(t, up, cfg, tlsOn, nil)
+}
+
+// startFramingWith is startFraming with setup given the store first (to
+// build what needs it, Config.Idempotency).
+func startFramingWith(t testing.TB, up string, cfg Config, tlsOn bool, setup func(*bolt.Store, *Config)) *testGateway {
+	t.Helper()
 	store, err := bolt.Open(t.TempDir()+"/fencegw.db", bolt.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close() })
+	if setup != nil {
+		setup(store, &cfg)
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
