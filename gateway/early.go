@@ -87,6 +87,12 @@ func (u *unreadBody) Write(p []byte) (int, error) {
 	return u.ResponseWriter.Write(p)
 }
 
+// Flush: the live stream flushes through the interface.
+func (u *unreadBody) Flush() {
+	u.decide()
+	_ = http.NewResponseController(u.ResponseWriter).Flush()
+}
+
 // Unwrap lets http.ResponseController (flushes, deadlines) reach the
 // connection's writer.
 func (u *unreadBody) Unwrap() http.ResponseWriter { return u.ResponseWriter }

@@ -53,7 +53,7 @@ func isReset(err error) bool {
 
 func earlyGateway(t *testing.T, up string, tlsOn bool, auth Authenticator) *testGateway {
 	return startFramingWith(t, up, Config{BodyTimeout: time.Hour, Auth: auth, AllowedHosts: []string{"gw.example"}}, tlsOn,
-		func(store *bolt.Store, cfg *Config) {
+		func(store *bolt.Store, cfg *Config, _ *http.Server) {
 			cfg.Idempotency = tokens.NewIdempotency(tokens.IdempotencyConfig{Store: store, InFlight: time.Minute, MaxBody: 1 << 20})
 		})
 }
