@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -165,4 +166,81 @@ func FuzzCleanProxyPath(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Header names on fenced writes: whatever name a client sends, no header
+// reaches the upstream whose name a CGI/WSGI server folds (ASCII case, '_'
+// for '-') into a Fencing-*, X-Forwarded-*, hop-by-hop or framing name
+// unless it is the gateway's own, and the upstream's Fencing-Token is the
+// gateway's alone.
+func FuzzProxyHeaderName(f *testing.F) {
+	store, err := bolt.Open(f.TempDir()+"/fuzz.db", bolt.Options{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { _ = store.Close() })
+	var got sync.Map // by path: the headers the upstream got
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		got.Store(r.URL.Path, r.Header.Clone())
+	}))
+	f.Cleanup(up.Close)
+	target, _ := url.Parse(up.URL)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	svc := tokens.New(tokens.Config{Store: store, Locker: tokens.NewLocalLocker(), Logger: log})
+	g := New(svc, Config{Upstreams: map[string]*url.URL{"svc": target}, Logger: log})
+	p, err := svc.Acquire(f.Context(), tokens.AcquireRequest{Resource: "r", Holder: "h", TTL: time.Hour})
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, s := range []string{"Fencing_Token", "fencing_lease", "X_Forwarded_For", "Content_Length", "Keep_Alive",
+		"Proxy_Connection", "X-Forwarded_Host", "Fencing-Token", "Connection", "My_Header", "X_Real_IP", "TE"} {
+		f.Add(s, "999")
+	}
+	var n atomic.Int64
+	f.Fuzz(func(t *testing.T, name, value string) {
+		if !validFieldName(name) || strings.ContainsFunc(value, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
+			return // Go's server refuses such a head before any handler
+		}
+		path := "/x" + strconv.FormatInt(n.Add(1), 10)
+		req := httptest.NewRequest("POST", "http://gw/v1/proxy/svc"+path, strings.NewReader("b"))
+		req.Header.Set(HeaderLease, p.ID)
+		req.Header.Add(name, value)
+		rec := httptest.NewRecorder()
+		g.ServeHTTP(rec, req)
+		checkAnswer(t, rec)
+		if rec.Code != http.StatusOK {
+			return
+		}
+		v, ok := got.LoadAndDelete(path)
+		if !ok {
+			t.Fatalf("200 without reaching the upstream: %s", rec.Body)
+		}
+		h := v.(http.Header)
+		for k, v := range h {
+			if k == HeaderToken || k == HeaderResource || k == "Content-Length" || strings.HasPrefix(k, "X-Forwarded-") && strings.IndexByte(k, '_') < 0 {
+				continue // the gateway's own, and the framing Go's upstream parsed
+			}
+			if protectedFold(k) {
+				t.Fatalf("%q: %v reached the upstream", k, v)
+			}
+		}
+		if tok := h.Values(HeaderToken); len(tok) != 1 || tok[0] != "1" {
+			t.Fatalf("the upstream's token: %v", tok)
+		}
+	})
+}
+
+// validFieldName: a token (RFC 9110 5.6.2), what Go's server accepts.
+func validFieldName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }

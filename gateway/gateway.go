@@ -29,6 +29,7 @@ const (
 	DefaultMaxBody        = 10 << 20
 	DefaultMaxControlBody = 64 << 10
 	DefaultBodyTimeout    = 30 * time.Second
+	DefaultWriteTimeout   = 30 * time.Second
 )
 
 // Config configures a Gateway. Zero fields take the defaults.
@@ -45,6 +46,13 @@ type Config struct {
 	// is cut off (default DefaultBodyTimeout). Responses of fenced writes
 	// must be taken within ForwardTimeout+BodyTimeout.
 	BodyTimeout time.Duration
+	// WriteTimeout bounds writing one answer that is not a fenced write's
+	// (those have ForwardTimeout+BodyTimeout): from its first byte, so a
+	// client that pipelines requests and never reads its answers does not
+	// hold a connection and its goroutine for ever (default
+	// DefaultWriteTimeout). The live stream's is rolling: each event has
+	// this long to go out.
+	WriteTimeout time.Duration
 	// Registry receives the gateway's metrics and is served at /metrics.
 	// Nil: a fresh registry.
 	Registry *prometheus.Registry
@@ -134,6 +142,9 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	if cfg.BodyTimeout <= 0 {
 		cfg.BodyTimeout = DefaultBodyTimeout
 	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
+	}
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
@@ -215,6 +226,9 @@ func (g *Gateway) dispatch(router, acquire http.Handler) http.Handler {
 			proxy.ServeHTTP(w, r)
 			return
 		}
+		if path != pathStream {
+			w = &answerDeadline{ResponseWriter: w, d: g.cfg.WriteTimeout} // the stream's rolls (stream.go)
+		}
 		if path == pathLeases && r.Method == http.MethodPost {
 			acquire.ServeHTTP(w, r)
 			return
@@ -259,7 +273,7 @@ func (g *Gateway) routes(si server.ServerInterface) http.Handler {
 	})
 
 	r.HandleFunc(proxyPrefix+"*", g.serveProxy)
-	r.Get("/v1/rejections/stream", g.serveStream)
+	r.Get(pathStream, g.serveStream)
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = io.WriteString(w, "ok\n")
@@ -340,7 +354,7 @@ func (g *Gateway) recoverer(next http.Handler) http.Handler {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
-				g.log.Error("panic serving request", "method", r.Method, "path", r.URL.Path, "panic", v)
+				g.log.Error("panic serving request", "method", r.Method, "path", logPath(r), "panic", v)
 				sendProblem(w, r, problem{Status: http.StatusInternalServerError, Code: codeInternalError, Title: "Internal error"})
 			}
 		}()
@@ -348,7 +362,56 @@ func (g *Gateway) recoverer(next http.Handler) http.Handler {
 	})
 }
 
-// slogErrorLog routes the reverse proxy's own messages to slog.
+// slogErrorLog routes the reverse proxy's own messages to slog, with lease
+// ids cut to their hints (its errors name the outbound URL, whose path the
+// client chose).
 func slogErrorLog(l *slog.Logger) *log.Logger {
-	return slog.NewLogLogger(l.Handler(), slog.LevelWarn)
+	return log.New(redactingWriter{l}, "", 0)
 }
+
+type redactingWriter struct{ l *slog.Logger }
+
+func (w redactingWriter) Write(p []byte) (int, error) {
+	w.l.Warn(tokens.RedactLeaseIDs(strings.TrimSuffix(string(p), "\n")))
+	return len(p), nil
+}
+
+// pathStream is the live rejection stream's.
+const pathStream = "/v1/rejections/stream"
+
+// answerDeadline sets a write deadline d ahead when its answer starts
+// (Config.WriteTimeout): not when the request comes, since a call may wait
+// (an acquire's wait_ms) before it answers. Net/http lifts the deadline
+// once the answer is done.
+type answerDeadline struct {
+	http.ResponseWriter
+	d   time.Duration
+	set bool
+}
+
+func (w *answerDeadline) start() {
+	if !w.set {
+		w.set = true
+		_ = http.NewResponseController(w.ResponseWriter).SetWriteDeadline(time.Now().Add(w.d))
+	}
+}
+
+func (w *answerDeadline) WriteHeader(code int) {
+	w.start()
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *answerDeadline) Write(p []byte) (int, error) {
+	w.start()
+	return w.ResponseWriter.Write(p)
+}
+
+// Flush: promhttp and the dashboard flush through the interface.
+func (w *answerDeadline) Flush() {
+	w.start()
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Unwrap lets http.ResponseController (flushes, deadlines) reach the
+// connection's writer.
+func (w *answerDeadline) Unwrap() http.ResponseWriter { return w.ResponseWriter }

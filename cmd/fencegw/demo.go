@@ -188,6 +188,9 @@ func startDemo(listen string, stderr io.Writer) (d *demo, err error) {
 		OnForwarded: counts.Accepted,
 		UI:          web.Handler(svc, counts),
 		Logger:      logger,
+		// It stays up on loopback after the replay, which is where a page
+		// rebinding its own name to 127.0.0.1 reaches (hosts.go).
+		AllowedHosts: demoHosts(listen),
 	})
 	d.gw = gw
 	gwLn, err := net.Listen("tcp", listen)
@@ -210,6 +213,18 @@ func startDemo(listen string, stderr io.Writer) (d *demo, err error) {
 		return nil, err
 	}
 	return d, nil
+}
+
+// demoHosts are the names the demo's gateway answers to: the loopback
+// names, and the listen address if it names one IP.
+func demoHosts(listen string) []string {
+	hosts := append([]string(nil), gateway.LoopbackHosts...)
+	if host, _, err := net.SplitHostPort(listen); err == nil {
+		if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() {
+			hosts = append(hosts, host)
+		}
+	}
+	return hosts
 }
 
 func (d *demo) close() {
