@@ -23,9 +23,8 @@ import (
 	"github.com/fencegw/fencegw/auth"
 	"github.com/fencegw/fencegw/gateway"
 	"github.com/fencegw/fencegw/storage/bolt"
-	"github.com/fencegw/fencegw/storage/postgres"
+	storagemode "github.com/fencegw/fencegw/storage/mode"
 	"github.com/fencegw/fencegw/storage/postgres/pgtest"
-	"github.com/fencegw/fencegw/storage/redis"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -123,16 +122,14 @@ var secureModes = []struct {
 	{"embedded", func(t *testing.T, ups map[string]string) *gw { return startSecureEmbedded(t, ups, secureOptions{}) }},
 	{"postgres", func(t *testing.T, ups map[string]string) *gw {
 		pgtest.Require(t)
-		st := pgtest.Open(t, pgtest.NewSchema(t), postgres.Options{})
-		return startSecure(t, fenced(t, st, st, nil, 0, options{}), ups, secureOptions{})
+		return startSecure(t, openMode(t, storagemode.Config{Schema: pgtest.NewSchema(t)}, 0, options{}), ups, secureOptions{})
 	}},
 	{"postgres-redis", func(t *testing.T, ups map[string]string) *gw {
 		pgtest.Require(t)
-		rdb := requireRedis(t)
+		requireRedis(t)
 		schema := pgtest.NewSchema(t)
-		pg := pgtest.Open(t, schema, postgres.Options{})
-		rs := redis.New(rdb, pg, redis.Options{Prefix: "fencegw-e2e-sec:" + schema + ":"})
-		return startSecure(t, fenced(t, rs, pg, rs, 0, options{}), ups, secureOptions{})
+		cfg := storagemode.Config{Schema: schema, Redis: redisURL(), RedisPrefix: "fencegw-e2e-sec:" + schema + ":"}
+		return startSecure(t, openMode(t, cfg, 0, options{}), ups, secureOptions{})
 	}},
 }
 

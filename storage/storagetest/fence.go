@@ -2,8 +2,8 @@ package storagetest
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
