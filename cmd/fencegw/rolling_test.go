@@ -55,7 +55,9 @@ func listenIn(t *testing.T, lo, hi int) int {
 // production load balancer would have: /readyz checked every 250 ms, out
 // after one failure, in after two successes, connections that fail retried
 // (on another server: redispatch). X-Served-By names the server that
-// answered.
+// answered. A check may take up to 2 s (timeout check, as /readyz's own
+// ping bound): without it HAProxy allows a check its interval, and a
+// healthy replica on a loaded machine that answers one check late is out.
 func startHAProxy(t *testing.T, backends []string) *haproxy {
 	t.Helper()
 	bin := requireBinary(t, "haproxy")
@@ -74,6 +76,7 @@ defaults
   timeout client 60s
   timeout server 60s
   timeout http-keep-alive 60s
+  timeout check 2s
   retries 3
   option redispatch
 frontend fe
