@@ -18,7 +18,8 @@ func TestAllowedHosts(t *testing.T) {
 		env  string
 		want string // "" : no check
 	}{
-		{[]string{"--listen", "127.0.0.1:8080"}, "", "localhost,127.0.0.1,::1,127.0.0.1"},
+		{[]string{"--listen", "127.0.0.1:8080"}, "", "localhost,127.0.0.1,::1"},
+		{[]string{"--listen", "127.0.0.1:8080", "--allowed-hosts", "gw.local"}, "", "localhost,127.0.0.1,::1,gw.local"},
 		{[]string{"--listen", "0.0.0.0:8080", "--insecure-no-auth"}, "", ""},
 		{[]string{"--listen", "0.0.0.0:8080", "--insecure-no-auth", "--allowed-hosts", "gw.example.com, gw2.example.com:443"}, "", "localhost,127.0.0.1,::1,gw.example.com,gw2.example.com:443"},
 		{[]string{"--listen", "10.0.0.5:8080", "--insecure-no-auth"}, "gw.example.com", "localhost,127.0.0.1,::1,gw.example.com,10.0.0.5"},
