@@ -429,7 +429,9 @@ func TestRollingKillFailsOnlyInFlight(t *testing.T) {
 	lw := &lbWorkers{client: &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}, ledger: newTokenLedger()}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	lw.run(ctx, &wg, "http://"+c.lb.addr, 12, "kill", 3*time.Second)
+	// Leases long enough for a loaded machine's slowest loop; an acquire
+	// whose answer was lost holds its worker up for at most this long.
+	lw.run(ctx, &wg, "http://"+c.lb.addr, 12, "kill", 10*time.Second)
 	time.Sleep(time.Second)
 	killAt := time.Now()
 	if err := c.ps[1].cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -441,7 +443,7 @@ func TestRollingKillFailsOnlyInFlight(t *testing.T) {
 	// connection to the dead replica it had kept alive: that request is
 	// in flight at the replica too, as far as its client can tell.
 	downAt := time.Now()
-	time.Sleep(4 * time.Second) // the survivors carry the load; orphaned leases and fences run out
+	time.Sleep(4 * time.Second) // the survivors carry the load; orphaned fences drain
 	cancel()
 	wg.Wait()
 	all := lw.outcomes()
