@@ -143,6 +143,16 @@ func TestEarlyRefusalsDoNotWaitForTheBody(t *testing.T) {
 		if n := len(e.up.seen()); n != 0 {
 			t.Fatalf("the upstream got %d writes", n)
 		}
+		// Calls whose bodies are read keep their connection.
+		body := `{"resource":"kept","holder":"h","ttl_ms":60000}`
+		resp, b := e.open.roundTrip(t, "POST /v1/leases HTTP/1.1\r\n"+host+"Content-Type: application/json\r\nContent-Length: "+fmt.Sprint(len(body))+"\r\n\r\n"+body)
+		if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusOK || resp.Close {
+			t.Fatalf("an acquire: %d close=%v %s", resp.StatusCode, resp.Close, b)
+		}
+		resp, b = e.open.roundTrip(t, e.write(e.current, "Content-Length: 4\r\n\r\nbody"))
+		if resp.StatusCode != http.StatusOK || resp.Close {
+			t.Fatalf("a write: %d close=%v %s", resp.StatusCode, resp.Close, b)
+		}
 	})
 }
 
