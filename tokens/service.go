@@ -728,6 +728,7 @@ func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state 
 		s.log.Error("could not record rejection", "resource", rej.Resource, "code", rej.Code, "err", err)
 		recorded = rej
 		recorded.At = s.now()
+		recorded.Repeats, recorded.FirstAt = 1, recorded.At
 	}
 	s.onReject(recorded)
 	return refusal

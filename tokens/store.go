@@ -65,7 +65,11 @@ type Store interface {
 	Drain(ctx context.Context, resource string, d time.Duration) error
 
 	// RecordRejection appends to the rejection log and returns the entry
-	// with its ID and time set.
+	// with its ID and time set. A refusal with the same RepeatKey as an
+	// entry still in the log is counted on the latest such entry instead
+	// (Repeats+1, At the new time, FirstAt kept, the other fields the new
+	// refusal's; the ID is kept), checked and advanced atomically in the
+	// store, so that concurrent gateways count one entry.
 	RecordRejection(ctx context.Context, r Rejection) (Rejection, error)
 
 	// Rejections lists the log newest first.

@@ -72,9 +72,11 @@ func (r Resource) Holder(now time.Time) *Lease {
 	return nil
 }
 
-// Rejection records one refused write. It never holds a whole lease id or a body.
+// Rejection records one refused write, or the repeats of one (see
+// RepeatKey). It never holds a whole lease id or a body.
 type Rejection struct {
-	ID           int64
+	ID int64
+	// At is when the last of the repeats was refused.
 	At           time.Time
 	Resource     string
 	Code         string // the problem code, e.g. "stale_token"
@@ -93,6 +95,25 @@ type Rejection struct {
 	// if it was still live or unknown), so "arrived 15 s after its lease
 	// ended" can be shown.
 	LeaseEndedAt time.Time
+	// Repeats counts the refusals this entry stands for (1 for a single
+	// one): the store counts a refusal with the same RepeatKey as its
+	// latest entry on that entry instead of appending, so that a flood under
+	// one lease cannot push other incidents out of the bounded log. The
+	// other fields are those of the last refusal. 0 from a caller means 1.
+	Repeats int64
+	// FirstAt is when the first of the repeats was refused (At for one).
+	FirstAt time.Time
+}
+
+// RepeatKey is what makes two refusals repeats of one another: the same
+// resource, lease (by its hint, as the log keeps it), token, code and
+// principal. A refusal without a known lease (token 0: unknown_lease) has
+// no key and is always appended, at the rate tokens/flood.go allows.
+func (r Rejection) RepeatKey() (string, bool) {
+	if r.Token <= 0 {
+		return "", false
+	}
+	return strings.Join([]string{r.Resource, r.LeaseHint, strconv.FormatInt(r.Token, 10), r.Code, r.Principal}, "\x1f"), true
 }
 
 // Rejection codes, shared with the HTTP problem codes.

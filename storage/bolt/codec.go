@@ -24,8 +24,10 @@ import (
 // lease's expiry and release are offsets from its grant (relTime), an
 // event's kind is a number (eventKinds) and its expiry an offset from its
 // time.
+// Version 6 appends a rejection's Repeats and FirstAt (older ones decode
+// as a single refusal).
 
-const codecVersion = 5
+const codecVersion = 6
 
 // errCorrupt is the cause of every decoding failure.
 var errCorrupt = errors.New("corrupt record")
@@ -333,6 +335,8 @@ func encodeRejection(r *tokens.Rejection) []byte {
 	e.str(r.Path)
 	e.time(r.LeaseEndedAt)
 	e.str(r.Principal) // version 3
+	e.int(r.Repeats)   // version 6
+	e.time(r.FirstAt)
 	return e.b
 }
 
@@ -352,6 +356,10 @@ func decodeRejection(id int64, b []byte) (tokens.Rejection, error) {
 	r.LeaseEndedAt = d.time()
 	if d.version >= 3 {
 		r.Principal = d.str()
+	}
+	r.Repeats, r.FirstAt = 1, r.At
+	if d.version >= 6 {
+		r.Repeats, r.FirstAt = d.int(), d.time()
 	}
 	return r, d.finish("rejection")
 }

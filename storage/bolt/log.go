@@ -62,21 +62,44 @@ func (s *Store) newRecorder() *batch.Batcher[tokens.Rejection, tokens.Rejection]
 	})
 }
 
-// insertRejection appends r to the log in tx and keeps the log bounded.
-// Its time is r.At if set, else the store's clock.
+// insertRejection appends r to the log in tx and keeps the log bounded, or
+// counts it on the latest entry with its RepeatKey (bucketRejRepeats) if
+// that entry is still in the log. Its time is r.At if set, else the
+// store's clock. The check and the count are in the one writer
+// transaction, so no repeat is lost or counted twice.
 func (s *Store) insertRejection(tx *bbolt.Tx, r tokens.Rejection) (tokens.Rejection, error) {
 	log := tx.Bucket(bucketRejections)
+	if r.At.IsZero() {
+		r.At = s.now()
+	}
+	r.Repeats, r.FirstAt = max(r.Repeats, 1), r.At
+	repeatKey, keyed := r.RepeatKey()
+	repeats := tx.Bucket(bucketRejRepeats)
+	if keyed {
+		if k := repeats.Get([]byte(repeatKey)); k != nil {
+			if v := log.Get(k); v != nil {
+				id, _ := keySeq(k)
+				prev, err := decodeRejection(int64(id), v)
+				if err == nil {
+					r.ID, r.Repeats, r.FirstAt = prev.ID, prev.Repeats+r.Repeats, prev.FirstAt
+					return r, log.Put(bytes.Clone(k), encodeRejection(&r))
+				}
+			}
+		}
+	}
 	id, err := log.NextSequence()
 	if err != nil {
 		return r, err
 	}
 	r.ID = int64(id)
-	if r.At.IsZero() {
-		r.At = s.now()
-	}
 	key := seqKey(id)
 	if err := log.Put(key, encodeRejection(&r)); err != nil {
 		return r, err
+	}
+	if keyed {
+		if err := repeats.Put([]byte(repeatKey), key); err != nil {
+			return r, err
+		}
 	}
 	// A write with an unknown lease has no resource, and bbolt has no
 	// bucket with an empty name: such entries are only in the main log.
@@ -110,8 +133,9 @@ func (s *Store) pruneRejections(tx *bbolt.Tx, last uint64) error {
 	c := log.Cursor()
 	k, v := c.First()
 	type victim struct {
-		key      []byte
-		resource []byte
+		key       []byte
+		resource  []byte
+		repeatKey []byte
 	}
 	var victims []victim
 	for ; k != nil; k, v = c.Next() {
@@ -127,11 +151,21 @@ func (s *Store) pruneRejections(tx *bbolt.Tx, last uint64) error {
 			victims = append(victims, victim{key: bytes.Clone(k)})
 			continue
 		}
-		victims = append(victims, victim{bytes.Clone(k), []byte(r.Resource)})
+		vc := victim{key: bytes.Clone(k), resource: []byte(r.Resource)}
+		if rk, ok := r.RepeatKey(); ok {
+			vc.repeatKey = []byte(rk)
+		}
+		victims = append(victims, vc)
 	}
+	repeats := tx.Bucket(bucketRejRepeats)
 	for _, vc := range victims {
 		if err := log.Delete(vc.key); err != nil {
 			return err
+		}
+		if vc.repeatKey != nil && bytes.Equal(repeats.Get(vc.repeatKey), vc.key) {
+			if err := repeats.Delete(vc.repeatKey); err != nil {
+				return err
+			}
 		}
 		if vc.resource == nil {
 			continue

@@ -15,7 +15,7 @@ import (
 func (s *Store) recover() error {
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		fresh := tx.Bucket(bucketMeta) == nil
-		for _, name := range [][]byte{bucketMeta, bucketResources, bucketLeases, bucketRejections, bucketRejIndex, bucketEvents, bucketWriteCounts} {
+		for _, name := range [][]byte{bucketMeta, bucketResources, bucketLeases, bucketRejections, bucketRejIndex, bucketRejRepeats, bucketEvents, bucketWriteCounts} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}

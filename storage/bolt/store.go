@@ -91,6 +91,7 @@ var (
 	bucketLeases     = []byte("lease_records")   // leaseKey(id) -> lease (tx.go)
 	bucketRejections = []byte("rejections")
 	bucketRejIndex   = []byte("rejections_by_resource") // one sub-bucket per resource: id -> nil
+	bucketRejRepeats = []byte("rejections_by_repeat")   // tokens.Rejection.RepeatKey -> id of its latest entry
 	bucketEvents     = []byte("events")                 // lease history (history.go): resource, seq -> event
 
 	keyClean = []byte("clean_shutdown")

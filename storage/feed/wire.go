@@ -29,6 +29,8 @@ type wireRejection struct {
 	Path         string    `json:"p,omitempty"`
 	Principal    string    `json:"pr,omitempty"`
 	LeaseEndedAt time.Time `json:"le,omitzero"`
+	Repeats      int64     `json:"rp,omitempty"`
+	FirstAt      time.Time `json:"fa,omitzero"`
 }
 
 // maxFeedPath cuts long paths so a payload stays small.
@@ -50,7 +52,11 @@ func EncodeRejection(r tokens.Rejection) ([]byte, error) {
 func DecodeRejection(b []byte) (tokens.Rejection, error) {
 	var w wireRejection
 	err := json.Unmarshal(b, &w)
-	return tokens.Rejection(w), err
+	r := tokens.Rejection(w)
+	if r.Repeats <= 0 { // from a replica that does not count repeats
+		r.Repeats, r.FirstAt = 1, r.At
+	}
+	return r, err
 }
 
 // EncodeRejections packs rs into as few payloads as fit in max bytes each:

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,12 +34,60 @@ func newRecorder(s *Store) *batch.Batcher[tokens.Rejection, tokens.Rejection] {
 	return batch.New(opts, s.commitRejections)
 }
 
-// commitRejections inserts rs in one transaction, filling out.
+// repeatLockClass is the first key of the transaction advisory locks that
+// serialize the counting of one RepeatKey across replicas. The two-key form
+// is a key space apart from the one-key locks of locker.go.
+const repeatLockClass = 0x66677772 // "fgwr"
+
+// The statement that records one rejection: the latest row with its
+// RepeatKey counts it (repeats, at the last, first_at kept, the other
+// fields the new refusal's), or else it is inserted. The caller holds the
+// key's advisory lock, so two replicas never both miss the row and insert.
+// first_at is NULL on an inserted row (as an older replica writes it) and
+// read as at.
+const recordRepeatSQL = `WITH prev AS (
+		SELECT id FROM rejections
+		WHERE resource = $1 AND lease_hint = $6 AND token = $3 AND code = $2 AND principal = $12
+		ORDER BY id DESC LIMIT 1
+	), up AS (
+		UPDATE rejections SET at = COALESCE($11, clock_timestamp()), current_token = $4, holder = $5,
+			method = $7, upstream = $8, path = $9, lease_ended_at = $10,
+			repeats = repeats + $13, first_at = COALESCE(first_at, at)
+		FROM prev WHERE rejections.id = prev.id
+		RETURNING rejections.id, rejections.at, rejections.repeats, rejections.first_at
+	), ins AS (
+		INSERT INTO rejections
+			(resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at, at, principal, repeats)
+		SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, COALESCE($11, clock_timestamp()), $12, $13
+		WHERE NOT EXISTS (SELECT 1 FROM up)
+		RETURNING id, at, repeats, first_at
+	)
+	SELECT id, at, repeats, COALESCE(first_at, at) FROM up UNION ALL SELECT id, at, repeats, COALESCE(first_at, at) FROM ins`
+
+const insertRejectionSQL = `INSERT INTO rejections
+		(resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at, at, principal, repeats)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, COALESCE($11, clock_timestamp()), $12, $13)
+		RETURNING id, at, repeats, COALESCE(first_at, at)`
+
+// commitRejections records rs in one transaction, filling out. It first
+// takes the advisory locks of the batch's repeat keys, in one order, so
+// that two replicas' batches cannot deadlock on them.
 func (s *Store) commitRejections(rs, out []tokens.Rejection) error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.StatementTimeout)
 	defer cancel()
+	var keys []string
+	for _, r := range rs {
+		if k, ok := r.RepeatKey(); ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
+		for _, k := range keys {
+			b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, int32(repeatLockClass), k)
+		}
 		for i, r := range rs {
 			var ended, at *time.Time
 			if !r.LeaseEndedAt.IsZero() {
@@ -47,13 +96,15 @@ func (s *Store) commitRejections(rs, out []tokens.Rejection) error {
 			if !r.At.IsZero() {
 				at = &r.At
 			}
-			b.Queue(`INSERT INTO rejections
-				(resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at, at, principal)
-				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, COALESCE($11, clock_timestamp()), $12) RETURNING id, at`,
-				r.Resource, r.Code, r.Token, r.CurrentToken, r.Holder, r.LeaseHint, r.Method, r.Upstream, r.Path, ended, at, r.Principal,
+			sql := insertRejectionSQL
+			if _, ok := r.RepeatKey(); ok {
+				sql = recordRepeatSQL
+			}
+			b.Queue(sql,
+				r.Resource, r.Code, r.Token, r.CurrentToken, r.Holder, r.LeaseHint, r.Method, r.Upstream, r.Path, ended, at, r.Principal, max(r.Repeats, 1),
 			).QueryRow(func(row pgx.Row) error {
 				out[i] = r
-				return row.Scan(&out[i].ID, &out[i].At)
+				return row.Scan(&out[i].ID, &out[i].At, &out[i].Repeats, &out[i].FirstAt)
 			})
 		}
 		return tx.SendBatch(ctx, b).Close()

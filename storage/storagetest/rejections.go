@@ -35,6 +35,7 @@ func record(t *testing.T, s tokens.Store, r tokens.Rejection) tokens.Rejection {
 	if !r.At.IsZero() {
 		want.At = r.At
 	}
+	want.Repeats, want.FirstAt = 1, want.At
 	if !sameRejection(got, want) {
 		t.Fatalf("RecordRejection returned %+v, want %+v", got, want)
 	}
@@ -42,10 +43,11 @@ func record(t *testing.T, s tokens.Store, r tokens.Rejection) tokens.Rejection {
 }
 
 func sameRejection(a, b tokens.Rejection) bool {
-	if !near(a.At, b.At) || !near(a.LeaseEndedAt, b.LeaseEndedAt) {
+	if !near(a.At, b.At) || !near(a.LeaseEndedAt, b.LeaseEndedAt) || !near(a.FirstAt, b.FirstAt) {
 		return false
 	}
 	a.At, b.At, a.LeaseEndedAt, b.LeaseEndedAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+	a.FirstAt, b.FirstAt = time.Time{}, time.Time{}
 	return a == b
 }
 
@@ -255,5 +257,80 @@ func testRejectionUnknownLease(t *testing.T, h Harness) {
 	}
 	if !found {
 		t.Fatalf("rejection without a resource not listed")
+	}
+}
+
+// testRejectionRepeats: n refusals of one lease with one code, recorded
+// concurrently (so in batches, and racing), are one entry counting n, while
+// another code, another lease, or an unknown lease (token 0) are entries of
+// their own, and an incident recorded before the flood is still next to it.
+func testRejectionRepeats(t *testing.T, h Harness) {
+	s := h.Open(t)
+	name := resourceName(t, "r")
+	incident := record(t, s, tokens.Rejection{Resource: name, Code: tokens.CodeStaleToken, Token: 1, CurrentToken: 3, Holder: "a", LeaseHint: "fl_aaaaaa…", Method: "PUT", Path: "/real"})
+	flood := tokens.Rejection{Resource: name, Code: tokens.CodeLeaseReleased, Token: 2, CurrentToken: 3, Holder: "b", LeaseHint: "fl_bbbbbb…", Method: "PUT", Path: "/flood"}
+	const n = 300
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for range n {
+		wg.Go(func() {
+			if _, err := s.RecordRejection(t.Context(), flood); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("RecordRejection: %v", err)
+	}
+	got := rejections(t, s, tokens.RejectionQuery{Resource: name, Limit: 1000})
+	if len(got) != 2 {
+		t.Fatalf("after %d repeats of one refusal, Rejections = %d entries, want 2 (the incident and the flood)", n, len(got))
+	}
+	f := got[0]
+	if f.ID == incident.ID {
+		f = got[1]
+	}
+	if f.Repeats != n || f.FirstAt.IsZero() || f.At.Before(f.FirstAt) || f.Path != "/flood" {
+		t.Fatalf("flood entry = %+v, want repeats %d and first_at <= at", f, n)
+	}
+	if !sameRejection(rejections(t, s, tokens.RejectionQuery{Resource: name, Before: f.ID + 1, Limit: 1000})[0], f) {
+		t.Fatal("the flood entry reads differently through a cursor")
+	}
+	var kept bool
+	for _, r := range got {
+		kept = kept || (r.ID == incident.ID && r.Repeats == 1)
+	}
+	if !kept {
+		t.Fatalf("the incident recorded before the flood is gone: %+v", got)
+	}
+
+	// One more repeat returns the counted entry.
+	again, err := s.RecordRejection(t.Context(), flood)
+	if err != nil {
+		t.Fatalf("RecordRejection: %v", err)
+	}
+	if again.ID != f.ID || again.Repeats != n+1 || !near(again.FirstAt, f.FirstAt) || again.At.Before(f.At) {
+		t.Fatalf("another repeat returned %+v, want entry %d with repeats %d, first_at %v", again, f.ID, n+1, f.FirstAt)
+	}
+
+	// Another code, lease, token or principal, or no known lease: new entries.
+	others := []tokens.Rejection{flood, flood, flood, flood, {Resource: "", Code: tokens.CodeUnknownLease, LeaseHint: "fl_cccccc…"}}
+	others[0].Code = tokens.CodeLeaseExpired
+	others[1].LeaseHint = "fl_dddddd…"
+	others[2].Token = 5
+	others[3].Principal = "key-x"
+	for _, o := range others {
+		if r := record(t, s, o); r.ID == f.ID {
+			t.Fatalf("%+v was counted on the flood's entry", o)
+		}
+	}
+	u := record(t, s, others[4])
+	if r := record(t, s, others[4]); r.ID == u.ID || r.Repeats != 1 {
+		t.Fatalf("an unknown lease's refusal was counted on an entry: %+v", r)
+	}
+	if got := rejections(t, s, tokens.RejectionQuery{Resource: name, Limit: 1000}); len(got) != 6 {
+		t.Fatalf("Rejections = %d entries, want 6", len(got))
 	}
 }

@@ -68,6 +68,7 @@ func Run(t *testing.T, h Harness) {
 		{"RejectionsSince", testRejectionsSince},
 		{"RejectionsLimit", testRejectionsLimit},
 		{"RejectionAtKept", testRejectionAtKept},
+		{"RejectionRepeats", testRejectionRepeats},
 		{"RejectionUnknownLease", testRejectionUnknownLease},
 		{"History", testHistory},
 		{"Concurrency", testConcurrency},
