@@ -199,6 +199,7 @@ type ProblemCode = string
 
 // Rejection defines model for Rejection.
 type Rejection struct {
+	// At When the last of the refusals this entry counts was.
 	At time.Time `json:"at"`
 
 	// Code Why a write was refused. An open set: the known values are below
@@ -217,9 +218,12 @@ type Rejection struct {
 	Code RejectionCode `json:"code"`
 
 	// CurrentToken The resource's current token when the write was refused.
-	CurrentToken int64  `json:"current_token"`
-	Holder       string `json:"holder"`
-	Id           int64  `json:"id"`
+	CurrentToken int64 `json:"current_token"`
+
+	// FirstAt When the first of the refusals this entry counts was (`at` for one).
+	FirstAt time.Time `json:"first_at"`
+	Holder  string    `json:"holder"`
+	Id      int64     `json:"id"`
 
 	// LeaseEndedAt When the lease the write carried expired or was released.
 	LeaseEndedAt *time.Time `json:"lease_ended_at,omitempty"`
@@ -231,6 +235,9 @@ type Rejection struct {
 
 	// Principal The API key that presented the lease (absent without authentication). For `lease_not_owned` it is the caller, while `holder` is the lease's own.
 	Principal *string `json:"principal,omitempty"`
+
+	// Repeats How many refusals this entry counts. A refusal with the same resource, lease, token, code and principal as an entry still in the log is counted on the latest such entry (its id kept, `at` and the request fields those of the last refusal) instead of being appended, so that a flood under one lease takes one entry of the bounded log. `unknown_lease` refusals are never counted together.
+	Repeats int64 `json:"repeats"`
 
 	// Resource Empty for `unknown_lease`.
 	Resource string `json:"resource"`

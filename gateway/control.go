@@ -311,6 +311,11 @@ func rejectionJSON(r tokens.Rejection) api.Rejection {
 		Method:       r.Method,
 		Upstream:     r.Upstream,
 		Path:         r.Path,
+		Repeats:      max(r.Repeats, 1),
+		FirstAt:      r.FirstAt.UTC(),
+	}
+	if out.FirstAt.IsZero() {
+		out.FirstAt = out.At
 	}
 	if r.LeaseHint != "" {
 		hint := r.LeaseHint

@@ -142,7 +142,7 @@ func (g *Gateway) serveStream(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte("retry: 1000\n\n"))
 
 	out := newThrottle(w, time.Now)
-	replayed := map[int64]struct{}{}
+	replayed := map[int64]int64{} // id -> the repeats the replay sent
 	if lastID > 0 {
 		backlog, err := g.svc.Rejections(r.Context(), tokens.RejectionQuery{Resource: filter.resource, Limit: streamReplayMax})
 		if err != nil {
@@ -159,7 +159,7 @@ func (g *Gateway) serveStream(w http.ResponseWriter, r *http.Request) {
 			if rej.ID <= lastID {
 				continue
 			}
-			replayed[rej.ID] = struct{}{}
+			replayed[rej.ID] = rej.Repeats
 			if !filter.match(rej) {
 				continue
 			}
@@ -202,7 +202,9 @@ func (g *Gateway) serveStream(w http.ResponseWriter, r *http.Request) {
 			extend()
 			// Coalesce a burst into one flush.
 			for {
-				if _, dup := replayed[rej.ID]; !dup && filter.match(rej) {
+				// A live event the replay already sent is skipped, but
+				// not a later repeat counted on a replayed entry.
+				if sent, dup := replayed[rej.ID]; (!dup || rej.Repeats > sent) && filter.match(rej) {
 					if out.rejection(rej) != nil {
 						return
 					}
@@ -258,6 +260,11 @@ type throttle struct {
 	tokens  float64
 	last    time.Time
 	pending streamSummary
+	// maxID is the highest rejection id sent. A repeat counted on an
+	// older entry is sent again with that entry's id, but the event's id
+	// (the client's Last-Event-ID) never goes back, so a reconnect does
+	// not replay what was already seen.
+	maxID int64
 }
 
 func newThrottle(w http.ResponseWriter, now func() time.Time) *throttle {
@@ -284,14 +291,16 @@ func (t *throttle) rejection(r tokens.Rejection) error {
 	t.refill()
 	if t.pending.Count == 0 && !t.pending.Gap && t.tokens >= 1 {
 		t.tokens--
-		return writeEvent(t.w, r)
+		t.maxID = max(t.maxID, r.ID)
+		return writeEvent(t.w, r, t.maxID)
 	}
 	p := &t.pending
 	if p.Count == 0 {
 		p.FirstID, p.From, p.Codes = r.ID, r.At, map[string]int{}
 	}
 	p.Count++
-	p.LastID, p.To = r.ID, r.At
+	t.maxID = max(t.maxID, r.ID)
+	p.LastID, p.To = t.maxID, r.At
 	p.Codes[r.Code]++
 	return nil
 }
@@ -327,14 +336,14 @@ func (t *throttle) summary(force bool) error {
 
 var errStreamUnsupported = &tokens.Error{Kind: errRequest, Detail: "streaming is not supported on this connection"}
 
-func writeEvent(w http.ResponseWriter, r tokens.Rejection) error {
+func writeEvent(w http.ResponseWriter, r tokens.Rejection, eventID int64) error {
 	data, err := json.Marshal(rejectionJSON(r))
 	if err != nil {
 		return err
 	}
 	buf := make([]byte, 0, len(data)+64)
 	buf = append(buf, "id: "...)
-	buf = strconv.AppendInt(buf, r.ID, 10)
+	buf = strconv.AppendInt(buf, eventID, 10)
 	buf = append(buf, "\nevent: rejection\ndata: "...)
 	buf = append(buf, data...)
 	buf = append(buf, "\n\n"...)

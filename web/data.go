@@ -138,14 +138,17 @@ func overview(ctx context.Context, src Source, counts *Counts, f Filter) (Overvi
 			if !f.match(r) {
 				continue
 			}
-			ov.Total++
+			// An entry counts every refusal it stands for (Repeats), in
+			// the bar of its last one.
+			k := int(max(r.Repeats, 1))
+			ov.Total += k
 			// Every rejection counted in Total is in a bar, so the chart
 			// and the cards cannot disagree: one stamped by a store clock
 			// slightly ahead of the gateway's goes in the last bar.
-			ov.Buckets[min(max(int(r.At.Sub(ov.From)/f.Range.Bucket), 0), n-1)].Count++
-			codes[r.Code]++
-			resources[r.Resource]++
-			holders[r.Holder]++
+			ov.Buckets[min(max(int(r.At.Sub(ov.From)/f.Range.Bucket), 0), n-1)].Count += k
+			codes[r.Code] += k
+			resources[r.Resource] += k
+			holders[r.Holder] += k
 			if len(ov.Recent) < feedRows {
 				ov.Recent = append(ov.Recent, r)
 			}
@@ -407,16 +410,23 @@ func timeline(ctx context.Context, src Source, counts *Counts, name string, page
 		if run != nil && run.Token == r.Token && run.Holder == r.Holder && run.Code == r.Code &&
 			run.Method == r.Method && run.Upstream == r.Upstream && run.Path == r.Path && run.CurrentToken == r.CurrentToken &&
 			run.Principal == r.Principal {
-			run.Count++
+			run.Count += int(max(r.Repeats, 1))
 			run.Last = r.At
 			continue
 		}
 		if run != nil {
 			runs = append(runs, *run)
 		}
-		run = &Step{At: r.At, Kind: StepRejected, Token: r.Token, Holder: r.Holder, Count: 1, Code: r.Code,
+		first := r.FirstAt
+		if first.IsZero() {
+			first = r.At
+		}
+		run = &Step{At: first, Kind: StepRejected, Token: r.Token, Holder: r.Holder, Count: int(max(r.Repeats, 1)), Code: r.Code,
 			CurrentToken: r.CurrentToken, Method: r.Method, Upstream: r.Upstream, Path: r.Path, LeaseEndedAt: r.LeaseEndedAt,
 			Principal: r.Principal}
+		if run.Count > 1 {
+			run.Last = r.At
+		}
 	}
 	if run != nil {
 		runs = append(runs, *run)

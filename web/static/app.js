@@ -61,7 +61,10 @@
   function rejectionRow(r) {
     var tr = el('tr', 'new');
     tr.setAttribute('data-id', String(r.id));
-    cell(tr, clock(r.at));
+    tr.setAttribute('data-repeats', String(r.repeats || 1));
+    var when = cell(tr, clock(r.at));
+    // Repeats of one lease's refusal are one entry: "×37 since 12:00:01".
+    if (r.repeats > 1) when.appendChild(el('span', 'muted repeats', ' ×' + r.repeats + ' since ' + clock(r.first_at)));
     if (r.resource) {
       var a = el('a', '', r.resource);
       a.href = '/ui/resources/' + encodeURIComponent(r.resource);
@@ -111,7 +114,13 @@
       var id = tr.getAttribute('data-id');
       // The page was rendered after the stream's starting point, so the
       // stream may replay a row the page already shows.
-      if (id && body.querySelector('tr[data-id="' + id + '"]')) return;
+      // A repeat counted on a shown entry moves it to the top, with its
+      // new count; an entry no newer than the shown one is a replay.
+      var shown = id && body.querySelector('tr[data-id="' + id + '"]');
+      if (shown) {
+        if (Number(tr.getAttribute('data-repeats')) <= Number(shown.getAttribute('data-repeats') || 1)) return;
+        shown.remove();
+      }
       var empty = body.querySelector('tr.empty');
       if (empty) empty.remove();
       body.insertBefore(tr, body.firstChild);
