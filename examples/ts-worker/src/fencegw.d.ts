@@ -490,7 +490,10 @@ export interface components {
         Rejection: {
             /** Format: int64 */
             id: number;
-            /** Format: date-time */
+            /**
+             * Format: date-time
+             * @description When the last of the refusals this entry counts was.
+             */
             at: string;
             /** @description Empty for `unknown_lease`. */
             resource: string;
@@ -518,6 +521,16 @@ export interface components {
             lease_ended_at?: string;
             /** @description The API key that presented the lease (absent without authentication). For `lease_not_owned` it is the caller, while `holder` is the lease's own. */
             principal?: string;
+            /**
+             * Format: int64
+             * @description How many refusals this entry counts. A refusal with the same resource, lease, token, code and principal as an entry still in the log is counted on the latest such entry (its id kept, `at` and the request fields those of the last refusal) instead of being appended, so that a flood under one lease takes one entry of the bounded log. `unknown_lease` refusals are never counted together.
+             */
+            repeats: number;
+            /**
+             * Format: date-time
+             * @description When the first of the refusals this entry counts was (`at` for one).
+             */
+            first_at: string;
         };
         RejectionList: {
             items: components["schemas"]["Rejection"][];

@@ -95,6 +95,9 @@ export type ResourceState = {
 
 export type Rejection = {
     id: number;
+    /**
+     * When the last of the refusals this entry counts was.
+     */
     at: string;
     /**
      * Empty for `unknown_lease`.
@@ -125,6 +128,14 @@ export type Rejection = {
      * The API key that presented the lease (absent without authentication). For `lease_not_owned` it is the caller, while `holder` is the lease's own.
      */
     principal?: string;
+    /**
+     * How many refusals this entry counts. A refusal with the same resource, lease, token, code and principal as an entry still in the log is counted on the latest such entry (its id kept, `at` and the request fields those of the last refusal) instead of being appended, so that a flood under one lease takes one entry of the bounded log. `unknown_lease` refusals are never counted together.
+     */
+    repeats: number;
+    /**
+     * When the first of the refusals this entry counts was (`at` for one).
+     */
+    first_at: string;
 };
 
 export type RejectionList = {
