@@ -42,6 +42,14 @@ func TestSlowSessionKeepsItsFences(t *testing.T) {
 	if err := hold(5 * time.Second); err != nil {
 		t.Fatalf("first write: %v", err)
 	}
+	// A write admitted before the pause, whose bytes are to be sent while
+	// the session answers late: its proof waits for the session's next
+	// answer instead of cutting the write short.
+	_, _, inflight, err := fence.Hold(ctx, lease.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inflight.Release()
 	acquired := fence.Stats().Acquired.Load()
 
 	pids := fence.SessionPIDs()
@@ -72,8 +80,13 @@ func TestSlowSessionKeepsItsFences(t *testing.T) {
 	if err := hold(check); err == nil {
 		t.Fatal("a write was admitted on a session not confirmed for three SessionChecks")
 	}
+	proof := make(chan error, 1)
+	go func() { proof <- inflight.Check() }()
 	time.Sleep(2 * check) // five SessionChecks in all: the old ping timeout was one
 	resume()
+	if err := <-proof; err != nil {
+		t.Errorf("the proof of a write in flight on a slow, live session: %v, want it to wait for the answer", err)
+	}
 
 	deadline := time.Now().Add(5 * time.Second)
 	for hold(check) != nil {
