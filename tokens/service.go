@@ -274,8 +274,8 @@ func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil ti
 	case err != nil:
 		return Lease{}, err
 	default:
-		if h := cur.Holder(s.clock(cur)); h != nil {
-			return Lease{}, heldError(*h, s.clock(cur))
+		if h := cur.Holder(s.Clock(cur)); h != nil {
+			return Lease{}, heldError(*h, s.Clock(cur))
 		}
 	}
 
@@ -311,9 +311,6 @@ func (s *Service) Clock(r Resource) time.Time {
 	}
 	return s.now()
 }
-
-// clock is Clock (the call sites predate it).
-func (s *Service) clock(r Resource) time.Time { return s.Clock(r) }
 
 // Renew extends a current lease; ttl 0 reuses the lease's TTL. principal
 // is the authenticated caller ("" without authentication): any other than
@@ -364,7 +361,7 @@ func (s *Service) forget(ctx context.Context, leaseID string) (func(), error) {
 	// fence (the store refuses it, or, released already, changes nothing),
 	// and its release must not make every replica give the current
 	// holder's fence up.
-	if state, err := s.store.Resource(ctx, lease.Resource); err == nil && Judge(lease, state, s.clock(state)) != nil {
+	if state, err := s.store.Resource(ctx, lease.Resource); err == nil && Judge(lease, state, s.Clock(state)) != nil {
 		return func() {}, nil
 	}
 	lockCtx, cancel := context.WithTimeout(ctx, s.grantWait)
@@ -567,7 +564,7 @@ func (s *Service) judge(lease Lease, state Resource) (Lease, error) {
 	if failpoint.HighestSeen {
 		return lease, judgeHighestSeen(lease)
 	}
-	if refusal := Judge(lease, state, s.clock(state)); refusal != nil {
+	if refusal := Judge(lease, state, s.Clock(state)); refusal != nil {
 		return Lease{}, refusal
 	}
 	return *state.Lease, nil
@@ -692,7 +689,7 @@ func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state 
 	switch {
 	case lease.Released():
 		rej.LeaseEndedAt = lease.ReleasedAt
-	case !lease.ExpiresAt.IsZero() && !s.clock(state).Before(lease.ExpiresAt):
+	case !lease.ExpiresAt.IsZero() && !s.Clock(state).Before(lease.ExpiresAt):
 		rej.LeaseEndedAt = lease.ExpiresAt
 	}
 	// Record with a context of its own: the client hanging up must not
