@@ -667,7 +667,7 @@ func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state 
 		Path:         w.Path,
 		Principal:    w.Principal,
 	}
-	// Issue 15: a flood of unauthenticated unknown leases is recorded at a
+	// A flood of unauthenticated unknown leases is recorded at a
 	// bounded rate (flood.go); a refusal for another principal's lease is
 	// recorded with its resource's current token (Admit refuses it before
 	// reading the state) and logged.
