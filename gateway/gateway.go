@@ -1,7 +1,9 @@
 // Package gateway is fencegw's HTTP layer: the control API (through the
 // generated strict server), the fenced reverse proxy, the live rejection
-// stream, health, readiness and metrics. It speaks to the domain only
-// through *tokens.Service.
+// stream, health, readiness and metrics. It speaks to the domain through
+// *tokens.Service, *tokens.Idempotency (Idempotency-Key records) and
+// *tokens.Clocks (holder clock offsets); of tokens it otherwise uses only
+// types and errors, and it imports no store.
 package gateway
 
 import (

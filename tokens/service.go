@@ -279,8 +279,8 @@ func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil ti
 	case err != nil:
 		return Lease{}, err
 	default:
-		if h := cur.Holder(s.clock(cur)); h != nil {
-			return Lease{}, heldError(*h, s.clock(cur))
+		if h := cur.Holder(s.Clock(cur)); h != nil {
+			return Lease{}, heldError(*h, s.Clock(cur))
 		}
 	}
 
@@ -316,9 +316,6 @@ func (s *Service) Clock(r Resource) time.Time {
 	}
 	return s.now()
 }
-
-// clock is Clock (the call sites predate it).
-func (s *Service) clock(r Resource) time.Time { return s.Clock(r) }
 
 // Renew extends a current lease; ttl 0 reuses the lease's TTL. principal
 // is the authenticated caller ("" without authentication): any other than
@@ -369,7 +366,7 @@ func (s *Service) forget(ctx context.Context, leaseID string) (func(), error) {
 	// fence (the store refuses it, or, released already, changes nothing),
 	// and its release must not make every replica give the current
 	// holder's fence up.
-	if state, err := s.store.Resource(ctx, lease.Resource); err == nil && Judge(lease, state, s.clock(state)) != nil {
+	if state, err := s.store.Resource(ctx, lease.Resource); err == nil && Judge(lease, state, s.Clock(state)) != nil {
 		return func() {}, nil
 	}
 	lockCtx, cancel := context.WithTimeout(ctx, s.grantWait)
@@ -587,7 +584,7 @@ func (s *Service) judge(lease Lease, state Resource) (Lease, error) {
 	if failpoint.HighestSeen {
 		return lease, judgeHighestSeen(lease)
 	}
-	if refusal := Judge(lease, state, s.clock(state)); refusal != nil {
+	if refusal := Judge(lease, state, s.Clock(state)); refusal != nil {
 		return Lease{}, refusal
 	}
 	return *state.Lease, nil
@@ -694,7 +691,7 @@ func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state 
 		Path:         w.Path,
 		Principal:    w.Principal,
 	}
-	// Issue 15: a flood of unauthenticated unknown leases is recorded at a
+	// A flood of unauthenticated unknown leases is recorded at a
 	// bounded rate (flood.go); a refusal for another principal's lease is
 	// recorded with its resource's current token (Admit refuses it before
 	// reading the state) and logged.
@@ -716,7 +713,7 @@ func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state 
 	switch {
 	case lease.Released():
 		rej.LeaseEndedAt = lease.ReleasedAt
-	case !lease.ExpiresAt.IsZero() && !s.clock(state).Before(lease.ExpiresAt):
+	case !lease.ExpiresAt.IsZero() && !s.Clock(state).Before(lease.ExpiresAt):
 		rej.LeaseEndedAt = lease.ExpiresAt
 	}
 	// Record with a context of its own: the client hanging up must not

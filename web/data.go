@@ -234,7 +234,7 @@ type Step struct {
 	Upstream     string    `json:"upstream,omitempty"`
 	Path         string    `json:"path,omitempty"`
 	LeaseEndedAt time.Time `json:"lease_ended_at,omitzero"`
-	// Principal: the API key that presented the lease (issue 15).
+	// Principal: the API key that presented the lease.
 	Principal string `json:"principal,omitempty"`
 	// Replayed, retry refused: the key and the write it refers to.
 	Key *KeyStep `json:"idempotency,omitempty"`

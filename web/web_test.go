@@ -268,7 +268,7 @@ func TestOverviewRefusesBadFilters(t *testing.T) {
 	}
 }
 
-// Issue 15: the dashboard shows who presented a refused lease, and never
+// The dashboard shows who presented a refused lease, and never
 // emits invalid UTF-8, whatever an old record holds.
 func TestDashboardShowsPrincipalAndValidUTF8(t *testing.T) {
 	src := incident()

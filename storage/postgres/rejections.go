@@ -59,7 +59,7 @@ func (s *Store) commitRejections(rs, out []tokens.Rejection) error {
 		return tx.SendBatch(ctx, b).Close()
 	})
 	if err != nil {
-		return interpret("record rejection", err)
+		return s.interpret("record rejection", err)
 	}
 	return nil
 }
