@@ -18,6 +18,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fencegw/fencegw/api/server"
 	"github.com/fencegw/fencegw/tokens"
@@ -88,7 +89,14 @@ type Config struct {
 	// (idempotency.go). Nil: a write with the header is refused (400),
 	// never forwarded without the protection its caller asked for.
 	Idempotency *tokens.Idempotency
-	Logger      *slog.Logger
+	// TracerProvider, if set, traces every request (tracing.go): a server
+	// span continuing the client's W3C traceparent, and for fenced writes
+	// admission, wait and forward spans, the forward's context sent to the
+	// upstream as its traceparent. Wire TraceLockWait(TracerProvider) into
+	// the Service's OnLockWait for the wait span. Nil: no tracing, at no
+	// cost, and a client's traceparent reaches the upstream unchanged.
+	TracerProvider trace.TracerProvider
+	Logger         *slog.Logger
 }
 
 // Gateway is the HTTP face of a tokens.Service.
@@ -114,7 +122,8 @@ type Gateway struct {
 	bindings routeTable
 	byKey    *principalCounts
 	streams  *streamSlots
-	keys     *keys // nil without Config.Idempotency
+	keys     *keys    // nil without Config.Idempotency
+	tr       *tracing // nil without Config.TracerProvider
 }
 
 // New builds a Gateway serving svc.
@@ -140,7 +149,8 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	if cfg.Clocks == nil {
 		cfg.Clocks = tokens.NewClocks()
 	}
-	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport(), hosts: newHostList(cfg.AllowedHosts), bindings: newRouteTable(cfg.Routes)}
+	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport(), hosts: newHostList(cfg.AllowedHosts), bindings: newRouteTable(cfg.Routes),
+		tr: newTracing(cfg.TracerProvider)}
 	g.engine = newEngine(g.transport)
 	g.metrics = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
 	g.byKey = newPrincipalCounts(cfg.Registry)                       // attribution.go
@@ -220,6 +230,9 @@ func chiRoutes(method string) bool {
 // writes, so that the two can never differ.
 func (g *Gateway) middleware() []func(http.Handler) http.Handler {
 	mw := []func(http.Handler) http.Handler{g.recoverer, g.browserGuard} // hosts.go
+	if g.tr != nil {
+		mw = append([]func(http.Handler) http.Handler{g.traceServer}, mw...) // tracing.go
+	}
 	if g.cfg.Auth != nil {
 		mw = append(mw, g.authenticate)
 	}
@@ -255,7 +268,7 @@ func (g *Gateway) routes() http.Handler {
 		r.Get("/", http.RedirectHandler("/ui/", http.StatusFound).ServeHTTP)
 	}
 
-	strict := server.NewStrictHandlerWithOptions(&control{svc: g.svc, metrics: g.metrics, sig: g.sig, clocks: g.cfg.Clocks}, nil, server.StrictHTTPServerOptions{
+	strict := server.NewStrictHandlerWithOptions(&control{svc: g.svc, metrics: g.metrics, sig: g.sig, clocks: g.cfg.Clocks, tracing: g.tr != nil}, nil, server.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc: g.requestErrorHandler,
 		ResponseErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
 			writeProblem(w, r, g.log, err)

@@ -35,7 +35,13 @@ type Config struct {
 	// OnRejection is called after a refused write was recorded (live feed,
 	// metrics). It must not block.
 	OnRejection func(Rejection)
-	Logger      *slog.Logger
+	// OnLockWait, if set, is called when an admission starts waiting for
+	// its resource's shared lock (or the Fencer's hold), with the write's
+	// context; the function it returns is called when the wait ends. It
+	// lets tracing show the lock wait as its own span without this package
+	// knowing of tracing; nil costs nothing.
+	OnLockWait func(ctx context.Context) (end func())
+	Logger     *slog.Logger
 }
 
 // Service applies the fence rules on top of a Store and a Locker.
@@ -91,6 +97,7 @@ type Service struct {
 	grantWait   time.Duration
 	drainPeriod time.Duration
 	onReject    func(Rejection)
+	onLockWait  func(context.Context) func()
 	log         *slog.Logger
 	stale       *staleCache
 	waiters     *waiters
@@ -108,6 +115,7 @@ func New(cfg Config) *Service {
 		grantWait:   cfg.GrantWait,
 		drainPeriod: cfg.DrainPeriod,
 		onReject:    cfg.OnRejection,
+		onLockWait:  cfg.OnLockWait,
 		log:         cfg.Logger,
 		stale:       newStaleCache(),
 		waiters:     newWaiters(),
@@ -536,7 +544,14 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 			return nil, s.reject(ctx, refusal, lease, *early, w)
 		}
 	}
+	var waited func()
+	if s.onLockWait != nil {
+		waited = s.onLockWait(ctx)
+	}
 	unlock, err := s.locker.Shared(ctx, lease.Resource)
+	if waited != nil {
+		waited()
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -575,7 +590,14 @@ func (s *Service) judge(lease Lease, state Resource) (Lease, error) {
 
 // admitFenced is Admit with a Fencer.
 func (s *Service) admitFenced(ctx context.Context, leaseID string, w Write) (*Permit, error) {
+	var waited func()
+	if s.onLockWait != nil {
+		waited = s.onLockWait(ctx)
+	}
 	lease, state, release, err := s.fencer.Hold(ctx, leaseID)
+	if waited != nil {
+		waited()
+	}
 	if errors.Is(err, ErrNotFound) {
 		return nil, s.reject(ctx, &Error{Kind: ErrUnknownLease}, Lease{ID: leaseID}, Resource{}, w)
 	}

@@ -60,6 +60,10 @@ type config struct {
 	IdempotencyWindow     time.Duration
 	IdempotencyMaxBody    int64
 	IdempotencyMaxRecords int
+
+	// Tracing: the OTEL_* variables ask for OpenTelemetry traces
+	// (tracing.go); the SDK reads the rest of them itself.
+	Tracing bool
 }
 
 // errUsage marks a bad flag or config value: exit code 2.
@@ -266,6 +270,10 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 		return cfg, envErr
 	}
 	cfg.Upstreams = ups.m
+	var err error
+	if cfg.Tracing, err = tracingSetting(getenv); err != nil {
+		return cfg, err
+	}
 	for _, r := range cfg.Routes {
 		if _, ok := cfg.Upstreams[r.Upstream()]; !ok {
 			return cfg, usageError("--route %s: upstream %q is not configured (--upstream)", r, r.Upstream())

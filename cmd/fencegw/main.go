@@ -26,6 +26,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fencegw/fencegw/auth"
 	"github.com/fencegw/fencegw/gateway"
@@ -154,6 +155,21 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 	defer backend.close()
 	reg.MustRegister(backend.collectors...)
 
+	// Tracing's shutdown runs after the server's (deferred before it), so
+	// that the spans of the writes drained at shutdown are flushed too.
+	var tp trace.TracerProvider
+	if cfg.Tracing {
+		var shutdown func(context.Context) error
+		if tp, shutdown, err = startTracing(ctx); err != nil {
+			return err
+		}
+		defer func() {
+			if err := shutdown(context.WithoutCancel(ctx)); err != nil {
+				logger.Warn("could not flush the last traces", "err", err)
+			}
+		}()
+	}
+
 	svc := tokens.New(tokens.Config{
 		Store:       backend.store,
 		Locker:      backend.locker,
@@ -162,6 +178,7 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 		DrainPeriod: cfg.DrainPeriod,
 		Logger:      logger,
 		OnRejection: backend.feed.Publish,
+		OnLockWait:  gateway.TraceLockWait(tp),
 	})
 	if backend.onFree != nil {
 		backend.onFree(svc.Wake)
@@ -188,6 +205,7 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 		UI:             web.Handler(svc, counts, web.WithClocks(clocks)),
 		AllowedHosts:   cfg.AllowedHosts,
 		Routes:         cfg.Routes,
+		TracerProvider: tp,
 		Logger:         logger,
 		Idempotency: tokens.NewIdempotency(tokens.IdempotencyConfig{
 			Store:   backend.keys,
@@ -257,6 +275,9 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 		fmt.Fprintln(stdout, "  Host check: off (--allowed-hosts '*')")
 	default:
 		fmt.Fprintf(stdout, "  Host check: off: --listen %s is not a loopback address and there is no --allowed-hosts; set it to the names clients use, so that a browser page cannot reach the gateway under a name it controls (DNS rebinding)\n", cfg.Listen)
+	}
+	if cfg.Tracing {
+		fmt.Fprintln(stdout, "  tracing: OpenTelemetry, OTLP over HTTP (the OTEL_* variables)")
 	}
 	if len(cfg.Upstreams) == 0 {
 		fmt.Fprintln(stdout, "  no upstreams configured: add --upstream NAME=URL to forward fenced writes")
