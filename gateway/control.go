@@ -343,6 +343,14 @@ func rejectionJSON(r tokens.Rejection) api.Rejection {
 		t := r.LeaseEndedAt.UTC()
 		out.LeaseEndedAt = &t
 	}
+	if r.WouldRefuse {
+		yes := true
+		out.WouldRefuse = &yes
+	}
+	if r.TraceID != "" {
+		id := r.TraceID
+		out.TraceId = &id
+	}
 	return out
 }
 

@@ -89,6 +89,13 @@ type Config struct {
 	// (idempotency.go). Nil: a write with the header is refused (400),
 	// never forwarded without the protection its caller asked for.
 	Idempotency *tokens.Idempotency
+	// Observe names the upstreams that only observe, for adopting the
+	// gateway without a flag day (never the default): a write to one of
+	// them under a stale, expired or released lease is forwarded, and
+	// recorded as a rejection marked WouldRefuse (tokens.Write.Observe).
+	// Such an upstream is NOT fenced. Unknown leases, another principal's
+	// lease and route mismatches are refused as on any upstream.
+	Observe map[string]bool
 	// TracerProvider, if set, traces every request (tracing.go): a server
 	// span continuing the client's W3C traceparent, and for fenced writes
 	// admission, wait and forward spans, the forward's context sent to the

@@ -198,7 +198,13 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	_ = rc.SetWriteDeadline(time.Now().Add(g.cfg.ForwardTimeout + g.cfg.BodyTimeout))
 
 	write := tokens.Write{Method: r.Method, Upstream: name, Path: truncateUTF8(path, 512), Principal: principalName(r.Context())}
+	if len(g.cfg.Observe) > 0 {
+		write.Observe = g.cfg.Observe[name]
+	}
 	wt, actx := g.beginWrite(r.Context(), name) // tracing.go; actx is r's context without tracing
+	if wt != nil {
+		write.TraceID = wt.traceID()
+	}
 	permit, err := g.svc.Admit(actx, leaseID, write)
 	if err == nil {
 		// The owner acquired it within its prefixes; this catches a key
@@ -211,10 +217,14 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	if wt != nil {
 		resource, token := "", int64(0)
+		var would error
 		if permit != nil {
-			resource, token = permit.Lease.Resource, permit.Lease.Token
+			resource, token, would = permit.Lease.Resource, permit.Lease.Token, permit.WouldRefuse
 		}
-		wt.admitted(resource, token, err)
+		wt.admitted(resource, token, err, would)
+	}
+	if err == nil && permit.WouldRefuse != nil {
+		g.metrics.wouldRefuse(name, permit.WouldRefuse)
 	}
 	if err != nil {
 		g.metrics.refused(err)

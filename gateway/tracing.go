@@ -35,9 +35,11 @@ const (
 	attrOutcome  = attribute.Key("fencegw.outcome")
 	attrCode     = attribute.Key("fencegw.code") // the problem code
 	attrUpstream = attribute.Key("fencegw.upstream")
-	attrStatus   = attribute.Key("http.response.status_code")
-	attrMethod   = attribute.Key("http.request.method")
-	attrPath     = attribute.Key("url.path")
+	// the code an enforcing upstream would have refused with (observe)
+	attrWouldRefuse = attribute.Key("fencegw.would_refuse")
+	attrStatus      = attribute.Key("http.response.status_code")
+	attrMethod      = attribute.Key("http.request.method")
+	attrPath        = attribute.Key("url.path")
 )
 
 // tracing is the gateway's tracer and the W3C trace-context propagator; a
@@ -196,8 +198,9 @@ func (g *Gateway) beginWrite(ctx context.Context, upstream string) (*writeTrace,
 }
 
 // admitted ends the admission span: err nil (admitted under resource and
-// token) or the refusal.
-func (wt *writeTrace) admitted(resource string, token int64, err error) {
+// token, and on an observing upstream maybe with what would have refused
+// it) or the refusal.
+func (wt *writeTrace) admitted(resource string, token int64, err, wouldRefuse error) {
 	if wt == nil {
 		return
 	}
@@ -214,6 +217,11 @@ func (wt *writeTrace) admitted(resource string, token int64, err error) {
 		return
 	}
 	wt.admission.SetAttributes(append(attrs, attrOutcome.String("admitted"))...)
+	if e := tokens.ErrorOf(wouldRefuse); e != nil {
+		p, _ := problemFor(wouldRefuse)
+		wt.admission.SetAttributes(attrWouldRefuse.String(p.Code))
+		wt.server.SetAttributes(attrWouldRefuse.String(p.Code))
+	}
 	wt.admission.End()
 	wt.server.SetAttributes(attrs...)
 }
@@ -264,4 +272,12 @@ func (wt *writeTrace) inject(tr *tracing, h http.Header) {
 	delete(h, "Traceparent")
 	delete(h, "Tracestate")
 	tr.prop.Inject(wt.fwdCtx, propagation.HeaderCarrier(h))
+}
+
+// traceID is the write's trace id, for its rejection.
+func (wt *writeTrace) traceID() string {
+	if sc := wt.server.SpanContext(); sc.HasTraceID() {
+		return sc.TraceID().String()
+	}
+	return ""
 }

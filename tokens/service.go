@@ -484,14 +484,27 @@ type Write struct {
 	// Principal is the authenticated caller ("" without authentication);
 	// any other than the lease's owner is refused with ErrNotOwner.
 	Principal string
+	// Observe: the upstream only observes (an adoption setting, never the
+	// default). A write the fence rule refuses (stale_token, lease_expired,
+	// lease_released) is recorded as a rejection marked WouldRefuse and
+	// admitted anyway, without the shared lock: such an upstream is not
+	// fenced. Unknown leases and another principal's lease are refused as
+	// on any upstream.
+	Observe bool
+	// TraceID is the write's trace id, if it is traced, for its rejection.
+	TraceID string
 }
 
 // Permit is an admitted write. Its holder must call Done exactly once, after
 // the upstream answered or the forward gave up.
 type Permit struct {
-	Lease  Lease
-	svc    *Service
-	unlock func()
+	Lease Lease
+	// WouldRefuse is the refusal an enforcing upstream would have answered
+	// (Write.Observe), nil for a write the fence admitted. Such a permit
+	// holds no lock and its unknown outcome starts no drain.
+	WouldRefuse error
+	svc         *Service
+	unlock      func()
 }
 
 // Admit checks that leaseID is its resource's current live lease and holds
@@ -504,7 +517,7 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 			return nil, s.reject(ctx, err, lease, Resource{}, w)
 		}
 		if _, refusal := s.judge(lease, state); refusal != nil {
-			return nil, s.reject(ctx, refusal, lease, state, w)
+			return s.refuse(ctx, refusal, lease, state, w)
 		}
 	}
 	if s.fencer != nil {
@@ -541,7 +554,7 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 		// stale write in a storm.
 		if _, refusal := s.judge(lease, *early); refusal != nil {
 			s.rememberStale(refusal, lease, *early)
-			return nil, s.reject(ctx, refusal, lease, *early, w)
+			return s.refuse(ctx, refusal, lease, *early, w)
 		}
 	}
 	var waited func()
@@ -570,9 +583,22 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 	if refusal != nil {
 		unlock()
 		s.rememberStale(refusal, lease, state)
-		return nil, s.reject(ctx, refusal, lease, state, w)
+		return s.refuse(ctx, refusal, lease, state, w)
 	}
 	return &Permit{Lease: admitted, svc: s, unlock: unlock}, nil
+}
+
+// refuse ends an admission the fence rule (Judge) turned down: refused and
+// recorded, or, on an observing upstream (Write.Observe), recorded as would
+// refuse and admitted without a lock. Every caller has released the lock
+// it took: an observed write must not delay the grants of a resource it
+// is not fenced on.
+func (s *Service) refuse(ctx context.Context, refusal error, lease Lease, state Resource, w Write) (*Permit, error) {
+	if !w.Observe {
+		return nil, s.reject(ctx, refusal, lease, state, w)
+	}
+	s.record(ctx, refusal, lease, state, w, true)
+	return &Permit{Lease: lease, WouldRefuse: refusal, svc: s, unlock: func() {}}, nil
 }
 
 // judge applies the fence rule (Judge) to a write under lease, given its
@@ -615,7 +641,7 @@ func (s *Service) admitFenced(ctx context.Context, leaseID string, w Write) (*Pe
 	if refusal != nil {
 		release()
 		s.rememberStale(refusal, lease, state)
-		return nil, s.reject(ctx, refusal, lease, state, w)
+		return s.refuse(ctx, refusal, lease, state, w)
 	}
 	return &Permit{Lease: admitted, svc: s, unlock: release}, nil
 }
@@ -643,7 +669,7 @@ const (
 // Done ends the write. OutcomeUnknown starts the drain period before the
 // shared lock is released, so that no grant can slip in between.
 func (p *Permit) Done(outcome Outcome) {
-	if outcome == OutcomeUnknown {
+	if outcome == OutcomeUnknown && p.WouldRefuse == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := p.svc.store.Drain(ctx, p.Lease.Resource, p.svc.drainPeriod); err != nil {
 			// The store is unreachable, so grants fail closed anyway.
@@ -679,6 +705,13 @@ func Judge(lease Lease, r Resource, now time.Time) error {
 }
 
 func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state Resource, w Write) error {
+	s.record(ctx, refusal, lease, state, w, false)
+	return refusal
+}
+
+// record records a refusal; wouldRefuse: on an observing upstream, which
+// forwards the write anyway.
+func (s *Service) record(ctx context.Context, refusal error, lease Lease, state Resource, w Write, wouldRefuse bool) {
 	e := ErrorOf(refusal)
 	rej := Rejection{
 		Resource:     lease.Resource,
@@ -691,6 +724,8 @@ func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state 
 		Upstream:     w.Upstream,
 		Path:         w.Path,
 		Principal:    w.Principal,
+		WouldRefuse:  wouldRefuse,
+		TraceID:      w.TraceID,
 	}
 	// Issue 15: a flood of unauthenticated unknown leases is recorded at a
 	// bounded rate (flood.go); a refusal for another principal's lease is
@@ -698,7 +733,7 @@ func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state 
 	// reading the state) and logged.
 	switch {
 	case e.Kind == ErrUnknownLease && w.Principal == "" && !s.flood.record(s.now(), s.log):
-		return refusal
+		return
 	case e.Kind == ErrNotOwner:
 		if state.Name == "" && lease.Resource != "" {
 			if st, err := s.store.Resource(ctx, lease.Resource); err == nil {
@@ -728,7 +763,6 @@ func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state 
 		recorded.At = s.now()
 	}
 	s.onReject(recorded)
-	return refusal
 }
 
 func codeOf(kind error) string {

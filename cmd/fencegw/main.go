@@ -104,6 +104,8 @@ usage:
       --auth-file PATH         API keys (sha256, role, resource prefixes, rate, caps) and upstream credentials
       --insecure-no-auth       allow a non-loopback --listen without --auth-file
       --tls-cert FILE          serve HTTPS (with --tls-key FILE)
+      --observe NAME           upstream NAME only observes (repeatable; adoption, never the default): writes under
+                               stale, expired or released leases are forwarded and recorded as would_refuse; NOT fenced
       --route U/PATTERN=RES    only leases of RES may write to PATTERN under upstream U (repeatable), like
                                statements/accounts/{acct}/**=stmt:acct:{acct}; a bound upstream refuses the rest
       --allowed-hosts NAMES    names clients use (comma-separated; '*': any); other Host headers get 403
@@ -121,8 +123,8 @@ usage:
       --idempotency-window D   how long an Idempotency-Key's record is kept (24h)
       --idempotency-max-body SIZE  largest answer body kept for replay (64KiB)
       --idempotency-max-records N  most Idempotency-Key records kept; the oldest go first (100000)
-  Every flag can come from the environment as FENCEGW_<FLAG>; FENCEGW_UPSTREAMS and FENCEGW_ROUTES take
-  comma-separated lists.`
+  Every flag can come from the environment as FENCEGW_<FLAG>; FENCEGW_UPSTREAMS, FENCEGW_ROUTES and
+  FENCEGW_OBSERVES take comma-separated lists.`
 
 var errHelp = errors.New("help requested")
 
@@ -205,6 +207,7 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 		UI:             web.Handler(svc, counts, web.WithClocks(clocks)),
 		AllowedHosts:   cfg.AllowedHosts,
 		Routes:         cfg.Routes,
+		Observe:        cfg.Observe,
 		TracerProvider: tp,
 		Logger:         logger,
 		Idempotency: tokens.NewIdempotency(tokens.IdempotencyConfig{
@@ -284,6 +287,9 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 	}
 	for name, u := range cfg.Upstreams {
 		fmt.Fprintf(stdout, "  upstream %s -> %s (fenced writes: %s://%s/v1/proxy/%s/...)\n", name, u, scheme, addr, name)
+		if cfg.Observe[name] {
+			fmt.Fprintf(stdout, "    OBSERVE ONLY, NOT FENCED: writes under stale, expired or released leases are forwarded and recorded as would_refuse (drop --observe %s to enforce)\n", name)
+		}
 		bound := false
 		for _, r := range cfg.Routes {
 			if r.Upstream() == name {
