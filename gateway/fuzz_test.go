@@ -2,31 +2,60 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/fencegw/fencegw/storage/bolt"
 	"github.com/fencegw/fencegw/tokens"
 )
 
-func newFuzzGateway(f *testing.F) *Gateway {
+func newFuzzGateway(f *testing.F) *Gateway { return newFuzzProxy(f).g }
+
+// fuzzProxy is a gateway on a real store protecting one upstream, "svc",
+// that records what reached it.
+type fuzzProxy struct {
+	g   *Gateway
+	svc *tokens.Service
+	mu  sync.Mutex
+	got []http.Header // headers of each request that reached the upstream
+}
+
+func (p *fuzzProxy) arrivals() []http.Header {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.got
+}
+
+func newFuzzProxy(f *testing.F) *fuzzProxy {
 	f.Helper()
 	store, err := bolt.Open(f.TempDir()+"/fuzz.db", bolt.Options{})
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { _ = store.Close() })
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.Copy(io.Discard, r.Body) }))
+	p := &fuzzProxy{}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		p.mu.Lock()
+		p.got = append(p.got, r.Header.Clone())
+		p.mu.Unlock()
+	}))
 	f.Cleanup(up.Close)
 	target, _ := url.Parse(up.URL)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	svc := tokens.New(tokens.Config{Store: store, Locker: tokens.NewLocalLocker(), Logger: log})
-	return New(svc, Config{Upstreams: map[string]*url.URL{"svc": target}, MaxBody: 4096, Logger: log})
+	p.svc = tokens.New(tokens.Config{Store: store, Locker: tokens.NewLocalLocker(), Logger: log})
+	p.g = New(p.svc, Config{Upstreams: map[string]*url.URL{"svc": target}, MaxBody: 4096, Logger: log})
+	f.Cleanup(p.g.Close)
+	return p
 }
 
 // Control-call bodies: whatever arrives, the answer is a success or a 4xx
@@ -59,13 +88,23 @@ func FuzzControlBody(f *testing.F) {
 }
 
 // Fenced-write requests: paths, lease headers and bodies of any shape.
+// Fenced writes: whatever the path, lease header and body, the answer is
+// the upstream's or a 4xx problem. Under the live lease (live true), every
+// write that the path rule and the body limit let through reaches the
+// upstream, carrying the lease's token and never the lease id.
 func FuzzProxyRequest(f *testing.F) {
-	g := newFuzzGateway(f)
-	f.Add("svc/a/b?x=1", "fl_aaaa", []byte("body"))
-	f.Add("svc/%2e%2e/x", "", []byte{})
-	f.Add("nope/x", "fl_x", []byte("x"))
-	f.Add("svc/%zz", "fl_x", bytes.Repeat([]byte("b"), 5000))
-	f.Fuzz(func(t *testing.T, rawPath, lease string, body []byte) {
+	p := newFuzzProxy(f)
+	lease, err := p.svc.Acquire(context.Background(), tokens.AcquireRequest{Resource: "fuzz", Holder: "fuzzer", TTL: time.Hour})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add("svc/a/b?x=1", "fl_aaaa", []byte("body"), true)
+	f.Add("svc/a/b?x=1", "fl_aaaa", []byte("body"), false)
+	f.Add("svc/%2e%2e/x", "", []byte{}, true)
+	f.Add("nope/x", "fl_x", []byte("x"), false)
+	f.Add("svc/%zz", "fl_x", bytes.Repeat([]byte("b"), 5000), true)
+	f.Add("svc", "", bytes.Repeat([]byte("b"), 4096), true)
+	f.Fuzz(func(t *testing.T, rawPath, leaseID string, body []byte, live bool) {
 		u, err := url.Parse("http://gw/v1/proxy/" + rawPath)
 		if err != nil {
 			return // not a request a client could send
@@ -73,12 +112,31 @@ func FuzzProxyRequest(f *testing.F) {
 		req := httptest.NewRequest("POST", "http://gw/", bytes.NewReader(body))
 		req.URL = u
 		req.RequestURI = u.RequestURI()
-		if lease != "" && !strings.ContainsAny(lease, "\r\n\x00") {
-			req.Header.Set(HeaderLease, lease)
+		if live {
+			leaseID = lease.ID
 		}
+		if leaseID != "" && !strings.ContainsAny(leaseID, "\r\n\x00") {
+			req.Header.Set(HeaderLease, leaseID)
+		}
+		before := len(p.arrivals())
 		rec := httptest.NewRecorder()
-		g.ServeHTTP(rec, req)
+		p.g.ServeHTTP(rec, req)
 		checkAnswer(t, rec)
+		if !live {
+			return
+		}
+		name, below, _ := strings.Cut(strings.TrimPrefix(u.EscapedPath(), proxyPrefix), "/")
+		if _, err := checkProxyPath("/" + below); name != "svc" || err != nil || len(body) > 4096 {
+			return // refused before the lease is looked at
+		}
+		got := p.arrivals()
+		if rec.Code != http.StatusOK || len(got) != before+1 {
+			t.Fatalf("a write under the live lease to %q: %d %s, %d requests reached the upstream; want it forwarded", u.RequestURI(), rec.Code, rec.Body, len(got)-before)
+		}
+		h := got[len(got)-1]
+		if h.Get(HeaderToken) != strconv.FormatInt(lease.Token, 10) || h.Get(HeaderLease) != "" {
+			t.Fatalf("forwarded with %s %q and %s %q; want the lease's token and no lease id", HeaderToken, h.Get(HeaderToken), HeaderLease, h.Get(HeaderLease))
+		}
 	})
 }
 

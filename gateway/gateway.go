@@ -131,6 +131,9 @@ type Gateway struct {
 	streams  *streamSlots
 	keys     *keys    // nil without Config.Idempotency
 	tr       *tracing // nil without Config.TracerProvider
+	// stopping: the process is shutting down, and /readyz says so, so that
+	// a load balancer takes the replica out before it stops serving.
+	stopping atomic.Bool
 }
 
 // New builds a Gateway serving svc.
@@ -174,7 +177,8 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	g.buffers, g.proxyLog = newBufferPool(), slogErrorLog(g.log)
 	g.direct = directForwardOK()
 	g.proxy = g.newReverseProxy()
-	g.handler = g.framing(g.dispatch(g.routes()))
+	si := g.controlServer(false)
+	g.handler = g.framing(g.dispatch(g.routes(si), g.acquireHandler(si)))
 	return g
 }
 
@@ -187,6 +191,13 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.handler.
 
 // InFlight is the number of admitted writes not yet answered.
 func (g *Gateway) InFlight() int64 { return g.inflight.Load() }
+
+// ShuttingDown turns readiness off for good: from now on /readyz answers
+// 503 shutting_down while everything else is served as before. Call it
+// when shutdown begins, a while (the shutdown delay) before the server stops
+// accepting, so that a load balancer that health-checks /readyz stops
+// sending here while the replica still answers.
+func (g *Gateway) ShuttingDown() { g.stopping.Store(true) }
 
 // Close ends live streams (so a graceful shutdown is not held up by them)
 // and idle upstream connections.
@@ -202,7 +213,10 @@ func (g *Gateway) Close() {
 // (docs/benchmarks.md). Only requests chi would route to the proxy take the
 // shortcut: a path (chi matches RawPath when set) under proxyPrefix, and a
 // method chi routes (it answers others 405).
-func (g *Gateway) dispatch(router http.Handler) http.Handler {
+//
+// POST /v1/leases, the hot control call, takes a shortcut too, to acquire:
+// chi routes exactly that method and path (RawPath when set) to it.
+func (g *Gateway) dispatch(router, acquire http.Handler) http.Handler {
 	var proxy http.Handler = http.HandlerFunc(g.serveProxy)
 	mw := g.middleware()
 	for i := len(mw) - 1; i >= 0; i-- { // as chi chains r.Use: the first is outermost
@@ -215,6 +229,10 @@ func (g *Gateway) dispatch(router http.Handler) http.Handler {
 		}
 		if strings.HasPrefix(path, proxyPrefix) && chiRoutes(r.Method) {
 			proxy.ServeHTTP(w, r)
+			return
+		}
+		if path == pathLeases && r.Method == http.MethodPost {
+			acquire.ServeHTTP(w, r)
 			return
 		}
 		router.ServeHTTP(w, r)
@@ -246,7 +264,9 @@ func (g *Gateway) middleware() []func(http.Handler) http.Handler {
 	return mw
 }
 
-func (g *Gateway) routes() http.Handler {
+// routes is the router over every endpoint, the control calls served by
+// si.
+func (g *Gateway) routes(si server.ServerInterface) http.Handler {
 	r := chi.NewRouter()
 	r.Use(g.middleware()...)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
@@ -275,13 +295,7 @@ func (g *Gateway) routes() http.Handler {
 		r.Get("/", http.RedirectHandler("/ui/", http.StatusFound).ServeHTTP)
 	}
 
-	strict := server.NewStrictHandlerWithOptions(&control{svc: g.svc, metrics: g.metrics, sig: g.sig, clocks: g.cfg.Clocks, tracing: g.tr != nil}, nil, server.StrictHTTPServerOptions{
-		RequestErrorHandlerFunc: g.requestErrorHandler,
-		ResponseErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
-			writeProblem(w, r, g.log, err)
-		},
-	})
-	server.HandlerWithOptions(strict, server.ChiServerOptions{
+	server.HandlerWithOptions(si, server.ChiServerOptions{
 		BaseRouter:       r,
 		Middlewares:      []server.MiddlewareFunc{g.controlBody},
 		ErrorHandlerFunc: g.paramErrorHandler,
@@ -289,7 +303,43 @@ func (g *Gateway) routes() http.Handler {
 	return r
 }
 
+// controlServer is the generated strict server over the control handlers,
+// with POST /v1/leases decoded and answered by hand (acquire.go) unless
+// generatedOnly.
+func (g *Gateway) controlServer(generatedOnly bool) server.ServerInterface {
+	ctl := &control{svc: g.svc, metrics: g.metrics, sig: g.sig, clocks: g.cfg.Clocks, tracing: g.tr != nil}
+	strict := server.NewStrictHandlerWithOptions(ctl, nil, server.StrictHTTPServerOptions{
+		RequestErrorHandlerFunc: g.requestErrorHandler,
+		ResponseErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
+			writeProblem(w, r, g.log, err)
+		},
+	})
+	if generatedOnly {
+		return strict
+	}
+	return &fastAcquire{ServerInterface: strict, ctl: ctl, g: g}
+}
+
+// acquireHandler is POST /v1/leases as the router serves it (the same
+// middleware, the generated wrapper's header parameters and controlBody),
+// for dispatch to call without the router's tree search and route context.
+func (g *Gateway) acquireHandler(si server.ServerInterface) http.Handler {
+	wrapper := &server.ServerInterfaceWrapper{Handler: si, HandlerMiddlewares: []server.MiddlewareFunc{g.controlBody}, ErrorHandlerFunc: g.paramErrorHandler}
+	var h http.Handler = http.HandlerFunc(wrapper.AcquireLease)
+	mw := g.middleware()
+	for i := len(mw) - 1; i >= 0; i-- {
+		h = mw[i](h)
+	}
+	return h
+}
+
 func (g *Gateway) serveReady(w http.ResponseWriter, r *http.Request) {
+	if g.stopping.Load() {
+		sendProblem(w, r, problem{Status: http.StatusServiceUnavailable, Code: codeShuttingDown, Title: "Shutting down",
+			Detail:     "this replica is shutting down: it still serves requests for its shutdown delay, but takes no new ones after it; send them to another replica",
+			retryAfter: defaultUnavailableRetry})
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := g.svc.Ping(ctx); err != nil {

@@ -33,6 +33,7 @@ const (
 	codeForbidden            = "forbidden"
 	codeRateLimited          = "rate_limited"
 	codeTooManyLeases        = "too_many_leases"
+	codeShuttingDown         = "shutting_down"
 	problemTypePrefix        = "urn:fencegw:problem:"
 	problemContentType       = "application/problem+json"
 	defaultUnavailableRetry  = time.Second

@@ -70,7 +70,9 @@ func startProc(t *testing.T, args ...string) *proc {
 // startProcEnv is startProc with env added to the test's environment.
 func startProcEnv(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(binary, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
+	// No shutdown delay unless a test asks for one (a later flag wins):
+	// nothing balances load in front of these processes.
+	cmd := exec.Command(binary, append([]string{"serve", "--listen", "127.0.0.1:0", "--shutdown-delay", "0"}, args...)...)
 	if env != nil {
 		cmd.Env = append(os.Environ(), env...)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -311,6 +312,9 @@ func TestConcurrentRejectionsAreGrouped(t *testing.T) {
 	}
 }
 
+// Replicas starting together migrate a fresh schema once: every migration
+// is recorded exactly once (goose's version 0 row, then one row per file),
+// and the schema works.
 func TestConcurrentOpenMigratesOnce(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.NewSchema(t)
@@ -321,6 +325,19 @@ func TestConcurrentOpenMigratesOnce(t *testing.T) {
 	wg.Wait()
 	s := pgtest.Open(t, schema, postgres.Options{})
 	grant(t, s, "ok", time.Minute)
+	files, err := filepath.Glob("migrations/*.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("migrations: %v %v", files, err)
+	}
+	rows := migrationRows(t, s)
+	if len(rows) != len(files)+1 {
+		t.Fatalf("%d rows in fencegw_migrations for %d migrations opened five times: %v", len(rows), len(files), rows)
+	}
+	for i, r := range rows {
+		if r.Version != int64(i) || !r.Applied {
+			t.Fatalf("fencegw_migrations row %d is %+v, want version %d applied once: %v", i, r, i, rows)
+		}
+	}
 }
 
 func TestUnreachableIsUnavailable(t *testing.T) {
