@@ -173,3 +173,45 @@ func TestObserveRecordsWouldRefuse(t *testing.T) {
 		t.Fatal("an observed write counted as refused")
 	}
 }
+
+// With tracing, a refused write's rejection carries its trace id, so that
+// the incident links to its trace; without, it has none.
+func TestRejectionCarriesTraceID(t *testing.T) {
+	for _, traced := range []bool{true, false} {
+		up := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+		t.Cleanup(up.Close)
+		var cfg Config
+		if traced {
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(tracetest.NewInMemoryExporter()))
+			t.Cleanup(func() { _ = tp.Shutdown(t.Context()) })
+			cfg.TracerProvider = tp
+		}
+		tg := startFraming(t, up.URL, cfg, false)
+		old := tg.lease(t, "rej")
+		if _, err := tg.svc.Release(t.Context(), old, ""); err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequest(http.MethodPost, "http://"+tg.addr+"/v1/proxy/svc/x", strings.NewReader("body"))
+		req.Header.Set(HeaderLease, old)
+		req.Header.Set("Traceparent", clientParent)
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusConflict {
+			t.Fatalf("write under a released lease: %d", resp.StatusCode)
+		}
+		rejs, err := tg.svc.Rejections(t.Context(), tokens.RejectionQuery{Resource: "rej", Limit: 10})
+		if err != nil || len(rejs) != 1 {
+			t.Fatalf("rejections %v %v", rejs, err)
+		}
+		want := ""
+		if traced {
+			want = clientTraceID
+		}
+		if rejs[0].TraceID != want || rejs[0].WouldRefuse {
+			t.Fatalf("traced %v: rejection trace id %q would_refuse %v, want %q and false", traced, rejs[0].TraceID, rejs[0].WouldRefuse, want)
+		}
+	}
+}
