@@ -236,8 +236,14 @@ type Rejection struct {
 	Resource string `json:"resource"`
 
 	// Token The token of the lease the write carried (0 if unknown).
-	Token    int64  `json:"token"`
-	Upstream string `json:"upstream"`
+	Token int64 `json:"token"`
+
+	// TraceId The write's OpenTelemetry trace id, when the gateway traces (the `OTEL_*` variables): the incident's trace.
+	TraceId  *string `json:"trace_id,omitempty"`
+	Upstream string  `json:"upstream"`
+
+	// WouldRefuse True when the upstream only observes (`--observe`): the write was forwarded and nothing was blocked; `code` is what an enforcing upstream would have refused it with. Absent otherwise.
+	WouldRefuse *bool `json:"would_refuse,omitempty"`
 }
 
 // RejectionCode Why a write was refused. An open set: the known values are below

@@ -93,6 +93,13 @@ type Rejection struct {
 	// if it was still live or unknown), so "arrived 15 s after its lease
 	// ended" can be shown.
 	LeaseEndedAt time.Time
+	// WouldRefuse: the upstream only observes (Write.Observe), and the
+	// write was forwarded; Code is what an enforcing upstream would have
+	// refused it with.
+	WouldRefuse bool
+	// TraceID is the write's OpenTelemetry trace id (32 hex digits; "":
+	// not traced), so that an incident links to its trace.
+	TraceID string
 }
 
 // Rejection codes, shared with the HTTP problem codes.

@@ -236,6 +236,10 @@ type Step struct {
 	LeaseEndedAt time.Time `json:"lease_ended_at,omitzero"`
 	// Principal: the API key that presented the lease.
 	Principal string `json:"principal,omitempty"`
+	// WouldRefuse: an observing upstream forwarded the write; TraceID:
+	// the write's trace (of the run's first write).
+	WouldRefuse bool   `json:"would_refuse,omitempty"`
+	TraceID     string `json:"trace_id,omitempty"`
 	// Replayed, retry refused: the key and the write it refers to.
 	Key *KeyStep `json:"idempotency,omitempty"`
 	// Incident: a refused write or an event that explains one (the end of
@@ -406,7 +410,7 @@ func timeline(ctx context.Context, src Source, counts *Counts, name string, page
 	for _, r := range rejs {
 		if run != nil && run.Token == r.Token && run.Holder == r.Holder && run.Code == r.Code &&
 			run.Method == r.Method && run.Upstream == r.Upstream && run.Path == r.Path && run.CurrentToken == r.CurrentToken &&
-			run.Principal == r.Principal {
+			run.Principal == r.Principal && run.WouldRefuse == r.WouldRefuse {
 			run.Count++
 			run.Last = r.At
 			continue
@@ -416,7 +420,7 @@ func timeline(ctx context.Context, src Source, counts *Counts, name string, page
 		}
 		run = &Step{At: r.At, Kind: StepRejected, Token: r.Token, Holder: r.Holder, Count: 1, Code: r.Code,
 			CurrentToken: r.CurrentToken, Method: r.Method, Upstream: r.Upstream, Path: r.Path, LeaseEndedAt: r.LeaseEndedAt,
-			Principal: r.Principal}
+			Principal: r.Principal, WouldRefuse: r.WouldRefuse, TraceID: r.TraceID}
 	}
 	if run != nil {
 		runs = append(runs, *run)

@@ -24,8 +24,10 @@ import (
 // lease's expiry and release are offsets from its grant (relTime), an
 // event's kind is a number (eventKinds) and its expiry an offset from its
 // time.
+// Version 6 appends a rejection's WouldRefuse and TraceID (older ones
+// decode with neither).
 
-const codecVersion = 5
+const codecVersion = 6
 
 // errCorrupt is the cause of every decoding failure.
 var errCorrupt = errors.New("corrupt record")
@@ -333,6 +335,12 @@ func encodeRejection(r *tokens.Rejection) []byte {
 	e.str(r.Path)
 	e.time(r.LeaseEndedAt)
 	e.str(r.Principal) // version 3
+	var observed uint64
+	if r.WouldRefuse {
+		observed = 1
+	}
+	e.uint(observed) // version 6
+	e.str(r.TraceID)
 	return e.b
 }
 
@@ -352,6 +360,10 @@ func decodeRejection(id int64, b []byte) (tokens.Rejection, error) {
 	r.LeaseEndedAt = d.time()
 	if d.version >= 3 {
 		r.Principal = d.str()
+	}
+	if d.version >= 6 {
+		r.WouldRefuse = d.uint() == 1
+		r.TraceID = d.str()
 	}
 	return r, d.finish("rejection")
 }

@@ -175,7 +175,18 @@ type fixtureDump struct {
 	History    map[string][]tokens.Event
 	Current    []tokens.Lease
 	Writes     map[string]map[int64]uint64
-	Rejections []tokens.Rejection
+	Rejections []fixtureRejection
+}
+
+// fixtureRejection is a tokens.Rejection with the fields of the fixture's
+// time, in its order; the fields added since must read as zero.
+type fixtureRejection struct {
+	ID                                                   int64
+	At                                                   time.Time
+	Resource, Code                                       string
+	Token, CurrentToken                                  int64
+	Holder, LeaseHint, Method, Upstream, Path, Principal string
+	LeaseEndedAt                                         time.Time
 }
 
 func dumpStore(ctx context.Context, s *Store, names, ids []string) (*fixtureDump, error) {
@@ -238,10 +249,15 @@ func dumpStore(ctx context.Context, s *Store, names, ids []string) (*fixtureDump
 		return nil, err
 	}
 	for i := range rej {
-		utc(&rej[i].At)
-		utc(&rej[i].LeaseEndedAt)
+		r := &rej[i]
+		utc(&r.At)
+		utc(&r.LeaseEndedAt)
+		if r.WouldRefuse || r.TraceID != "" {
+			return nil, fmt.Errorf("rejection %d of the old store has a would_refuse or a trace id", r.ID)
+		}
+		d.Rejections = append(d.Rejections, fixtureRejection{r.ID, r.At, r.Resource, r.Code, r.Token, r.CurrentToken,
+			r.Holder, r.LeaseHint, r.Method, r.Upstream, r.Path, r.Principal, r.LeaseEndedAt})
 	}
-	d.Rejections = rej
 	return d, nil
 }
 

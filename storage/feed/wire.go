@@ -29,6 +29,8 @@ type wireRejection struct {
 	Path         string    `json:"p,omitempty"`
 	Principal    string    `json:"pr,omitempty"`
 	LeaseEndedAt time.Time `json:"le,omitzero"`
+	WouldRefuse  bool      `json:"wr,omitempty"`
+	TraceID      string    `json:"tr,omitempty"`
 }
 
 // maxFeedPath cuts long paths so a payload stays small.

@@ -48,9 +48,10 @@ func (s *Store) commitRejections(rs, out []tokens.Rejection) error {
 				at = &r.At
 			}
 			b.Queue(`INSERT INTO rejections
-				(resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at, at, principal)
-				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, COALESCE($11, clock_timestamp()), $12) RETURNING id, at`,
+				(resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at, at, principal, would_refuse, trace_id)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, COALESCE($11, clock_timestamp()), $12, $13, $14) RETURNING id, at`,
 				r.Resource, r.Code, r.Token, r.CurrentToken, r.Holder, r.LeaseHint, r.Method, r.Upstream, r.Path, ended, at, r.Principal,
+				r.WouldRefuse, r.TraceID,
 			).QueryRow(func(row pgx.Row) error {
 				out[i] = r
 				return row.Scan(&out[i].ID, &out[i].At)

@@ -479,7 +479,8 @@ func (s *Store) Rejections(ctx context.Context, q tokens.RejectionQuery) ([]toke
 	case limit > MaxRejections:
 		limit = MaxRejections
 	}
-	sql := `SELECT id, at, resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at, principal
+	sql := `SELECT id, at, resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at, principal,
+		would_refuse, trace_id
 		FROM rejections`
 	if len(where) > 0 {
 		sql += " WHERE " + strings.Join(where, " AND ")
@@ -493,7 +494,7 @@ func (s *Store) Rejections(ctx context.Context, q tokens.RejectionQuery) ([]toke
 		var r tokens.Rejection
 		var ended *time.Time
 		err := row.Scan(&r.ID, &r.At, &r.Resource, &r.Code, &r.Token, &r.CurrentToken, &r.Holder, &r.LeaseHint,
-			&r.Method, &r.Upstream, &r.Path, &ended, &r.Principal)
+			&r.Method, &r.Upstream, &r.Path, &ended, &r.Principal, &r.WouldRefuse, &r.TraceID)
 		if ended != nil {
 			r.LeaseEndedAt = *ended
 		}
