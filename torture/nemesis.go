@@ -19,6 +19,7 @@ type nemesis struct {
 	workers  []*workerProc
 	pg       *Postgres
 	rd       *Redis
+	dataDisk string // the embedded store's small disk (disk-full), if mounted
 	logf     func(format string, args ...any)
 	rng      *rand.Rand
 	faults   []Fault
@@ -98,6 +99,10 @@ func (n *nemesis) inject(ctx context.Context, f *Fault) error {
 		return err
 	}
 	switch f.Kind {
+	case FaultFailoverPostgres: // nemesis_failover.go
+		return n.failover(ctx, f)
+	case FaultDiskFull: // nemesis_disk.go
+		return n.diskFull(ctx)
 	case FaultKillGateway:
 		r.Kill()
 		n.sleep(ctx, n.between(100*time.Millisecond, 500*time.Millisecond))

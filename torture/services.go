@@ -31,6 +31,9 @@ type Postgres struct {
 	URL     string // the gateways' database
 	Version string // pg_ctlcluster's version; "" finds the only one in /etc/postgresql
 	Cluster string // "main" if empty
+	// pair, if set, is the torture's own primary and standby
+	// (nemesis_failover.go): Stop and Start act on its primary.
+	pair *pgPair
 }
 
 func (p *Postgres) ctl(ctx context.Context, action string, extra ...string) error {
@@ -49,10 +52,20 @@ func (p *Postgres) ctl(ctx context.Context, action string, extra ...string) erro
 }
 
 // Stop shuts the cluster down (fast mode: sessions are cut).
-func (p *Postgres) Stop(ctx context.Context) error { return p.ctl(ctx, "stop", "-m", "fast") }
+func (p *Postgres) Stop(ctx context.Context) error {
+	if p.pair != nil {
+		return p.pair.stopCluster(ctx, p.pair.primary, "fast")
+	}
+	return p.ctl(ctx, "stop", "-m", "fast")
+}
 
 // Start starts the cluster.
-func (p *Postgres) Start(ctx context.Context) error { return p.ctl(ctx, "start") }
+func (p *Postgres) Start(ctx context.Context) error {
+	if p.pair != nil {
+		return p.pair.ensure(ctx)
+	}
+	return p.ctl(ctx, "start")
+}
 
 // Ensure starts the cluster if it does not answer.
 func (p *Postgres) Ensure(ctx context.Context) error {
