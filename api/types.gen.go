@@ -129,6 +129,7 @@ type Problem struct {
 	// | `upstream_unreachable` | 502 | the upstream could not be reached or broke the connection |
 	// | `fence_busy` | 503 | a grant waited too long for in-flight writes or a drain period |
 	// | `store_unavailable` | 503 | the token store cannot be reached, or every connection to it is in use (fail closed) |
+	// | `shutting_down` | 503 | `/readyz` only: the replica is shutting down; send new requests elsewhere |
 	// | `upstream_timeout` | 504 | the upstream did not answer in time; the outcome is unknown |
 	//
 	//
@@ -190,6 +191,7 @@ type Problem struct {
 // | `upstream_unreachable` | 502 | the upstream could not be reached or broke the connection |
 // | `fence_busy` | 503 | a grant waited too long for in-flight writes or a drain period |
 // | `store_unavailable` | 503 | the token store cannot be reached, or every connection to it is in use (fail closed) |
+// | `shutting_down` | 503 | `/readyz` only: the replica is shutting down; send new requests elsewhere |
 // | `upstream_timeout` | 504 | the upstream did not answer in time; the outcome is unknown |
 //
 // Example: stale_token

@@ -18,7 +18,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"path/filepath"
 	"runtime/pprof"
 	"strconv"
 	"sync"
@@ -27,7 +26,7 @@ import (
 
 	"github.com/fencegw/fencegw/gateway"
 	"github.com/fencegw/fencegw/storage/bolt"
-	"github.com/fencegw/fencegw/storage/postgres"
+	"github.com/fencegw/fencegw/storage/mode"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -201,15 +200,16 @@ func StartGatewayAt(dir string, upstream *url.URL, addr string) (*Gateway, error
 // HTTP), as fencegw serve --tls-cert does.
 func StartGatewayTLS(dir string, upstream *url.URL, addr string, cfg *tls.Config) (*Gateway, error) {
 	log := slog.New(slog.DiscardHandler)
-	store, err := bolt.Open(filepath.Join(dir, "fencegw.db"), bolt.Options{Logger: log})
+	m, err := mode.OpenEmbedded(mode.Config{Data: dir, Logger: log})
 	if err != nil {
 		return nil, err
 	}
-	svc := tokens.New(tokens.Config{Store: store, Locker: tokens.NewLocalLocker(), Logger: log})
+	store := m.Store.(*bolt.Store)
+	svc := tokens.New(tokens.Config{Store: m.Store, Locker: m.Locker, Logger: log})
 	gw := gateway.New(svc, gateway.Config{
 		Upstreams: map[string]*url.URL{UpstreamName: upstream},
 		Logger:    log,
-		Idempotency: tokens.NewIdempotency(tokens.IdempotencyConfig{Store: store,
+		Idempotency: tokens.NewIdempotency(tokens.IdempotencyConfig{Store: m.Keys,
 			InFlight: gateway.DefaultForwardTimeout + gateway.DefaultBodyTimeout, Logger: log}),
 	})
 	// Served as fencegw serve serves it: through the listener that refuses
@@ -220,10 +220,10 @@ func StartGatewayTLS(dir string, upstream *url.URL, addr string, cfg *tls.Config
 	}
 	if err != nil {
 		gw.Close()
-		_ = store.Close()
+		m.Close()
 		return nil, err
 	}
-	return &Gateway{Server: srv, Handler: gw, closeStore: store.Close, KeyCommits: store.KeyCommits}, nil
+	return &Gateway{Server: srv, Handler: gw, closeStore: closeMode(m), KeyCommits: store.KeyCommits}, nil
 }
 
 // StartPostgresGateway serves a gateway on PostgreSQL (the --postgres mode,
@@ -231,26 +231,17 @@ func StartGatewayTLS(dir string, upstream *url.URL, addr string, cfg *tls.Config
 // in schema, created if missing, forwarding UpstreamName to upstream.
 func StartPostgresGateway(ctx context.Context, pgURL, schema string, upstream *url.URL, addr string, cfg *tls.Config) (*Gateway, error) {
 	log := slog.New(slog.DiscardHandler)
-	pg, err := postgres.Open(ctx, pgURL, postgres.Options{Schema: schema, Logger: log})
+	m, err := mode.OpenPostgres(ctx, mode.Config{Postgres: pgURL, Schema: schema, DrainPeriod: gateway.DefaultForwardTimeout, Logger: log})
 	if err != nil {
 		return nil, err
 	}
-	fence, err := pg.NewFence(ctx, postgres.FenceOptions{OrphanDrain: gateway.DefaultForwardTimeout + postgres.DefaultSessionCheck})
-	if err != nil {
-		pg.Close()
-		return nil, err
-	}
-	closeStore := func() error {
-		fence.Close()
-		pg.Close()
-		return nil
-	}
-	svc := tokens.New(tokens.Config{Store: pg, Locker: fence, Fencer: fence, Logger: log})
-	fence.OnFree(svc.Wake)
+	closeStore := closeMode(m)
+	svc := tokens.New(tokens.Config{Store: m.Store, Locker: m.Locker, Fencer: m.Fencer, Logger: log})
+	m.OnFree(svc.Wake)
 	gw := gateway.New(svc, gateway.Config{
 		Upstreams: map[string]*url.URL{UpstreamName: upstream},
 		Logger:    log,
-		Idempotency: tokens.NewIdempotency(tokens.IdempotencyConfig{Store: pg,
+		Idempotency: tokens.NewIdempotency(tokens.IdempotencyConfig{Store: m.Keys,
 			InFlight: gateway.DefaultForwardTimeout + 5*time.Second, Logger: log}),
 	})
 	srv, err := serve("gateway-postgres", addr, gw, func(srv *http.Server, ln net.Listener) net.Listener { return gateway.Listener(srv, ln, cfg) })
@@ -263,6 +254,11 @@ func StartPostgresGateway(ctx context.Context, pgURL, schema string, upstream *u
 		return nil, err
 	}
 	return &Gateway{Server: srv, Handler: gw, closeStore: closeStore}, nil
+}
+
+// closeMode is m's Close as Gateway.closeStore.
+func closeMode(m *mode.Mode) func() error {
+	return func() error { m.Close(); return nil }
 }
 
 // Close stops the server, the gateway and the store.

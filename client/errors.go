@@ -94,6 +94,7 @@ const (
 	CodeUpstreamUnreachable  = "upstream_unreachable"   // 502 (ErrUpstream)
 	CodeFenceBusy            = "fence_busy"             // 503: in-flight writes or a drain period held the grant up (ErrUnavailable)
 	CodeStoreUnavailable     = "store_unavailable"      // 503: the token store cannot be reached (ErrUnavailable)
+	CodeShuttingDown         = "shutting_down"          // 503, /readyz only: the replica is shutting down
 	CodeUpstreamTimeout      = "upstream_timeout"       // 504: the write's outcome is unknown (ErrUpstream)
 
 	// CodeFenceLost (503, ErrUnavailable): the gateway replica could no

@@ -25,15 +25,24 @@ type keyedEnv struct {
 	gw      *httptest.Server
 	mu      sync.Mutex
 	applied map[string]int
-	slow    atomic.Bool
+	arrived atomic.Int32 // requests that reached the upstream, applied or not yet
+	// slow holds every write at the upstream until land is called: past
+	// the forward timeout, it lands anyway.
+	slow     atomic.Bool
+	held     chan struct{}
+	landOnce sync.Once
 }
 
+// land lets the writes held by slow be applied.
+func (e *keyedEnv) land() { e.landOnce.Do(func() { close(e.held) }) }
+
 func newKeyedEnv(t *testing.T) *keyedEnv {
-	e := &keyedEnv{applied: map[string]int{}}
+	e := &keyedEnv{applied: map[string]int{}, held: make(chan struct{})}
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.ReadAll(r.Body)
+		e.arrived.Add(1)
 		if e.slow.Load() {
-			time.Sleep(300 * time.Millisecond) // past the forward timeout; lands anyway
+			<-e.held
 		}
 		e.mu.Lock()
 		e.applied[r.Header.Get(client.HeaderIdempotencyKey)]++
@@ -42,6 +51,7 @@ func newKeyedEnv(t *testing.T) *keyedEnv {
 		_, _ = io.WriteString(w, "line added")
 	}))
 	t.Cleanup(up.Close)
+	t.Cleanup(e.land) // before the upstream closes: it waits for its handlers
 	store := openStore(t)
 	u, _ := url.Parse(up.URL)
 	svc := tokens.New(tokens.Config{Store: store, Locker: tokens.NewLocalLocker(), Logger: discard, DrainPeriod: 100 * time.Millisecond})
@@ -139,7 +149,16 @@ func TestDoIdempotentTimeoutIsOutcomeUnknown(t *testing.T) {
 	if e := asError(t, err); e.Code != client.CodeOutcomeUnknown || e.Status != http.StatusConflict {
 		t.Fatalf("error %+v", e)
 	}
-	time.Sleep(400 * time.Millisecond) // the slow write lands
+	// Every write that reached the upstream now lands; the answer was
+	// unknown, so none may have been sent again.
+	e.land()
+	deadline := time.Now().Add(10 * time.Second)
+	for w, _ := e.counts(); w < int(e.arrived.Load()); w, _ = e.counts() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the held writes never landed: %d of %d", w, e.arrived.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	if w, _ := e.counts(); w != 1 {
 		t.Fatalf("upstream applied %d writes, want 1", w)
 	}

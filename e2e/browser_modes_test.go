@@ -199,8 +199,8 @@ func TestBrowserAcrossReplicas(t *testing.T) {
 				}
 			}
 			// The counts are the store's, so replica A counts B's refusal, and
-			// its cards, chart and leases follow its feed within a second.
-			took = waitAgree(t, ctx, refused, time.Second, agreement(1, "worker-5/2"))
+			// its cards, chart and leases follow its feed.
+			took = waitAgree(t, ctx, refused, agreeWithin, agreement(1, "worker-5/2"))
 			t.Logf("%s: replica A's cards, chart, leases and feed agreed %v after the 409 through replica B", mode, took.Round(time.Millisecond))
 			screenshot(t, ctx, "overview", "")
 

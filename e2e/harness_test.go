@@ -94,6 +94,10 @@ type options struct {
 	grantWait      time.Duration
 	maxBody        int64
 	dir            string
+	// onExclusive, if set, is told when a gateway asks for a resource's
+	// exclusive lock (acquired false) and when it got it (acquired true):
+	// the signal that a grant has reached the wait for in-flight writes.
+	onExclusive func(resource string, acquired bool)
 }
 
 // startEmbedded runs a gateway on a bbolt store in a temp dir, protecting
@@ -133,7 +137,7 @@ func startWith(t *testing.T, s stores, ups map[string]string, o options) *gw {
 	store := s.store
 	g := &gw{store: store}
 	svc := tokens.New(tokens.Config{
-		Store: store, Locker: loggedLocker{s.locker, log}, Fencer: s.fencer, GrantWait: o.grantWait, DrainPeriod: o.drainPeriod, Logger: log,
+		Store: store, Locker: loggedLocker{s.locker, log, o.onExclusive}, Fencer: s.fencer, GrantWait: o.grantWait, DrainPeriod: o.drainPeriod, Logger: log,
 		OnRejection: func(r tokens.Rejection) {
 			if g.gate != nil {
 				g.gate.Publish(r)
@@ -212,7 +216,8 @@ func testLog(t testing.TB) *slog.Logger {
 // which lock failed and why.
 type loggedLocker struct {
 	tokens.Locker
-	log *slog.Logger
+	log         *slog.Logger
+	onExclusive func(resource string, acquired bool) // nil: none
 }
 
 func (l loggedLocker) Shared(ctx context.Context, resource string) (func(), error) {
@@ -226,9 +231,14 @@ func (l loggedLocker) Shared(ctx context.Context, resource string) (func(), erro
 
 func (l loggedLocker) Exclusive(ctx context.Context, resource string) (func(), error) {
 	start := time.Now()
+	if l.onExclusive != nil {
+		l.onExclusive(resource, false)
+	}
 	unlock, err := l.Locker.Exclusive(ctx, resource)
 	if err != nil {
 		l.log.Warn("test: exclusive lock failed", "resource", resource, "waited", time.Since(start), "err", err)
+	} else if l.onExclusive != nil {
+		l.onExclusive(resource, true)
 	}
 	return unlock, err
 }

@@ -5,14 +5,11 @@ import (
 	"fmt"
 	"os"
 	"testing"
-	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/fencegw/fencegw/storage/postgres"
+	storagemode "github.com/fencegw/fencegw/storage/mode"
 	"github.com/fencegw/fencegw/storage/postgres/pgtest"
-	"github.com/fencegw/fencegw/storage/redis"
-	"github.com/fencegw/fencegw/tokens"
 )
 
 // Three replicas sharing one PostgreSQL schema (and, in the second mode,
@@ -31,55 +28,50 @@ func startPostgres(t *testing.T, ups map[string]string, o options) []*gw {
 	schema := pgtest.NewSchema(t)
 	var gws []*gw
 	for i := range replicas {
-		st := pgtest.Open(t, schema, postgres.Options{Logger: testLog(t)})
-		gws = append(gws, startWith(t, fenced(t, st, st, nil, i, o), ups, o))
+		gws = append(gws, startWith(t, openMode(t, storagemode.Config{Schema: schema}, i, o), ups, o))
 	}
 	return gws
 }
 
 func startPostgresRedis(t *testing.T, ups map[string]string, o options) []*gw {
 	pgtest.Require(t)
-	rdb := requireRedis(t)
+	requireRedis(t)
 	schema := pgtest.NewSchema(t)
-	prefix := fmt.Sprintf("fencegw-e2e:%s:", schema)
 	var gws []*gw
 	for i := range replicas {
-		pg := pgtest.Open(t, schema, postgres.Options{Logger: testLog(t)})
-		rs := redis.New(rdb, pg, redis.Options{Prefix: prefix, Logger: testLog(t)})
-		gws = append(gws, startWith(t, fenced(t, rs, pg, rs, i, o), ups, o))
+		cfg := storagemode.Config{Schema: schema, Redis: redisURL(), RedisPrefix: fmt.Sprintf("fencegw-e2e:%s:", schema)}
+		gws = append(gws, startWith(t, openMode(t, cfg, i, o), ups, o))
 	}
 	return gws
 }
 
-// fenced admits writes under fences the replica keeps in PostgreSQL, as
-// cmd/fencegw does in both PostgreSQL modes (backend_postgres.go): state
-// reads leases from Redis in the Redis mode, from PostgreSQL if nil.
-func fenced(t *testing.T, store tokens.Store, pg *postgres.Store, state postgres.StateReader, replica int, o options) stores {
+// openMode opens replica's PostgreSQL mode (with Redis if cfg.Redis is
+// set) as cmd/fencegw does, through storage/mode: writes admitted under
+// the fences the replica keeps in PostgreSQL.
+func openMode(t *testing.T, cfg storagemode.Config, replica int, o options) stores {
 	t.Helper()
-	drain := o.drainPeriod
-	if drain <= 0 {
-		drain = tokens.DefaultDrainPeriod
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	fence, err := pg.NewFence(ctx, postgres.FenceOptions{
-		SessionCheck: postgres.DefaultSessionCheck,
-		OrphanDrain:  drain + postgres.DefaultSessionCheck,
-		Replica:      fmt.Sprintf("e2e/%d", replica),
-		State:        state,
-	})
+	cfg.Postgres = pgtest.URL()
+	cfg.DrainPeriod = o.drainPeriod
+	cfg.Replica = fmt.Sprintf("e2e/%d", replica)
+	cfg.Logger = testLog(t)
+	m, err := storagemode.OpenPostgres(context.Background(), cfg)
 	if err != nil {
-		t.Fatalf("fences of replica %d: %v", replica, err)
+		t.Fatalf("replica %d: %v", replica, err)
 	}
-	return stores{store: store, locker: fence, fencer: fence, onFree: fence.OnFree, keys: pg, close: fence.Close}
+	return stores{store: m.Store, locker: m.Locker, fencer: m.Fencer, onFree: m.OnFree, keys: m.Keys, close: m.Close}
+}
+
+// redisURL is the test Redis (FENCEGW_TEST_REDIS, or the local one).
+func redisURL() string {
+	if url := os.Getenv("FENCEGW_TEST_REDIS"); url != "" {
+		return url
+	}
+	return "redis://127.0.0.1:6379/0"
 }
 
 func requireRedis(t *testing.T) *goredis.Client {
 	t.Helper()
-	url := os.Getenv("FENCEGW_TEST_REDIS")
-	if url == "" {
-		url = "redis://127.0.0.1:6379/0"
-	}
+	url := redisURL()
 	opt, err := goredis.ParseURL(url)
 	if err != nil {
 		t.Fatalf("FENCEGW_TEST_REDIS: %v", err)

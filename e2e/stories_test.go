@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"encoding/json"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -145,26 +147,45 @@ func TestForgedLeaseIsForbidden(t *testing.T) {
 
 // A grant while a write under the previous token is in flight waits for it,
 // and no write of the old token reaches the upstream after the grant
-// returned.
+// returned. The order is observed, not timed: one sequence numbers the
+// events at the upstream (the held write answered) and at the grant's
+// gateway (its exclusive lock taken, the grant returned), and the grant's
+// events must come after the write's.
 func TestGrantWaitsForInFlightWrite(t *testing.T) {
 	forEachMode(t, func(t *testing.T, m mode) {
-		up := newUpstream(t)
-		gws := m.start(t, map[string]string{"svc": up.URL}, options{})
 		res := "inflight:" + m.name
+		var seq atomic.Int64
+		var exclusiveAt atomic.Int64 // seq of the first exclusive lock of res taken once armed; 0: none yet
+		var armed atomic.Bool        // set once A holds the lease: A's own grant took the lock too
+		asked := make(chan struct{})
+		var askedOnce sync.Once
+		up := newUpstream(t)
+		gws := m.start(t, map[string]string{"svc": up.URL}, options{onExclusive: func(resource string, acquired bool) {
+			if resource != res || !armed.Load() {
+				return
+			}
+			if !acquired {
+				askedOnce.Do(func() { close(asked) })
+				return
+			}
+			exclusiveAt.CompareAndSwap(0, seq.Add(1))
+		}})
 		// Long enough for the write to be admitted on a loaded CI machine;
 		// it expires while the write is held at the upstream.
 		const ttl = 1500 * time.Millisecond
-		asked := time.Now()
 		a := acquire(t, pick(gws, 0), res, "A", ttl)
+		armed.Store(true)
 
 		entered, release := make(chan struct{}), make(chan struct{})
 		var once, releaseOnce sync.Once
+		var answeredAt atomic.Int64 // seq of the held write's answer at the upstream
 		unblock := func() { releaseOnce.Do(func() { close(release) }) }
 		t.Cleanup(unblock) // runs before the upstream closes, even when the test fails
 		up.setHold(func(ar arrival) {
 			if ar.Body == "slow" {
 				once.Do(func() { close(entered) })
 				<-release
+				answeredAt.Store(seq.Add(1))
 			}
 		})
 		slowDone := make(chan answer, 1)
@@ -174,41 +195,68 @@ func TestGrantWaitsForInFlightWrite(t *testing.T) {
 		case got := <-slowDone:
 			t.Fatalf("the write answered %d without reaching the upstream: %s", got.Status, got.Body)
 		}
-		time.Sleep(time.Until(asked.Add(ttl + 100*time.Millisecond))) // A's lease expires while its write is in flight
+		waitLeaseState(t, pick(gws, 0), a.LeaseID, "expired") // A's lease expires while its write is in flight
 
-		var finishedAt time.Time
-		granted := make(chan leaseJSON, 1)
-		go func() { granted <- acquire(t, pick(gws, 2), res, "B", 5*time.Second) }()
-
+		type grant struct {
+			lease leaseJSON
+			at    int64 // seq when it returned
+		}
+		granted := make(chan grant, 1)
+		go func() {
+			b := acquire(t, pick(gws, 2), res, "B", 5*time.Second)
+			granted <- grant{b, seq.Add(1)}
+		}()
+		select {
+		case <-asked:
+		case b := <-granted:
+			t.Fatalf("grant %d returned without asking for the exclusive lock while a write of token %d was in flight", b.lease.Token, a.Token)
+		}
+		// The grant is at the lock. Holding the write a while longer gives a
+		// grant that does not wait the chance to return first; the pass does
+		// not depend on this span (a slow machine can only hide a bug here,
+		// never fail a correct build), the order checks below do the judging.
 		select {
 		case b := <-granted:
-			t.Fatalf("grant %d returned while a write of token %d was in flight", b.Token, a.Token)
-		case <-time.After(700 * time.Millisecond):
+			t.Fatalf("grant %d returned while a write of token %d was in flight", b.lease.Token, a.Token)
+		case <-time.After(300 * time.Millisecond):
 		}
-		finishedAt = time.Now()
 		unblock()
 		if got := <-slowDone; got.Status != http.StatusOK {
 			t.Fatalf("in-flight write: %d %s", got.Status, got.Body)
 		}
-		b := <-granted
-		grantReturned := time.Now()
-		if b.Token <= a.Token {
-			t.Fatalf("B token %d <= A token %d", b.Token, a.Token)
+		g := <-granted
+		if g.lease.Token <= a.Token {
+			t.Fatalf("B token %d <= A token %d", g.lease.Token, a.Token)
 		}
-		if grantReturned.Before(finishedAt) {
-			t.Fatal("grant returned before the in-flight write finished")
+		if ex, ans := exclusiveAt.Load(), answeredAt.Load(); ex == 0 || ex < ans || g.at < ans {
+			t.Fatalf("order: the held write answered at step %d, the grant's exclusive lock at %d, the grant returned at %d; the grant must follow the write", ans, ex, g.at)
 		}
 		// After the grant, A is fenced.
 		wantProblem(t, write(t, pick(gws, 0), "svc", "/w", a, "late"), http.StatusConflict, "stale_token")
 		for _, ar := range up.seen() {
-			if ar.Token == a.Token && ar.At.After(grantReturned) {
-				t.Fatalf("a write of the old token arrived after the grant: %+v", ar)
-			}
-			if ar.Body == "late" {
-				t.Fatal("late write forwarded")
+			if ar.Body == "late" || (ar.Token == a.Token && ar.Body != "slow") {
+				t.Fatalf("a write of the old token reached the upstream after the grant: %+v", ar)
 			}
 		}
 	})
+}
+
+// waitLeaseState polls the lease until its state is want (the gateway's
+// clock decides when a TTL ran out, not the test's).
+func waitLeaseState(t *testing.T, base, leaseID, want string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := do(t, "GET", base+"/v1/leases/"+leaseID, nil)
+		var l leaseJSON
+		if got.Status == http.StatusOK && json.Unmarshal(got.Body, &l) == nil && l.State == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lease %s never became %s: %d %s", leaseID, want, got.Status, got.Body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // Release and renew semantics of docs/design.md's "Details that clients rely on".

@@ -137,12 +137,20 @@ func requiredRole(r *http.Request) Role {
 // openPath: liveness and readiness probes need no key.
 func openPath(path string) bool { return path == "/healthz" || path == "/readyz" }
 
+// keyless: the probes, and the OpenAPI document, which is published with
+// the source and discloses nothing a key protects; generators and API
+// tools fetch it before they have one. The document still answers only
+// under the gateway's own names (browserGuard).
+func keyless(path string) bool {
+	return openPath(path) || path == "/v1/openapi.yaml" || path == "/v1/openapi.json"
+}
+
 // authenticate is the security middleware when Config.Auth is set: it
 // identifies the caller (401), meters it (429), checks the route's role
 // (403) and puts the Principal in the request's context.
 func (g *Gateway) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if openPath(r.URL.Path) {
+		if keyless(r.URL.Path) {
 			next.ServeHTTP(w, r)
 			return
 		}

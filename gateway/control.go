@@ -420,7 +420,7 @@ func (g *Gateway) controlBody(next http.Handler) http.Handler {
 					writeProblem(w, r, g.log, err)
 					return
 				}
-				r.Body = io.NopCloser(bytes.NewReader(data))
+				r.Body = &readBody{Reader: bytes.NewReader(data), data: data}
 			}
 		}
 		next.ServeHTTP(w, r)

@@ -53,6 +53,7 @@ import (
 // embedder) only that last rule applies.
 func (g *Gateway) framing(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w, r = watchBody(w, r) // early.go
 		fc, _ := r.Context().Value(framingKey{}).(*framingConn)
 		if fc == nil {
 			if len(r.TransferEncoding) > 0 {
@@ -93,7 +94,7 @@ func (g *Gateway) checkFraming(f frameInfo, ok bool, r *http.Request) (field, de
 	}
 	if h, n := requestLineHash(r); h != f.lineHash || n != f.lineLen {
 		g.log.Warn("request framing: the scanned head does not match the request; refused",
-			"method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
+			"method", r.Method, "path", logPath(r), "remote", r.RemoteAddr)
 		return fieldHeaders, unverified
 	}
 	if f.bad != "" {
@@ -108,7 +109,7 @@ func (g *Gateway) checkFraming(f frameInfo, ok bool, r *http.Request) (field, de
 	case te != (len(r.TransferEncoding) > 0), !te && r.ContentLength != f.length && !h2Preface(r):
 		// The scanner and Go's parser disagree: never guess.
 		g.log.Warn("request framing: the scanned framing does not match the request; refused",
-			"method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
+			"method", r.Method, "path", logPath(r), "remote", r.RemoteAddr)
 		return fieldHeaders, unverified
 	}
 	return "", ""

@@ -274,6 +274,14 @@ type testGateway struct {
 // cmd/fencegw does; tlsConfig switches TLS on.
 func startFraming(t testing.TB, up string, cfg Config, tlsOn bool) *testGateway {
 	t.Helper()
+	return startFramingWith(t, up, cfg, tlsOn, nil)
+}
+
+// startFramingWith is startFraming with setup given the store and the
+// server first (to build what needs the store, Config.Idempotency, or to
+// watch the server's connections).
+func startFramingWith(t testing.TB, up string, cfg Config, tlsOn bool, setup func(*bolt.Store, *Config, *http.Server)) *testGateway {
+	t.Helper()
 	store, err := bolt.Open(t.TempDir()+"/fencegw.db", bolt.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -283,12 +291,16 @@ func startFraming(t testing.TB, up string, cfg Config, tlsOn bool) *testGateway 
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	if setup != nil {
+		setup(store, &cfg, srv)
+	}
 	target, _ := url.Parse(up)
 	cfg.Upstreams, cfg.Logger = map[string]*url.URL{"svc": target}, log
 	svc := tokens.New(tokens.Config{Store: store, Locker: tokens.NewLocalLocker(), Logger: log, DrainPeriod: time.Minute})
 	g := New(svc, cfg)
-	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	srv.Handler = g
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -29,6 +29,7 @@ const (
 	DefaultMaxBody        = 10 << 20
 	DefaultMaxControlBody = 64 << 10
 	DefaultBodyTimeout    = 30 * time.Second
+	DefaultWriteTimeout   = 30 * time.Second
 )
 
 // Config configures a Gateway. Zero fields take the defaults.
@@ -45,6 +46,13 @@ type Config struct {
 	// is cut off (default DefaultBodyTimeout). Responses of fenced writes
 	// must be taken within ForwardTimeout+BodyTimeout.
 	BodyTimeout time.Duration
+	// WriteTimeout bounds writing one answer that is not a fenced write's
+	// (those have ForwardTimeout+BodyTimeout): from its first byte, so a
+	// client that pipelines requests and never reads its answers does not
+	// hold a connection and its goroutine for ever (default
+	// DefaultWriteTimeout). The live stream's is rolling: each event has
+	// this long to go out.
+	WriteTimeout time.Duration
 	// Registry receives the gateway's metrics and is served at /metrics.
 	// Nil: a fresh registry.
 	Registry *prometheus.Registry
@@ -115,6 +123,9 @@ type Gateway struct {
 	byKey    *principalCounts
 	streams  *streamSlots
 	keys     *keys // nil without Config.Idempotency
+	// stopping: the process is shutting down, and /readyz says so, so that
+	// a load balancer takes the replica out before it stops serving.
+	stopping atomic.Bool
 }
 
 // New builds a Gateway serving svc.
@@ -130,6 +141,9 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	}
 	if cfg.BodyTimeout <= 0 {
 		cfg.BodyTimeout = DefaultBodyTimeout
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
 	}
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
@@ -158,7 +172,8 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	g.buffers, g.proxyLog = newBufferPool(), slogErrorLog(g.log)
 	g.direct = directForwardOK()
 	g.proxy = g.newReverseProxy()
-	g.handler = g.framing(g.dispatch(g.routes()))
+	si := g.controlServer(false)
+	g.handler = g.framing(g.dispatch(g.routes(si), g.acquireHandler(si)))
 	return g
 }
 
@@ -171,6 +186,13 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.handler.
 
 // InFlight is the number of admitted writes not yet answered.
 func (g *Gateway) InFlight() int64 { return g.inflight.Load() }
+
+// ShuttingDown turns readiness off for good: from now on /readyz answers
+// 503 shutting_down while everything else is served as before. Call it
+// when shutdown begins, a while (the shutdown delay) before the server stops
+// accepting, so that a load balancer that health-checks /readyz stops
+// sending here while the replica still answers.
+func (g *Gateway) ShuttingDown() { g.stopping.Store(true) }
 
 // Close ends live streams (so a graceful shutdown is not held up by them)
 // and idle upstream connections.
@@ -186,7 +208,10 @@ func (g *Gateway) Close() {
 // (docs/benchmarks.md). Only requests chi would route to the proxy take the
 // shortcut: a path (chi matches RawPath when set) under proxyPrefix, and a
 // method chi routes (it answers others 405).
-func (g *Gateway) dispatch(router http.Handler) http.Handler {
+//
+// POST /v1/leases, the hot control call, takes a shortcut too, to acquire:
+// chi routes exactly that method and path (RawPath when set) to it.
+func (g *Gateway) dispatch(router, acquire http.Handler) http.Handler {
 	var proxy http.Handler = http.HandlerFunc(g.serveProxy)
 	mw := g.middleware()
 	for i := len(mw) - 1; i >= 0; i-- { // as chi chains r.Use: the first is outermost
@@ -199,6 +224,13 @@ func (g *Gateway) dispatch(router http.Handler) http.Handler {
 		}
 		if strings.HasPrefix(path, proxyPrefix) && chiRoutes(r.Method) {
 			proxy.ServeHTTP(w, r)
+			return
+		}
+		if path != pathStream {
+			w = &answerDeadline{ResponseWriter: w, d: g.cfg.WriteTimeout} // the stream's rolls (stream.go)
+		}
+		if path == pathLeases && r.Method == http.MethodPost {
+			acquire.ServeHTTP(w, r)
 			return
 		}
 		router.ServeHTTP(w, r)
@@ -227,7 +259,9 @@ func (g *Gateway) middleware() []func(http.Handler) http.Handler {
 	return mw
 }
 
-func (g *Gateway) routes() http.Handler {
+// routes is the router over every endpoint, the control calls served by
+// si.
+func (g *Gateway) routes(si server.ServerInterface) http.Handler {
 	r := chi.NewRouter()
 	r.Use(g.middleware()...)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
@@ -239,7 +273,7 @@ func (g *Gateway) routes() http.Handler {
 	})
 
 	r.HandleFunc(proxyPrefix+"*", g.serveProxy)
-	r.Get("/v1/rejections/stream", g.serveStream)
+	r.Get(pathStream, g.serveStream)
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = io.WriteString(w, "ok\n")
@@ -256,13 +290,7 @@ func (g *Gateway) routes() http.Handler {
 		r.Get("/", http.RedirectHandler("/ui/", http.StatusFound).ServeHTTP)
 	}
 
-	strict := server.NewStrictHandlerWithOptions(&control{svc: g.svc, metrics: g.metrics, sig: g.sig, clocks: g.cfg.Clocks}, nil, server.StrictHTTPServerOptions{
-		RequestErrorHandlerFunc: g.requestErrorHandler,
-		ResponseErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
-			writeProblem(w, r, g.log, err)
-		},
-	})
-	server.HandlerWithOptions(strict, server.ChiServerOptions{
+	server.HandlerWithOptions(si, server.ChiServerOptions{
 		BaseRouter:       r,
 		Middlewares:      []server.MiddlewareFunc{g.controlBody},
 		ErrorHandlerFunc: g.paramErrorHandler,
@@ -270,7 +298,43 @@ func (g *Gateway) routes() http.Handler {
 	return r
 }
 
+// controlServer is the generated strict server over the control handlers,
+// with POST /v1/leases decoded and answered by hand (acquire.go) unless
+// generatedOnly.
+func (g *Gateway) controlServer(generatedOnly bool) server.ServerInterface {
+	ctl := &control{svc: g.svc, metrics: g.metrics, sig: g.sig, clocks: g.cfg.Clocks}
+	strict := server.NewStrictHandlerWithOptions(ctl, nil, server.StrictHTTPServerOptions{
+		RequestErrorHandlerFunc: g.requestErrorHandler,
+		ResponseErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
+			writeProblem(w, r, g.log, err)
+		},
+	})
+	if generatedOnly {
+		return strict
+	}
+	return &fastAcquire{ServerInterface: strict, ctl: ctl, g: g}
+}
+
+// acquireHandler is POST /v1/leases as the router serves it (the same
+// middleware, the generated wrapper's header parameters and controlBody),
+// for dispatch to call without the router's tree search and route context.
+func (g *Gateway) acquireHandler(si server.ServerInterface) http.Handler {
+	wrapper := &server.ServerInterfaceWrapper{Handler: si, HandlerMiddlewares: []server.MiddlewareFunc{g.controlBody}, ErrorHandlerFunc: g.paramErrorHandler}
+	var h http.Handler = http.HandlerFunc(wrapper.AcquireLease)
+	mw := g.middleware()
+	for i := len(mw) - 1; i >= 0; i-- {
+		h = mw[i](h)
+	}
+	return h
+}
+
 func (g *Gateway) serveReady(w http.ResponseWriter, r *http.Request) {
+	if g.stopping.Load() {
+		sendProblem(w, r, problem{Status: http.StatusServiceUnavailable, Code: codeShuttingDown, Title: "Shutting down",
+			Detail:     "this replica is shutting down: it still serves requests for its shutdown delay, but takes no new ones after it; send them to another replica",
+			retryAfter: defaultUnavailableRetry})
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := g.svc.Ping(ctx); err != nil {
@@ -290,7 +354,7 @@ func (g *Gateway) recoverer(next http.Handler) http.Handler {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
-				g.log.Error("panic serving request", "method", r.Method, "path", r.URL.Path, "panic", v)
+				g.log.Error("panic serving request", "method", r.Method, "path", logPath(r), "panic", v)
 				sendProblem(w, r, problem{Status: http.StatusInternalServerError, Code: codeInternalError, Title: "Internal error"})
 			}
 		}()
@@ -298,7 +362,56 @@ func (g *Gateway) recoverer(next http.Handler) http.Handler {
 	})
 }
 
-// slogErrorLog routes the reverse proxy's own messages to slog.
+// slogErrorLog routes the reverse proxy's own messages to slog, with lease
+// ids cut to their hints (its errors name the outbound URL, whose path the
+// client chose).
 func slogErrorLog(l *slog.Logger) *log.Logger {
-	return slog.NewLogLogger(l.Handler(), slog.LevelWarn)
+	return log.New(redactingWriter{l}, "", 0)
 }
+
+type redactingWriter struct{ l *slog.Logger }
+
+func (w redactingWriter) Write(p []byte) (int, error) {
+	w.l.Warn(tokens.RedactLeaseIDs(strings.TrimSuffix(string(p), "\n")))
+	return len(p), nil
+}
+
+// pathStream is the live rejection stream's.
+const pathStream = "/v1/rejections/stream"
+
+// answerDeadline sets a write deadline d ahead when its answer starts
+// (Config.WriteTimeout): not when the request comes, since a call may wait
+// (an acquire's wait_ms) before it answers. Net/http lifts the deadline
+// once the answer is done.
+type answerDeadline struct {
+	http.ResponseWriter
+	d   time.Duration
+	set bool
+}
+
+func (w *answerDeadline) start() {
+	if !w.set {
+		w.set = true
+		_ = http.NewResponseController(w.ResponseWriter).SetWriteDeadline(time.Now().Add(w.d))
+	}
+}
+
+func (w *answerDeadline) WriteHeader(code int) {
+	w.start()
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *answerDeadline) Write(p []byte) (int, error) {
+	w.start()
+	return w.ResponseWriter.Write(p)
+}
+
+// Flush: promhttp and the dashboard flush through the interface.
+func (w *answerDeadline) Flush() {
+	w.start()
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Unwrap lets http.ResponseController (flushes, deadlines) reach the
+// connection's writer.
+func (w *answerDeadline) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -3,6 +3,7 @@ package gateway
 import (
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -92,7 +93,11 @@ func DefaultAllowedHosts(listen string) []string {
 	if host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		return nil
 	}
-	return append(append([]string(nil), LoopbackHosts...), host)
+	names := append([]string(nil), LoopbackHosts...)
+	if !slices.Contains(names, host) {
+		names = append(names, host)
+	}
+	return names
 }
 
 // browserGuard is the middleware of the first and third defence above.

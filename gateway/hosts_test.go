@@ -82,9 +82,10 @@ func TestBrowsersCannotReachTheGateway(t *testing.T) {
 
 func TestDefaultAllowedHosts(t *testing.T) {
 	for listen, want := range map[string]string{
-		"127.0.0.1:8080": "localhost 127.0.0.1 ::1 127.0.0.1",
-		"[::1]:0":        "localhost 127.0.0.1 ::1 ::1",
-		"localhost:80":   "localhost 127.0.0.1 ::1 localhost",
+		"127.0.0.1:8080": "localhost 127.0.0.1 ::1",
+		"[::1]:0":        "localhost 127.0.0.1 ::1",
+		"localhost:80":   "localhost 127.0.0.1 ::1",
+		"127.0.0.2:80":   "localhost 127.0.0.1 ::1 127.0.0.2",
 		"0.0.0.0:8080":   "",
 		":8080":          "",
 		"10.0.0.5:8080":  "",

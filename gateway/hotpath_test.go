@@ -180,8 +180,9 @@ func TestSmallBodyFailsBeforeForward(t *testing.T) {
 func TestDispatchAgreesWithRouter(t *testing.T) {
 	up := newRecorder(t)
 	tg := startFraming(t, up.URL, Config{}, false)
-	router := tg.g.routes()
-	direct := tg.g.dispatch(router)
+	si := tg.g.controlServer(false)
+	router := tg.g.routes(si)
+	direct := tg.g.dispatch(router, tg.g.acquireHandler(si))
 	paths := []string{"/v1/proxy/svc/a", "/v1/proxy/nope/a", "/v1/proxy/", "/v1/proxy", "/v1/proxyx/svc/a",
 		"/v1/%70roxy/svc/a", "/v1/proxy/svc/%2e%2e/x", "/v1/proxy/svc%2Fa", "/V1/proxy/svc/a", "/v1/leases"}
 	methods := []string{"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE", "CONNECT", "QUERY", "PURGE", "get", "PROPFIND"}
@@ -223,17 +224,19 @@ func (keyAuth) Authenticate(r *http.Request) (*Principal, error) {
 
 func (keyAuth) Allow(*Principal) (bool, time.Duration) { return true, 0 }
 
-// With authentication on, the shortcut authenticates and checks roles
-// exactly as the router's middleware does: no key 401, a viewer 403, a
-// worker through to the lease check.
+// With authentication on, the shortcuts (fenced writes and POST
+// /v1/leases) authenticate and check roles exactly as the router's
+// middleware does: no key 401, a viewer 403, a worker through to the lease
+// check (or, for an acquire, the body's).
 func TestDispatchAgreesWithRouterWithAuth(t *testing.T) {
 	up := newRecorder(t)
 	tg := startFraming(t, up.URL, Config{Auth: keyAuth{}}, false)
-	router := tg.g.routes()
-	direct := tg.g.dispatch(router)
+	si := tg.g.controlServer(false)
+	router := tg.g.routes(si)
+	direct := tg.g.dispatch(router, tg.g.acquireHandler(si))
 	seen := map[int]bool{}
 	for _, key := range []string{"", "Bearer nope", "Bearer viewer", "Bearer worker", "Bearer narrow"} {
-		for _, p := range []string{"/v1/proxy/svc/a", "/v1/proxy/nope/a", "/v1/%70roxy/svc/a"} {
+		for _, p := range []string{"/v1/proxy/svc/a", "/v1/proxy/nope/a", "/v1/%70roxy/svc/a", "/v1/leases", "/v1/le%61ses"} {
 			for _, m := range []string{"POST", "GET", "PURGE"} {
 				req := func() *http.Request {
 					r := httptest.NewRequest("GET", "http://gw"+p, strings.NewReader("x"))

@@ -22,11 +22,13 @@ import (
 // are tokens.Idempotency's (tokens/idempotency.go); this file is the HTTP
 // side, hooked into serveProxy at four points:
 //
-//  1. before Admit, keyedWrite parses the key and reads the body (its
-//     digest is part of the fingerprint), so that a bad key is a 400 and
-//     the body is not read under the resource's shared lock;
-//  2. after Admit (the fence comes first), beginKeyed records the key as in
-//     progress, or answers from the record (replay, 422, 409);
+//  1. before Admit, keyedWrite parses the key, so that a bad key is a 400;
+//     after Admit (the lease is judged before any of the body is read, as
+//     for a write without a key: a refused write must not cost the gateway
+//     its body), readKeyedBody reads the body, whose digest is part of the
+//     fingerprint;
+//  2. then beginKeyed records the key as in progress, or answers from the
+//     record (replay, 422, 409);
 //  3. recordAnswer (the reverse proxy's ModifyResponse) records the
 //     upstream's answer before any of it goes back to the client;
 //  4. endKeyed, when the forward ended without an answer, records an
@@ -92,8 +94,8 @@ func newKeys(x *tokens.Idempotency, reg prometheus.Registerer, log *slog.Logger)
 }
 
 // keyedWrite is hook 1. It returns nil, true for a write without a key;
-// false if it answered (bad key, bad body).
-func (g *Gateway) keyedWrite(w http.ResponseWriter, r *http.Request, rawPath string) (*keyed, bool) {
+// false if it answered (a bad key).
+func (g *Gateway) keyedWrite(w http.ResponseWriter, r *http.Request) (*keyed, bool) {
 	vs, ok := r.Header[HeaderIdempotencyKey]
 	if !ok {
 		return nil, true
@@ -110,7 +112,20 @@ func (g *Gateway) keyedWrite(w http.ResponseWriter, r *http.Request, rawPath str
 	if err != nil {
 		return fail(err)
 	}
+	return &keyed{key: key}, true
+}
+
+// readKeyedBody is the rest of hook 1, once the write was admitted: it
+// reads the body and sets k's fingerprint; false if it answered (a body
+// too large, too slow or broken).
+func (g *Gateway) readKeyedBody(w http.ResponseWriter, r *http.Request, rawPath string, k *keyed) bool {
+	fail := func(err error) bool {
+		g.metrics.write(outcomeBadRequest)
+		writeProblem(w, r, g.log, err)
+		return false
+	}
 	var body []byte
+	var err error
 	if r.Body != nil && r.Body != http.NoBody {
 		body, err = io.ReadAll(r.Body)
 		if err != nil {
@@ -127,7 +142,8 @@ func (g *Gateway) keyedWrite(w http.ResponseWriter, r *http.Request, rawPath str
 			r.Body = http.NoBody
 		}
 	}
-	return &keyed{key: key, fingerprint: tokens.Fingerprint(r.Method, rawPath, r.URL.RawQuery, sha256.Sum256(body))}, true
+	k.fingerprint = tokens.Fingerprint(r.Method, rawPath, r.URL.RawQuery, sha256.Sum256(body))
+	return true
 }
 
 // parseIdempotencyKey reads the header's value: one sf-string (RFC 8941

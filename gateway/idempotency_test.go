@@ -322,7 +322,7 @@ func TestUnkeyedWriteAllocatesNothingForKeys(t *testing.T) {
 	r := httptest.NewRequest(http.MethodPost, "/v1/proxy/up/a", strings.NewReader("x"))
 	w := httptest.NewRecorder()
 	allocs := testing.AllocsPerRun(100, func() {
-		if k, ok := g.keyedWrite(w, r, "/a"); k != nil || !ok {
+		if k, ok := g.keyedWrite(w, r); k != nil || !ok {
 			t.Fatal("unkeyed write treated as keyed")
 		}
 	})

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,7 +45,7 @@ func newMetrics(reg prometheus.Registerer, inflight func() float64) *metrics {
 	}, []string{"reason"})
 	grants := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fencegw_grants_total",
-		Help: "Lease acquisitions by result: granted, lease_held, fence_busy, store_unavailable, invalid.",
+		Help: "Lease acquisitions by result: " + strings.Join(grantResults, ", ") + ".",
 	}, []string{"result"})
 	forwardDur := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "fencegw_forward_duration_seconds",
@@ -75,7 +76,7 @@ func newMetrics(reg prometheus.Registerer, inflight func() float64) *metrics {
 		m.rejections[c] = rejections.WithLabelValues(c)
 	}
 	m.forwardedWrites = m.writes[outcomeForwarded]
-	for _, r := range []string{"granted", codeLeaseHeld, codeFenceBusy, codeStoreUnavailable, codeInvalidRequest, "other"} {
+	for _, r := range grantResults {
 		m.grants[r] = grants.WithLabelValues(r)
 	}
 	return m
@@ -117,6 +118,10 @@ func (m *metrics) forwarded(f *forward, d time.Duration) {
 	m.forwardedWrites.Inc()
 	m.forwardDur.Observe(d.Seconds())
 }
+
+// grantResults are the values of fencegw_grants_total's result label; its
+// help text lists them from here.
+var grantResults = []string{"granted", codeLeaseHeld, codeFenceBusy, codeStoreUnavailable, codeInvalidRequest, "other"}
 
 func (m *metrics) grant(err error) {
 	if err == nil {

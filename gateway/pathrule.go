@@ -134,6 +134,9 @@ func checkWriteRequest(r *http.Request) error {
 	if len(r.Header[HeaderLease]) > 1 {
 		return requestError(HeaderLease, "must be sent once: more than one such header")
 	}
+	if k := lookalikeHeader(r.Header); k != "" { // lookalike.go
+		return lookalikeError(k)
+	}
 	return nil
 }
 

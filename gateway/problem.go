@@ -34,6 +34,7 @@ const (
 	codeForbidden            = "forbidden"
 	codeRateLimited          = "rate_limited"
 	codeTooManyLeases        = "too_many_leases"
+	codeShuttingDown         = "shutting_down"
 	problemTypePrefix        = "urn:fencegw:problem:"
 	problemContentType       = "application/problem+json"
 	defaultUnavailableRetry  = time.Second
@@ -192,9 +193,9 @@ func writeProblem(w http.ResponseWriter, r *http.Request, log *slog.Logger, err 
 			// with a renewal it no longer needs, or its connection broke):
 			// the store call failed because of that, not because of the
 			// gateway, and nobody reads this answer. Not an error.
-			log.Debug("request abandoned by its client", "method", r.Method, "path", r.URL.Path, "err", err)
+			log.Debug("request abandoned by its client", "method", r.Method, "path", logPath(r), "err", logErr(err))
 		} else {
-			log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+			log.Error("request failed", "method", r.Method, "path", logPath(r), "err", logErr(err))
 		}
 		p.Detail = "" // don't leak internals
 	}
@@ -230,4 +231,17 @@ func retryAfterSeconds(d time.Duration) string {
 		s = 1
 	}
 	return strconv.FormatInt(s, 10)
+}
+
+// logPath is r's path as logs may hold it: lease ids (renew, release and
+// lookup paths carry them) cut to their hints. Lease ids never reach a
+// log, at any level.
+func logPath(r *http.Request) string { return tokens.RedactLeaseIDs(r.URL.Path) }
+
+// logErr is err's message with any lease id in it cut to its hint.
+func logErr(err error) string {
+	if err == nil {
+		return ""
+	}
+	return tokens.RedactLeaseIDs(err.Error())
 }

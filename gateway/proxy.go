@@ -165,6 +165,11 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 			Detail: "no upstream named " + strconv.Quote(truncate(name, 64)) + " is configured"})
 		return
 	}
+	if k := upstreamLookalike(r.Header, g.cfg.UpstreamHeaders[name]); k != "" {
+		g.metrics.write(outcomeBadRequest)
+		writeProblem(w, r, g.log, lookalikeError(k))
+		return
+	}
 	path, err := checkProxyPath(rawPath) // pathrule.go
 	if err != nil {
 		g.metrics.write(outcomeBadRequest)
@@ -191,7 +196,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	// answer is flushed (not earlier: the flush is bounded too).
 	rc := http.NewResponseController(w)
 	guard := limitBodyRead(rc, r, g.cfg.BodyTimeout)
-	kw, ok := g.keyedWrite(w, r, rawPath)
+	kw, ok := g.keyedWrite(w, r)
 	if !ok {
 		return
 	}
@@ -216,10 +221,11 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, g.log, err)
 		return
 	}
-	if kw != nil && !g.beginKeyed(w, r, kw, permit, name) {
+	if kw != nil && (!g.readKeyedBody(w, r, rawPath, kw) || !g.beginKeyed(w, r, kw, permit, name)) {
 		permit.Done(tokens.OutcomeKnown)
 		return
 	}
+	ownBody(w) // admitted: the forward's answer is the body's (early.go)
 	f := &forward{permit: permit, name: name, upstream: base, path: path, rawPath: rawPath, token: strconv.FormatInt(permit.Lease.Token, 10), instance: r.URL.Path, body: guard, keyed: kw}
 	if f.rawPath == path {
 		f.rawPath = ""

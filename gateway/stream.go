@@ -96,6 +96,12 @@ func (g *Gateway) serveStream(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, g.log, errStreamUnsupported)
 		return
 	}
+	// A rolling write deadline: each burst of events (the replay, a
+	// heartbeat, a summary, live rejections) has WriteTimeout to go out,
+	// so a subscriber that stops reading is dropped, one that reads stays.
+	rc := http.NewResponseController(w)
+	extend := func() { _ = rc.SetWriteDeadline(time.Now().Add(g.cfg.WriteTimeout)) }
+	extend()
 	q := r.URL.Query()
 	filter := streamFilter{resource: q.Get("resource"), holder: q.Get("holder"), code: q.Get("code")}
 	if err := g.checkStreamFilter(filter); err != nil {
@@ -177,11 +183,13 @@ func (g *Gateway) serveStream(w http.ResponseWriter, r *http.Request) {
 		case <-r.Context().Done():
 			return
 		case <-heartbeat.C:
+			extend()
 			if _, err := w.Write([]byte(": keep-alive\n\n")); err != nil {
 				return
 			}
 			flusher.Flush()
 		case <-summaryDue:
+			extend()
 			summaryDue = nil
 			if out.summary(false) != nil {
 				return
@@ -191,6 +199,7 @@ func (g *Gateway) serveStream(w http.ResponseWriter, r *http.Request) {
 			if !ok {
 				return
 			}
+			extend()
 			// Coalesce a burst into one flush.
 			for {
 				if _, dup := replayed[rej.ID]; !dup && filter.match(rej) {

@@ -97,7 +97,7 @@ upstream_url=$(wait_for "$tmp/upstream.log" 's/^listening on \(http[^ ]*\).*/\1/
   die "the upstream did not start"
 say "upstream at $upstream_url"
 
-"$tmp/fencegw" serve --listen 127.0.0.1:0 --data "$tmp/data" --upstream "statements=$upstream_url" \
+"$tmp/fencegw" serve --listen 127.0.0.1:0 --data "$tmp/data" --shutdown-delay 0 --upstream "statements=$upstream_url" \
   >"$tmp/gateway.log" 2>&1 &
 pids+=($!)
 gateway_url=$(wait_for "$tmp/gateway.log" 's/.*serving on \(http[^ ]*\).*/\1/p' 30 "${pids[-1]}") ||

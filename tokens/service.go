@@ -708,7 +708,7 @@ func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state 
 			}
 		}
 		s.log.Warn("write under another principal's lease refused", "principal", w.Principal, "resource", lease.Resource,
-			"holder", lease.Holder, "lease", rej.LeaseHint, "token", lease.Token, "method", w.Method, "upstream", w.Upstream, "path", w.Path)
+			"holder", lease.Holder, "lease", rej.LeaseHint, "token", lease.Token, "method", w.Method, "upstream", w.Upstream, "path", RedactLeaseIDs(w.Path))
 	}
 	if current := state.Lease; current != nil && current.ID == lease.ID {
 		lease = *current

@@ -256,6 +256,36 @@ func LeaseHint(id string) string {
 	return id[:n] + "…"
 }
 
+// RedactLeaseIDs returns s with every lease id in it (LeaseIDPrefix and
+// the id characters after it, as in a path /v1/leases/fl_.../renew)
+// replaced by its LeaseHint: what a log may hold of a lease. The id is the
+// lease's secret, and logs travel further than the gateway.
+func RedactLeaseIDs(s string) string {
+	i := strings.Index(s, LeaseIDPrefix)
+	if i < 0 {
+		return s
+	}
+	var b strings.Builder
+	for i >= 0 {
+		b.WriteString(s[:i])
+		end := i + len(LeaseIDPrefix)
+		for end < len(s) && leaseIDByte(s[end]) {
+			end++
+		}
+		b.WriteString(LeaseHint(s[i:end]))
+		s = s[end:]
+		i = strings.Index(s, LeaseIDPrefix)
+	}
+	b.WriteString(s)
+	return b.String()
+}
+
+// leaseIDByte: a byte a lease id (of either format) or a client's guess
+// at one may hold, so none of it is left in the clear.
+func leaseIDByte(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || c == '-' || c == '_' || c == '%'
+}
+
 // LeaseState is where a lease stands relative to its resource.
 type LeaseState string
 

@@ -249,7 +249,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	args := []string{"--upstream", "rec=" + up.URL, "--forward-timeout", cfg.ForwardTimeout.String(),
 		"--drain-period", cfg.DrainPeriod.String(), "--grant-wait", cfg.GrantWait.String(), "--log-level", "warn",
-		"--auth-file", authPath, "--route", WritePathRoute("rec")}
+		"--auth-file", authPath, "--route", WritePathRoute("rec"),
+		// Nothing balances load in front of the replicas: Stop's SIGTERM
+		// should drain at once, not serve on for a load balancer.
+		"--shutdown-delay", "0"}
 	switch cfg.Mode {
 	case ModeEmbedded:
 		data := filepath.Join(cfg.Dir, "data")

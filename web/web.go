@@ -267,7 +267,7 @@ func statusOf(err error) (status int, code, msg string) {
 func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status, _, msg := statusOf(err)
 	if status >= 500 {
-		h.log.Error("dashboard", "path", r.URL.Path, "err", err)
+		h.log.Error("dashboard", "path", tokens.RedactLeaseIDs(r.URL.Path), "err", err)
 	}
 	var buf bytes.Buffer
 	if err := pages.ExecuteTemplate(&buf, "error.html", errorPage{Title: http.StatusText(status), Status: status, Message: msg}); err != nil {
@@ -286,7 +286,7 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 func (h *handler) failJSON(w http.ResponseWriter, r *http.Request, err error) {
 	status, code, msg := statusOf(err)
 	if status >= 500 {
-		h.log.Error("dashboard api", "path", r.URL.Path, "err", err)
+		h.log.Error("dashboard api", "path", tokens.RedactLeaseIDs(r.URL.Path), "err", err)
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.Header().Set("Cache-Control", "no-store")

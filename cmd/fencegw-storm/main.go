@@ -298,7 +298,7 @@ func startGateway(ctx context.Context, o options, dir, upstream string, stderr i
 	addr := ln.Addr().String()
 	ln.Close()
 	args := append([]string{"serve", "--listen", addr, "--data", filepath.Join(dir, "data"),
-		"--upstream", "up=" + upstream, "--log-level", "warn"}, o.serveArgs...)
+		"--upstream", "up=" + upstream, "--log-level", "warn", "--shutdown-delay", "0"}, o.serveArgs...)
 	cmd := exec.Command(o.gatewayBin, args...)
 	cmd.Stdout, cmd.Stderr = io.Discard, stderr // stdout is the startup banner
 	if err := cmd.Start(); err != nil {

@@ -2,20 +2,18 @@ package main
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"log/slog"
-	"os"
-	"path/filepath"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/fencegw/fencegw/storage/bolt"
 	"github.com/fencegw/fencegw/storage/feed"
+	"github.com/fencegw/fencegw/storage/mode"
 	"github.com/fencegw/fencegw/tokens"
 )
 
-// backend is one storage mode wired up: the store, the per-resource lock,
-// and how live rejections travel between replicas.
+// backend is one storage mode wired up (storage/mode), with the metrics
+// serve registers for it.
 type backend struct {
 	mode   string
 	store  tokens.Store
@@ -35,40 +33,35 @@ type backend struct {
 	close func()
 }
 
+// openBackend opens the storage mode the flags name; cmd only maps its
+// configuration and exports its metrics.
 func openBackend(ctx context.Context, cfg config, log *slog.Logger) (*backend, error) {
-	if cfg.Postgres != "" {
-		return openPostgres(ctx, cfg, log)
-	}
-	return openEmbedded(cfg, log)
-}
-
-// openEmbedded: one process, tokens and leases in a bbolt file.
-func openEmbedded(cfg config, log *slog.Logger) (*backend, error) {
-	if err := os.MkdirAll(cfg.Data, 0o750); err != nil {
-		return nil, fmt.Errorf("create data directory: %w", err)
-	}
-	store, err := bolt.Open(filepath.Join(cfg.Data, "fencegw.db"), bolt.Options{
-		CrashDrain:            cfg.DrainPeriod,
-		MaxIdempotencyRecords: cfg.IdempotencyMaxRecords,
+	m, err := mode.Open(ctx, mode.Config{
+		Data:                  cfg.Data,
+		Postgres:              cfg.Postgres,
+		Redis:                 cfg.Redis,
+		DrainPeriod:           cfg.DrainPeriod,
+		IdempotencyMaxRecords: cfg.IdempotencyMaxRecords,
+		Schema:                cfg.PGSchema,
+		MaxConns:              cfg.PGMaxConns,
+		LockConns:             cfg.PGLockConns,
+		StatementTimeout:      cfg.PGStatementTimeout,
+		LockTimeout:           cfg.PGLockTimeout,
+		SessionCheck:          cfg.PGSessionCheck,
+		FenceSessions:         cfg.PGFenceSessions,
+		MaxFences:             cfg.PGMaxFences,
 		Logger:                log,
 	})
-	if err != nil {
-		return nil, fmt.Errorf("open embedded store in %s: %w", cfg.Data, err)
+	if ce := (*mode.ConfigError)(nil); errors.As(err, &ce) {
+		return nil, usageError("--%s: %v", ce.Field, ce.Err)
 	}
-	// In one process the live feed needs no transport: OnRejection hands
-	// each rejection straight to the gateway's subscribers.
-	f := feed.NewLocal()
-	return &backend{
-		mode:   "embedded (" + filepath.Join(cfg.Data, "fencegw.db") + ")",
-		store:  store,
-		keys:   store,
-		locker: tokens.NewLocalLocker(),
-		feed:   f,
-		close: func() {
-			f.Close()
-			if err := store.Close(); err != nil {
-				log.Error("close store", "err", err)
-			}
-		},
-	}, nil
+	if err != nil {
+		return nil, err
+	}
+	b := &backend{mode: m.Name, store: m.Store, locker: m.Locker, fencer: m.Fencer, keys: m.Keys, feed: m.Feed, close: m.Close}
+	if m.Fence != nil {
+		b.onFree = m.OnFree
+		b.collectors = fenceMetrics(m.Fence)
+	}
+	return b, nil
 }

@@ -31,6 +31,9 @@ type config struct {
 	MaxBody        int64
 	LogLevel       string
 	BodyTimeout    time.Duration
+	// ShutdownDelay is how long a replica told to stop goes on serving
+	// with /readyz failing, so that a load balancer takes it out first.
+	ShutdownDelay time.Duration
 
 	// AuthFile is --auth-file; Auth its loaded contents (nil: no
 	// authentication). InsecureNoAuth allows a non-loopback listener
@@ -61,6 +64,11 @@ type config struct {
 	IdempotencyMaxBody    int64
 	IdempotencyMaxRecords int
 }
+
+// defaultShutdownDelay covers a few health-check intervals of a load
+// balancer that checks every second or two and takes a replica out after
+// one or two failures (docs/operations.md, "Rolling restarts").
+const defaultShutdownDelay = 5 * time.Second
 
 // errUsage marks a bad flag or config value: exit code 2.
 var errUsage = errors.New("usage")
@@ -184,6 +192,7 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 		MaxBody:        gateway.DefaultMaxBody,
 		LogLevel:       "info",
 		BodyTimeout:    gateway.DefaultBodyTimeout,
+		ShutdownDelay:  defaultShutdownDelay,
 
 		IdempotencyWindow:     tokens.DefaultIdempotencyWindow,
 		IdempotencyMaxBody:    tokens.DefaultIdempotencyMaxBody,
@@ -203,6 +212,7 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 	fs.Var(byteSize{&cfg.MaxBody}, "max-body", "largest fenced write body (like 10MiB)")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.DurationVar(&cfg.BodyTimeout, "body-timeout", cfg.BodyTimeout, "bound on reading one request body (slow clients are cut off)")
+	fs.DurationVar(&cfg.ShutdownDelay, "shutdown-delay", cfg.ShutdownDelay, "on SIGTERM, /readyz fails at once and the replica goes on serving this long before it stops accepting (load balancer check interval x fall count + margin; 0: stop at once)")
 	fs.StringVar(&cfg.AuthFile, "auth-file", "", "API keys (hashed, with roles and resource prefixes) and upstream credentials, YAML or JSON")
 	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow listening on a non-loopback address without --auth-file")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; needs --tls-key)")
@@ -303,6 +313,9 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 	if cfg.BodyTimeout <= 0 {
 		return cfg, usageError("--body-timeout must be positive")
 	}
+	if cfg.ShutdownDelay < 0 || cfg.ShutdownDelay > 10*time.Minute {
+		return cfg, usageError("--shutdown-delay must be between 0 and 10m")
+	}
 	switch {
 	case cfg.IdempotencyWindow < time.Minute:
 		return cfg, usageError("--idempotency-window must be at least 1m")
@@ -345,7 +358,7 @@ func parseSecurity(cfg *config) error {
 		cfg.AllowedHosts = nil
 	case len(cfg.HostsFlag) > 0:
 		cfg.AllowedHosts = append(append([]string(nil), gateway.LoopbackHosts...), cfg.HostsFlag...)
-		if host, _, err := net.SplitHostPort(cfg.Listen); err == nil && host != "" && net.ParseIP(host) != nil && !net.ParseIP(host).IsUnspecified() {
+		if host, _, err := net.SplitHostPort(cfg.Listen); err == nil && host != "" && net.ParseIP(host) != nil && !net.ParseIP(host).IsUnspecified() && !slices.Contains(cfg.AllowedHosts, host) {
 			cfg.AllowedHosts = append(cfg.AllowedHosts, host)
 		}
 	default:

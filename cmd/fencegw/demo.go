@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,7 +20,7 @@ import (
 	"github.com/fencegw/fencegw/api"
 	"github.com/fencegw/fencegw/client"
 	"github.com/fencegw/fencegw/gateway"
-	"github.com/fencegw/fencegw/storage/bolt"
+	"github.com/fencegw/fencegw/storage/mode"
 	"github.com/fencegw/fencegw/tokens"
 	"github.com/fencegw/fencegw/web"
 )
@@ -140,7 +139,7 @@ type demo struct {
 	gwAddr, upAddr string
 	gwSrv, upSrv   *http.Server
 	gw             *gateway.Gateway
-	store          *bolt.Store
+	store          *mode.Mode
 	stmts          *statements
 	tr             *http.Transport
 	freezeA        *freezer
@@ -168,14 +167,14 @@ func startDemo(listen string, stderr io.Writer) (d *demo, err error) {
 	d.upSrv = &http.Server{Handler: d.stmts, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = d.upSrv.Serve(upLn) }()
 
-	if d.store, err = bolt.Open(filepath.Join(d.dir, "fencegw.db"), bolt.Options{Logger: logger}); err != nil {
-		return nil, fmt.Errorf("open embedded store: %w", err)
+	if d.store, err = mode.OpenEmbedded(mode.Config{Data: d.dir, Logger: logger}); err != nil {
+		return nil, err
 	}
 	var gw *gateway.Gateway
 	counts := web.NewCounts()
 	svc := tokens.New(tokens.Config{
-		Store:  d.store,
-		Locker: tokens.NewLocalLocker(),
+		Store:  d.store.Store,
+		Locker: d.store.Locker,
 		Logger: logger,
 		OnRejection: func(r tokens.Rejection) {
 			counts.Rejected(r)
@@ -188,6 +187,9 @@ func startDemo(listen string, stderr io.Writer) (d *demo, err error) {
 		OnForwarded: counts.Accepted,
 		UI:          web.Handler(svc, counts),
 		Logger:      logger,
+		// It stays up on loopback after the replay, which is where a page
+		// rebinding its own name to 127.0.0.1 reaches (hosts.go).
+		AllowedHosts: demoHosts(listen),
 	})
 	d.gw = gw
 	gwLn, err := net.Listen("tcp", listen)
@@ -212,6 +214,18 @@ func startDemo(listen string, stderr io.Writer) (d *demo, err error) {
 	return d, nil
 }
 
+// demoHosts are the names the demo's gateway answers to: the loopback
+// names, and the listen address if it names one IP.
+func demoHosts(listen string) []string {
+	hosts := append([]string(nil), gateway.LoopbackHosts...)
+	if host, _, err := net.SplitHostPort(listen); err == nil {
+		if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() {
+			hosts = append(hosts, host)
+		}
+	}
+	return hosts
+}
+
 func (d *demo) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -228,7 +242,7 @@ func (d *demo) close() {
 		d.gw.Close() // idle upstream connections made during shutdown
 	}
 	if d.store != nil {
-		_ = d.store.Close()
+		d.store.Close()
 	}
 	d.tr.CloseIdleConnections()
 	if d.dir != "" {

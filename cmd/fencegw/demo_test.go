@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net/http"
 	"regexp"
 	"strings"
 	"sync"
@@ -85,8 +86,23 @@ func TestDemoServesUntilCancelled(t *testing.T) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	if !regexp.MustCompile(`dashboard http://127\.0\.0\.1:\d+/ui/`).MatchString(stdout.String()) {
-		t.Errorf("no dashboard URL in:\n%s", stdout.String())
+	m := regexp.MustCompile(`dashboard http://(127\.0\.0\.1:\d+)/ui/`).FindStringSubmatch(stdout.String())
+	if m == nil {
+		t.Fatalf("no dashboard URL in:\n%s", stdout.String())
+	}
+	// The gateway left running checks Host (DNS rebinding): a page under
+	// another name gets 403, the loopback names get through.
+	for host, want := range map[string]int{"evil.example": http.StatusForbidden, m[1]: http.StatusOK, "localhost": http.StatusOK} {
+		req, _ := http.NewRequest("GET", "http://"+m[1]+"/v1/rejections", nil)
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("Host %s: %d, want %d", host, resp.StatusCode, want)
+		}
 	}
 	cancel()
 	select {

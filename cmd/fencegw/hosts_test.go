@@ -18,7 +18,8 @@ func TestAllowedHosts(t *testing.T) {
 		env  string
 		want string // "" : no check
 	}{
-		{[]string{"--listen", "127.0.0.1:8080"}, "", "localhost,127.0.0.1,::1,127.0.0.1"},
+		{[]string{"--listen", "127.0.0.1:8080"}, "", "localhost,127.0.0.1,::1"},
+		{[]string{"--listen", "127.0.0.1:8080", "--allowed-hosts", "gw.local"}, "", "localhost,127.0.0.1,::1,gw.local"},
 		{[]string{"--listen", "0.0.0.0:8080", "--insecure-no-auth"}, "", ""},
 		{[]string{"--listen", "0.0.0.0:8080", "--insecure-no-auth", "--allowed-hosts", "gw.example.com, gw2.example.com:443"}, "", "localhost,127.0.0.1,::1,gw.example.com,gw2.example.com:443"},
 		{[]string{"--listen", "10.0.0.5:8080", "--insecure-no-auth"}, "gw.example.com", "localhost,127.0.0.1,::1,gw.example.com,10.0.0.5"},
@@ -60,7 +61,7 @@ func TestHostCheckAtStart(t *testing.T) {
 	p := startProc(t, "--data", t.TempDir(), "--listen", "0.0.0.0:0", "--insecure-no-auth")
 	says(p, "Host check: off: --listen 0.0.0.0:0 is not a loopback address and there is no --allowed-hosts")
 	p = startProc(t, "--data", t.TempDir())
-	says(p, "Host check: localhost, 127.0.0.1, ::1, 127.0.0.1")
+	says(p, "Host check: localhost, 127.0.0.1, ::1\n") // each name once
 	// The real binary refuses a foreign Host and takes its own.
 	for host, want := range map[string]int{"rebind.evil.example": 403, "": 200} {
 		req, _ := http.NewRequest("GET", p.url()+"/v1/rejections", nil)

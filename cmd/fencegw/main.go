@@ -34,15 +34,35 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
-	stop()
+	ctx, hurry := shutdownSignals()
+	code := run(ctx, hurry, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	os.Exit(code)
 }
 
+// shutdownSignals returns a context cancelled by the first SIGTERM or
+// SIGINT (shutdown begins: readiness off, then the shutdown delay) and a
+// channel closed by the second (the delay is cut short, the drain goes on).
+// After the second, the signals get Go's default handling back, so a third
+// ends the process at once, as an operator pressing Ctrl-C thrice means.
+func shutdownSignals() (context.Context, <-chan struct{}) {
+	ctx, cancel := context.WithCancel(context.Background())
+	hurry := make(chan struct{})
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sigs
+		cancel()
+		<-sigs
+		close(hurry)
+		signal.Reset(os.Interrupt, syscall.SIGTERM)
+	}()
+	return ctx, hurry
+}
+
 // run is the whole program, testable in-process: exit code 0 after a clean
-// shutdown, 2 for bad flags or config, 1 for anything else.
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+// shutdown, 2 for bad flags or config, 1 for anything else. Cancelling ctx
+// starts a shutdown; closing hurry cuts its delay short.
+func run(ctx context.Context, hurry <-chan struct{}, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	cmd := "serve"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, args = args[0], args[1:]
@@ -52,7 +72,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "serve":
 		var cfg config
 		if cfg, err = parseServe(args, getenv); err == nil {
-			err = serve(ctx, cfg, stdout, nil)
+			err = serve(ctx, hurry, cfg, stdout, nil)
 		}
 	case "demo":
 		err = runDemo(ctx, args, stdout, stderr)
@@ -100,6 +120,9 @@ usage:
       --grant-wait D           how long a grant waits for in-flight writes (10s)
       --max-body SIZE          largest fenced write body (10MiB)
       --body-timeout D         bound on reading one request body; slow clients are cut off (30s)
+      --shutdown-delay D       on SIGTERM, /readyz fails at once and the replica serves on this long before it stops
+                               accepting: your load balancer's check interval x fall count + margin (5s); a second
+                               signal cuts it short
       --auth-file PATH         API keys (sha256, role, resource prefixes, rate, caps) and upstream credentials
       --insecure-no-auth       allow a non-loopback --listen without --auth-file
       --tls-cert FILE          serve HTTPS (with --tls-key FILE)
@@ -131,9 +154,13 @@ func parseLevel(s string) (slog.Level, error) {
 	return l, err
 }
 
-// serve runs the gateway until ctx is cancelled, then drains in-flight
-// writes and closes the store. ready, if not nil, receives the bound address.
-func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- string) error {
+// serve runs the gateway until ctx is cancelled, then shuts down as a load
+// balancer never notices: /readyz fails at once, everything else is served
+// for cfg.ShutdownDelay (or until hurry is closed), then the listener
+// closes, in-flight requests are answered with Connection: close, writes
+// drain and the store (with its fences) closes. ready, if not nil,
+// receives the bound address.
+func serve(ctx context.Context, hurry <-chan struct{}, cfg config, stdout io.Writer, ready chan<- string) error {
 	level, _ := parseLevel(cfg.LogLevel)
 	logger := slog.New(slog.NewTextHandler(stdout, &slog.HandlerOptions{Level: level}))
 	if cfg.DrainPeriod < cfg.ForwardTimeout {
@@ -209,7 +236,11 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 		counts.Rejected(r)
 		gw.Publish(r)
 	}
-	if err := backend.feed.Subscribe(ctx, deliver); err != nil {
+	// The live feed lasts as long as the process, not until the signal:
+	// the replica serves on through the shutdown delay.
+	life, endLife := context.WithCancel(context.WithoutCancel(ctx))
+	defer endLife()
+	if err := backend.feed.Subscribe(life, deliver); err != nil {
 		return err
 	}
 
@@ -286,7 +317,28 @@ func serve(ctx context.Context, cfg config, stdout io.Writer, ready chan<- strin
 	case <-ctx.Done():
 	}
 
+	// Keep-alive connections stay open during the delay: closing an idle
+	// one races with a load balancer that still counts the replica as up
+	// and is sending a request on it, which then reads EOF.
+	gw.ShuttingDown()
+	if cfg.ShutdownDelay > 0 {
+		logger.Info("shutting down: /readyz answers 503, serving on for the shutdown delay (signal again to cut it short)",
+			"shutdown_delay", cfg.ShutdownDelay)
+		delay := time.NewTimer(cfg.ShutdownDelay)
+		select {
+		case <-delay.C:
+		case <-hurry:
+			logger.Info("shutting down: the shutdown delay was cut short by a second signal")
+		case err := <-served:
+			delay.Stop()
+			return fmt.Errorf("serve: %w", err)
+		}
+		delay.Stop()
+	}
 	logger.Info("shutting down: draining in-flight writes", "in_flight", gw.InFlight())
+	// Answers from now on say Connection: close, so that clients and load
+	// balancers do not send another request on a connection about to close.
+	srv.SetKeepAlivesEnabled(false)
 	gw.Close() // end live streams, which would otherwise hold Shutdown up
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ForwardTimeout+5*time.Second)
 	defer cancel()

@@ -64,7 +64,15 @@ var servingLine = regexp.MustCompile(`serving on https?://(\S+)`)
 
 func startProc(t *testing.T, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(binary, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
+	// No shutdown delay unless a test asks for one (a later flag wins):
+	// nothing balances load in front of these processes.
+	return startBinary(t, binary, append([]string{"--shutdown-delay", "0"}, args...)...)
+}
+
+// startBinary starts `bin serve` on a free port (a later --listen wins).
+func startBinary(t *testing.T, bin string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -190,11 +190,23 @@ func TestCacheNeverStale(t *testing.T) {
 	mutators.Wait()
 	close(stop)
 	readers.Wait()
-	checkCacheMatchesFile(t, s)
+	// An empty cache would pass the comparison: the last commits must have
+	// left their states in it.
+	if res, _ := checkCacheMatchesFile(t, s); res == 0 {
+		t.Fatal("the cache holds no resource after 600 commits and the reads between them")
+	}
+	// And a quiet read fills it with the lease it read.
+	if _, err := s.Lease(ctx, leases[len(leases)-1]); err != nil {
+		t.Fatal(err)
+	}
+	if _, cached := checkCacheMatchesFile(t, s); cached == 0 {
+		t.Fatal("a lease read with nothing else going on was not cached")
+	}
 }
 
-// checkCacheMatchesFile compares every cached entry with the file.
-func checkCacheMatchesFile(t *testing.T, s *Store) {
+// checkCacheMatchesFile compares every cached entry with the file, and
+// returns how many resources and leases the cache holds.
+func checkCacheMatchesFile(t *testing.T, s *Store) (resources, leases int) {
 	t.Helper()
 	c := s.cache
 	c.mu.RLock()
@@ -213,6 +225,7 @@ func checkCacheMatchesFile(t *testing.T, s *Store) {
 				if st != e.st || (l == nil) != (e.lease == nil) || (l != nil && leaseText(*l) != leaseText(*e.lease)) {
 					return fmt.Errorf("resource %q cached as %+v %v, the file has %+v %v", name, e.st, e.lease, st, l)
 				}
+				resources++
 			}
 		}
 		for _, gen := range c.leases {
@@ -224,6 +237,7 @@ func checkCacheMatchesFile(t *testing.T, s *Store) {
 				if l == nil || leaseText(*l) != leaseText(*cl) {
 					return fmt.Errorf("lease %s cached as %v, the file has %v", tokens.LeaseHint(id), cl, l)
 				}
+				leases++
 			}
 		}
 		return nil
@@ -231,6 +245,7 @@ func checkCacheMatchesFile(t *testing.T, s *Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return resources, leases
 }
 
 // TestCurrentLeasesFromIndex checks the live-lease index across renewals,

@@ -10,6 +10,7 @@ import (
 
 	"github.com/fencegw/fencegw/storage/postgres"
 	"github.com/fencegw/fencegw/storage/postgres/pgtest"
+	"github.com/fencegw/fencegw/storage/storagetest"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -46,7 +47,7 @@ func TestStaleLeaseIsRefusedFromCache(t *testing.T) {
 	ctx := t.Context()
 	acquire := func(ttl time.Duration) tokens.Lease { t.Helper(); return acquireOn(t, svc, "r", ttl) }
 	old := acquire(100 * time.Millisecond)
-	time.Sleep(150 * time.Millisecond)
+	storagetest.WaitPast(t, pg, "r", old.ExpiresAt)
 	second := acquire(100 * time.Millisecond)
 	write := func() {
 		t.Helper()
@@ -62,7 +63,7 @@ func TestStaleLeaseIsRefusedFromCache(t *testing.T) {
 	if n := st.reads.Load() - reads; n != 0 {
 		t.Fatalf("20 more refusals of the same superseded lease read the store %d times, want 0", n)
 	}
-	time.Sleep(150 * time.Millisecond)
+	storagetest.WaitPast(t, pg, "r", second.ExpiresAt)
 	third := acquire(time.Minute)
 	write()
 	recorded := rejections()
@@ -89,7 +90,8 @@ func TestAdmitRefusesEndedLeasesWithoutTheLock(t *testing.T) {
 	if _, err := svc.Release(ctx, released.ID, ""); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(150 * time.Millisecond)
+	storagetest.WaitPast(t, st, "a", superseded.ExpiresAt)
+	storagetest.WaitPast(t, st, "b", expired.ExpiresAt)
 	current := acquire("a", time.Minute)
 
 	for _, tc := range []struct {

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/fencegw/fencegw/storage/postgres"
 	"github.com/fencegw/fencegw/storage/postgres/pgtest"
+	"github.com/fencegw/fencegw/storage/storagetest"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -97,7 +99,7 @@ func TestExpiryByDatabaseClock(t *testing.T) {
 	s := pgtest.OpenFresh(t)
 	ctx := t.Context()
 	l1 := grant(t, s, "x", 100*time.Millisecond)
-	time.Sleep(150 * time.Millisecond)
+	storagetest.WaitPast(t, s, "x", l1.ExpiresAt)
 	if _, err := s.Renew(ctx, l1.ID, 0); !errors.Is(err, tokens.ErrLeaseLost) {
 		t.Fatalf("Renew of an expired lease: %v", err)
 	}
@@ -135,9 +137,24 @@ func TestDrainMakesGrantsBusy(t *testing.T) {
 	if f := tokens.ErrorOf(err); !errors.Is(err, tokens.ErrFenceBusy) || f.RetryAfter <= 0 || f.RetryAfter > 300*time.Millisecond {
 		t.Fatalf("Grant while draining: %v", err)
 	}
-	time.Sleep(350 * time.Millisecond)
-	if l2 := grant(t, s, "d", time.Minute); l2.Token != 2 {
-		t.Fatalf("token after the drain: %d (a refused grant must not use up a token)", l2.Token)
+	// Grants are refused until the drain ends, and none of them uses up a
+	// token.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l2, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "d", TTL: time.Minute, Holder: "h"})
+		if err == nil {
+			if l2.Token != 2 {
+				t.Fatalf("token after the drain: %d (a refused grant must not use up a token)", l2.Token)
+			}
+			return
+		}
+		if !errors.Is(err, tokens.ErrFenceBusy) {
+			t.Fatalf("Grant after the drain: %v", err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the drain never ended")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -311,6 +328,9 @@ func TestConcurrentRejectionsAreGrouped(t *testing.T) {
 	}
 }
 
+// Replicas starting together migrate a fresh schema once: every migration
+// is recorded exactly once (goose's version 0 row, then one row per file),
+// and the schema works.
 func TestConcurrentOpenMigratesOnce(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.NewSchema(t)
@@ -321,6 +341,19 @@ func TestConcurrentOpenMigratesOnce(t *testing.T) {
 	wg.Wait()
 	s := pgtest.Open(t, schema, postgres.Options{})
 	grant(t, s, "ok", time.Minute)
+	files, err := filepath.Glob("migrations/*.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("migrations: %v %v", files, err)
+	}
+	rows := migrationRows(t, s)
+	if len(rows) != len(files)+1 {
+		t.Fatalf("%d rows in fencegw_migrations for %d migrations opened five times: %v", len(rows), len(files), rows)
+	}
+	for i, r := range rows {
+		if r.Version != int64(i) || !r.Applied {
+			t.Fatalf("fencegw_migrations row %d is %+v, want version %d applied once: %v", i, r, i, rows)
+		}
+	}
 }
 
 func TestUnreachableIsUnavailable(t *testing.T) {
@@ -370,11 +403,13 @@ func TestPruneBoundsWhatIsKept(t *testing.T) {
 	}
 	old := grant(t, s, "hist", 100*time.Millisecond) // token 1: 1 event
 	for range 6 {
-		if _, err := s.Renew(ctx, old.ID, 0); err != nil { // 6 more
+		renewed, err := s.Renew(ctx, old.ID, 0) // 6 more
+		if err != nil {
 			t.Fatal(err)
 		}
+		old = renewed
 	}
-	time.Sleep(150 * time.Millisecond)
+	storagetest.WaitPast(t, s, "hist", old.ExpiresAt)
 	cur := grant(t, s, "hist", time.Minute) // token 2, supersedes the expired one
 	quiet := grant(t, s, "quiet", time.Minute)
 	if err := s.AddWrites(ctx, []tokens.TokenWrites{{Resource: "hist", Token: old.Token, N: 3}, {Resource: "hist", Token: cur.Token, N: 2}}); err != nil {

@@ -187,7 +187,7 @@ func TestCompareAndSetProtectsTheSuccessor(t *testing.T) {
 	ctx := t.Context()
 	key := e.store.LeaseKey("inv/1")
 	old := grant(t, e.store, "inv/1", 150*time.Millisecond)
-	time.Sleep(200 * time.Millisecond)
+	storagetest.WaitPast(t, e.store, "inv/1", old.ExpiresAt)
 	next := grant(t, e.store, "inv/1", time.Minute)
 	pttl := e.rdb.PTTL(ctx, key).Val()
 	if _, err := e.store.Release(ctx, old.ID); !errors.Is(err, tokens.ErrLeaseLost) {

@@ -294,7 +294,11 @@ export interface paths {
          * Readiness (stores reachable)
          * @description Answers `ready` when every store the gateway uses (the bbolt file, or
          *     PostgreSQL and Redis) answers a ping within 2 s, else
-         *     `503 store_unavailable`.
+         *     `503 store_unavailable`. From the moment the process is told to stop
+         *     (SIGTERM, SIGINT) it answers `503 shutting_down`, while the replica
+         *     goes on serving everything else for its `--shutdown-delay`: a load
+         *     balancer that health-checks this takes the replica out before it
+         *     stops accepting.
          */
         get: operations["readyz"];
         put?: never;
@@ -720,6 +724,7 @@ export interface components {
          *     | `upstream_unreachable` | 502 | the upstream could not be reached or broke the connection |
          *     | `fence_busy` | 503 | a grant waited too long for in-flight writes or a drain period |
          *     | `store_unavailable` | 503 | the token store cannot be reached, or every connection to it is in use (fail closed) |
+         *     | `shutting_down` | 503 | `/readyz` only: the replica is shutting down; send new requests elsewhere |
          *     | `upstream_timeout` | 504 | the upstream did not answer in time; the outcome is unknown |
          * @example stale_token
          */
@@ -766,6 +771,29 @@ export interface components {
         };
     };
     responses: {
+        /**
+         * @description Any other answer of the gateway's own: an RFC 9457 problem document
+         *     with a stable `code` (an open set: see `ProblemCode`), for
+         *     generators that give every operation one error type. The statuses
+         *     and codes an operation documents are listed beside it.
+         */
+        Problem: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "type": "urn:fencegw:problem:store_unavailable",
+                 *       "title": "Store unavailable",
+                 *       "status": 503,
+                 *       "code": "store_unavailable",
+                 *       "detail": "the token store cannot be reached"
+                 *     }
+                 */
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
         /**
          * @description `invalid_request`: the request is malformed; `field` names what is
          *     wrong (for ambiguous HTTP framing, the header fields, and the
@@ -1105,6 +1133,7 @@ export interface operations {
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["Problem"];
         };
     };
     getLease: {
@@ -1145,6 +1174,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["Problem"];
         };
     };
     releaseLease: {
@@ -1172,6 +1202,7 @@ export interface operations {
             409: components["responses"]["LeaseLost"];
             429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["Problem"];
         };
     };
     renewLease: {
@@ -1240,6 +1271,7 @@ export interface operations {
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["Problem"];
         };
     };
     revokeLease: {
@@ -1282,6 +1314,7 @@ export interface operations {
             409: components["responses"]["LeaseLost"];
             429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["Problem"];
         };
     };
     getResource: {
@@ -1324,6 +1357,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["Problem"];
         };
     };
     listRejections: {
@@ -1392,6 +1426,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["Problem"];
         };
     };
     streamRejections: {
@@ -1451,6 +1486,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             429: components["responses"]["TooManyRequests"];
+            default: components["responses"]["Problem"];
         };
     };
     getIndex: {
@@ -1492,6 +1528,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             429: components["responses"]["TooManyRequests"];
+            default: components["responses"]["Problem"];
         };
     };
     getOpenAPIYAML: {
@@ -1512,9 +1549,7 @@ export interface operations {
                     "application/yaml": string;
                 };
             };
-            401: components["responses"]["Unauthorized"];
-            403: components["responses"]["Forbidden"];
-            429: components["responses"]["TooManyRequests"];
+            default: components["responses"]["Problem"];
         };
     };
     getOpenAPIJSON: {
@@ -1547,9 +1582,7 @@ export interface operations {
                     };
                 };
             };
-            401: components["responses"]["Unauthorized"];
-            403: components["responses"]["Forbidden"];
-            429: components["responses"]["TooManyRequests"];
+            default: components["responses"]["Problem"];
         };
     };
     healthz: {
@@ -1571,6 +1604,7 @@ export interface operations {
                     "text/plain": string;
                 };
             };
+            default: components["responses"]["Problem"];
         };
     };
     readyz: {
@@ -1593,6 +1627,7 @@ export interface operations {
                 };
             };
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["Problem"];
         };
     };
     metrics: {
@@ -1616,6 +1651,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             429: components["responses"]["TooManyRequests"];
+            default: components["responses"]["Problem"];
         };
     };
     dashboardOverview: {
@@ -1723,6 +1759,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["Problem"];
         };
     };
     dashboardTimeline: {
@@ -1808,6 +1845,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             429: components["responses"]["TooManyRequests"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["Problem"];
         };
     };
 }

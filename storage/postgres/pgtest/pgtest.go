@@ -135,7 +135,7 @@ func FenceReplicas(t *testing.T, n int, opts storagetest.FenceOptions,
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		fence, err := pg.NewFence(ctx, postgres.FenceOptions{
 			SessionCheck: opts.SessionCheck,
-			OrphanDrain:  opts.DrainPeriod + opts.SessionCheck,
+			OrphanDrain:  postgres.OrphanDrain(opts.DrainPeriod, opts.SessionCheck),
 			Idle:         opts.Idle,
 			MaxFences:    opts.MaxFences,
 			Replica:      replica,

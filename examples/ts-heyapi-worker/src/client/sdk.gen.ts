@@ -2,7 +2,7 @@
 
 import { client } from './client.gen.js';
 import type { Client, Options as Options2, TDataShape } from './client/index.js';
-import type { AcquireLeaseData, AcquireLeaseErrors, AcquireLeaseResponses, DashboardOverviewData, DashboardOverviewErrors, DashboardOverviewResponses, DashboardTimelineData, DashboardTimelineErrors, DashboardTimelineResponses, GetIndexData, GetIndexErrors, GetIndexResponses, GetLeaseData, GetLeaseErrors, GetLeaseResponses, GetOpenApijsonData, GetOpenApijsonErrors, GetOpenApijsonResponses, GetOpenApiyamlData, GetOpenApiyamlErrors, GetOpenApiyamlResponses, GetResourceData, GetResourceErrors, GetResourceResponses, HealthzData, HealthzResponses, ListRejectionsData, ListRejectionsErrors, ListRejectionsResponses, MetricsData, MetricsErrors, MetricsResponses, ReadyzData, ReadyzErrors, ReadyzResponses, ReleaseLeaseData, ReleaseLeaseErrors, ReleaseLeaseResponses, RenewLeaseData, RenewLeaseErrors, RenewLeaseResponses, RevokeLeaseData, RevokeLeaseErrors, RevokeLeaseResponses, StreamRejectionsData, StreamRejectionsErrors, StreamRejectionsResponse, StreamRejectionsResponses } from './types.gen.js';
+import type { AcquireLeaseData, AcquireLeaseErrors, AcquireLeaseResponses, DashboardOverviewData, DashboardOverviewErrors, DashboardOverviewResponses, DashboardTimelineData, DashboardTimelineErrors, DashboardTimelineResponses, GetIndexData, GetIndexErrors, GetIndexResponses, GetLeaseData, GetLeaseErrors, GetLeaseResponses, GetOpenApijsonData, GetOpenApijsonErrors, GetOpenApijsonResponses, GetOpenApiyamlData, GetOpenApiyamlErrors, GetOpenApiyamlResponses, GetResourceData, GetResourceErrors, GetResourceResponses, HealthzData, HealthzErrors, HealthzResponses, ListRejectionsData, ListRejectionsErrors, ListRejectionsResponses, MetricsData, MetricsErrors, MetricsResponses, ReadyzData, ReadyzErrors, ReadyzResponses, ReleaseLeaseData, ReleaseLeaseErrors, ReleaseLeaseResponses, RenewLeaseData, RenewLeaseErrors, RenewLeaseResponses, RevokeLeaseData, RevokeLeaseErrors, RevokeLeaseResponses, StreamRejectionsData, StreamRejectionsErrors, StreamRejectionsResponse, StreamRejectionsResponses } from './types.gen.js';
 
 export type Options<TData extends TDataShape = TDataShape, ThrowOnError extends boolean = boolean, TResponse = unknown> = Options2<TData, ThrowOnError, TResponse> & {
     /**
@@ -33,7 +33,7 @@ export type Options<TData extends TDataShape = TDataShape, ThrowOnError extends 
  *
  */
 export const acquireLease = <ThrowOnError extends boolean = false>(options: Options<AcquireLeaseData, ThrowOnError>) => (options.client ?? client).post<AcquireLeaseResponses, AcquireLeaseErrors, ThrowOnError>({
-    security: [{ scheme: 'bearer', type: 'http' }, { scheme: 'basic', type: 'http' }],
+    security: [{ scheme: 'bearer', type: 'http' }],
     url: '/v1/leases',
     ...options,
     headers: {
@@ -52,7 +52,7 @@ export const acquireLease = <ThrowOnError extends boolean = false>(options: Opti
  *
  */
 export const releaseLease = <ThrowOnError extends boolean = false>(options: Options<ReleaseLeaseData, ThrowOnError>) => (options.client ?? client).delete<ReleaseLeaseResponses, ReleaseLeaseErrors, ThrowOnError>({
-    security: [{ scheme: 'bearer', type: 'http' }, { scheme: 'basic', type: 'http' }],
+    security: [{ scheme: 'bearer', type: 'http' }],
     url: '/v1/leases/{lease_id}',
     ...options
 });
@@ -63,7 +63,7 @@ export const releaseLease = <ThrowOnError extends boolean = false>(options: Opti
  * Returns the lease and its state; `ttl_ms` is measured by the gateway.
  */
 export const getLease = <ThrowOnError extends boolean = false>(options: Options<GetLeaseData, ThrowOnError>) => (options.client ?? client).get<GetLeaseResponses, GetLeaseErrors, ThrowOnError>({
-    security: [{ scheme: 'bearer', type: 'http' }, { scheme: 'basic', type: 'http' }],
+    security: [{ scheme: 'bearer', type: 'http' }],
     url: '/v1/leases/{lease_id}',
     ...options
 });
@@ -77,7 +77,7 @@ export const getLease = <ThrowOnError extends boolean = false>(options: Options<
  *
  */
 export const renewLease = <ThrowOnError extends boolean = false>(options: Options<RenewLeaseData, ThrowOnError>) => (options.client ?? client).post<RenewLeaseResponses, RenewLeaseErrors, ThrowOnError>({
-    security: [{ scheme: 'bearer', type: 'http' }, { scheme: 'basic', type: 'http' }],
+    security: [{ scheme: 'bearer', type: 'http' }],
     url: '/v1/leases/{lease_id}/renew',
     ...options,
     headers: {
@@ -101,7 +101,7 @@ export const renewLease = <ThrowOnError extends boolean = false>(options: Option
  *
  */
 export const revokeLease = <ThrowOnError extends boolean = false>(options: Options<RevokeLeaseData, ThrowOnError>) => (options.client ?? client).post<RevokeLeaseResponses, RevokeLeaseErrors, ThrowOnError>({
-    security: [{ scheme: 'bearer', type: 'http' }, { scheme: 'basic', type: 'http' }],
+    security: [{ scheme: 'bearer', type: 'http' }],
     url: '/v1/leases/{lease_id}/revoke',
     ...options
 });
@@ -116,7 +116,7 @@ export const revokeLease = <ThrowOnError extends boolean = false>(options: Optio
  *
  */
 export const getResource = <ThrowOnError extends boolean = false>(options: Options<GetResourceData, ThrowOnError>) => (options.client ?? client).get<GetResourceResponses, GetResourceErrors, ThrowOnError>({
-    security: [{ scheme: 'bearer', type: 'http' }, { scheme: 'basic', type: 'http' }],
+    security: [{ scheme: 'bearer', type: 'http' }],
     url: '/v1/resources/{resource}',
     ...options
 });
@@ -130,7 +130,7 @@ export const getResource = <ThrowOnError extends boolean = false>(options: Optio
  *
  */
 export const listRejections = <ThrowOnError extends boolean = false>(options?: Options<ListRejectionsData, ThrowOnError>) => (options?.client ?? client).get<ListRejectionsResponses, ListRejectionsErrors, ThrowOnError>({
-    security: [{ scheme: 'bearer', type: 'http' }, { scheme: 'basic', type: 'http' }],
+    security: [{ scheme: 'bearer', type: 'http' }],
     url: '/v1/rejections',
     ...options
 });
@@ -168,7 +168,7 @@ export const streamRejections = <ThrowOnError extends boolean = false>(options?:
  *
  */
 export const getIndex = <ThrowOnError extends boolean = false>(options?: Options<GetIndexData, ThrowOnError>) => (options?.client ?? client).get<GetIndexResponses, GetIndexErrors, ThrowOnError>({
-    security: [{ scheme: 'bearer', type: 'http' }, { scheme: 'basic', type: 'http' }],
+    security: [{ scheme: 'bearer', type: 'http' }],
     url: '/v1',
     ...options
 });
@@ -178,36 +178,32 @@ export const getIndex = <ThrowOnError extends boolean = false>(options?: Options
  *
  * The OpenAPI document the gateway was built with, as YAML, byte for byte.
  */
-export const getOpenApiyaml = <ThrowOnError extends boolean = false>(options?: Options<GetOpenApiyamlData, ThrowOnError>) => (options?.client ?? client).get<GetOpenApiyamlResponses, GetOpenApiyamlErrors, ThrowOnError>({
-    security: [{ scheme: 'bearer', type: 'http' }, { scheme: 'basic', type: 'http' }],
-    url: '/v1/openapi.yaml',
-    ...options
-});
+export const getOpenApiyaml = <ThrowOnError extends boolean = false>(options?: Options<GetOpenApiyamlData, ThrowOnError>) => (options?.client ?? client).get<GetOpenApiyamlResponses, GetOpenApiyamlErrors, ThrowOnError>({ url: '/v1/openapi.yaml', ...options });
 
 /**
  * This document (JSON)
  *
  * The same OpenAPI document as `/v1/openapi.yaml`, converted to JSON.
  */
-export const getOpenApijson = <ThrowOnError extends boolean = false>(options?: Options<GetOpenApijsonData, ThrowOnError>) => (options?.client ?? client).get<GetOpenApijsonResponses, GetOpenApijsonErrors, ThrowOnError>({
-    security: [{ scheme: 'bearer', type: 'http' }, { scheme: 'basic', type: 'http' }],
-    url: '/v1/openapi.json',
-    ...options
-});
+export const getOpenApijson = <ThrowOnError extends boolean = false>(options?: Options<GetOpenApijsonData, ThrowOnError>) => (options?.client ?? client).get<GetOpenApijsonResponses, GetOpenApijsonErrors, ThrowOnError>({ url: '/v1/openapi.json', ...options });
 
 /**
  * Liveness
  *
  * Answers `ok` while the process serves HTTP; checks no store.
  */
-export const healthz = <ThrowOnError extends boolean = false>(options?: Options<HealthzData, ThrowOnError>) => (options?.client ?? client).get<HealthzResponses, unknown, ThrowOnError>({ url: '/healthz', ...options });
+export const healthz = <ThrowOnError extends boolean = false>(options?: Options<HealthzData, ThrowOnError>) => (options?.client ?? client).get<HealthzResponses, HealthzErrors, ThrowOnError>({ url: '/healthz', ...options });
 
 /**
  * Readiness (stores reachable)
  *
  * Answers `ready` when every store the gateway uses (the bbolt file, or
  * PostgreSQL and Redis) answers a ping within 2 s, else
- * `503 store_unavailable`.
+ * `503 store_unavailable`. From the moment the process is told to stop
+ * (SIGTERM, SIGINT) it answers `503 shutting_down`, while the replica
+ * goes on serving everything else for its `--shutdown-delay`: a load
+ * balancer that health-checks this takes the replica out before it
+ * stops accepting.
  *
  */
 export const readyz = <ThrowOnError extends boolean = false>(options?: Options<ReadyzData, ThrowOnError>) => (options?.client ?? client).get<ReadyzResponses, ReadyzErrors, ThrowOnError>({ url: '/readyz', ...options });
@@ -222,7 +218,7 @@ export const readyz = <ThrowOnError extends boolean = false>(options?: Options<R
  *
  */
 export const metrics = <ThrowOnError extends boolean = false>(options?: Options<MetricsData, ThrowOnError>) => (options?.client ?? client).get<MetricsResponses, MetricsErrors, ThrowOnError>({
-    security: [{ scheme: 'bearer', type: 'http' }, { scheme: 'basic', type: 'http' }],
+    security: [{ scheme: 'bearer', type: 'http' }],
     url: '/metrics',
     ...options
 });

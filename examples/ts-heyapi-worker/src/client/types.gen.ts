@@ -352,6 +352,7 @@ export type Index = {
  * | `upstream_unreachable` | 502 | the upstream could not be reached or broke the connection |
  * | `fence_busy` | 503 | a grant waited too long for in-flight writes or a drain period |
  * | `store_unavailable` | 503 | the token store cannot be reached, or every connection to it is in use (fail closed) |
+ * | `shutting_down` | 503 | `/readyz` only: the replica is shutting down; send new requests elsewhere |
  * | `upstream_timeout` | 504 | the upstream did not answer in time; the outcome is unknown |
  *
  */
@@ -503,6 +504,14 @@ export type AcquireLeaseErrors = {
      *
      */
     503: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type AcquireLeaseError = AcquireLeaseErrors[keyof AcquireLeaseErrors];
@@ -562,6 +571,14 @@ export type ReleaseLeaseErrors = {
      *
      */
     503: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type ReleaseLeaseError = ReleaseLeaseErrors[keyof ReleaseLeaseErrors];
@@ -617,6 +634,14 @@ export type GetLeaseErrors = {
      *
      */
     503: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type GetLeaseError = GetLeaseErrors[keyof GetLeaseErrors];
@@ -720,6 +745,14 @@ export type RenewLeaseErrors = {
      *
      */
     503: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type RenewLeaseError = RenewLeaseErrors[keyof RenewLeaseErrors];
@@ -779,6 +812,14 @@ export type RevokeLeaseErrors = {
      *
      */
     503: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type RevokeLeaseError = RevokeLeaseErrors[keyof RevokeLeaseErrors];
@@ -843,6 +884,14 @@ export type GetResourceErrors = {
      *
      */
     503: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type GetResourceError = GetResourceErrors[keyof GetResourceErrors];
@@ -913,6 +962,14 @@ export type ListRejectionsErrors = {
      *
      */
     503: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type ListRejectionsError = ListRejectionsErrors[keyof ListRejectionsErrors];
@@ -986,6 +1043,14 @@ export type StreamRejectionsErrors = {
      *
      */
     429: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type StreamRejectionsError = StreamRejectionsErrors[keyof StreamRejectionsErrors];
@@ -1032,6 +1097,14 @@ export type GetIndexErrors = {
      *
      */
     429: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type GetIndexError = GetIndexErrors[keyof GetIndexErrors];
@@ -1054,23 +1127,13 @@ export type GetOpenApiyamlData = {
 
 export type GetOpenApiyamlErrors = {
     /**
-     * `unauthorized`: authentication is on and the request carries no API
-     * key or a wrong one.
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
      *
      */
-    401: Problem;
-    /**
-     * `forbidden`: the key's role or resource prefixes do not allow the
-     * call; `lease_not_owned`: the lease was acquired by another key.
-     *
-     */
-    403: Problem;
-    /**
-     * `rate_limited`: the key is over its request rate; `too_many_leases`:
-     * it holds as many live leases as it may. Retry after `Retry-After`.
-     *
-     */
-    429: Problem;
+    default: Problem;
 };
 
 export type GetOpenApiyamlError = GetOpenApiyamlErrors[keyof GetOpenApiyamlErrors];
@@ -1093,23 +1156,13 @@ export type GetOpenApijsonData = {
 
 export type GetOpenApijsonErrors = {
     /**
-     * `unauthorized`: authentication is on and the request carries no API
-     * key or a wrong one.
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
      *
      */
-    401: Problem;
-    /**
-     * `forbidden`: the key's role or resource prefixes do not allow the
-     * call; `lease_not_owned`: the lease was acquired by another key.
-     *
-     */
-    403: Problem;
-    /**
-     * `rate_limited`: the key is over its request rate; `too_many_leases`:
-     * it holds as many live leases as it may. Retry after `Retry-After`.
-     *
-     */
-    429: Problem;
+    default: Problem;
 };
 
 export type GetOpenApijsonError = GetOpenApijsonErrors[keyof GetOpenApijsonErrors];
@@ -1131,6 +1184,19 @@ export type HealthzData = {
     query?: never;
     url: '/healthz';
 };
+
+export type HealthzErrors = {
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
+};
+
+export type HealthzError = HealthzErrors[keyof HealthzErrors];
 
 export type HealthzResponses = {
     /**
@@ -1156,6 +1222,14 @@ export type ReadyzErrors = {
      *
      */
     503: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type ReadyzError = ReadyzErrors[keyof ReadyzErrors];
@@ -1195,6 +1269,14 @@ export type MetricsErrors = {
      *
      */
     429: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type MetricsError = MetricsErrors[keyof MetricsErrors];
@@ -1267,6 +1349,14 @@ export type DashboardOverviewErrors = {
      *
      */
     503: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type DashboardOverviewError = DashboardOverviewErrors[keyof DashboardOverviewErrors];
@@ -1334,6 +1424,14 @@ export type DashboardTimelineErrors = {
      *
      */
     503: Problem;
+    /**
+     * Any other answer of the gateway's own: an RFC 9457 problem document
+     * with a stable `code` (an open set: see `ProblemCode`), for
+     * generators that give every operation one error type. The statuses
+     * and codes an operation documents are listed beside it.
+     *
+     */
+    default: Problem;
 };
 
 export type DashboardTimelineError = DashboardTimelineErrors[keyof DashboardTimelineErrors];

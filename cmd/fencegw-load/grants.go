@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/fencegw/fencegw/bench"
+)
+
+func runGrants(ctx context.Context, o options, out io.Writer) error {
+	var e *env
+	var err error
+	if o.gateway == "" {
+		e, err = startLocal(ctx, o, o.acquirers, nil)
+	} else {
+		e, err = startRemote(o, o.acquirers)
+	}
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	prefix := "fencegw-load:grant:" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
+	var seq atomic.Int64
+	op := func(ctx context.Context, _, _ int) error {
+		// A short TTL: these leases are never written under.
+		_, err := bench.Acquire(ctx, e.client, e.gateway, prefix+strconv.FormatInt(seq.Add(1), 10), "fencegw-load", time.Second)
+		return err
+	}
+	fmt.Fprintf(out, "fencegw-load -grants: %d acquirers on fresh resources, %s, GOMAXPROCS=%d (the load generator shares the CPUs with the gateway)\n",
+		o.acquirers, o.duration, runtime.GOMAXPROCS(0))
+	if o.warmup > 0 {
+		bench.RunFor(ctx, "warm-up", o.warmup, o.acquirers, op)
+	}
+	// The gateway's own CPU per grant (its process, with -servers process):
+	// on a shared machine, or a slow disk, grants/s says more about the
+	// neighbours and the fsyncs than about the gateway.
+	gw := e.peers["gateway"]
+	var cpu0 time.Duration
+	if gw != nil {
+		cpu0 = gw.cpu()
+	}
+	r := bench.RunFor(ctx, "grants", o.duration, o.acquirers, op)
+	cpu := "-"
+	if gw != nil && r.Requests > 0 {
+		cpu = strconv.FormatFloat(float64(gw.cpu()-cpu0)/float64(time.Microsecond)/float64(r.Requests), 'f', 1, 64)
+	}
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "setup\tgrants\terrors\tgrants/s\tp50 µs\tp90 µs\tp99 µs\tmax µs\tserver CPU µs/grant\t")
+	fmt.Fprintf(tw, "gateway\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t\n", r.Requests, r.Errors, r.PerSecond(), us(r.Latency.P50), us(r.Latency.P90), us(r.Latency.P99), us(r.Latency.Max), cpu)
+	_ = tw.Flush()
+	if p := e.peers["gateway"]; p != nil {
+		fmt.Fprintln(out, memoryReport(p, r.Requests))
+	}
+	if r.Errors > 0 {
+		return fmt.Errorf("%d grants failed; first: %w", r.Errors, r.FirstErr)
+	}
+	return nil
+}
+
+// memoryReport describes the gateway process's memory after grants on
+// fresh resources (/proc/PID/status; bbolt's file is mapped, so it shows
+// as RssFile) and the store file's size.
+func memoryReport(p *peer, grants int) string {
+	st, err := os.ReadFile("/proc/" + strconv.Itoa(p.cmd.Process.Pid) + "/status")
+	if err != nil {
+		return "gateway memory: " + err.Error()
+	}
+	kb := map[string]int64{}
+	for _, line := range strings.Split(string(st), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if f := strings.Fields(v); ok && len(f) == 2 && f[1] == "kB" {
+			kb[k], _ = strconv.ParseInt(f[0], 10, 64)
+		}
+	}
+	var file int64
+	if fi, err := os.Stat(filepath.Join(p.dir, "fencegw.db")); err == nil {
+		file = fi.Size()
+	}
+	mib := func(k int64) string { return strconv.FormatFloat(float64(k)/1024, 'f', 0, 64) + " MiB" }
+	per := ""
+	if grants > 0 {
+		per = fmt.Sprintf(" (%.0f B anonymous per resource granted)", float64(kb["RssAnon"])*1024/float64(grants))
+	}
+	return fmt.Sprintf("gateway process after %d grants on fresh resources: RSS %s (anonymous %s, file-mapped %s), peak %s; store file %s%s",
+		grants, mib(kb["VmRSS"]), mib(kb["RssAnon"]), mib(kb["RssFile"]), mib(kb["VmHWM"]), mib(file/1024), per)
+}

@@ -1,0 +1,249 @@
+package gateway
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencegw/fencegw/storage/bolt"
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// headOnly sends raw, a request head whose body never comes, and reads the
+// answer: it must come (the body is never sent) and close the connection.
+// It reports whether a 100 Continue came before the final answer.
+func headOnly(c net.Conn, raw string) (resp *http.Response, body string, got100 bool, err error) {
+	// Far longer than any answer takes; without the rule, none comes.
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.WriteString(c, raw); err != nil {
+		return nil, "", false, err
+	}
+	br := bufio.NewReader(c)
+	for {
+		resp, err = http.ReadResponse(br, nil)
+		if err != nil {
+			return nil, "", got100, fmt.Errorf("no answer while the body never came: %w", err)
+		}
+		if resp.StatusCode != http.StatusContinue {
+			break
+		}
+		got100 = true
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if !resp.Close {
+		return resp, string(b), got100, fmt.Errorf("answer %d without Connection: close", resp.StatusCode)
+	}
+	// The gateway closes the connection (after its short linger).
+	if _, err := br.ReadByte(); !errors.Is(err, io.EOF) && !isReset(err) {
+		return resp, string(b), got100, fmt.Errorf("after the answer the connection was not closed: %v", err)
+	}
+	return resp, string(b), got100, nil
+}
+
+func isReset(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "connection reset")
+}
+
+func earlyGateway(t *testing.T, up string, tlsOn bool, auth Authenticator) *testGateway {
+	return startFramingWith(t, up, Config{BodyTimeout: time.Hour, Auth: auth, AllowedHosts: []string{"gw.example"}}, tlsOn,
+		func(store *bolt.Store, cfg *Config, _ *http.Server) {
+			cfg.Idempotency = tokens.NewIdempotency(tokens.IdempotencyConfig{Store: store, InFlight: time.Minute, MaxBody: 1 << 20})
+		})
+}
+
+// headCase is a request head whose body never comes, and the answer it
+// must get at once.
+type headCase struct {
+	name string
+	tg   *testGateway
+	raw  string
+	code int
+}
+
+// runHeads sends each case's head on a connection of its own, all at
+// once, and checks each answer: the code, no 100 Continue, the
+// connection closed.
+func runHeads(t *testing.T, cases []headCase) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for _, c := range cases {
+		conn := c.tg.dial(t)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, body, got100, err := headOnly(conn, c.raw)
+			switch {
+			case err != nil:
+				t.Errorf("%s: %v", c.name, err)
+			case resp.StatusCode != c.code || got100:
+				t.Errorf("%s: %d (100 Continue first: %v), want %d without a 100\n%s", c.name, resp.StatusCode, got100, c.code, body)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+type earlyEnv struct {
+	up             *recorder
+	open, authed   *testGateway
+	stale, current string
+	host           string
+}
+
+func newEarlyEnv(t *testing.T, tlsOn bool) *earlyEnv {
+	e := &earlyEnv{up: newRecorder(t), host: "Host: gw.example\r\n"}
+	e.open = earlyGateway(t, e.up.URL, tlsOn, nil)
+	e.authed = earlyGateway(t, e.up.URL, tlsOn, keyAuth{})
+	e.stale = e.open.lease(t, "stale")
+	if _, err := e.open.svc.Release(t.Context(), e.stale, ""); err != nil {
+		t.Fatal(err)
+	}
+	e.current = e.open.lease(t, "current")
+	return e
+}
+
+func (e *earlyEnv) write(lease, extra string) string {
+	return "POST /v1/proxy/svc/x HTTP/1.1\r\n" + e.host + "Fencing-Lease: " + lease + "\r\n" + extra
+}
+
+func bothListeners(t *testing.T, f func(t *testing.T, tlsOn bool)) {
+	for _, tlsOn := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls=%v", tlsOn), func(t *testing.T) { f(t, tlsOn) })
+	}
+}
+
+// A refusal that does not need the body is answered at once, with
+// Connection: close, without reading the body: the head is sent, the body
+// never is, and the answer comes and the connection closes. Plain and TLS.
+func TestEarlyRefusalsDoNotWaitForTheBody(t *testing.T) {
+	bothListeners(t, func(t *testing.T, tlsOn bool) {
+		e := newEarlyEnv(t, tlsOn)
+		host := e.host
+		runHeads(t, []headCase{
+			{"healthz with a body", e.open, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\n\r\n", 200},
+			{"readyz with a body", e.open, "GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\n\r\n", 200},
+			{"unauthenticated", e.authed, "POST /v1/leases HTTP/1.1\r\n" + host + "Content-Type: application/json\r\nContent-Length: 50\r\n\r\n", 401},
+			{"unauthenticated write", e.authed, e.write(e.current, "Content-Length: 50\r\n\r\n"), 401},
+			{"foreign host", e.open, "POST /v1/leases HTTP/1.1\r\nHost: evil.example\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n", 403},
+			{"no lease", e.open, "POST /v1/proxy/svc/x HTTP/1.1\r\n" + host + "Content-Length: 50\r\n\r\n", 400},
+			{"unknown lease", e.open, e.write("fl_nope", "Content-Length: 50\r\n\r\n"), 403},
+			{"stale lease", e.open, e.write(e.stale, "Content-Length: 50\r\n\r\n"), 409},
+			{"stale lease, chunked", e.open, e.write(e.stale, "Transfer-Encoding: chunked\r\n\r\n"), 409},
+			{"unknown upstream", e.open, "POST /v1/proxy/nope/x HTTP/1.1\r\n" + host + "Fencing-Lease: " + e.current + "\r\nContent-Length: 50\r\n\r\n", 404},
+			{"text/plain", e.open, "POST /v1/leases HTTP/1.1\r\n" + host + "Content-Type: text/plain\r\nContent-Length: 50\r\n\r\n", 415},
+			{"release with a body it does not need", e.open, "POST /v1/leases/fl_nope/release HTTP/1.1\r\n" + host + "Content-Length: 50\r\n\r\n", 404},
+		})
+		if n := len(e.up.seen()); n != 0 {
+			t.Fatalf("the upstream got %d writes", n)
+		}
+		// Calls whose bodies are read keep their connection.
+		body := `{"resource":"kept","holder":"h","ttl_ms":60000}`
+		resp, b := e.open.roundTrip(t, "POST /v1/leases HTTP/1.1\r\n"+host+"Content-Type: application/json\r\nContent-Length: "+fmt.Sprint(len(body))+"\r\n\r\n"+body)
+		if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusOK || resp.Close {
+			t.Fatalf("an acquire: %d close=%v %s", resp.StatusCode, resp.Close, b)
+		}
+		resp, b = e.open.roundTrip(t, e.write(e.current, "Content-Length: 4\r\n\r\nbody"))
+		if resp.StatusCode != http.StatusOK || resp.Close {
+			t.Fatalf("a write: %d close=%v %s", resp.StatusCode, resp.Close, b)
+		}
+	})
+}
+
+// Expect: 100-continue under a refused lease (or no key) gets the final
+// answer without a 100; a current lease still gets its 100, then the
+// upstream's answer on the same connection.
+func TestExpectContinueUnderARefusedLease(t *testing.T) {
+	bothListeners(t, func(t *testing.T, tlsOn bool) {
+		e := newEarlyEnv(t, tlsOn)
+		expect := "Expect: 100-continue\r\nContent-Length: 2048\r\n\r\n"
+		runHeads(t, []headCase{
+			{"stale lease", e.open, e.write(e.stale, expect), 409},
+			{"unknown lease", e.open, e.write("fl_nope", expect), 403},
+			{"keyed, unknown lease", e.open, e.write("fl_nope", "Idempotency-Key: \"k3\"\r\n"+expect), 403},
+			{"unauthenticated", e.authed, e.write(e.current, expect), 401},
+		})
+		c := e.open.dial(t)
+		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		_, _ = io.WriteString(c, e.write(e.current, "Expect: 100-continue\r\nContent-Length: 4\r\n\r\n"))
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != http.StatusContinue {
+			t.Fatalf("a current lease with Expect: %v %v", resp, err)
+		}
+		_, _ = io.WriteString(c, "body")
+		if resp, err = http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 || resp.Close {
+			t.Fatalf("a current lease with Expect, after its body: %v %v", resp, err)
+		}
+		if got := e.up.seen(); len(got) != 1 || got[0].Body != "body" {
+			t.Fatalf("the upstream got %+v", got)
+		}
+	})
+}
+
+// A keyed write (Idempotency-Key) has its lease judged before its body is
+// read: under an unknown or stale lease, a 10 MB body that never comes
+// gets its refusal at once.
+func TestKeyedWriteJudgesTheLeaseFirst(t *testing.T) {
+	bothListeners(t, func(t *testing.T, tlsOn bool) {
+		e := newEarlyEnv(t, tlsOn)
+		runHeads(t, []headCase{
+			{"unknown lease", e.open, e.write("fl_nope", "Idempotency-Key: \"k1\"\r\nContent-Length: 10000000\r\n\r\n"), 403},
+			{"stale lease", e.open, e.write(e.stale, "Idempotency-Key: \"k2\"\r\nContent-Length: 1000000\r\n\r\n"), 409},
+			{"stale lease, chunked", e.open, e.write(e.stale, "Idempotency-Key: \"k4\"\r\nTransfer-Encoding: chunked\r\n\r\n"), 409},
+		})
+		// A keyed write under the current lease is still forwarded once.
+		resp, body := e.open.roundTrip(t, e.write(e.current, "Idempotency-Key: \"k5\"\r\nContent-Length: 4\r\n\r\nbody"))
+		if resp.StatusCode != 200 || resp.Header.Get(HeaderReplayed) != "" {
+			t.Fatalf("a keyed write under the current lease: %d %s", resp.StatusCode, body)
+		}
+		if got := e.up.seen(); len(got) != 1 || got[0].Body != "body" {
+			t.Fatalf("the upstream got %+v", got)
+		}
+	})
+}
+
+// Many heads whose bodies never come do not hold their connections: each
+// is answered and closed by the gateway.
+func TestEarlyRefusalsDoNotHoldConnections(t *testing.T) {
+	up := newRecorder(t)
+	tg := earlyGateway(t, up.URL, false, nil)
+	const n = 1500
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.Dial("tcp", tg.addr)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(60 * time.Second))
+			raw := "POST /v1/proxy/svc/x HTTP/1.1\r\nHost: gw.example\r\nFencing-Lease: fl_x" + fmt.Sprint(i) + "\r\nContent-Length: 100\r\n\r\n"
+			if _, err := io.WriteString(c, raw); err != nil {
+				errs <- err
+				return
+			}
+			out, err := io.ReadAll(c) // to the gateway's close
+			if err != nil && !isReset(err) {
+				errs <- fmt.Errorf("not closed: %w (%q)", err, out)
+			} else if !strings.HasPrefix(string(out), "HTTP/1.1 403") {
+				errs <- fmt.Errorf("answer %q", out)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}

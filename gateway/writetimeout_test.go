@@ -1,0 +1,87 @@
+package gateway
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencegw/fencegw/storage/bolt"
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// A client that pipelines many GET /v1/openapi.yaml over a small receive
+// buffer and never reads does not hold its connection (and its goroutine):
+// the answer's write deadline ends it. Plain and TLS.
+func TestUnreadAnswersDoNotHoldTheConnection(t *testing.T) {
+	bothListeners(t, func(t *testing.T, tlsOn bool) {
+		closed := make(chan struct{}, 16)
+		tg := startFramingWith(t, "http://127.0.0.1:1", Config{WriteTimeout: 300 * time.Millisecond}, tlsOn,
+			func(_ *bolt.Store, _ *Config, srv *http.Server) {
+				srv.ConnState = func(_ net.Conn, s http.ConnState) {
+					if s == http.StateClosed {
+						closed <- struct{}{}
+					}
+				}
+			})
+		d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+			return rc.Control(func(fd uintptr) {
+				_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+			})
+		}}
+		var c net.Conn
+		c, err := d.Dial("tcp", tg.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if tlsOn {
+			cfg := tg.tls.Clone()
+			cfg.ServerName, cfg.NextProtos = "127.0.0.1", nil
+			tc := tls.Client(c, cfg)
+			if err := tc.Handshake(); err != nil {
+				t.Fatal(err)
+			}
+			c = tc
+		}
+		// Padded so that Go's 4 KiB reads hold fewer heads than the framing
+		// scanner queues (maxQueued).
+		pipelined := strings.Repeat("GET /v1/openapi.yaml HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: "+strings.Repeat("p", 200)+"\r\n\r\n", 200)
+		go func() { _, _ = c.Write([]byte(pipelined)) }()
+		select {
+		case <-closed:
+		case <-time.After(60 * time.Second): // without the deadline, never
+			t.Fatal("the gateway still holds a connection whose client never reads")
+		}
+	})
+}
+
+// The live stream's write deadline rolls: a subscriber that reads keeps
+// its stream past WriteTimeout, and gets events sent after it.
+func TestStreamOutlivesTheWriteTimeout(t *testing.T) {
+	const writeTimeout = 200 * time.Millisecond
+	tg := startFraming(t, "http://127.0.0.1:1", Config{WriteTimeout: writeTimeout}, false)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	events := streamOf(t, ctx, "http://"+tg.addr+pathStream, "")
+	for i := range 3 {
+		<-time.After(2 * writeTimeout) // past the deadline of the events before
+		tg.g.Publish(tokens.Rejection{ID: int64(i + 1), Resource: fmt.Sprint("r", i), Code: "lease_expired"})
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				t.Fatalf("the stream ended after %d events", i)
+			}
+			if ev.Event != "rejection" {
+				t.Fatalf("event %+v", ev)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("no event %d", i)
+		}
+	}
+}

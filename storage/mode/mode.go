@@ -1,0 +1,241 @@
+// Package mode builds a storage mode: the store and everything a gateway
+// runs on it (the per-resource lock, the fencer, where Idempotency-Key
+// records live, the live rejection feed, the wake-up of waiting acquires).
+// cmd/fencegw, its demo, the benchmarks and the end-to-end tests all open a
+// mode here, so that each is wired one way; a new mode is one constructor.
+package mode
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/fencegw/fencegw/storage/bolt"
+	"github.com/fencegw/fencegw/storage/feed"
+	"github.com/fencegw/fencegw/storage/postgres"
+	"github.com/fencegw/fencegw/storage/redis"
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// Config says which mode to open and how. Zero values take the stores'
+// defaults.
+type Config struct {
+	// Data is the embedded mode's directory (created if missing); used
+	// when Postgres is empty.
+	Data string
+	// Postgres is the PostgreSQL URL of the replicated modes; Redis, if
+	// set too, moves leases and the live feed to Redis.
+	Postgres, Redis string
+	// DrainPeriod is how long a resource stays closed after a write whose
+	// outcome is unknown (tokens.DefaultDrainPeriod if zero); the crash
+	// and orphan drains derive from it.
+	DrainPeriod time.Duration
+	// IdempotencyMaxRecords bounds the stored Idempotency-Key records.
+	IdempotencyMaxRecords int
+
+	// The PostgreSQL modes (see postgres.Options and postgres.FenceOptions).
+	Schema                        string
+	MaxConns, LockConns           int32
+	StatementTimeout, LockTimeout time.Duration
+	SessionCheck                  time.Duration // postgres.DefaultSessionCheck if zero
+	FenceSessions, MaxFences      int
+	// Replica names this process in the fence's presence rows (host/pid
+	// if empty).
+	Replica string
+	// RedisPrefix starts every Redis key and channel (redis.DefaultPrefix
+	// if empty).
+	RedisPrefix string
+
+	Logger *slog.Logger
+}
+
+// Mode is one storage mode opened: what tokens.Config, the idempotency
+// records and the live feed are built from.
+type Mode struct {
+	// Name is shown in the start banner: "embedded (path)", "postgres",
+	// "postgres+redis".
+	Name   string
+	Store  tokens.Store
+	Locker tokens.Locker
+	// Fencer admits writes in the PostgreSQL modes (Locker is then its
+	// exclusive side); nil in the embedded mode, which locks per write.
+	Fencer tokens.Fencer
+	// Fence is the PostgreSQL fence behind Fencer (its Stats are metrics);
+	// nil in the embedded mode.
+	Fence *postgres.Fence
+	// Keys keeps Idempotency-Key records: the bolt file, or PostgreSQL
+	// (also in the Redis mode: Redis is not durable).
+	Keys tokens.IdempotencyStore
+	// Feed carries each recorded rejection to every replica's live stream.
+	Feed feed.Feed
+
+	closers []func()
+}
+
+// OnFree registers wake, the tokens.Service's Wake, to be called with each
+// resource freed on another replica. A no-op in the embedded mode, where
+// every release goes through the one Service.
+func (m *Mode) OnFree(wake func(resource string)) {
+	if m.Fence != nil {
+		m.Fence.OnFree(wake)
+	}
+}
+
+// Close closes the feed, the fence and the stores, in that order.
+func (m *Mode) Close() {
+	for i := len(m.closers) - 1; i >= 0; i-- {
+		m.closers[i]()
+	}
+	m.closers = nil
+}
+
+// ConfigError is a bad value in Config (a URL that does not parse): the
+// caller's mistake, not an outage.
+type ConfigError struct {
+	Field string
+	Err   error
+}
+
+func (e *ConfigError) Error() string { return e.Field + ": " + e.Err.Error() }
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+// Open opens the mode cfg names: PostgreSQL (with Redis) if cfg.Postgres
+// is set, else the embedded store in cfg.Data.
+func Open(ctx context.Context, cfg Config) (*Mode, error) {
+	if cfg.Postgres != "" {
+		return OpenPostgres(ctx, cfg)
+	}
+	return OpenEmbedded(cfg)
+}
+
+func (cfg *Config) defaults() {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.DrainPeriod <= 0 {
+		cfg.DrainPeriod = tokens.DefaultDrainPeriod
+	}
+	if cfg.SessionCheck <= 0 {
+		cfg.SessionCheck = postgres.DefaultSessionCheck
+	}
+}
+
+// OpenEmbedded opens the embedded mode: one process, tokens, leases and
+// rejections in a bbolt file in cfg.Data.
+func OpenEmbedded(cfg Config) (*Mode, error) {
+	cfg.defaults()
+	if err := os.MkdirAll(cfg.Data, 0o750); err != nil {
+		return nil, fmt.Errorf("create data directory: %w", err)
+	}
+	path := filepath.Join(cfg.Data, "fencegw.db")
+	store, err := bolt.Open(path, bolt.Options{
+		CrashDrain:            cfg.DrainPeriod,
+		MaxIdempotencyRecords: cfg.IdempotencyMaxRecords,
+		Logger:                cfg.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open embedded store in %s: %w", cfg.Data, err)
+	}
+	// In one process the live feed needs no transport: OnRejection hands
+	// each rejection straight to the gateway's subscribers.
+	f := feed.NewLocal()
+	log := cfg.Logger
+	return &Mode{
+		Name:   "embedded (" + path + ")",
+		Store:  store,
+		Keys:   store,
+		Locker: tokens.NewLocalLocker(),
+		Feed:   f,
+		closers: []func(){func() {
+			if err := store.Close(); err != nil {
+				log.Error("close store", "err", err)
+			}
+		}, f.Close},
+	}, nil
+}
+
+// OpenPostgres opens a PostgreSQL mode: tokens, fences, leases and
+// rejections in PostgreSQL (many replicas); with cfg.Redis, leases in Redis
+// and the live feed over Redis. Writes are admitted under fences this
+// replica keeps across writes (storage/postgres/fence.go), so a grant on
+// any replica waits for writes in flight on every replica.
+func OpenPostgres(ctx context.Context, cfg Config) (_ *Mode, err error) {
+	cfg.defaults()
+	log := cfg.Logger
+	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	m := &Mode{Name: "postgres"}
+	defer func() {
+		if err != nil {
+			m.Close()
+		}
+	}()
+	pg, err := postgres.Open(openCtx, cfg.Postgres, postgres.Options{
+		MaxConns:         cfg.MaxConns,
+		MaxLockConns:     cfg.LockConns,
+		StatementTimeout: cfg.StatementTimeout,
+		LockTimeout:      cfg.LockTimeout,
+		RestartDrain:     cfg.DrainPeriod,
+		Schema:           cfg.Schema,
+		Logger:           log,
+
+		MaxIdempotencyRecords: int64(cfg.IdempotencyMaxRecords),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open PostgreSQL: %w", err)
+	}
+	m.closers = append(m.closers, func() {
+		if err := pg.Close(); err != nil {
+			log.Error("close PostgreSQL store", "err", err)
+		}
+	})
+	m.Store, m.Keys = pg, pg
+	transport := feed.Transport(pg)
+	var state postgres.StateReader // nil: PostgreSQL's own
+
+	if cfg.Redis != "" {
+		opt, err := goredis.ParseURL(cfg.Redis)
+		if err != nil {
+			return nil, &ConfigError{Field: "redis", Err: err}
+		}
+		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = 2*time.Second, 2*time.Second, 2*time.Second
+		rdb := goredis.NewClient(opt)
+		m.closers = append(m.closers, func() { _ = rdb.Close() })
+		if err := rdb.Ping(openCtx).Err(); err != nil {
+			return nil, fmt.Errorf("connect to Redis: %w", err)
+		}
+		rs := redis.New(rdb, pg, redis.Options{Prefix: cfg.RedisPrefix, Logger: log})
+		m.Name, m.Store, transport, state = "postgres+redis", rs, rs, rs
+	}
+
+	replica := cfg.Replica
+	if replica == "" {
+		host, _ := os.Hostname()
+		replica = fmt.Sprintf("%s/%d", host, os.Getpid())
+	}
+	fence, err := pg.NewFence(openCtx, postgres.FenceOptions{
+		Sessions:     cfg.FenceSessions,
+		MaxFences:    cfg.MaxFences,
+		SessionCheck: cfg.SessionCheck,
+		OrphanDrain:  postgres.OrphanDrain(cfg.DrainPeriod, cfg.SessionCheck),
+		Replica:      replica,
+		State:        state,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start PostgreSQL fences: %w", err)
+	}
+	m.closers = append(m.closers, fence.Close)
+	m.Fence, m.Locker, m.Fencer = fence, fence, fence
+
+	// Every replica, this one included, hears each rejection once through
+	// the transport (storage/feed).
+	f := feed.NewReplicated(transport, feed.Options{Logger: log})
+	m.closers = append(m.closers, f.Close)
+	m.Feed = f
+	return m, nil
+}

@@ -1,0 +1,259 @@
+package storagetest
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencegw/fencegw/tokens"
+)
+
+func rejection(resource string, i int) tokens.Rejection {
+	r := tokens.Rejection{
+		Resource: resource, Code: tokens.CodeStaleToken, Token: int64(i), CurrentToken: int64(i + 1),
+		Holder: fmt.Sprintf("holder-%d", i), LeaseHint: "fl_abcdef…", Method: "PUT", Upstream: "up",
+		Path: fmt.Sprintf("/items/%d", i),
+	}
+	if i%2 == 1 { // who presented the lease, when there is authentication
+		r.Code, r.Principal = tokens.CodeNotOwner, fmt.Sprintf("key-%d", i)
+	}
+	return r
+}
+
+func record(t *testing.T, s tokens.Store, r tokens.Rejection) tokens.Rejection {
+	t.Helper()
+	got, err := s.RecordRejection(t.Context(), r)
+	if err != nil {
+		t.Fatalf("RecordRejection: %v", err)
+	}
+	if got.ID <= 0 || got.At.IsZero() {
+		t.Fatalf("RecordRejection = %+v, want ID and At set", got)
+	}
+	want := r
+	want.ID, want.At = got.ID, got.At
+	if !r.At.IsZero() {
+		want.At = r.At
+	}
+	if !sameRejection(got, want) {
+		t.Fatalf("RecordRejection returned %+v, want %+v", got, want)
+	}
+	return got
+}
+
+func sameRejection(a, b tokens.Rejection) bool {
+	if !near(a.At, b.At) || !near(a.LeaseEndedAt, b.LeaseEndedAt) {
+		return false
+	}
+	a.At, b.At, a.LeaseEndedAt, b.LeaseEndedAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+	return a == b
+}
+
+func rejections(t *testing.T, s tokens.Store, q tokens.RejectionQuery) []tokens.Rejection {
+	t.Helper()
+	got, err := s.Rejections(t.Context(), q)
+	if err != nil {
+		t.Fatalf("Rejections(%+v): %v", q, err)
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i].ID >= got[i-1].ID {
+			t.Fatalf("Rejections(%+v) not newest first: id %d after %d", q, got[i].ID, got[i-1].ID)
+		}
+	}
+	return got
+}
+
+func ids(rs []tokens.Rejection) []int64 {
+	out := make([]int64, len(rs))
+	for i, r := range rs {
+		out[i] = r.ID
+	}
+	return out
+}
+
+func equalIDs(a, b []int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func testRejections(t *testing.T, h Harness) {
+	s := h.Open(t)
+	ra, rb := resourceName(t, "a"), resourceName(t, "b")
+	var all, onlyA []tokens.Rejection // oldest first
+	for i := range 10 {
+		name := ra
+		if i%3 == 2 {
+			name = rb
+		}
+		r := rejection(name, i)
+		if i == 4 {
+			r.LeaseEndedAt = time.Now().Add(-time.Second)
+		}
+		got := record(t, s, r)
+		if len(all) > 0 && got.ID <= all[len(all)-1].ID {
+			t.Fatalf("rejection ID %d after %d: not increasing", got.ID, all[len(all)-1].ID)
+		}
+		all = append(all, got)
+		if name == ra {
+			onlyA = append(onlyA, got)
+		}
+	}
+	newest := func(rs []tokens.Rejection) []int64 {
+		out := ids(rs)
+		for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+			out[i], out[j] = out[j], out[i]
+		}
+		return out
+	}
+	got := rejections(t, s, tokens.RejectionQuery{})
+	if !equalIDs(ids(got), newest(all)) {
+		t.Fatalf("Rejections() ids = %v, want %v", ids(got), newest(all))
+	}
+	for i, r := range got {
+		if want := all[len(all)-1-i]; !sameRejection(r, want) {
+			t.Fatalf("listed rejection %+v, recorded %+v", r, want)
+		}
+	}
+	if got := rejections(t, s, tokens.RejectionQuery{Resource: ra}); !equalIDs(ids(got), newest(onlyA)) {
+		t.Fatalf("Rejections(resource a) ids = %v, want %v", ids(got), newest(onlyA))
+	}
+	if got := rejections(t, s, tokens.RejectionQuery{Resource: resourceName(t, "none")}); len(got) != 0 {
+		t.Fatalf("Rejections(unknown resource) = %v, want none", ids(got))
+	}
+	if got := rejections(t, s, tokens.RejectionQuery{Limit: 3}); !equalIDs(ids(got), newest(all)[:3]) {
+		t.Fatalf("Rejections(limit 3) ids = %v, want %v", ids(got), newest(all)[:3])
+	}
+	// Cursor pagination, with and without a resource filter: the pages
+	// concatenate to the whole list, without duplicates or gaps.
+	for _, q := range []tokens.RejectionQuery{{Limit: 3}, {Resource: ra, Limit: 2}} {
+		want := newest(all)
+		if q.Resource != "" {
+			want = newest(onlyA)
+		}
+		var paged []int64
+		for range len(want) + 2 {
+			page := rejections(t, s, q)
+			if len(page) == 0 {
+				break
+			}
+			if len(page) > q.Limit {
+				t.Fatalf("page of %d rejections over limit %d", len(page), q.Limit)
+			}
+			paged = append(paged, ids(page)...)
+			q.Before = page[len(page)-1].ID
+		}
+		if !equalIDs(paged, want) {
+			t.Fatalf("paged ids (resource %q) = %v, want %v", q.Resource, paged, want)
+		}
+	}
+	// Before is exclusive.
+	mid := all[5].ID
+	if got := rejections(t, s, tokens.RejectionQuery{Before: mid, Limit: 1}); len(got) != 1 || got[0].ID != all[4].ID {
+		t.Fatalf("Rejections(before %d, limit 1) = %v, want [%d]", mid, ids(got), all[4].ID)
+	}
+}
+
+func testRejectionsSince(t *testing.T, h Harness) {
+	s := h.Open(t)
+	name := resourceName(t, "r")
+	first := record(t, s, rejection(name, 1))
+	// Both ends of the interval come from the store's clock.
+	deadline := time.Now().Add(waitLimit)
+	var second tokens.Rejection
+	for {
+		time.Sleep(20 * time.Millisecond)
+		second = record(t, s, rejection(name, 2))
+		if second.At.After(first.At.Add(timeSlack)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the store's clock did not advance")
+		}
+	}
+	third := record(t, s, rejection(name, 3))
+	for _, q := range []tokens.RejectionQuery{{Since: second.At}, {Resource: name, Since: second.At}} {
+		got := rejections(t, s, q)
+		want := []int64{third.ID, second.ID}
+		if !equalIDs(ids(got), want) {
+			t.Fatalf("Rejections(resource %q, since the second) ids = %v, want %v", q.Resource, ids(got), want)
+		}
+	}
+	if got := rejections(t, s, tokens.RejectionQuery{Resource: name}); len(got) < 3 {
+		t.Fatalf("Rejections() = %v, want all of %d, %d, %d", ids(got), third.ID, second.ID, first.ID)
+	}
+}
+
+func testRejectionsLimit(t *testing.T, h Harness) {
+	s := h.Open(t)
+	name := resourceName(t, "r")
+	const n = 120
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Go(func() {
+			if _, err := s.RecordRejection(t.Context(), rejection(name, i)); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("RecordRejection: %v", err)
+	}
+	got := rejections(t, s, tokens.RejectionQuery{Resource: name})
+	if len(got) != 100 {
+		t.Fatalf("Rejections(limit 0) returned %d, want the default 100", len(got))
+	}
+	got = rejections(t, s, tokens.RejectionQuery{Resource: name, Limit: 5000})
+	if len(got) != n {
+		t.Fatalf("Rejections(limit 5000) returned %d, want all %d", len(got), n)
+	}
+	seen := map[int64]bool{}
+	for _, r := range got {
+		if seen[r.ID] {
+			t.Fatalf("rejection ID %d assigned twice", r.ID)
+		}
+		seen[r.ID] = true
+	}
+}
+
+func testRejectionAtKept(t *testing.T, h Harness) {
+	s := h.Open(t)
+	name := resourceName(t, "r")
+	r := rejection(name, 1)
+	r.At = time.Now().Add(-time.Minute).Truncate(time.Millisecond)
+	got := record(t, s, r)
+	if !near(got.At, r.At) {
+		t.Fatalf("RecordRejection changed a given At %v to %v", r.At, got.At)
+	}
+	if list := rejections(t, s, tokens.RejectionQuery{Resource: name}); len(list) != 1 || !near(list[0].At, r.At) {
+		t.Fatalf("listed %+v, want one rejection at %v", list, r.At)
+	}
+}
+
+// A write with a lease id that was never granted has no resource; it is
+// still recorded and listed.
+func testRejectionUnknownLease(t *testing.T, h Harness) {
+	s := h.Open(t)
+	r := rejection("", 0)
+	r.Code = tokens.CodeUnknownLease
+	r.Path = resourceName(t, "/forged")
+	got := record(t, s, r)
+	found := false
+	for _, it := range rejections(t, s, tokens.RejectionQuery{Limit: 1000}) {
+		if it.ID == got.ID && it.Path == r.Path && it.Resource == "" {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("rejection without a resource not listed")
+	}
+}
