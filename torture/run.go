@@ -276,6 +276,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 		replicas[i] = &Replica{Index: i, Addr: addr, bin: cfg.Binary, args: args, log: lw}
 	}
+	var ns *netns
+	if cfg.needsPartition() { // netns.go
+		if ns, err = partitionReplica(ctx, &cfg, replicas[len(replicas)-1], up, rd); err != nil {
+			up.Close(0)
+			return nil, err
+		}
+		defer ns.remove()
+	}
 	defer func() {
 		for _, r := range replicas {
 			r.Stop()
@@ -331,7 +339,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	// Nemesis, until the end of the run; then let the writes settle.
-	n := &nemesis{cfg: cfg, up: up, replicas: replicas, workers: procs, pg: pg, rd: rd, logf: logf,
+	n := &nemesis{cfg: cfg, up: up, replicas: replicas, workers: procs, pg: pg, rd: rd, netns: ns, logf: logf,
 		rng: rand.New(rand.NewPCG(cfg.Seed, 7))}
 	runCtx, endRun := context.WithTimeout(ctx, cfg.Duration)
 	defer endRun()
