@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 command -v ip >/dev/null && command -v iptables >/dev/null ||
 	{ echo "torture-partition: needs ip(8) and iptables(8)" >&2; exit 2; }
 DURATION=${DURATION:-30s}
-BREAK_DURATION=${BREAK_DURATION:-30s}
+BREAK_DURATION=${BREAK_DURATION:-60s}
 PG_PORT=${PG_PORT:-5441}
 PG_VERSION=${PG_VERSION:-$(ls /etc/postgresql | head -1)}
 CLUSTER=fgwpart$PG_PORT
@@ -42,15 +42,19 @@ URL="postgres://postgres@127.0.0.1:$PG_PORT/fencegw_torture?sslmode=disable"
 go build -o "$OUT/bin/fencegw-torture" ./cmd/fencegw-torture
 go build -o "$OUT/bin/fencegw" ./cmd/fencegw
 go build -tags fencegw_break_no_send_check -o "$OUT/bin/fencegw-break-no_send_check" ./cmd/fencegw
-common=(--quiet --mode postgres --postgres "$URL" --pg-cluster "$CLUSTER" --faults partition,slow-body)
+common=(--quiet --history --mode postgres --postgres "$URL" --pg-cluster "$CLUSTER" --faults partition,slow-body)
 failed=()
 echo "== postgres mode, partition, $DURATION"
+SECONDS=0
 "$OUT/bin/fencegw-torture" "${common[@]}" --duration "$DURATION" --gateway-bin "$OUT/bin/fencegw" \
 	--json "$OUT/partition.json" --dir "$OUT/run-partition" || failed+=(partition)
+echo "   ($SECONDS s)"
 echo "== broken build fencegw_break_no_send_check, partition, $BREAK_DURATION (must be caught)"
+SECONDS=0
 "$OUT/bin/fencegw-torture" "${common[@]}" --duration "$BREAK_DURATION" --expect-violations \
 	--gateway-bin "$OUT/bin/fencegw-break-no_send_check" --json "$OUT/break-no_send_check.json" \
 	--dir "$OUT/run-break-no_send_check" || failed+=("break_no_send_check (not caught)")
+echo "   ($SECONDS s)"
 echo "reports in $OUT"
 if ((${#failed[@]})); then
 	echo "FAILED: ${failed[*]}"

@@ -46,8 +46,9 @@ func (c *Config) slowBodyPause() (lo, hi time.Duration) {
 	if c.needsPartition() {
 		// A silent drop is noticed by PostgreSQL only when its keepalives
 		// or user timeout give up (a few seconds: docs/reliability.md);
-		// only then are the locks free to drain.
-		lo += partitionNoticed
+		// only then are the locks free to drain, and the drain and a
+		// grant must fit before the body's end.
+		lo += partitionNoticed + c.DrainPeriod + time.Second
 	}
 	return lo, lo + time.Second
 }

@@ -321,6 +321,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			RouteTheftPermille: cfg.TheftPermille}
 		if slices.Contains(cfg.Faults, FaultSlowBody) { // nemesis_sessions.go
 			wc.SlowBodyPermille = 80
+			if cfg.needsPartition() {
+				// Only the bodies on the way to the cut replica when its
+				// link goes down are at stake: more of them, but not so
+				// many that every worker is stuck in one and none asks for
+				// the resources meanwhile.
+				wc.SlowBodyPermille = 120
+			}
 			wc.SlowBodyMin, wc.SlowBodyMax = cfg.slowBodyPause()
 			wc.Timeout += wc.SlowBodyMax
 		}
