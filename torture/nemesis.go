@@ -20,6 +20,7 @@ type nemesis struct {
 	pg       *Postgres
 	rd       *Redis
 	dataDisk string // the embedded store's small disk (disk-full), if mounted
+	netns    *netns // the partitioned replica's, nil without FaultPartition
 	logf     func(format string, args ...any)
 	rng      *rand.Rand
 	faults   []Fault
@@ -81,6 +82,11 @@ func (n *nemesis) heal() {
 	n.up.StopInWrite(nil)
 	for _, w := range n.workers {
 		w.resume()
+	}
+	if n.netns != nil {
+		if err := n.netns.Restore(context.Background()); err != nil {
+			n.logf("restore the partitioned link: %v", err)
+		}
 	}
 	for _, r := range n.replicas {
 		r.Resume()

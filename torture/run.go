@@ -308,6 +308,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 		replicas[i] = &Replica{Index: i, Addr: addr, bin: cfg.Binary, args: args, log: lw}
 	}
+	var ns *netns
+	if cfg.needsPartition() { // netns.go
+		if ns, err = partitionReplica(ctx, &cfg, replicas[len(replicas)-1], up, rd); err != nil {
+			up.Close(0)
+			return nil, err
+		}
+		defer ns.remove()
+	}
 	defer func() {
 		for _, r := range replicas {
 			r.Stop()
@@ -345,6 +353,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			RouteTheftPermille: cfg.TheftPermille}
 		if slices.Contains(cfg.Faults, FaultSlowBody) { // nemesis_sessions.go
 			wc.SlowBodyPermille = 80
+			if cfg.needsPartition() {
+				// Only the bodies on the way to the cut replica when its
+				// link goes down are at stake: more of them, but not so
+				// many that every worker is stuck in one and none asks for
+				// the resources meanwhile.
+				wc.SlowBodyPermille = 120
+			}
 			wc.SlowBodyMin, wc.SlowBodyMax = cfg.slowBodyPause()
 			wc.Timeout += wc.SlowBodyMax
 		}
@@ -363,7 +378,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	// Nemesis, until the end of the run; then let the writes settle.
-	n := &nemesis{cfg: cfg, up: up, replicas: replicas, workers: procs, pg: pg, rd: rd, dataDisk: dataDisk, logf: logf,
+	n := &nemesis{cfg: cfg, up: up, replicas: replicas, workers: procs, pg: pg, rd: rd, dataDisk: dataDisk, netns: ns, logf: logf,
 		rng: rand.New(rand.NewPCG(cfg.Seed, 7))}
 	runCtx, endRun := context.WithTimeout(ctx, cfg.Duration)
 	defer endRun()

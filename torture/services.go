@@ -133,6 +133,9 @@ func (p *Postgres) SeedTokens(ctx context.Context, resources []string, base int6
 // restarts.
 type Redis struct {
 	Port string // "6379" if empty
+	// Bind is an address the server listens on besides 127.0.0.1 when
+	// the nemesis restarts it (the partitioned replica's veth).
+	Bind string
 }
 
 func (r *Redis) port() string {
@@ -173,8 +176,14 @@ func (r *Redis) Shutdown(ctx context.Context) error {
 
 // Start starts a server without persistence and waits until it answers.
 func (r *Redis) Start(ctx context.Context) error {
-	if _, err := run(ctx, 10*time.Second, "redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1",
-		"--port", r.port(), "--save", "", "--appendonly", "no"); err != nil {
+	bind := []string{"--bind", "127.0.0.1", "-::1"}
+	if r.Bind != "" {
+		// Not protected mode's loopback-only rule: the namespace's
+		// replica comes from the veth.
+		bind = append(bind, r.Bind, "--protected-mode", "no")
+	}
+	if _, err := run(ctx, 10*time.Second, "redis-server", append(append([]string{"--daemonize", "yes"}, bind...),
+		"--port", r.port(), "--save", "", "--appendonly", "no")...); err != nil {
 		return err
 	}
 	return waitFor(ctx, 10*time.Second, r.ping)
