@@ -236,15 +236,21 @@ type Rejection struct {
 	// Principal The API key that presented the lease (absent without authentication). For `lease_not_owned` it is the caller, while `holder` is the lease's own.
 	Principal *string `json:"principal,omitempty"`
 
-	// Repeats How many refusals this entry counts. A refusal with the same resource, lease, token, code and principal as an entry still in the log is counted on the latest such entry (its id kept, `at` and the request fields those of the last refusal) instead of being appended, so that a flood under one lease takes one entry of the bounded log. `unknown_lease` refusals are never counted together.
+	// Repeats How many refusals this entry counts. A refusal with the same resource, lease, token, code, principal and `would_refuse` as an entry still in the log is counted on the latest such entry (its id kept, `at` and the request fields those of the last refusal) instead of being appended, so that a flood under one lease takes one entry of the bounded log. `unknown_lease` refusals are never counted together.
 	Repeats int64 `json:"repeats"`
 
 	// Resource Empty for `unknown_lease`.
 	Resource string `json:"resource"`
 
 	// Token The token of the lease the write carried (0 if unknown).
-	Token    int64  `json:"token"`
-	Upstream string `json:"upstream"`
+	Token int64 `json:"token"`
+
+	// TraceId The write's OpenTelemetry trace id, when the gateway traces (the `OTEL_*` variables): the incident's trace.
+	TraceId  *string `json:"trace_id,omitempty"`
+	Upstream string  `json:"upstream"`
+
+	// WouldRefuse True when the upstream only observes (`--observe`): the write was forwarded and nothing was blocked; `code` is what an enforcing upstream would have refused it with. Absent otherwise.
+	WouldRefuse *bool `json:"would_refuse,omitempty"`
 }
 
 // RejectionCode Why a write was refused. An open set: the known values are below

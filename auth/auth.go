@@ -30,7 +30,6 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/fencegw/fencegw/gateway"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -169,14 +168,14 @@ func newEntry(k Key) (*entry, error) {
 	if err != nil || len(raw) != sha256.Size {
 		return nil, errors.New("sha256 must be 64 hex digits (fencegw hash-key)")
 	}
-	p := gateway.Principal{Name: k.Name, MaxLeases: k.MaxLeases}
+	p := Principal{Name: k.Name, MaxLeases: k.MaxLeases}
 	switch k.Role {
 	case "viewer":
-		p.Role = gateway.RoleViewer
+		p.Role = RoleViewer
 	case "worker":
-		p.Role = gateway.RoleWorker
+		p.Role = RoleWorker
 	case "admin":
-		p.Role = gateway.RoleAdmin
+		p.Role = RoleAdmin
 	default:
 		return nil, fmt.Errorf("role %q: want viewer, worker or admin", k.Role)
 	}
@@ -238,11 +237,9 @@ type Keys struct {
 	now    func() time.Time
 }
 
-var _ gateway.Authenticator = (*Keys)(nil)
-
 type entry struct {
 	hash      [sha256.Size]byte
-	principal gateway.Principal
+	principal Principal
 	bucket    *bucket // nil: unlimited
 }
 
@@ -252,14 +249,14 @@ func (k *Keys) Len() int { return len(k.all) }
 // Authenticate implements gateway.Authenticator: the key comes as
 // `Authorization: Bearer <key>`, or as the password of HTTP Basic (any user
 // name) for browsers on the dashboard.
-func (k *Keys) Authenticate(r *http.Request) (*gateway.Principal, error) {
+func (k *Keys) Authenticate(r *http.Request) (*Principal, error) {
 	key, ok := presentedKey(r)
 	if !ok {
-		return nil, gateway.ErrUnauthenticated
+		return nil, ErrUnauthenticated
 	}
 	e := k.match(key)
 	if e == nil {
-		return nil, gateway.ErrUnauthenticated
+		return nil, ErrUnauthenticated
 	}
 	p := e.principal // a copy: callers cannot change the configured one
 	return &p, nil
@@ -304,7 +301,7 @@ func (k *Keys) match(key string) *entry {
 }
 
 // Allow implements gateway.Authenticator with one token bucket per key.
-func (k *Keys) Allow(p *gateway.Principal) (bool, time.Duration) {
+func (k *Keys) Allow(p *Principal) (bool, time.Duration) {
 	e := k.byName[p.Name]
 	if e == nil || e.bucket == nil {
 		return true, 0

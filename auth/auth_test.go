@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/fencegw/fencegw/gateway"
 )
 
 const (
@@ -57,14 +55,14 @@ func TestParseYAML(t *testing.T) {
 		t.Fatalf("upstream headers = %v", h)
 	}
 	p := c.Keys.byName["billing"].principal
-	if p.Role != gateway.RoleWorker || p.MaxTTL != time.Minute || p.MaxLeases != 5 || len(p.Resources) != 2 {
+	if p.Role != RoleWorker || p.MaxTTL != time.Minute || p.MaxLeases != 5 || len(p.Resources) != 2 {
 		t.Fatalf("principal = %+v", p)
 	}
 }
 
 func TestParseJSON(t *testing.T) {
 	c := mustParse(t, "{\n\t\"keys\": [{\"name\": \"a\", \"sha256\": \""+Hash("x")+"\", \"role\": \"admin\"}]\n}")
-	if p := c.Keys.byName["a"].principal; p.Role != gateway.RoleAdmin {
+	if p := c.Keys.byName["a"].principal; p.Role != RoleAdmin {
 		t.Fatalf("principal = %+v", p)
 	}
 }
@@ -144,8 +142,8 @@ func TestAuthenticate(t *testing.T) {
 	}
 	// Callers get a copy: changing it changes nothing configured.
 	p, _ := keys.Authenticate(request("Bearer " + workerKey))
-	p.Role = gateway.RoleAdmin
-	if again, _ := keys.Authenticate(request("Bearer " + workerKey)); again.Role != gateway.RoleWorker {
+	p.Role = RoleAdmin
+	if again, _ := keys.Authenticate(request("Bearer " + workerKey)); again.Role != RoleWorker {
 		t.Fatalf("the configured principal changed: %+v", again)
 	}
 }
@@ -169,7 +167,7 @@ func TestRateLimit(t *testing.T) {
 	keys := mustParse(t, testFile()).Keys
 	now := time.Unix(1000, 0)
 	keys.now = func() time.Time { return now }
-	p := &gateway.Principal{Name: "billing"}
+	p := &Principal{Name: "billing"}
 	for i := range 3 { // burst 3
 		if ok, _ := keys.Allow(p); !ok {
 			t.Fatalf("request %d refused within the burst", i)
@@ -190,7 +188,7 @@ func TestRateLimit(t *testing.T) {
 	if ok, _ := keys.Allow(p); ok {
 		t.Fatal("more than the burst after a long pause")
 	}
-	if ok, _ := keys.Allow(&gateway.Principal{Name: "dash"}); !ok {
+	if ok, _ := keys.Allow(&Principal{Name: "dash"}); !ok {
 		t.Fatal("a key without a rate was limited")
 	}
 }

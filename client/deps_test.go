@@ -9,7 +9,7 @@ import (
 
 // sdkModules are the only modules whose packages the SDK may link: a
 // worker that imports client/ must not link the gateway's router, the
-// stores' drivers or the dashboard's browser (issue 12).
+// stores' drivers or the dashboard's browser.
 var sdkModules = []string{
 	"github.com/fencegw/fencegw",      // client and api (types + generated client) only, see below
 	"github.com/oapi-codegen/runtime", // the generated client's parameter binding

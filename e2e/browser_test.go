@@ -37,7 +37,7 @@ type dash struct {
 	counts *web.Counts
 }
 
-func startDashboard(t testing.TB, ups map[string]string) *dash {
+func startDashboard(t testing.TB, ups map[string]string, opts ...func(*gateway.Config)) *dash {
 	t.Helper()
 	store, err := bolt.Open(filepath.Join(t.TempDir(), "fencegw.db"), bolt.Options{})
 	if err != nil {
@@ -58,8 +58,12 @@ func startDashboard(t testing.TB, ups map[string]string) *dash {
 	}
 	d.svc = svc
 	clocks := tokens.NewClocks()
-	d.gate = gateway.New(svc, gateway.Config{Upstreams: targets, Logger: log, Clocks: clocks,
-		OnForwarded: d.counts.Accepted, UI: web.Handler(svc, d.counts, web.WithClocks(clocks))})
+	cfg := gateway.Config{Upstreams: targets, Logger: log, Clocks: clocks,
+		OnForwarded: d.counts.Accepted, UI: web.Handler(svc, d.counts, web.WithClocks(clocks))}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	d.gate = gateway.New(svc, cfg)
 	srv := httptest.NewServer(d.gate)
 	d.URL = srv.URL
 	t.Cleanup(func() {

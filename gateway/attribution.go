@@ -9,7 +9,7 @@ import (
 	"github.com/fencegw/fencegw/tokens"
 )
 
-// Attribution (issue 15): every refused write is recorded with the
+// Attribution: every refused write is recorded with the
 // principal that presented the lease (tokens.Rejection.Principal, shown by
 // the API, the stream and the dashboard), and counted by principal here.
 // Principals are the API keys of the auth file, so the series are bounded

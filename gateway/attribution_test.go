@@ -35,7 +35,7 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// Issue 15 point 4: when worker-one's key presents worker-two's lease, the
+// When worker-one's key presents worker-two's lease, the
 // rejection names the key that presented it (API, metrics), keeps the
 // lease's own holder, has the resource's current token, and is logged at
 // warn.
@@ -98,7 +98,7 @@ func TestPrincipalSeriesAreBounded(t *testing.T) {
 	}
 }
 
-// Issue 15 point 8: a flood of unauthenticated writes with made-up leases
+// A flood of unauthenticated writes with made-up leases
 // is answered (403 unknown_lease, every one counted), but recorded only up
 // to the flood gate's burst, so the rejection log and the store survive
 // it. An authenticated caller's refusals name it and are all recorded.

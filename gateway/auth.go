@@ -8,67 +8,25 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fencegw/fencegw/auth"
 	"github.com/fencegw/fencegw/tokens"
 )
 
-// Role is what an authenticated principal may do. Roles are ordered: each
-// includes everything the ones below it may do.
-type Role int
-
-// Roles, lowest first.
-const (
-	// RoleViewer reads: resources, leases, the rejection log and stream,
-	// the dashboard, metrics.
-	RoleViewer Role = iota + 1
-	// RoleWorker also acquires, renews and releases leases and sends
-	// fenced writes.
-	RoleWorker
-	// RoleAdmin also revokes any lease.
-	RoleAdmin
+// Role and Principal are auth's (auth.Role, auth.Principal): the keys file
+// makes them, and auth does not import the gateway that checks them.
+type (
+	// Role is what an authenticated principal may do (auth.Role).
+	Role = auth.Role
+	// Principal is an authenticated caller: one API key (auth.Principal).
+	Principal = auth.Principal
 )
 
-func (r Role) String() string {
-	switch r {
-	case RoleViewer:
-		return "viewer"
-	case RoleWorker:
-		return "worker"
-	case RoleAdmin:
-		return "admin"
-	}
-	return "role(" + strconv.Itoa(int(r)) + ")"
-}
-
-// Principal is an authenticated caller: one API key.
-type Principal struct {
-	// Name identifies the key; leases are bound to it (tokens.Lease.Owner)
-	// and revocations are recorded under it.
-	Name string
-	Role Role
-	// Resources are the resource-name prefixes the key may use; empty
-	// means every resource.
-	Resources []string
-	// MaxTTL caps the ttl_ms of the key's acquires and renewals (0: only
-	// the gateway's limit).
-	MaxTTL time.Duration
-	// MaxLeases caps the key's live leases at once (0: no cap). Counted
-	// when a lease is acquired, so concurrent acquires of one key may
-	// overshoot it by their number.
-	MaxLeases int
-}
-
-// MayUse reports whether p may use resource (a prefix match).
-func (p *Principal) MayUse(resource string) bool {
-	if len(p.Resources) == 0 {
-		return true
-	}
-	for _, prefix := range p.Resources {
-		if strings.HasPrefix(resource, prefix) {
-			return true
-		}
-	}
-	return false
-}
+// Roles, lowest first (auth's).
+const (
+	RoleViewer = auth.RoleViewer
+	RoleWorker = auth.RoleWorker
+	RoleAdmin  = auth.RoleAdmin
+)
 
 // Authenticator identifies callers and meters them. Config.Auth nil means
 // no authentication: every caller may do everything.
@@ -83,8 +41,9 @@ type Authenticator interface {
 
 // Sentinels of the security checks; problemFor maps them to 401, 403, 429.
 var (
-	// ErrUnauthenticated: no API key, or not a valid one.
-	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrUnauthenticated: no API key, or not a valid one
+	// (auth.ErrUnauthenticated).
+	ErrUnauthenticated = auth.ErrUnauthenticated
 	errForbidden       = errors.New("forbidden")
 	errRateLimited     = errors.New("rate limited")
 	errTooManyLeases   = errors.New("too many leases")

@@ -17,7 +17,7 @@ import (
 )
 
 // specKnownValues returns the x-extensible-enum of a schema of the spec:
-// the one list of problem and rejection codes (issue 12) that the gateway,
+// the one list of problem and rejection codes that the gateway,
 // the tokens package and the SDK (client/codes_test.go) are checked
 // against.
 func specKnownValues(t *testing.T, schema string) []string {

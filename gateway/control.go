@@ -24,6 +24,7 @@ type control struct {
 	metrics *metrics
 	sig     *signals
 	clocks  *tokens.Clocks
+	tracing bool // spans are named and given attributes (tracing.go)
 }
 
 var _ server.StrictServerInterface = (*control)(nil)
@@ -50,11 +51,14 @@ func (c *control) AcquireLease(ctx context.Context, req server.AcquireLeaseReque
 			return nil, err
 		}
 	}
+	c.nameSpan(ctx, "acquire", attrResource.String(in.Resource))
 	lease, err := c.svc.Acquire(ctx, in)
 	c.metrics.grant(err)
+	c.endSpan(ctx, err)
 	if err != nil {
 		return nil, err
 	}
+	c.nameSpan(ctx, "acquire", attrToken.Int64(lease.Token))
 	return server.AcquireLease201JSONResponse(leaseJSON(lease, tokens.StateCurrent, lease.TTL)), nil
 }
 
@@ -142,7 +146,14 @@ func (c *control) RenewLease(ctx context.Context, req server.RenewLeaseRequestOb
 			return nil, err
 		}
 	}
+	c.nameSpan(ctx, "renew")
 	lease, err := c.svc.Renew(ctx, req.LeaseId, ttl, principalName(ctx))
+	c.endSpan(ctx, err)
+	if f := tokens.ErrorOf(err); f != nil {
+		c.nameSpan(ctx, "renew", leaseAttrs(f.Resource, f.Token)...)
+	} else if err == nil {
+		c.nameSpan(ctx, "renew", leaseAttrs(lease.Resource, lease.Token)...)
+	}
 	if err != nil {
 		c.sig.leaseRefused("renew", req.LeaseId, err, c.svc.Now())
 		if f := tokens.ErrorOf(err); f != nil && f.Holder != "" && !clientSent.IsZero() {
@@ -157,7 +168,15 @@ func (c *control) RenewLease(ctx context.Context, req server.RenewLeaseRequestOb
 }
 
 func (c *control) ReleaseLease(ctx context.Context, req server.ReleaseLeaseRequestObject) (server.ReleaseLeaseResponseObject, error) {
-	if _, err := c.svc.Release(ctx, req.LeaseId, principalName(ctx)); err != nil {
+	c.nameSpan(ctx, "release")
+	lease, err := c.svc.Release(ctx, req.LeaseId, principalName(ctx))
+	c.endSpan(ctx, err)
+	if f := tokens.ErrorOf(err); f != nil {
+		c.nameSpan(ctx, "release", leaseAttrs(f.Resource, f.Token)...)
+	} else if err == nil {
+		c.nameSpan(ctx, "release", leaseAttrs(lease.Resource, lease.Token)...)
+	}
+	if err != nil {
 		c.sig.leaseRefused("release", req.LeaseId, err, c.svc.Now())
 		return nil, err
 	}
@@ -328,6 +347,14 @@ func rejectionJSON(r tokens.Rejection) api.Rejection {
 	if !r.LeaseEndedAt.IsZero() {
 		t := r.LeaseEndedAt.UTC()
 		out.LeaseEndedAt = &t
+	}
+	if r.WouldRefuse {
+		yes := true
+		out.WouldRefuse = &yes
+	}
+	if r.TraceID != "" {
+		id := r.TraceID
+		out.TraceId = &id
 	}
 	return out
 }

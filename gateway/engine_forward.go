@@ -170,6 +170,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 		return
 	}
 
+	f.status = res.StatusCode
 	// The reverse proxy's steps after its RoundTrip.
 	removeHopByHop(res.Header)
 	dst := w.Header()

@@ -37,7 +37,7 @@ func (h *headerRecorder) last() (http.Header, http.Header, int) {
 	return h.header, h.trailer, h.requests
 }
 
-// Issue 15 point 8: X-Forwarded-Host is the gateway's word or absent,
+// X-Forwarded-Host is the gateway's word or absent,
 // never the client's; a client's Trailer announcement (and its trailers)
 // are not forwarded.
 func TestForwardedHostAndTrailers(t *testing.T) {

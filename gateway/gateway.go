@@ -1,7 +1,9 @@
 // Package gateway is fencegw's HTTP layer: the control API (through the
 // generated strict server), the fenced reverse proxy, the live rejection
-// stream, health, readiness and metrics. It speaks to the domain only
-// through *tokens.Service.
+// stream, health, readiness and metrics. It speaks to the domain through
+// *tokens.Service, *tokens.Idempotency (Idempotency-Key records) and
+// *tokens.Clocks (holder clock offsets); of tokens it otherwise uses only
+// types and errors, and it imports no store.
 package gateway
 
 import (
@@ -18,6 +20,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fencegw/fencegw/api/server"
 	"github.com/fencegw/fencegw/tokens"
@@ -96,7 +99,21 @@ type Config struct {
 	// (idempotency.go). Nil: a write with the header is refused (400),
 	// never forwarded without the protection its caller asked for.
 	Idempotency *tokens.Idempotency
-	Logger      *slog.Logger
+	// Observe names the upstreams that only observe, for adopting the
+	// gateway without a flag day (never the default): a write to one of
+	// them under a stale, expired or released lease is forwarded, and
+	// recorded as a rejection marked WouldRefuse (tokens.Write.Observe).
+	// Such an upstream is NOT fenced. Unknown leases, another principal's
+	// lease and route mismatches are refused as on any upstream.
+	Observe map[string]bool
+	// TracerProvider, if set, traces every request (tracing.go): a server
+	// span continuing the client's W3C traceparent, and for fenced writes
+	// admission, wait and forward spans, the forward's context sent to the
+	// upstream as its traceparent. Wire TraceLockWait(TracerProvider) into
+	// the Service's OnLockWait for the wait span. Nil: no tracing, at no
+	// cost, and a client's traceparent reaches the upstream unchanged.
+	TracerProvider trace.TracerProvider
+	Logger         *slog.Logger
 }
 
 // Gateway is the HTTP face of a tokens.Service.
@@ -122,7 +139,8 @@ type Gateway struct {
 	bindings routeTable
 	byKey    *principalCounts
 	streams  *streamSlots
-	keys     *keys // nil without Config.Idempotency
+	keys     *keys    // nil without Config.Idempotency
+	tr       *tracing // nil without Config.TracerProvider
 	// stopping: the process is shutting down, and /readyz says so, so that
 	// a load balancer takes the replica out before it stops serving.
 	stopping atomic.Bool
@@ -154,7 +172,8 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	if cfg.Clocks == nil {
 		cfg.Clocks = tokens.NewClocks()
 	}
-	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport(), hosts: newHostList(cfg.AllowedHosts), bindings: newRouteTable(cfg.Routes)}
+	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport(), hosts: newHostList(cfg.AllowedHosts), bindings: newRouteTable(cfg.Routes),
+		tr: newTracing(cfg.TracerProvider)}
 	g.engine = newEngine(g.transport)
 	g.transport.DialContext = fencedDial(g.transport.DialContext) // sendcheck.go
 	g.metrics = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
@@ -253,6 +272,9 @@ func chiRoutes(method string) bool {
 // writes, so that the two can never differ.
 func (g *Gateway) middleware() []func(http.Handler) http.Handler {
 	mw := []func(http.Handler) http.Handler{g.recoverer, g.browserGuard} // hosts.go
+	if g.tr != nil {
+		mw = append([]func(http.Handler) http.Handler{g.traceServer}, mw...) // tracing.go
+	}
 	if g.cfg.Auth != nil {
 		mw = append(mw, g.authenticate)
 	}
@@ -302,7 +324,7 @@ func (g *Gateway) routes(si server.ServerInterface) http.Handler {
 // with POST /v1/leases decoded and answered by hand (acquire.go) unless
 // generatedOnly.
 func (g *Gateway) controlServer(generatedOnly bool) server.ServerInterface {
-	ctl := &control{svc: g.svc, metrics: g.metrics, sig: g.sig, clocks: g.cfg.Clocks}
+	ctl := &control{svc: g.svc, metrics: g.metrics, sig: g.sig, clocks: g.cfg.Clocks, tracing: g.tr != nil}
 	strict := server.NewStrictHandlerWithOptions(ctl, nil, server.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc: g.requestErrorHandler,
 		ResponseErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {

@@ -34,7 +34,7 @@ func post(target, headers, body string) string {
 	return "POST " + target + " HTTP/1.1\r\n" + headers + "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
 }
 
-// Issue 15 point 5: a page in a browser must not take leases from a
+// A page in a browser must not take leases from a
 // gateway on loopback: not by a simple cross-site POST (no Content-Type,
 // text/plain), not through DNS rebinding (a Host the gateway does not own),
 // not with a cross-origin request that carries an Origin.

@@ -239,6 +239,9 @@ func (g *Gateway) recordAnswer(resp *http.Response) error {
 		return nil // a keyed write then ends as an unknown outcome (endKeyed)
 	}
 	f, _ := resp.Request.Context().Value(forwardKey{}).(*forward)
+	if f != nil {
+		f.status = resp.StatusCode
+	}
 	if f == nil || f.keyed == nil || f.keyed.claim == nil {
 		return nil
 	}

@@ -32,6 +32,7 @@ type metrics struct {
 	forwardDur      prometheus.Observer
 	subs            prometheus.Gauge
 	drains          prometheus.Counter // fencegw_drains_total (signals.go)
+	would           *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, inflight func() float64) *metrics {
@@ -60,7 +61,11 @@ func newMetrics(reg prometheus.Registerer, inflight func() float64) *metrics {
 		Name: "fencegw_inflight_writes",
 		Help: "Writes admitted and not yet answered by the upstream.",
 	}, inflight)
-	reg.MustRegister(writes, rejections, grants, forwardDur, subs, inflightGauge)
+	would := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fencegw_would_refuse_total",
+		Help: "Writes to an upstream that only observes (--observe) that an enforcing one would have refused, by upstream and reason (the problem code). They were forwarded: nothing was blocked.",
+	}, []string{"upstream", "reason"})
+	reg.MustRegister(writes, rejections, grants, forwardDur, subs, inflightGauge, would)
 
 	m := &metrics{
 		writes:     map[string]prometheus.Counter{},
@@ -68,6 +73,7 @@ func newMetrics(reg prometheus.Registerer, inflight func() float64) *metrics {
 		grants:     map[string]prometheus.Counter{},
 		forwardDur: forwardDur,
 		subs:       subs,
+		would:      would,
 	}
 	for _, o := range []string{outcomeForwarded, outcomeRejected, outcomeUpstreamError, outcomeUnknownUpstream, outcomeBadRequest, outcomeUnavailable, outcomeFenceLost} {
 		m.writes[o] = writes.WithLabelValues(o)
@@ -83,6 +89,13 @@ func newMetrics(reg prometheus.Registerer, inflight func() float64) *metrics {
 }
 
 func (m *metrics) write(outcome string) { m.writes[outcome].Inc() }
+
+// wouldRefuse counts a write to an observing upstream that Admit let
+// through with the refusal an enforcing one would have given.
+func (m *metrics) wouldRefuse(upstream string, refusal error) {
+	p, _ := problemFor(refusal)
+	m.would.WithLabelValues(upstream, p.Code).Inc()
+}
 
 // refused counts a write that Admit turned down.
 func (m *metrics) refused(err error) {

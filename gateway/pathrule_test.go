@@ -227,7 +227,7 @@ func TestProxyRefusesAmbiguousRequests(t *testing.T) {
 	}
 }
 
-// Issue 15 point 2: a client's malformed chunked body is its fault: 400
+// A client's malformed chunked body is its fault: 400
 // invalid_request naming the body, not 502 upstream_unreachable. The head
 // had left for the upstream, so the resource drains, and the answer says
 // so.

@@ -210,6 +210,9 @@ func sendProblem(w http.ResponseWriter, r *http.Request, p problem) {
 			p.Instance = p.Instance[:problemInstanceByteLimit]
 		}
 	}
+	if sw, ok := w.(*statusWriter); ok { // tracing.go
+		sw.code = p.Code
+	}
 	h := w.Header()
 	h.Set("Content-Type", problemContentType)
 	h.Set("Cache-Control", "no-store")

@@ -51,8 +51,10 @@ type forward struct {
 	buffered   []byte
 	unknown    bool
 	failed     bool
-	badRequest bool   // failed by the client's fault (its body)
-	keyed      *keyed // nil without an Idempotency-Key (idempotency.go)
+	badRequest bool        // failed by the client's fault (its body)
+	keyed      *keyed      // nil without an Idempotency-Key (idempotency.go)
+	trace      *writeTrace // nil without tracing (tracing.go)
+	status     int         // the upstream's answer, once it came
 }
 
 type forwardKey struct{}
@@ -128,6 +130,7 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward) {
 	for k, v := range g.cfg.UpstreamHeaders[f.name] {
 		h[k] = v
 	}
+	f.trace.inject(g.tr, h)
 }
 
 // X-Forwarded-Proto values, shared (read only: capacity clipped where used).
@@ -205,15 +208,33 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	_ = rc.SetWriteDeadline(time.Now().Add(g.cfg.ForwardTimeout + g.cfg.BodyTimeout))
 
 	write := tokens.Write{Method: r.Method, Upstream: name, Path: truncateUTF8(path, 512), Principal: principalName(r.Context())}
-	permit, err := g.svc.Admit(r.Context(), leaseID, write)
+	if len(g.cfg.Observe) > 0 {
+		write.Observe = g.cfg.Observe[name]
+	}
+	wt, actx := g.beginWrite(r.Context(), name) // tracing.go; actx is r's context without tracing
+	if wt != nil {
+		write.TraceID = wt.traceID()
+	}
+	permit, err := g.svc.Admit(actx, leaseID, write)
 	if err == nil {
 		// The owner acquired it within its prefixes; this catches a key
 		// whose prefixes were narrowed since.
 		if err = mayUse(r.Context(), permit.Lease.Resource); err != nil {
 			permit.Done(tokens.OutcomeKnown)
 		} else if err = g.bindings.check(name, rawPath, permit.Lease.Resource, permit.Lease.Token); err != nil { // routes.go
-			err = permit.Refuse(r.Context(), err, write)
+			err = permit.Refuse(actx, err, write)
 		}
+	}
+	if wt != nil {
+		resource, token := "", int64(0)
+		var would error
+		if permit != nil {
+			resource, token, would = permit.Lease.Resource, permit.Lease.Token, permit.WouldRefuse
+		}
+		wt.admitted(resource, token, err, would)
+	}
+	if err == nil && permit.WouldRefuse != nil {
+		g.metrics.wouldRefuse(name, permit.WouldRefuse)
 	}
 	if err != nil {
 		g.metrics.refused(err)
@@ -248,6 +269,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		g.inflight.Add(-1)
 		g.ages.end(slot)
 		g.metrics.forwarded(f, time.Since(start))
+		f.trace.endForward(f)
 		if !f.failed && g.cfg.OnForwarded != nil {
 			g.cfg.OnForwarded(permit.Lease.Resource, permit.Lease.Token)
 		}
@@ -260,6 +282,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 
+	wt.beginForward(r.Context(), g.tr, f)
 	if g.directable(r, f) {
 		g.forwardDirect(w, rc, r, f) // engine_forward.go
 		return

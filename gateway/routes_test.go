@@ -173,7 +173,7 @@ func FuzzRoute(f *testing.F) {
 	})
 }
 
-// Issue 15 point 7: with the upstream bound to the resource its path
+// With the upstream bound to the resource its path
 // names, a live lease on res:b cannot write to res:a's path: 403
 // resource_mismatch, recorded with the presenting lease's facts, nothing
 // forwarded. The owner of res:a still writes there.

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Issue 15 point 8: live streams are capped in all and per key; a freed
+// Live streams are capped in all and per key; a freed
 // slot can be taken again.
 func TestStreamCaps(t *testing.T) {
 	up := newRecorder(t)

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Issue 15 point 8: a flood of unauthenticated unknown leases is recorded
+// A flood of unauthenticated unknown leases is recorded
 // at floodRate a second (after a burst of floodBurst), and what was not
 // recorded is reported once per floodReport.
 func TestFloodGate(t *testing.T) {

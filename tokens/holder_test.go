@@ -2,7 +2,7 @@ package tokens
 
 import "testing"
 
-// Issue 15 point 8: holder labels that would read as something else on the
+// Holder labels that would read as something else on the
 // dashboard are refused.
 func TestValidateHolderRefusesSpoofing(t *testing.T) {
 	for _, h := range []string{"worker-1", "wörker-Ω", "作業者", "w 1", "📦"} {

@@ -35,7 +35,13 @@ type Config struct {
 	// OnRejection is called after a refused write was recorded (live feed,
 	// metrics). It must not block.
 	OnRejection func(Rejection)
-	Logger      *slog.Logger
+	// OnLockWait, if set, is called when an admission starts waiting for
+	// its resource's shared lock (or the Fencer's hold), with the write's
+	// context; the function it returns is called when the wait ends. It
+	// lets tracing show the lock wait as its own span without this package
+	// knowing of tracing; nil costs nothing.
+	OnLockWait func(ctx context.Context) (end func())
+	Logger     *slog.Logger
 }
 
 // Service applies the fence rules on top of a Store and a Locker.
@@ -96,6 +102,7 @@ type Service struct {
 	grantWait   time.Duration
 	drainPeriod time.Duration
 	onReject    func(Rejection)
+	onLockWait  func(context.Context) func()
 	log         *slog.Logger
 	stale       *staleCache
 	waiters     *waiters
@@ -113,6 +120,7 @@ func New(cfg Config) *Service {
 		grantWait:   cfg.GrantWait,
 		drainPeriod: cfg.DrainPeriod,
 		onReject:    cfg.OnRejection,
+		onLockWait:  cfg.OnLockWait,
 		log:         cfg.Logger,
 		stale:       newStaleCache(),
 		waiters:     newWaiters(),
@@ -279,8 +287,8 @@ func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil ti
 	case err != nil:
 		return Lease{}, err
 	default:
-		if h := cur.Holder(s.clock(cur)); h != nil {
-			return Lease{}, heldError(*h, s.clock(cur))
+		if h := cur.Holder(s.Clock(cur)); h != nil {
+			return Lease{}, heldError(*h, s.Clock(cur))
 		}
 	}
 
@@ -316,9 +324,6 @@ func (s *Service) Clock(r Resource) time.Time {
 	}
 	return s.now()
 }
-
-// clock is Clock (the call sites predate it).
-func (s *Service) clock(r Resource) time.Time { return s.Clock(r) }
 
 // Renew extends a current lease; ttl 0 reuses the lease's TTL. principal
 // is the authenticated caller ("" without authentication): any other than
@@ -369,7 +374,7 @@ func (s *Service) forget(ctx context.Context, leaseID string) (func(), error) {
 	// fence (the store refuses it, or, released already, changes nothing),
 	// and its release must not make every replica give the current
 	// holder's fence up.
-	if state, err := s.store.Resource(ctx, lease.Resource); err == nil && Judge(lease, state, s.clock(state)) != nil {
+	if state, err := s.store.Resource(ctx, lease.Resource); err == nil && Judge(lease, state, s.Clock(state)) != nil {
 		return func() {}, nil
 	}
 	lockCtx, cancel := context.WithTimeout(ctx, s.grantWait)
@@ -481,16 +486,29 @@ type Write struct {
 	// Principal is the authenticated caller ("" without authentication);
 	// any other than the lease's owner is refused with ErrNotOwner.
 	Principal string
+	// Observe: the upstream only observes (an adoption setting, never the
+	// default). A write the fence rule refuses (stale_token, lease_expired,
+	// lease_released) is recorded as a rejection marked WouldRefuse and
+	// admitted anyway, without the shared lock: such an upstream is not
+	// fenced. Unknown leases and another principal's lease are refused as
+	// on any upstream.
+	Observe bool
+	// TraceID is the write's trace id, if it is traced, for its rejection.
+	TraceID string
 }
 
 // Permit is an admitted write. Its holder must call Done exactly once, after
 // the upstream answered or the forward gave up, and Check before sending
 // each byte of the write.
 type Permit struct {
-	Lease  Lease
-	svc    *Service
-	unlock func() // without a Fencer
-	held   Held   // with a Fencer
+	Lease Lease
+	// WouldRefuse is the refusal an enforcing upstream would have answered
+	// (Write.Observe), nil for a write the fence admitted. Such a permit
+	// holds no lock and its unknown outcome starts no drain.
+	WouldRefuse error
+	svc         *Service
+	unlock      func() // without a Fencer
+	held        Held   // with a Fencer
 }
 
 // Check returns nil if the write may send bytes to the upstream now, or an
@@ -498,7 +516,8 @@ type Permit struct {
 // (see Held.Check): nothing more of the write may then be sent, and what
 // was sent is an unknown outcome. Without a Fencer (the embedded mode) it
 // is always nil: the lock lives in the process, and cannot be lost unless
-// the process dies, and a dead process sends nothing.
+// the process dies, and a dead process sends nothing. An observed write
+// holds no fence, and is not checked.
 func (p *Permit) Check() error {
 	if p.held == nil || failpoint.NoSendCheck {
 		return nil
@@ -516,7 +535,7 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 			return nil, s.reject(ctx, err, lease, Resource{}, w)
 		}
 		if _, refusal := s.judge(lease, state); refusal != nil {
-			return nil, s.reject(ctx, refusal, lease, state, w)
+			return s.refuse(ctx, refusal, lease, state, w)
 		}
 	}
 	if s.fencer != nil {
@@ -553,10 +572,17 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 		// stale write in a storm.
 		if _, refusal := s.judge(lease, *early); refusal != nil {
 			s.rememberStale(refusal, lease, *early)
-			return nil, s.reject(ctx, refusal, lease, *early, w)
+			return s.refuse(ctx, refusal, lease, *early, w)
 		}
 	}
+	var waited func()
+	if s.onLockWait != nil {
+		waited = s.onLockWait(ctx)
+	}
 	unlock, err := s.locker.Shared(ctx, lease.Resource)
+	if waited != nil {
+		waited()
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -575,9 +601,22 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 	if refusal != nil {
 		unlock()
 		s.rememberStale(refusal, lease, state)
-		return nil, s.reject(ctx, refusal, lease, state, w)
+		return s.refuse(ctx, refusal, lease, state, w)
 	}
 	return &Permit{Lease: admitted, svc: s, unlock: unlock}, nil
+}
+
+// refuse ends an admission the fence rule (Judge) turned down: refused and
+// recorded, or, on an observing upstream (Write.Observe), recorded as would
+// refuse and admitted without a lock. Every caller has released the lock
+// it took: an observed write must not delay the grants of a resource it
+// is not fenced on.
+func (s *Service) refuse(ctx context.Context, refusal error, lease Lease, state Resource, w Write) (*Permit, error) {
+	if !w.Observe {
+		return nil, s.reject(ctx, refusal, lease, state, w)
+	}
+	s.record(ctx, refusal, lease, state, w, true)
+	return &Permit{Lease: lease, WouldRefuse: refusal, svc: s, unlock: func() {}}, nil
 }
 
 // judge applies the fence rule (Judge) to a write under lease, given its
@@ -587,7 +626,7 @@ func (s *Service) judge(lease Lease, state Resource) (Lease, error) {
 	if failpoint.HighestSeen {
 		return lease, judgeHighestSeen(lease)
 	}
-	if refusal := Judge(lease, state, s.clock(state)); refusal != nil {
+	if refusal := Judge(lease, state, s.Clock(state)); refusal != nil {
 		return Lease{}, refusal
 	}
 	return *state.Lease, nil
@@ -595,7 +634,14 @@ func (s *Service) judge(lease Lease, state Resource) (Lease, error) {
 
 // admitFenced is Admit with a Fencer.
 func (s *Service) admitFenced(ctx context.Context, leaseID string, w Write) (*Permit, error) {
+	var waited func()
+	if s.onLockWait != nil {
+		waited = s.onLockWait(ctx)
+	}
 	lease, state, held, err := s.fencer.Hold(ctx, leaseID)
+	if waited != nil {
+		waited()
+	}
 	if errors.Is(err, ErrNotFound) {
 		return nil, s.reject(ctx, &Error{Kind: ErrUnknownLease}, Lease{ID: leaseID}, Resource{}, w)
 	}
@@ -613,7 +659,7 @@ func (s *Service) admitFenced(ctx context.Context, leaseID string, w Write) (*Pe
 	if refusal != nil {
 		held.Release()
 		s.rememberStale(refusal, lease, state)
-		return nil, s.reject(ctx, refusal, lease, state, w)
+		return s.refuse(ctx, refusal, lease, state, w)
 	}
 	return &Permit{Lease: admitted, svc: s, held: held}, nil
 }
@@ -641,7 +687,7 @@ const (
 // Done ends the write. OutcomeUnknown starts the drain period before the
 // shared lock is released, so that no grant can slip in between.
 func (p *Permit) Done(outcome Outcome) {
-	if outcome == OutcomeUnknown {
+	if outcome == OutcomeUnknown && p.WouldRefuse == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := p.svc.store.Drain(ctx, p.Lease.Resource, p.svc.drainPeriod); err != nil {
 			// The store is unreachable, so grants fail closed anyway.
@@ -681,6 +727,13 @@ func Judge(lease Lease, r Resource, now time.Time) error {
 }
 
 func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state Resource, w Write) error {
+	s.record(ctx, refusal, lease, state, w, false)
+	return refusal
+}
+
+// record records a refusal; wouldRefuse: on an observing upstream, which
+// forwards the write anyway.
+func (s *Service) record(ctx context.Context, refusal error, lease Lease, state Resource, w Write, wouldRefuse bool) {
 	e := ErrorOf(refusal)
 	rej := Rejection{
 		Resource:     lease.Resource,
@@ -693,14 +746,16 @@ func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state 
 		Upstream:     w.Upstream,
 		Path:         w.Path,
 		Principal:    w.Principal,
+		WouldRefuse:  wouldRefuse,
+		TraceID:      w.TraceID,
 	}
-	// Issue 15: a flood of unauthenticated unknown leases is recorded at a
+	// A flood of unauthenticated unknown leases is recorded at a
 	// bounded rate (flood.go); a refusal for another principal's lease is
 	// recorded with its resource's current token (Admit refuses it before
 	// reading the state) and logged.
 	switch {
 	case e.Kind == ErrUnknownLease && w.Principal == "" && !s.flood.record(s.now(), s.log):
-		return refusal
+		return
 	case e.Kind == ErrNotOwner:
 		if state.Name == "" && lease.Resource != "" {
 			if st, err := s.store.Resource(ctx, lease.Resource); err == nil {
@@ -716,7 +771,7 @@ func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state 
 	switch {
 	case lease.Released():
 		rej.LeaseEndedAt = lease.ReleasedAt
-	case !lease.ExpiresAt.IsZero() && !s.clock(state).Before(lease.ExpiresAt):
+	case !lease.ExpiresAt.IsZero() && !s.Clock(state).Before(lease.ExpiresAt):
 		rej.LeaseEndedAt = lease.ExpiresAt
 	}
 	// Record with a context of its own: the client hanging up must not
@@ -731,7 +786,6 @@ func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state 
 		recorded.Repeats, recorded.FirstAt = 1, recorded.At
 	}
 	s.onReject(recorded)
-	return refusal
 }
 
 func codeOf(kind error) string {

@@ -95,6 +95,13 @@ type Rejection struct {
 	// if it was still live or unknown), so "arrived 15 s after its lease
 	// ended" can be shown.
 	LeaseEndedAt time.Time
+	// WouldRefuse: the upstream only observes (Write.Observe), and the
+	// write was forwarded; Code is what an enforcing upstream would have
+	// refused it with.
+	WouldRefuse bool
+	// TraceID is the write's OpenTelemetry trace id (32 hex digits; "":
+	// not traced), so that an incident links to its trace.
+	TraceID string
 	// Repeats counts the refusals this entry stands for (1 for a single
 	// one): the store counts a refusal with the same RepeatKey as its
 	// latest entry on that entry instead of appending, so that a flood under
@@ -106,14 +113,14 @@ type Rejection struct {
 }
 
 // RepeatKey is what makes two refusals repeats of one another: the same
-// resource, lease (by its hint, as the log keeps it), token, code and
-// principal. A refusal without a known lease (token 0: unknown_lease) has
+// resource, lease (by its hint, as the log keeps it), token, code,
+// principal and WouldRefuse. A refusal without a known lease (token 0: unknown_lease) has
 // no key and is always appended, at the rate tokens/flood.go allows.
 func (r Rejection) RepeatKey() (string, bool) {
 	if r.Token <= 0 {
 		return "", false
 	}
-	return strings.Join([]string{r.Resource, r.LeaseHint, strconv.FormatInt(r.Token, 10), r.Code, r.Principal}, "\x1f"), true
+	return strings.Join([]string{r.Resource, r.LeaseHint, strconv.FormatInt(r.Token, 10), r.Code, strconv.FormatBool(r.WouldRefuse), r.Principal}, "\x1f"), true
 }
 
 // Rejection codes, shared with the HTTP problem codes.

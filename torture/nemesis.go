@@ -19,6 +19,8 @@ type nemesis struct {
 	workers  []*workerProc
 	pg       *Postgres
 	rd       *Redis
+	dataDisk string // the embedded store's small disk (disk-full), if mounted
+	netns    *netns // the partitioned replica's, nil without FaultPartition
 	logf     func(format string, args ...any)
 	rng      *rand.Rand
 	faults   []Fault
@@ -81,6 +83,11 @@ func (n *nemesis) heal() {
 	for _, w := range n.workers {
 		w.resume()
 	}
+	if n.netns != nil {
+		if err := n.netns.Restore(context.Background()); err != nil {
+			n.logf("restore the partitioned link: %v", err)
+		}
+	}
 	for _, r := range n.replicas {
 		r.Resume()
 		if !r.Alive() {
@@ -98,6 +105,10 @@ func (n *nemesis) inject(ctx context.Context, f *Fault) error {
 		return err
 	}
 	switch f.Kind {
+	case FaultFailoverPostgres: // nemesis_failover.go
+		return n.failover(ctx, f)
+	case FaultDiskFull: // nemesis_disk.go
+		return n.diskFull(ctx)
 	case FaultKillGateway:
 		r.Kill()
 		n.sleep(ctx, n.between(100*time.Millisecond, 500*time.Millisecond))

@@ -32,11 +32,25 @@ const (
 // sessionFaults are the faults of this file, for the PostgreSQL modes.
 var sessionFaults = []string{FaultKillPGSessions, FaultSlowBody, FaultFreezeReplica}
 
+// partitionNoticed is how long PostgreSQL takes to drop the sessions of a
+// replica cut by a silent drop, with the keepalive and user timeout
+// settings docs/reliability.md gives its cluster (1 s idle, 1 s interval,
+// 2 probes; 2 s user timeout), plus a margin.
+const partitionNoticed = 4 * time.Second
+
 // slowBodyPause is how long a slow body stops midway: past the TTL, the
 // orphan drain (drain period plus the gateway's 1 s session check) and a
 // grant, but within the workers' request timeout.
 func (c *Config) slowBodyPause() (lo, hi time.Duration) {
 	lo = c.TTL + c.DrainPeriod + time.Second + 300*time.Millisecond
+	if c.needsPartition() {
+		// A silent drop is noticed by PostgreSQL only when its keepalives
+		// or user timeout give up (a few seconds: docs/reliability.md);
+		// only then are the locks free to drain. (Pausing a drain period
+		// and a second longer still caught the broken build less often:
+		// docs/reliability.md.)
+		lo += partitionNoticed
+	}
 	return lo, lo + time.Second
 }
 
@@ -50,6 +64,19 @@ func (n *nemesis) injectSessions(ctx context.Context, f *Fault, r *Replica) (boo
 		return true, n.killSessions(ctx, r)
 	case FaultSlowBody:
 		return true, errNotApplicable // the workers' bodies do it
+	case FaultPartition:
+		if n.netns == nil {
+			return true, errNotApplicable
+		}
+		r = n.replicas[len(n.replicas)-1] // the one in the namespace
+		if !r.Alive() {
+			return true, errNotApplicable
+		}
+		if err := n.netns.Cut(ctx); err != nil {
+			return true, err
+		}
+		n.sleep(ctx, n.between(partitionNoticed+n.cfg.DrainPeriod+time.Second, partitionNoticed+n.cfg.DrainPeriod+3*time.Second))
+		return true, n.netns.Restore(ctx)
 	case FaultFreezeReplica:
 		if n.pg == nil {
 			return true, errNotApplicable

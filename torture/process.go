@@ -23,6 +23,9 @@ type Replica struct {
 	bin  string
 	args []string
 	log  io.Writer
+	// netns, if set, is the network namespace the replica runs in (the
+	// partition fault); args then name the host by its veth address.
+	netns *netns
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -49,7 +52,11 @@ func (r *Replica) URL() string { return "http://" + r.Addr }
 func (r *Replica) Start() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	cmd := exec.Command(r.bin, append([]string{"serve", "--listen", r.Addr}, r.args...)...)
+	name, args := r.bin, append([]string{"serve", "--listen", r.Addr}, r.args...)
+	if r.netns != nil {
+		name, args = r.netns.command(name, args...)
+	}
+	cmd := exec.Command(name, args...)
 	cmd.Stderr = r.log
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

@@ -88,6 +88,9 @@ type Config struct {
 	// if empty): a cluster of its own lets long runs leave the machine's
 	// PostgreSQL alone.
 	PGCluster string
+	// PairPorts are the ports of the private primary and standby the
+	// failover-postgres fault runs on (default 5445, 5446).
+	PairPorts [2]int
 	Redis     string // URL, redis mode
 	TokenBase int64  // 0: do not seed
 	Faults    []string
@@ -196,15 +199,31 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	// whatever happened.
 	var pg *Postgres
 	var rd *Redis
+	var pair *pgPair
+	if cfg.Mode != ModeEmbedded && slices.Contains(cfg.Faults, FaultFailoverPostgres) {
+		if cfg.PairPorts == [2]int{} {
+			cfg.PairPorts = defaultPairPorts
+		}
+		if pair, err = startPGPair(ctx, filepath.Join(cfg.Dir, "pg"), cfg.PairPorts, "fencegw_torture", logf); err != nil {
+			if pair != nil {
+				pair.stop()
+			}
+			return nil, fmt.Errorf("private PostgreSQL primary and standby: %w", err)
+		}
+		defer pair.stop()
+		cfg.Postgres = pair.URL()
+	}
 	if cfg.Mode != ModeEmbedded {
-		pg = &Postgres{URL: cfg.Postgres, Cluster: cfg.PGCluster}
+		pg = &Postgres{URL: cfg.Postgres, Cluster: cfg.PGCluster, pair: pair}
 		defer func() {
 			if err := pg.Ensure(context.WithoutCancel(ctx)); err != nil {
 				logf("could not restart PostgreSQL: %v", err)
 			}
 		}()
-		if err := pg.CreateDatabase(ctx); err != nil {
-			return nil, fmt.Errorf("PostgreSQL at %s: %w", cfg.Postgres, err)
+		if pair == nil { // startPGPair created its database
+			if err := pg.CreateDatabase(ctx); err != nil {
+				return nil, fmt.Errorf("PostgreSQL at %s: %w", cfg.Postgres, err)
+			}
 		}
 	}
 	if cfg.Mode == ModeRedis {
@@ -253,10 +272,23 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		// Nothing balances load in front of the replicas: Stop's SIGTERM
 		// should drain at once, not serve on for a load balancer.
 		"--shutdown-delay", "0"}
+	var dataDisk string
 	switch cfg.Mode {
 	case ModeEmbedded:
 		data := filepath.Join(cfg.Dir, "data")
 		args = append(args, "--data", data)
+		if slices.Contains(cfg.Faults, FaultDiskFull) { // nemesis_disk.go
+			umount, err := mountSmallDisk(data)
+			if err != nil {
+				return nil, err
+			}
+			defer func() {
+				if err := umount(); err != nil {
+					logf("%v", err)
+				}
+			}()
+			dataDisk = data
+		}
 		if cfg.TokenBase > 0 {
 			if err := SeedBolt(data, resources, cfg.TokenBase); err != nil {
 				return nil, fmt.Errorf("seed tokens: %w", err)
@@ -275,6 +307,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			return nil, err
 		}
 		replicas[i] = &Replica{Index: i, Addr: addr, bin: cfg.Binary, args: args, log: lw}
+	}
+	var ns *netns
+	if cfg.needsPartition() { // netns.go
+		if ns, err = partitionReplica(ctx, &cfg, replicas[len(replicas)-1], up, rd); err != nil {
+			up.Close(0)
+			return nil, err
+		}
+		defer ns.remove()
 	}
 	defer func() {
 		for _, r := range replicas {
@@ -313,6 +353,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			RouteTheftPermille: cfg.TheftPermille}
 		if slices.Contains(cfg.Faults, FaultSlowBody) { // nemesis_sessions.go
 			wc.SlowBodyPermille = 80
+			if cfg.needsPartition() {
+				// Only the bodies on the way to the cut replica when its
+				// link goes down are at stake: more of them, but not so
+				// many that every worker is stuck in one and none asks for
+				// the resources meanwhile.
+				wc.SlowBodyPermille = 120
+			}
 			wc.SlowBodyMin, wc.SlowBodyMax = cfg.slowBodyPause()
 			wc.Timeout += wc.SlowBodyMax
 		}
@@ -331,7 +378,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	// Nemesis, until the end of the run; then let the writes settle.
-	n := &nemesis{cfg: cfg, up: up, replicas: replicas, workers: procs, pg: pg, rd: rd, logf: logf,
+	n := &nemesis{cfg: cfg, up: up, replicas: replicas, workers: procs, pg: pg, rd: rd, dataDisk: dataDisk, netns: ns, logf: logf,
 		rng: rand.New(rand.NewPCG(cfg.Seed, 7))}
 	runCtx, endRun := context.WithTimeout(ctx, cfg.Duration)
 	defer endRun()
@@ -348,6 +395,24 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res.History = History{Grants: rec.grants, Writes: rec.writes, Arrivals: up.Arrivals(), Faults: n.faults, LeaseOps: rec.ops, DrainPeriod: cfg.DrainPeriod}
 	rec.mu.Unlock()
 	res.Report = Check(res.History)
+	for _, f := range n.faults {
+		if f.Kind == FaultFailoverPostgres {
+			if d, ok := firstGrantAfter(res.History.Grants, f.DownTo); ok {
+				logf("failover at %s: first grant %v after the promotion began", f.DownTo.Format("15:04:05.000"), d.Round(time.Millisecond))
+			}
+		}
+		if f.Kind == FaultDiskFull {
+			during := 0
+			for _, g := range res.History.Grants {
+				if g.Returned.After(f.Start) && g.Returned.Before(f.End) {
+					during++
+				}
+			}
+			d, _ := firstGrantAfter(res.History.Grants, f.End)
+			logf("disk full from %s for %v: %d grant(s) meanwhile, first grant %v after it was freed", f.Start.Format("15:04:05.000"),
+				f.End.Sub(f.Start).Round(time.Millisecond), during, d.Round(time.Millisecond))
+		}
+	}
 	if ctx.Err() != nil {
 		return res, ctx.Err()
 	}

@@ -31,6 +31,9 @@ type Postgres struct {
 	URL     string // the gateways' database
 	Version string // pg_ctlcluster's version; "" finds the only one in /etc/postgresql
 	Cluster string // "main" if empty
+	// pair, if set, is the torture's own primary and standby
+	// (nemesis_failover.go): Stop and Start act on its primary.
+	pair *pgPair
 }
 
 func (p *Postgres) ctl(ctx context.Context, action string, extra ...string) error {
@@ -49,10 +52,20 @@ func (p *Postgres) ctl(ctx context.Context, action string, extra ...string) erro
 }
 
 // Stop shuts the cluster down (fast mode: sessions are cut).
-func (p *Postgres) Stop(ctx context.Context) error { return p.ctl(ctx, "stop", "-m", "fast") }
+func (p *Postgres) Stop(ctx context.Context) error {
+	if p.pair != nil {
+		return p.pair.stopCluster(ctx, p.pair.primary, "fast")
+	}
+	return p.ctl(ctx, "stop", "-m", "fast")
+}
 
 // Start starts the cluster.
-func (p *Postgres) Start(ctx context.Context) error { return p.ctl(ctx, "start") }
+func (p *Postgres) Start(ctx context.Context) error {
+	if p.pair != nil {
+		return p.pair.ensure(ctx)
+	}
+	return p.ctl(ctx, "start")
+}
 
 // Ensure starts the cluster if it does not answer.
 func (p *Postgres) Ensure(ctx context.Context) error {
@@ -120,6 +133,9 @@ func (p *Postgres) SeedTokens(ctx context.Context, resources []string, base int6
 // restarts.
 type Redis struct {
 	Port string // "6379" if empty
+	// Bind is an address the server listens on besides 127.0.0.1 when
+	// the nemesis restarts it (the partitioned replica's veth).
+	Bind string
 }
 
 func (r *Redis) port() string {
@@ -160,8 +176,14 @@ func (r *Redis) Shutdown(ctx context.Context) error {
 
 // Start starts a server without persistence and waits until it answers.
 func (r *Redis) Start(ctx context.Context) error {
-	if _, err := run(ctx, 10*time.Second, "redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1",
-		"--port", r.port(), "--save", "", "--appendonly", "no"); err != nil {
+	bind := []string{"--bind", "127.0.0.1", "-::1"}
+	if r.Bind != "" {
+		// Not protected mode's loopback-only rule: the namespace's
+		// replica comes from the veth.
+		bind = append(bind, r.Bind, "--protected-mode", "no")
+	}
+	if _, err := run(ctx, 10*time.Second, "redis-server", append(append([]string{"--daemonize", "yes"}, bind...),
+		"--port", r.port(), "--save", "", "--appendonly", "no")...); err != nil {
 		return err
 	}
 	return waitFor(ctx, 10*time.Second, r.ping)

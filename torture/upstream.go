@@ -61,6 +61,18 @@ func NewUpstream() (*Upstream, error) {
 	return u, nil
 }
 
+// ListenAlso serves on a second address too, host's port chosen by the
+// system, and returns its URL: the partitioned replica's namespace
+// reaches the host only by its veth address.
+func (u *Upstream) ListenAlso(host string) (string, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return "", err
+	}
+	go func() { _ = u.srv.Serve(ln) }()
+	return "http://" + ln.Addr().String(), nil
+}
+
 // Misbehave sets what the upstream does from now on; the zero value is
 // normal service.
 func (u *Upstream) Misbehave(m Misbehaviour) { u.mis.Store(&m) }

@@ -237,8 +237,12 @@ type Step struct {
 	Upstream     string    `json:"upstream,omitempty"`
 	Path         string    `json:"path,omitempty"`
 	LeaseEndedAt time.Time `json:"lease_ended_at,omitzero"`
-	// Principal: the API key that presented the lease (issue 15).
+	// Principal: the API key that presented the lease.
 	Principal string `json:"principal,omitempty"`
+	// WouldRefuse: an observing upstream forwarded the write; TraceID:
+	// the write's trace (of the run's first write).
+	WouldRefuse bool   `json:"would_refuse,omitempty"`
+	TraceID     string `json:"trace_id,omitempty"`
 	// Replayed, retry refused: the key and the write it refers to.
 	Key *KeyStep `json:"idempotency,omitempty"`
 	// Incident: a refused write or an event that explains one (the end of
@@ -409,7 +413,7 @@ func timeline(ctx context.Context, src Source, counts *Counts, name string, page
 	for _, r := range rejs {
 		if run != nil && run.Token == r.Token && run.Holder == r.Holder && run.Code == r.Code &&
 			run.Method == r.Method && run.Upstream == r.Upstream && run.Path == r.Path && run.CurrentToken == r.CurrentToken &&
-			run.Principal == r.Principal {
+			run.Principal == r.Principal && run.WouldRefuse == r.WouldRefuse {
 			run.Count += int(max(r.Repeats, 1))
 			run.Last = r.At
 			continue
@@ -423,7 +427,7 @@ func timeline(ctx context.Context, src Source, counts *Counts, name string, page
 		}
 		run = &Step{At: first, Kind: StepRejected, Token: r.Token, Holder: r.Holder, Count: int(max(r.Repeats, 1)), Code: r.Code,
 			CurrentToken: r.CurrentToken, Method: r.Method, Upstream: r.Upstream, Path: r.Path, LeaseEndedAt: r.LeaseEndedAt,
-			Principal: r.Principal}
+			Principal: r.Principal, WouldRefuse: r.WouldRefuse, TraceID: r.TraceID}
 		if run.Count > 1 {
 			run.Last = r.At
 		}

@@ -11,7 +11,7 @@ import (
 // html/template passes invalid bytes through, and records written before
 // the gateway's path rule refused invalid UTF-8 (or cut a long path inside
 // a character) can hold them: the dashboard shows U+FFFD instead and never
-// emits invalid UTF-8 (issue 15).
+// emits invalid UTF-8.
 type validUTF8 struct{ Source }
 
 func (v validUTF8) Rejections(ctx context.Context, q tokens.RejectionQuery) ([]tokens.Rejection, error) {

@@ -268,7 +268,7 @@ func TestOverviewRefusesBadFilters(t *testing.T) {
 	}
 }
 
-// Issue 15: the dashboard shows who presented a refused lease, and never
+// The dashboard shows who presented a refused lease, and never
 // emits invalid UTF-8, whatever an old record holds.
 func TestDashboardShowsPrincipalAndValidUTF8(t *testing.T) {
 	src := incident()
@@ -351,5 +351,37 @@ func TestTimelinePagesAndFolds(t *testing.T) {
 		if resp, body := get(t, h, "/ui/api/resources/"+res+"?page="+bad); resp.StatusCode != 400 || !strings.Contains(body, "page") {
 			t.Errorf("page=%s: %d %s, want 400 naming page", bad, resp.StatusCode, body)
 		}
+	}
+}
+
+// A would-be refusal of an observing upstream is marked as such on the
+// overview and the timeline, in its own colour, saying nothing was
+// blocked, with the write's trace id; a real refusal beside it is not.
+func TestDashboardMarksWouldRefuse(t *testing.T) {
+	src := incident()
+	const trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+	src.rejs = append(src.rejs, tokens.Rejection{ID: 3, At: src.now.Add(-time.Second), Resource: "stmt:acct:88213", Code: tokens.CodeStaleToken,
+		Token: 33, CurrentToken: 34, Holder: "worker-old", Method: "PUT", Upstream: "statements", Path: "/lines/9", WouldRefuse: true, TraceID: trace})
+	h := Handler(src, NewCounts())
+	for _, path := range []string{"/ui/?range=15m", "/ui/resources/stmt:acct:88213"} {
+		resp, body := get(t, h, path)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d", path, resp.StatusCode)
+		}
+		if !strings.Contains(body, "nothing was blocked") || !strings.Contains(body, `class="observed-note"`) {
+			t.Errorf("%s does not mark the observed write as not blocked:\n%s", path, body)
+		}
+		if !strings.Contains(body, trace) {
+			t.Errorf("%s does not show the write's trace id", path)
+		}
+		if strings.Count(body, "nothing was blocked") != 1 {
+			t.Errorf("%s marks %d writes as not blocked, want only the observed one", path, strings.Count(body, "nothing was blocked"))
+		}
+	}
+	if _, body := get(t, h, "/ui/?range=15m"); !strings.Contains(body, `<tr data-id="3" class="observed">`) {
+		t.Error("the observed row has not its own colour")
+	}
+	if _, body := get(t, h, "/ui/api/resources/stmt:acct:88213"); !strings.Contains(body, `"would_refuse":true`) || !strings.Contains(body, `"trace_id":"`+trace+`"`) {
+		t.Errorf("the timeline's JSON lacks would_refuse and trace_id:\n%s", body)
 	}
 }

@@ -3,7 +3,7 @@
 // acquirers against storage/bolt in this process, and reports grants/s, the
 // Go heap and the process's RSS (VmRSS, and its anonymous and file-backed
 // parts: the mapped bbolt file counts in RSS for the pages read through it)
-// as it goes, then after a restart of the store. Issue 11's target: a
+// as it goes, then after a restart of the store. The target: a
 // million resources below 300 MB RSS at 15,000 grants/s or more with 64
 // acquirers.
 //

@@ -49,6 +49,9 @@ type config struct {
 	HostsFlag    []string
 	// Routes bind path patterns under upstreams to resources (--route).
 	Routes []*gateway.Route
+	// Observe names the upstreams that only observe (--observe): not
+	// fenced, what would be refused is recorded as would_refuse.
+	Observe map[string]bool
 
 	PGMaxConns         int32
 	PGLockConns        int32
@@ -63,6 +66,10 @@ type config struct {
 	IdempotencyWindow     time.Duration
 	IdempotencyMaxBody    int64
 	IdempotencyMaxRecords int
+
+	// Tracing: the OTEL_* variables ask for OpenTelemetry traces
+	// (tracing.go); the SDK reads the rest of them itself.
+	Tracing bool
 }
 
 // defaultShutdownDelay covers a few health-check intervals of a load
@@ -75,6 +82,19 @@ var errUsage = errors.New("usage")
 
 func usageError(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{errUsage}, args...)...)
+}
+
+// observeList is a repeatable --observe NAME.
+type observeList struct{ names []string }
+
+func (o *observeList) String() string { return "" }
+
+func (o *observeList) Set(v string) error {
+	if v = strings.TrimSpace(v); v == "" {
+		return errors.New("an upstream name is required")
+	}
+	o.names = append(o.names, v)
+	return nil
 }
 
 // upstreamList is a repeatable --upstream NAME=URL.
@@ -217,6 +237,8 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow listening on a non-loopback address without --auth-file")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; needs --tls-key)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "the private key of --tls-cert (PEM)")
+	observe := &observeList{}
+	fs.Var(observe, "observe", "an upstream that only observes while workers move to the gateway, NAME (repeatable): writes under stale, expired or released leases are forwarded and recorded as would_refuse; it is NOT fenced")
 	fs.Var(routeList{&cfg.Routes}, "route", "bind a path pattern under an upstream to the resources whose leases may write there, UPSTREAM/PATTERN=RESOURCE (repeatable)")
 	fs.Var(hostNames{&cfg.HostsFlag}, "allowed-hosts", "the names clients reach the gateway by (comma-separated; '*': any); other Host headers are refused")
 	pgMax := fs.Int("pg-max-conns", 0, "PostgreSQL query pool size (default 16)")
@@ -249,7 +271,7 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 			return
 		}
 		key := "FENCEGW_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if f.Name == "upstream" || f.Name == "route" {
+		if f.Name == "upstream" || f.Name == "route" || f.Name == "observe" {
 			list := "FENCEGW_" + strings.ToUpper(f.Name) + "S"
 			v := getenv(list)
 			if v == "" {
@@ -276,6 +298,19 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 		return cfg, envErr
 	}
 	cfg.Upstreams = ups.m
+	for _, name := range observe.names {
+		if _, ok := cfg.Upstreams[name]; !ok {
+			return cfg, usageError("--observe %s: upstream %q is not configured (--upstream)", name, name)
+		}
+		if cfg.Observe == nil {
+			cfg.Observe = map[string]bool{}
+		}
+		cfg.Observe[name] = true
+	}
+	var err error
+	if cfg.Tracing, err = tracingSetting(getenv); err != nil {
+		return cfg, err
+	}
 	for _, r := range cfg.Routes {
 		if _, ok := cfg.Upstreams[r.Upstream()]; !ok {
 			return cfg, usageError("--route %s: upstream %q is not configured (--upstream)", r, r.Upstream())

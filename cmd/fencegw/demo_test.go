@@ -61,7 +61,7 @@ func TestDemo(t *testing.T) {
 		t.Error("--exit still waits for Ctrl-C")
 	}
 	// A renewal the demo's own client cancelled is not a server error
-	// (issue 12): the demo's log shows warnings and errors only.
+	//: the demo's log shows warnings and errors only.
 	if log := stderr.String(); strings.Contains(log, "level=ERROR") {
 		t.Errorf("the demo logged an error:\n%s", log)
 	}

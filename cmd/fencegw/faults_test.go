@@ -606,7 +606,7 @@ func TestFaultPostgresRestart(t *testing.T) {
 // through a surviving replica, gets 409 once a newer grant exists); no
 // write of an older token is admitted after a newer grant.
 //
-// Guaranteed since the fence (issue 10, guarantee 7): the write that was
+// Guaranteed since the fence (guarantee 7): the write that was
 // at the upstream when the replica died may still land, so the next grant
 // of its resource waits out a drain period (the dead replica's presence row
 // says it had the fence); resources it never fenced are not held up. Here

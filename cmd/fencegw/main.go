@@ -26,6 +26,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fencegw/fencegw/auth"
 	"github.com/fencegw/fencegw/gateway"
@@ -126,6 +127,8 @@ usage:
       --auth-file PATH         API keys (sha256, role, resource prefixes, rate, caps) and upstream credentials
       --insecure-no-auth       allow a non-loopback --listen without --auth-file
       --tls-cert FILE          serve HTTPS (with --tls-key FILE)
+      --observe NAME           upstream NAME only observes (repeatable; adoption, never the default): writes under
+                               stale, expired or released leases are forwarded and recorded as would_refuse; NOT fenced
       --route U/PATTERN=RES    only leases of RES may write to PATTERN under upstream U (repeatable), like
                                statements/accounts/{acct}/**=stmt:acct:{acct}; a bound upstream refuses the rest
       --allowed-hosts NAMES    names clients use (comma-separated; '*': any); other Host headers get 403
@@ -143,8 +146,8 @@ usage:
       --idempotency-window D   how long an Idempotency-Key's record is kept (24h)
       --idempotency-max-body SIZE  largest answer body kept for replay (64KiB)
       --idempotency-max-records N  most Idempotency-Key records kept; the oldest go first (100000)
-  Every flag can come from the environment as FENCEGW_<FLAG>; FENCEGW_UPSTREAMS and FENCEGW_ROUTES take
-  comma-separated lists.`
+  Every flag can come from the environment as FENCEGW_<FLAG>; FENCEGW_UPSTREAMS, FENCEGW_ROUTES and
+  FENCEGW_OBSERVES take comma-separated lists.`
 
 var errHelp = errors.New("help requested")
 
@@ -181,6 +184,21 @@ func serve(ctx context.Context, hurry <-chan struct{}, cfg config, stdout io.Wri
 	defer backend.close()
 	reg.MustRegister(backend.collectors...)
 
+	// Tracing's shutdown runs after the server's (deferred before it), so
+	// that the spans of the writes drained at shutdown are flushed too.
+	var tp trace.TracerProvider
+	if cfg.Tracing {
+		var shutdown func(context.Context) error
+		if tp, shutdown, err = startTracing(ctx); err != nil {
+			return err
+		}
+		defer func() {
+			if err := shutdown(context.WithoutCancel(ctx)); err != nil {
+				logger.Warn("could not flush the last traces", "err", err)
+			}
+		}()
+	}
+
 	svc := tokens.New(tokens.Config{
 		Store:       backend.store,
 		Locker:      backend.locker,
@@ -189,6 +207,7 @@ func serve(ctx context.Context, hurry <-chan struct{}, cfg config, stdout io.Wri
 		DrainPeriod: cfg.DrainPeriod,
 		Logger:      logger,
 		OnRejection: backend.feed.Publish,
+		OnLockWait:  gateway.TraceLockWait(tp),
 	})
 	if backend.onFree != nil {
 		backend.onFree(svc.Wake)
@@ -215,6 +234,8 @@ func serve(ctx context.Context, hurry <-chan struct{}, cfg config, stdout io.Wri
 		UI:             web.Handler(svc, counts, web.WithClocks(clocks)),
 		AllowedHosts:   cfg.AllowedHosts,
 		Routes:         cfg.Routes,
+		Observe:        cfg.Observe,
+		TracerProvider: tp,
 		Logger:         logger,
 		Idempotency: tokens.NewIdempotency(tokens.IdempotencyConfig{
 			Store:   backend.keys,
@@ -289,11 +310,17 @@ func serve(ctx context.Context, hurry <-chan struct{}, cfg config, stdout io.Wri
 	default:
 		fmt.Fprintf(stdout, "  Host check: off: --listen %s is not a loopback address and there is no --allowed-hosts; set it to the names clients use, so that a browser page cannot reach the gateway under a name it controls (DNS rebinding)\n", cfg.Listen)
 	}
+	if cfg.Tracing {
+		fmt.Fprintln(stdout, "  tracing: OpenTelemetry, OTLP over HTTP (the OTEL_* variables)")
+	}
 	if len(cfg.Upstreams) == 0 {
 		fmt.Fprintln(stdout, "  no upstreams configured: add --upstream NAME=URL to forward fenced writes")
 	}
 	for name, u := range cfg.Upstreams {
 		fmt.Fprintf(stdout, "  upstream %s -> %s (fenced writes: %s://%s/v1/proxy/%s/...)\n", name, u, scheme, addr, name)
+		if cfg.Observe[name] {
+			fmt.Fprintf(stdout, "    OBSERVE ONLY, NOT FENCED: writes under stale, expired or released leases are forwarded and recorded as would_refuse (drop --observe %s to enforce)\n", name)
+		}
 		bound := false
 		for _, r := range cfg.Routes {
 			if r.Upstream() == name {

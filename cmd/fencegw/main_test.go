@@ -64,15 +64,30 @@ var servingLine = regexp.MustCompile(`serving on https?://(\S+)`)
 
 func startProc(t *testing.T, args ...string) *proc {
 	t.Helper()
+	return startProcEnv(t, nil, args...)
+}
+
+// startProcEnv is startProc with env added to the test's environment.
+func startProcEnv(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
 	// No shutdown delay unless a test asks for one (a later flag wins):
 	// nothing balances load in front of these processes.
-	return startBinary(t, binary, append([]string{"--shutdown-delay", "0"}, args...)...)
+	return startBinaryEnv(t, binary, env, append([]string{"--shutdown-delay", "0"}, args...)...)
 }
 
 // startBinary starts `bin serve` on a free port (a later --listen wins).
 func startBinary(t *testing.T, bin string, args ...string) *proc {
 	t.Helper()
+	return startBinaryEnv(t, bin, nil, args...)
+}
+
+// startBinaryEnv is startBinary with env added to the test's environment.
+func startBinaryEnv(t *testing.T, bin string, env []string, args ...string) *proc {
+	t.Helper()
 	cmd := exec.Command(bin, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -24,10 +24,12 @@ import (
 // lease's expiry and release are offsets from its grant (relTime), an
 // event's kind is a number (eventKinds) and its expiry an offset from its
 // time.
-// Version 6 appends a rejection's Repeats and FirstAt (older ones decode
+// Version 6 appends a rejection's WouldRefuse and TraceID (older ones
+// decode with neither).
+// Version 7 appends a rejection's Repeats and FirstAt (older ones decode
 // as a single refusal).
 
-const codecVersion = 6
+const codecVersion = 7
 
 // errCorrupt is the cause of every decoding failure.
 var errCorrupt = errors.New("corrupt record")
@@ -335,7 +337,13 @@ func encodeRejection(r *tokens.Rejection) []byte {
 	e.str(r.Path)
 	e.time(r.LeaseEndedAt)
 	e.str(r.Principal) // version 3
-	e.int(r.Repeats)   // version 6
+	var observed uint64
+	if r.WouldRefuse {
+		observed = 1
+	}
+	e.uint(observed) // version 6
+	e.str(r.TraceID)
+	e.int(r.Repeats) // version 7
 	e.time(r.FirstAt)
 	return e.b
 }
@@ -357,8 +365,12 @@ func decodeRejection(id int64, b []byte) (tokens.Rejection, error) {
 	if d.version >= 3 {
 		r.Principal = d.str()
 	}
-	r.Repeats, r.FirstAt = 1, r.At
 	if d.version >= 6 {
+		r.WouldRefuse = d.uint() == 1
+		r.TraceID = d.str()
+	}
+	r.Repeats, r.FirstAt = 1, r.At
+	if d.version >= 7 {
 		r.Repeats, r.FirstAt = d.int(), d.time()
 	}
 	return r, d.finish("rejection")

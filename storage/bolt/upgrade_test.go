@@ -56,19 +56,8 @@ func TestFileOfMainOpens(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The fixture predates fields the store now answers with (a
-		// rejection's Repeats, FirstAt): read it into today's types, so
-		// that those compare as dumpStore leaves them.
-		var old fixtureDump
-		if err := json.Unmarshal(fixture.Dump, &old); err != nil {
-			t.Fatal(err)
-		}
-		want, err := json.Marshal(&old)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, want) {
-			t.Fatalf("%s: the store answers\n%.3000s\nwant what the old store answered\n%.3000s", when, got, want)
+		if !bytes.Equal(got, fixture.Dump) {
+			t.Fatalf("%s: the store answers\n%.3000s\nwant what the old store answered\n%.3000s", when, got, fixture.Dump)
 		}
 	}
 	check("opened")
@@ -186,7 +175,18 @@ type fixtureDump struct {
 	History    map[string][]tokens.Event
 	Current    []tokens.Lease
 	Writes     map[string]map[int64]uint64
-	Rejections []tokens.Rejection
+	Rejections []fixtureRejection
+}
+
+// fixtureRejection is a tokens.Rejection with the fields of the fixture's
+// time, in its order; the fields added since must read as zero.
+type fixtureRejection struct {
+	ID                                                   int64
+	At                                                   time.Time
+	Resource, Code                                       string
+	Token, CurrentToken                                  int64
+	Holder, LeaseHint, Method, Upstream, Path, Principal string
+	LeaseEndedAt                                         time.Time
 }
 
 func dumpStore(ctx context.Context, s *Store, names, ids []string) (*fixtureDump, error) {
@@ -249,16 +249,19 @@ func dumpStore(ctx context.Context, s *Store, names, ids []string) (*fixtureDump
 		return nil, err
 	}
 	for i := range rej {
-		// An entry of an older file is one refusal; the fields are
-		// then cleared, as the fixture has none.
-		if r := &rej[i]; r.Repeats != 1 || !r.FirstAt.Equal(r.At) {
+		r := &rej[i]
+		utc(&r.At)
+		utc(&r.LeaseEndedAt)
+		if r.WouldRefuse || r.TraceID != "" {
+			return nil, fmt.Errorf("rejection %d of the old store has a would_refuse or a trace id", r.ID)
+		}
+		// An entry of an older file is one refusal.
+		if r.Repeats != 1 || !r.FirstAt.Equal(r.At) {
 			return nil, fmt.Errorf("rejection %d of an older file: repeats %d, first_at %v, at %v, want one refusal", r.ID, r.Repeats, r.FirstAt, r.At)
 		}
-		rej[i].Repeats, rej[i].FirstAt = 0, time.Time{}
-		utc(&rej[i].At)
-		utc(&rej[i].LeaseEndedAt)
+		d.Rejections = append(d.Rejections, fixtureRejection{r.ID, r.At, r.Resource, r.Code, r.Token, r.CurrentToken,
+			r.Holder, r.LeaseHint, r.Method, r.Upstream, r.Path, r.Principal, r.LeaseEndedAt})
 	}
-	d.Rejections = rej
 	return d, nil
 }
 

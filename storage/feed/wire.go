@@ -29,6 +29,8 @@ type wireRejection struct {
 	Path         string    `json:"p,omitempty"`
 	Principal    string    `json:"pr,omitempty"`
 	LeaseEndedAt time.Time `json:"le,omitzero"`
+	WouldRefuse  bool      `json:"wr,omitempty"`
+	TraceID      string    `json:"tr,omitempty"`
 	Repeats      int64     `json:"rp,omitempty"`
 	FirstAt      time.Time `json:"fa,omitzero"`
 }

@@ -331,12 +331,31 @@ func (h *heldRef) Release() {
 // session that took its lock is still the connected one and was confirmed
 // alive by a check sent less than SessionCheck ago. Two atomic loads and a
 // monotonic clock read; no lock, no allocation.
+//
+// A session that is neither confirmed lately nor known lost (its check is
+// only slow: a CPU-starved replica, a busy database, a replica that was
+// just stopped and continued) is waited for, not given up: the next check
+// confirms it, and the bytes leave on that fresh proof, or fails (or times
+// out after sessionPingTimeout) and destroys it, and nothing more leaves.
+// Failing at once would turn every load spike into writes cut short.
 func (h *heldRef) Check() error {
 	hf := h.hf
-	if hf.dropped.Load() || !hf.sess.confirmed(time.Now(), hf.gen) {
-		return errFenceLost
+	var waitUntil time.Time
+	for {
+		if hf.dropped.Load() || hf.sess.gen.Load() != hf.gen {
+			return errFenceLost
+		}
+		now := time.Now()
+		if hf.sess.confirmed(now, hf.gen) {
+			return nil
+		}
+		if waitUntil.IsZero() {
+			waitUntil = now.Add(sessionPingTimeout(h.f.opts.SessionCheck) + h.f.opts.SessionCheck)
+		} else if now.After(waitUntil) {
+			return errFenceLost // the health loop has stopped: closing
+		}
+		time.Sleep(time.Millisecond)
 	}
-	return nil
 }
 
 // errFenceLost is Check's answer, made once: the hot path allocates nothing.

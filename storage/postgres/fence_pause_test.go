@@ -48,6 +48,14 @@ func TestSlowSessionKeepsItsFences(t *testing.T) {
 	if err := hold(5 * time.Second); err != nil {
 		t.Fatalf("first write: %v", err)
 	}
+	// A write admitted before the pause, whose bytes are to be sent while
+	// the session answers late: its proof waits for the session's next
+	// answer instead of cutting the write short.
+	_, _, inflight, err := fence.Hold(ctx, lease.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inflight.Release()
 	acquired := fence.Stats().Acquired.Load()
 
 	pids := fence.SessionPIDs()
@@ -80,10 +88,15 @@ func TestSlowSessionKeepsItsFences(t *testing.T) {
 			t.Fatal("writes were still admitted on a session not confirmed for 30 SessionChecks")
 		}
 	}
+	proof := make(chan error, 1)
+	go func() { proof <- inflight.Check() }()
 	// The pause lasts five SessionChecks in all (the old ping timeout was
 	// one): the length of the stall is this test's input, not a wait.
 	time.Sleep(time.Until(pausedAt.Add(5 * check)))
 	resume()
+	if err := <-proof; err != nil {
+		t.Errorf("the proof of a write in flight on a slow, live session: %v, want it to wait for the answer", err)
+	}
 
 	deadline := time.Now().Add(5 * time.Second)
 	for hold(check) != nil {

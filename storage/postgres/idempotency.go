@@ -68,7 +68,7 @@ func (s *Store) BeginKey(ctx context.Context, b tokens.KeyBegin) (tokens.KeyReco
 			return rec, true, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return tokens.KeyRecord{}, false, interpret("begin idempotency key", err)
+			return tokens.KeyRecord{}, false, s.interpret("begin idempotency key", err)
 		}
 		// Taken and unexpired. Read it; it may have been dropped since,
 		// then try again.
@@ -97,7 +97,7 @@ func (s *Store) FinishKey(ctx context.Context, sc tokens.KeyScope, attempt strin
 		WHERE resource = $1 AND upstream = $2 AND principal = $3 AND key = $4 AND attempt = $5 AND state = 'in_progress'`,
 		sc.Resource, sc.Upstream, sc.Principal, sc.Key, attempt, string(o.State), status, header, body, o.BodyOmitted,
 		micros(o.Window))
-	return interpret("finish idempotency key", err)
+	return s.interpret("finish idempotency key", err)
 }
 
 // DropKey implements tokens.IdempotencyStore.
@@ -106,7 +106,7 @@ func (s *Store) DropKey(ctx context.Context, sc tokens.KeyScope, attempt string)
 		DELETE FROM idempotency_keys
 		WHERE resource = $1 AND upstream = $2 AND principal = $3 AND key = $4 AND attempt = $5 AND state = 'in_progress'`,
 		sc.Resource, sc.Upstream, sc.Principal, sc.Key, attempt)
-	return interpret("drop idempotency key", err)
+	return s.interpret("drop idempotency key", err)
 }
 
 // LookupKey implements tokens.IdempotencyStore.
@@ -125,7 +125,7 @@ func (s *Store) lookupKey(ctx context.Context, sc tokens.KeyScope, unexpired boo
 	).Scan(&rec.Attempt, &rec.Fingerprint, &state, &rec.Token, &rec.StartedAt, &rec.Deadline, &completed, &rec.ExpiresAt,
 		&status, &rec.Header, &rec.Body, &rec.BodyOmitted, &rec.Now)
 	if err != nil {
-		return tokens.KeyRecord{}, interpret("lookup idempotency key", err)
+		return tokens.KeyRecord{}, s.interpret("lookup idempotency key", err)
 	}
 	rec.State = tokens.KeyState(state)
 	if completed != nil {
@@ -179,7 +179,7 @@ func (s *Store) commitKeyEvents(evs []tokens.Event, _ []struct{}) error {
 			VALUES ($1, $2, $3, $4, $5, '', $6)`, e.At, e.Resource, string(e.Kind), e.Token, e.Holder, e.Key)
 	}
 	err := s.pool.SendBatch(ctx, b).Close()
-	return interpret("record idempotency event", err)
+	return s.interpret("record idempotency event", err)
 }
 
 // closeKeys turns this process's records still in progress into unknown

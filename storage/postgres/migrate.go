@@ -53,13 +53,13 @@ func (s *Store) migrate(ctx context.Context) error {
 	}
 	lock, err := s.lock(ctx, "migrate", "", false)
 	if err != nil {
-		return interpret("migration lock", err)
+		return s.interpret("migration lock", err)
 	}
 	defer lock.Unlock()
 
 	if s.opts.Schema != "" {
 		if _, err := s.pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{s.opts.Schema}.Sanitize()); err != nil {
-			return interpret("create schema", err)
+			return s.interpret("create schema", err)
 		}
 	}
 	// goose starts a new table with version 0, and refuses one without rows.

@@ -30,6 +30,25 @@ func TestExhaustedPoolsSaySo(t *testing.T) {
 	if e := tokens.ErrorOf(err); !errors.Is(err, tokens.ErrUnavailable) || e == nil || !e.Busy {
 		t.Fatalf("query with the pool exhausted: %v; want ErrUnavailable marked busy", err)
 	}
+	// Every kind of query says so, not only the lease queries: the write
+	// counts and the idempotency records used to report an exhausted pool
+	// as a database that cannot be reached.
+	for what, query := range map[string]func(context.Context) error{
+		"lookup idempotency key": func(ctx context.Context) error {
+			_, err := s.LookupKey(ctx, tokens.KeyScope{Resource: "r", Upstream: "u", Key: "k"})
+			return err
+		},
+		"add writes": func(ctx context.Context) error {
+			return s.AddWrites(ctx, []tokens.TokenWrites{{Resource: "r", Token: 1, N: 1}})
+		},
+	} {
+		short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		err := query(short)
+		cancel()
+		if e := tokens.ErrorOf(err); !errors.Is(err, tokens.ErrUnavailable) || e == nil || !e.Busy {
+			t.Fatalf("%s with the pool exhausted: %v; want ErrUnavailable marked busy", what, err)
+		}
+	}
 
 	held, err := s.ExclusiveLock(ctx, "a")
 	if err != nil {

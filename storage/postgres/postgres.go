@@ -258,10 +258,14 @@ const (
 )
 
 // interpret translates a driver error into a tokens error: pgx.ErrNoRows is
-// ErrNotFound, a tokens error passes through, everything else (connection
-// loss, timeouts, constraint surprises) is ErrUnavailable, so the gateway
-// fails closed and no driver error leaks upward.
-func interpret(op string, err error) error {
+// ErrNotFound, a tokens error stays as it is, and anything else is
+// ErrUnavailable, except that a wait for a connection cut short while
+// every connection of the query pool was in use says so (and is logged, at
+// most once a second): the database may be perfectly reachable, and the
+// fix is --pg-max-conns, not the network. Every query of the package goes
+// through this one function, so none reports an exhausted pool as an
+// unreachable database.
+func (s *Store) interpret(op string, err error) error {
 	switch {
 	case err == nil:
 		return nil
@@ -269,28 +273,16 @@ func interpret(op string, err error) error {
 		return &tokens.Error{Kind: tokens.ErrNotFound, Detail: op}
 	case tokens.ErrorOf(err) != nil:
 		return err
-	default:
-		return tokens.Unavailable("postgres "+op, err)
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+		if st := s.pool.Stat(); st.AcquiredConns() >= st.MaxConns() {
+			if now := time.Now().Unix(); s.exhaustedLogged.Swap(now) != now {
+				s.log.Warn("PostgreSQL query pool exhausted: every connection of this replica is busy",
+					"op", op, "max_conns", st.MaxConns(), "waiting", st.EmptyAcquireCount())
+			}
+			return tokens.Busy(fmt.Sprintf("postgres %s: all %d connections of this replica's pool are busy (--pg-max-conns)", op, st.MaxConns()), err)
+		}
 	}
-}
-
-// interpret is the package's interpret, except that a wait for a
-// connection cut short while every connection of the query pool was in use
-// says so (and is logged, at most once a second): the database may be
-// perfectly reachable, and the fix is --pg-max-conns, not the network.
-func (s *Store) interpret(op string, err error) error {
-	if err == nil || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
-		return interpret(op, err)
-	}
-	st := s.pool.Stat()
-	if st.AcquiredConns() < st.MaxConns() {
-		return interpret(op, err)
-	}
-	if now := time.Now().Unix(); s.exhaustedLogged.Swap(now) != now {
-		s.log.Warn("PostgreSQL query pool exhausted: every connection of this replica is busy",
-			"op", op, "max_conns", st.MaxConns(), "waiting", st.EmptyAcquireCount())
-	}
-	return tokens.Busy(fmt.Sprintf("postgres %s: all %d connections of this replica's pool are busy (--pg-max-conns)", op, st.MaxConns()), err)
+	return tokens.Unavailable("postgres "+op, err)
 }
 
 func isPgCode(err error, codes ...string) bool {

@@ -40,33 +40,33 @@ func newRecorder(s *Store) *batch.Batcher[tokens.Rejection, tokens.Rejection] {
 const repeatLockClass = 0x66677772 // "fgwr"
 
 // The statement that records one rejection: the latest row with its
-// RepeatKey counts it (repeats, at the last, first_at kept, the other
+// RepeatKey (would_refuse included) counts it (repeats, at the last, first_at kept, the other
 // fields the new refusal's), or else it is inserted. The caller holds the
 // key's advisory lock, so two replicas never both miss the row and insert.
 // first_at is NULL on an inserted row (as an older replica writes it) and
 // read as at.
 const recordRepeatSQL = `WITH prev AS (
 		SELECT id FROM rejections
-		WHERE resource = $1 AND lease_hint = $6 AND token = $3 AND code = $2 AND principal = $12
+		WHERE resource = $1 AND lease_hint = $6 AND token = $3 AND code = $2 AND principal = $12 AND would_refuse = $14
 		ORDER BY id DESC LIMIT 1
 	), up AS (
 		UPDATE rejections SET at = COALESCE($11, clock_timestamp()), current_token = $4, holder = $5,
 			method = $7, upstream = $8, path = $9, lease_ended_at = $10,
-			repeats = repeats + $13, first_at = COALESCE(first_at, at)
+			repeats = repeats + $13, first_at = COALESCE(first_at, at), trace_id = $15
 		FROM prev WHERE rejections.id = prev.id
 		RETURNING rejections.id, rejections.at, rejections.repeats, rejections.first_at
 	), ins AS (
 		INSERT INTO rejections
-			(resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at, at, principal, repeats)
-		SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, COALESCE($11, clock_timestamp()), $12, $13
+			(resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at, at, principal, repeats, would_refuse, trace_id)
+		SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, COALESCE($11, clock_timestamp()), $12, $13, $14, $15
 		WHERE NOT EXISTS (SELECT 1 FROM up)
 		RETURNING id, at, repeats, first_at
 	)
 	SELECT id, at, repeats, COALESCE(first_at, at) FROM up UNION ALL SELECT id, at, repeats, COALESCE(first_at, at) FROM ins`
 
 const insertRejectionSQL = `INSERT INTO rejections
-		(resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at, at, principal, repeats)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, COALESCE($11, clock_timestamp()), $12, $13)
+		(resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at, at, principal, repeats, would_refuse, trace_id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, COALESCE($11, clock_timestamp()), $12, $13, $14, $15)
 		RETURNING id, at, repeats, COALESCE(first_at, at)`
 
 // commitRejections records rs in one transaction, filling out. It first
@@ -102,6 +102,7 @@ func (s *Store) commitRejections(rs, out []tokens.Rejection) error {
 			}
 			b.Queue(sql,
 				r.Resource, r.Code, r.Token, r.CurrentToken, r.Holder, r.LeaseHint, r.Method, r.Upstream, r.Path, ended, at, r.Principal, max(r.Repeats, 1),
+				r.WouldRefuse, r.TraceID,
 			).QueryRow(func(row pgx.Row) error {
 				out[i] = r
 				return row.Scan(&out[i].ID, &out[i].At, &out[i].Repeats, &out[i].FirstAt)
@@ -110,7 +111,7 @@ func (s *Store) commitRejections(rs, out []tokens.Rejection) error {
 		return tx.SendBatch(ctx, b).Close()
 	})
 	if err != nil {
-		return interpret("record rejection", err)
+		return s.interpret("record rejection", err)
 	}
 	return nil
 }

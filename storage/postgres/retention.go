@@ -64,13 +64,13 @@ func (s *Store) Prune(ctx context.Context) (Pruned, error) {
 	var p Pruned
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return p, interpret("prune", err)
+		return p, s.interpret("prune", err)
 	}
 	defer conn.Release()
 	key := s.lockKey("retention", "")
 	var mine bool
 	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&mine); err != nil {
-		return p, interpret("prune", err)
+		return p, s.interpret("prune", err)
 	}
 	if !mine {
 		return p, nil
@@ -86,14 +86,14 @@ func (s *Store) Prune(ctx context.Context) (Pruned, error) {
 
 	var cut int64
 	if err := conn.QueryRow(ctx, `SELECT COALESCE(max(id), 0) - $1 FROM rejections`, s.opts.MaxRejectionLog).Scan(&cut); err != nil {
-		return p, interpret("prune rejections", err)
+		return p, s.interpret("prune rejections", err)
 	}
 	if cut > 0 {
 		n, err := deleteChunks(ctx, conn, `DELETE FROM rejections WHERE id IN
 			(SELECT id FROM rejections WHERE id <= $1 ORDER BY id LIMIT $2)`, cut)
 		p.Rejections = n
 		if err != nil {
-			return p, interpret("prune rejections", err)
+			return p, s.interpret("prune rejections", err)
 		}
 	}
 
@@ -106,7 +106,7 @@ func (s *Store) Prune(ctx context.Context) (Pruned, error) {
 	var last int64
 	if err := conn.QueryRow(ctx, `SELECT COALESCE(array_agg(DISTINCT resource), '{}'), COALESCE(max(id), $1)
 		FROM lease_events WHERE id > $1`, after).Scan(&touched, &last); err != nil {
-		return p, interpret("prune history", err)
+		return p, s.interpret("prune history", err)
 	}
 	for len(touched) > 0 {
 		chunk := touched[:min(len(touched), 500)]
@@ -117,7 +117,7 @@ func (s *Store) Prune(ctx context.Context) (Pruned, error) {
 				FROM unnest($1::text[]) AS r(resource)) k
 			WHERE e.resource = k.resource AND e.id < k.oldest_kept`, chunk, s.opts.MaxHistoryPerResource)
 		if err != nil {
-			return p, interpret("prune history", err)
+			return p, s.interpret("prune history", err)
 		}
 		p.Events += tag.RowsAffected()
 	}
@@ -132,7 +132,7 @@ func (s *Store) Prune(ctx context.Context) (Pruned, error) {
 		 LIMIT $2)`, s.opts.LeaseRetention.Milliseconds())
 	p.Leases = n
 	if err != nil {
-		return p, interpret("prune leases", err)
+		return p, s.interpret("prune leases", err)
 	}
 	// A token's write count goes with its lease (leases' UNIQUE (resource,
 	// token) index answers the anti-join).
@@ -142,11 +142,11 @@ func (s *Store) Prune(ctx context.Context) (Pruned, error) {
 		 LIMIT $2)`, 0)
 	p.WriteCounts = n
 	if err != nil {
-		return p, interpret("prune write counts", err)
+		return p, s.interpret("prune write counts", err)
 	}
 	p.Keys, err = s.pruneKeys(ctx, conn)
 	if err != nil {
-		return p, interpret("prune idempotency keys", err)
+		return p, s.interpret("prune idempotency keys", err)
 	}
 	return p, nil
 }

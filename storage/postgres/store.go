@@ -480,7 +480,7 @@ func (s *Store) Rejections(ctx context.Context, q tokens.RejectionQuery) ([]toke
 		limit = MaxRejections
 	}
 	sql := `SELECT id, at, resource, code, token, current_token, holder, lease_hint, method, upstream, path, lease_ended_at, principal,
-		repeats, COALESCE(first_at, at) FROM rejections`
+		would_refuse, trace_id, repeats, COALESCE(first_at, at) FROM rejections`
 	if len(where) > 0 {
 		sql += " WHERE " + strings.Join(where, " AND ")
 	}
@@ -493,7 +493,7 @@ func (s *Store) Rejections(ctx context.Context, q tokens.RejectionQuery) ([]toke
 		var r tokens.Rejection
 		var ended *time.Time
 		err := row.Scan(&r.ID, &r.At, &r.Resource, &r.Code, &r.Token, &r.CurrentToken, &r.Holder, &r.LeaseHint,
-			&r.Method, &r.Upstream, &r.Path, &ended, &r.Principal, &r.Repeats, &r.FirstAt)
+			&r.Method, &r.Upstream, &r.Path, &ended, &r.Principal, &r.WouldRefuse, &r.TraceID, &r.Repeats, &r.FirstAt)
 		if ended != nil {
 			r.LeaseEndedAt = *ended
 		}

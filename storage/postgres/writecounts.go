@@ -34,7 +34,7 @@ func (s *Store) AddWrites(ctx context.Context, batch []tokens.TokenWrites) error
 	_, err := s.pool.Exec(ctx, `INSERT INTO write_counts (resource, token, writes)
 		SELECT r, t, n FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS b(r, t, n)
 		ON CONFLICT (resource, token) DO UPDATE SET writes = write_counts.writes + EXCLUDED.writes`, res, toks, ns)
-	return interpret("add writes", err)
+	return s.interpret("add writes", err)
 }
 
 // Writes implements tokens.WriteCounter.
@@ -45,7 +45,7 @@ func (s *Store) Writes(ctx context.Context, resource string, toks []int64) (map[
 	}
 	rows, err := s.pool.Query(ctx, `SELECT token, writes FROM write_counts WHERE resource = $1 AND token = ANY($2)`, resource, toks)
 	if err != nil {
-		return nil, interpret("writes", err)
+		return nil, s.interpret("writes", err)
 	}
 	var tok, n int64
 	_, err = pgx.ForEachRow(rows, []any{&tok, &n}, func() error {
@@ -53,7 +53,7 @@ func (s *Store) Writes(ctx context.Context, resource string, toks []int64) (map[
 		return nil
 	})
 	if err != nil {
-		return nil, interpret("writes", err)
+		return nil, s.interpret("writes", err)
 	}
 	return out, nil
 }

@@ -18,6 +18,12 @@ func rejection(resource string, i int) tokens.Rejection {
 	if i%2 == 1 { // who presented the lease, when there is authentication
 		r.Code, r.Principal = tokens.CodeNotOwner, fmt.Sprintf("key-%d", i)
 	}
+	if i%3 == 0 { // an observing upstream's, forwarded
+		r.WouldRefuse = true
+	}
+	if i%4 == 0 { // a traced write's
+		r.TraceID = fmt.Sprintf("4bf92f3577b34da6a3ce929d0e0e47%02d", i%100)
+	}
 	return r
 }
 

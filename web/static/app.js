@@ -80,7 +80,17 @@
     tok.appendChild(document.createTextNode(' ' + r.current_token));
     var who = cell(tr, r.holder);
     if (r.principal) who.appendChild(el('span', 'muted', ' · key ' + r.principal));
-    cell(tr, el('span', 'code ' + r.code, r.code));
+    var reason = cell(tr, el('span', 'code ' + r.code, r.code));
+    if (r.would_refuse) {
+      tr.className += ' observed';
+      reason.appendChild(document.createTextNode(' '));
+      reason.appendChild(el('span', 'observed-note', 'would refuse: observe only, forwarded, nothing was blocked'));
+    }
+    if (r.trace_id) {
+      var trace = el('span', 'trace muted', ' trace ');
+      trace.appendChild(el('code', '', r.trace_id));
+      reason.appendChild(trace);
+    }
     if (r.lease_ended_at) {
       cell(tr, human(Date.parse(r.at) - Date.parse(r.lease_ended_at)));
     } else {

@@ -521,9 +521,13 @@ export interface components {
             lease_ended_at?: string;
             /** @description The API key that presented the lease (absent without authentication). For `lease_not_owned` it is the caller, while `holder` is the lease's own. */
             principal?: string;
+            /** @description True when the upstream only observes (`--observe`): the write was forwarded and nothing was blocked; `code` is what an enforcing upstream would have refused it with. Absent otherwise. */
+            would_refuse?: boolean;
+            /** @description The write's OpenTelemetry trace id, when the gateway traces (the `OTEL_*` variables): the incident's trace. */
+            trace_id?: string;
             /**
              * Format: int64
-             * @description How many refusals this entry counts. A refusal with the same resource, lease, token, code and principal as an entry still in the log is counted on the latest such entry (its id kept, `at` and the request fields those of the last refusal) instead of being appended, so that a flood under one lease takes one entry of the bounded log. `unknown_lease` refusals are never counted together.
+             * @description How many refusals this entry counts. A refusal with the same resource, lease, token, code, principal and `would_refuse` as an entry still in the log is counted on the latest such entry (its id kept, `at` and the request fields those of the last refusal) instead of being appended, so that a flood under one lease takes one entry of the bounded log. `unknown_lease` refusals are never counted together.
              */
             repeats: number;
             /**
