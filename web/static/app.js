@@ -128,7 +128,9 @@
       // new count; an entry no newer than the shown one is a replay.
       var shown = id && body.querySelector('tr[data-id="' + id + '"]');
       if (shown) {
-        if (Number(tr.getAttribute('data-repeats')) <= Number(shown.getAttribute('data-repeats') || 1)) return;
+        // A row the page rendered keeps its count on its first cell.
+        var had = shown.getAttribute('data-repeats') || (shown.cells[0] && shown.cells[0].getAttribute('data-repeats')) || 1;
+        if (Number(tr.getAttribute('data-repeats')) <= Number(had)) return;
         shown.remove();
       }
       var empty = body.querySelector('tr.empty');
