@@ -35,7 +35,7 @@ func withoutPolling(t *testing.T, ctx context.Context) {
 const agreeWithin = 15 * time.Second
 
 // pageState reads what the overview shows, in one line: the range card,
-// the feed's rows, the chart's bars summed, the leases card and the leases
+// the feed's rows (each with its repeats), the chart's bars summed, the leases card and the leases
 // table (holder/token of each row).
 const pageState = `(() => {
   const text = s => { const e = document.querySelector(s); return e ? e.textContent.trim() : 'none'; };
@@ -44,7 +44,9 @@ const pageState = `(() => {
   const leases = Array.from(document.querySelectorAll('#leases tbody tr'))
     .filter(tr => tr.querySelector('[data-expires]'))
     .map(tr => tr.cells[1].textContent.trim() + '/' + tr.cells[2].textContent.trim());
-  const feed = document.querySelectorAll('#feed tbody tr[data-id]').length;
+  // A row counts its repeats (one lease's refusals with one code are one entry).
+  const feed = Array.from(document.querySelectorAll('#feed tbody tr[data-id]'))
+    .reduce((a, tr) => a + parseInt(tr.getAttribute('data-repeats') || (tr.cells[0] && tr.cells[0].getAttribute('data-repeats')) || '1', 10), 0);
   return 'cards=' + text('#total-range') + ' chart=' + bars + ' chart-data=' + (document.getElementById('chart') || {dataset: {}}).dataset.total +
     ' feed=' + feed + ' leases-card=' + text('#leases-held') + ' leases=' + leases.join(',');
 })()`

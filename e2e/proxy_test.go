@@ -213,12 +213,14 @@ func TestUpstreamUnreachable(t *testing.T) {
 func TestRejectionLogPagination(t *testing.T) {
 	up := newUpstream(t)
 	g := startEmbedded(t, map[string]string{"svc": up.URL}, options{})
-	a := acquire(t, g.URL, "pages", "A", 200*time.Millisecond)
 	acquire(t, g.URL, "other", "O", time.Second)
-	time.Sleep(250 * time.Millisecond)
 	before := time.Now()
+	// 25 incidents: each under a lease of its own, released before its
+	// write (repeats under one lease would be counted on one entry).
 	for range 25 {
-		wantProblem(t, write(t, g.URL, "svc", "/x", a, "x"), http.StatusConflict, "lease_expired")
+		a := acquire(t, g.URL, "pages", "A", time.Minute)
+		do(t, "DELETE", g.URL+"/v1/leases/"+a.LeaseID, nil)
+		wantProblem(t, write(t, g.URL, "svc", "/x", a, "x"), http.StatusConflict, "lease_released")
 	}
 	seen := map[int64]bool{}
 	var last int64 = 1 << 62
