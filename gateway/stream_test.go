@@ -159,12 +159,13 @@ func TestStreamReplayAfterLastEventIDIsExactAndFiltered(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	const n = 300
+	// Each its own incident (another token): repeats of one would be counted on one entry.
 	for i := range n {
 		res := "a"
 		if i%3 == 0 {
 			res = "b"
 		}
-		if _, err := store.RecordRejection(ctx, tokens.Rejection{Resource: res, Code: tokens.CodeStaleToken, Holder: "w", Token: 1, CurrentToken: 2}); err != nil {
+		if _, err := store.RecordRejection(ctx, tokens.Rejection{Resource: res, Code: tokens.CodeStaleToken, Holder: "w", Token: int64(i + 1), CurrentToken: int64(i + 2)}); err != nil {
 			t.Fatal(err)
 		}
 	}
