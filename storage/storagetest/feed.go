@@ -205,13 +205,14 @@ func testFeedDelivers(t *testing.T, h FeedHarness) {
 	got := subscribe(t, fs[0])
 	want := tokens.Rejection{ID: 7, At: time.Now().UTC().Truncate(time.Microsecond), Resource: "r", Code: tokens.CodeNotOwner,
 		Token: 1, CurrentToken: 2, Holder: "h", LeaseHint: "fl_abcdef…", Method: "PUT", Upstream: "u", Path: "/x?y=1",
-		Principal: "mallory", LeaseEndedAt: time.Now().UTC().Add(-time.Second).Truncate(time.Microsecond)}
+		Principal: "mallory", LeaseEndedAt: time.Now().UTC().Add(-time.Second).Truncate(time.Microsecond),
+		Repeats: 3, FirstAt: time.Now().UTC().Add(-2 * time.Second).Truncate(time.Microsecond)}
 	fs[0].Publish(want)
 	r := got.until(t, "the rejection", has(7))[0]
-	if !r.At.Equal(want.At) || !r.LeaseEndedAt.Equal(want.LeaseEndedAt) {
-		t.Fatalf("times %v, %v; want %v, %v", r.At, r.LeaseEndedAt, want.At, want.LeaseEndedAt)
+	if !r.At.Equal(want.At) || !r.LeaseEndedAt.Equal(want.LeaseEndedAt) || !r.FirstAt.Equal(want.FirstAt) {
+		t.Fatalf("times %v, %v, %v; want %v, %v, %v", r.At, r.LeaseEndedAt, r.FirstAt, want.At, want.LeaseEndedAt, want.FirstAt)
 	}
-	r.At, r.LeaseEndedAt = want.At, want.LeaseEndedAt
+	r.At, r.LeaseEndedAt, r.FirstAt = want.At, want.LeaseEndedAt, want.FirstAt
 	if r != want {
 		t.Fatalf("got %+v, want %+v", r, want)
 	}
