@@ -1407,6 +1407,8 @@ export interface operations {
                      *         {
                      *           "id": 17,
                      *           "at": "2026-11-30T00:41:52Z",
+                     *           "first_at": "2026-11-30T00:41:50Z",
+                     *           "repeats": 3,
                      *           "resource": "stmt:acct:88213",
                      *           "code": "stale_token",
                      *           "token": 33,
@@ -1421,6 +1423,8 @@ export interface operations {
                      *         {
                      *           "id": 16,
                      *           "at": "2026-11-30T00:40:03Z",
+                     *           "first_at": "2026-11-30T00:40:03Z",
+                     *           "repeats": 1,
                      *           "resource": "",
                      *           "code": "unknown_lease",
                      *           "token": 0,
