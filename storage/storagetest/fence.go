@@ -277,7 +277,10 @@ func testFenceGrantNotStarved(t *testing.T, h FenceHarness) {
 		}()
 	}
 	defer func() { close(stop); wg.Wait() }()
-	_, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "hot", Holder: "new", TTL: time.Second, Wait: 3 * time.Second})
+	// The wait bounds how long the grant may take, not how fast it must be:
+	// the old lease expires after fenceTTL, and a starved grant would wait
+	// out all of it. 3 s ran out under -race on a machine at load 11.
+	_, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "hot", Holder: "new", TTL: time.Second, Wait: 10 * time.Second})
 	if err != nil {
 		t.Fatalf("a grant behind a stream of writes: %v", err)
 	}
