@@ -1,9 +1,6 @@
 package tokens
 
-import (
-	"context"
-	"errors"
-)
+import "context"
 
 // Route bindings (gateway/routes.go) refuse an admitted write whose lease is
 // for a resource the write's route does not take. The refusal is recorded
@@ -12,7 +9,7 @@ import (
 // ErrWrongResource: a write under a live lease for another resource than
 // the ones its route binds (a lease on res:b writing to res:a's path).
 // Nothing is forwarded.
-var ErrWrongResource = errors.New("lease for another resource")
+var ErrWrongResource = NewKind(CodeWrongResource, "lease for another resource")
 
 // CodeWrongResource is the problem and rejection code of ErrWrongResource.
 const CodeWrongResource = "resource_mismatch"

@@ -737,7 +737,7 @@ func (s *Service) record(ctx context.Context, refusal error, lease Lease, state 
 	e := ErrorOf(refusal)
 	rej := Rejection{
 		Resource:     lease.Resource,
-		Code:         codeOf(e.Kind),
+		Code:         CodeOf(e.Kind),
 		Token:        lease.Token,
 		CurrentToken: state.Token,
 		Holder:       lease.Holder,
@@ -786,21 +786,4 @@ func (s *Service) record(ctx context.Context, refusal error, lease Lease, state 
 		recorded.Repeats, recorded.FirstAt = 1, recorded.At
 	}
 	s.onReject(recorded)
-}
-
-func codeOf(kind error) string {
-	switch kind {
-	case ErrStaleToken:
-		return CodeStaleToken
-	case ErrLeaseExpired:
-		return CodeLeaseExpired
-	case ErrLeaseReleased:
-		return CodeLeaseReleased
-	case ErrNotOwner:
-		return CodeNotOwner
-	case ErrWrongResource: // route.go
-		return CodeWrongResource
-	default:
-		return CodeUnknownLease
-	}
 }

@@ -123,15 +123,6 @@ func (r Rejection) RepeatKey() (string, bool) {
 	return strings.Join([]string{r.Resource, r.LeaseHint, strconv.FormatInt(r.Token, 10), r.Code, strconv.FormatBool(r.WouldRefuse), r.Principal}, "\x1f"), true
 }
 
-// Rejection codes, shared with the HTTP problem codes.
-const (
-	CodeStaleToken    = "stale_token"
-	CodeLeaseExpired  = "lease_expired"
-	CodeLeaseReleased = "lease_released"
-	CodeUnknownLease  = "unknown_lease"
-	CodeNotOwner      = "lease_not_owned"
-)
-
 // RejectionCodes lists every code a rejection can have, for filters.
 var RejectionCodes = []string{CodeStaleToken, CodeLeaseExpired, CodeLeaseReleased, CodeUnknownLease, CodeNotOwner, CodeWrongResource}
 
