@@ -78,8 +78,8 @@ var kinds = []struct {
 	{tokens.ErrLeaseExpired, http.StatusConflict, tokens.CodeLeaseExpired, "Lease expired"},
 	{tokens.ErrLeaseReleased, http.StatusConflict, tokens.CodeLeaseReleased, "Lease released"},
 	{tokens.ErrUnknownLease, http.StatusForbidden, tokens.CodeUnknownLease, "Unknown lease"},
-	{tokens.ErrNotOwner, http.StatusForbidden, tokens.CodeNotOwner, "Lease not owned"},
-	{tokens.ErrWrongResource, http.StatusForbidden, tokens.CodeWrongResource, "Lease for another resource"},
+	{tokens.ErrLeaseNotOwned, http.StatusForbidden, tokens.CodeLeaseNotOwned, "Lease not owned"},
+	{tokens.ErrResourceMismatch, http.StatusForbidden, tokens.CodeResourceMismatch, "Lease for another resource"},
 	{ErrUnauthenticated, http.StatusUnauthorized, codeUnauthorized, "Unauthorized"},
 	{errForbidden, http.StatusForbidden, codeForbidden, "Forbidden"},
 	{errRateLimited, http.StatusTooManyRequests, codeRateLimited, "Too many requests"},
@@ -167,7 +167,7 @@ func detailOf(e *tokens.Error) string {
 		return "the lease was released by its holder; the write was not forwarded"
 	case tokens.ErrUnknownLease:
 		return "no such lease was ever granted; the write was not forwarded"
-	case tokens.ErrNotOwner:
+	case tokens.ErrLeaseNotOwned:
 		return "the lease was acquired by another key; nothing was forwarded or changed"
 	case tokens.ErrLeaseHeld:
 		return "the resource is held by another lease"

@@ -45,7 +45,7 @@ const (
 	CodeLeaseExpired     = "lease_expired"
 	CodeLeaseReleased    = "lease_released"
 	CodeUnknownLease     = "unknown_lease"
-	CodeNotOwner         = "lease_not_owned"
+	CodeLeaseNotOwned    = "lease_not_owned"
 	CodeFenceBusy        = "fence_busy"
 	CodeStoreUnavailable = "store_unavailable"
 	CodeFenceLost        = "fence_lost"
@@ -69,9 +69,9 @@ var (
 	ErrLeaseReleased = NewKind(CodeLeaseReleased, "lease released")
 	// ErrUnknownLease: a write naming a lease id that was never granted.
 	ErrUnknownLease = NewKind(CodeUnknownLease, "unknown lease")
-	// ErrNotOwner: a write, renewal or release by a principal other than
+	// ErrLeaseNotOwned: a write, renewal or release by a principal other than
 	// the one that acquired the lease. Nothing is forwarded or changed.
-	ErrNotOwner = NewKind(CodeNotOwner, "lease not owned by the caller")
+	ErrLeaseNotOwned = NewKind(CodeLeaseNotOwned, "lease not owned by the caller")
 	// ErrFenceBusy: a grant waited too long for in-flight writes or a drain period.
 	ErrFenceBusy = NewKind(CodeFenceBusy, "fence busy")
 	// ErrUnavailable: the store that holds tokens cannot be reached; fail closed.

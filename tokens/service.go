@@ -327,7 +327,7 @@ func (s *Service) Clock(r Resource) time.Time {
 
 // Renew extends a current lease; ttl 0 reuses the lease's TTL. principal
 // is the authenticated caller ("" without authentication): any other than
-// the lease's owner gets ErrNotOwner and changes nothing.
+// the lease's owner gets ErrLeaseNotOwned and changes nothing.
 func (s *Service) Renew(ctx context.Context, leaseID string, ttl time.Duration, principal string) (Lease, error) {
 	if ttl != 0 {
 		if err := s.limits.ValidateTTL(ttl); err != nil {
@@ -440,7 +440,7 @@ func ownedBy(lease Lease, principal string) error {
 }
 
 func notOwned(l Lease) error {
-	return &Error{Kind: ErrNotOwner, Resource: l.Resource, Token: l.Token,
+	return &Error{Kind: ErrLeaseNotOwned, Resource: l.Resource, Token: l.Token,
 		Detail: "the lease was acquired by another principal"}
 }
 
@@ -484,7 +484,7 @@ type Write struct {
 	Upstream string
 	Path     string
 	// Principal is the authenticated caller ("" without authentication);
-	// any other than the lease's owner is refused with ErrNotOwner.
+	// any other than the lease's owner is refused with ErrLeaseNotOwned.
 	Principal string
 	// Observe: the upstream only observes (an adoption setting, never the
 	// default). A write the fence rule refuses (stale_token, lease_expired,
@@ -528,7 +528,7 @@ func (p *Permit) Check() error {
 // Admit checks that leaseID is its resource's current live lease and holds
 // the resource's shared lock until Permit.Done. A refused write is recorded
 // and returned as ErrStaleToken, ErrLeaseExpired, ErrLeaseReleased,
-// ErrUnknownLease or ErrNotOwner.
+// ErrUnknownLease or ErrLeaseNotOwned.
 func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, error) {
 	if lease, state, ok := s.stale.get(leaseID); ok {
 		if err := ownedBy(lease, w.Principal); err != nil {
@@ -756,7 +756,7 @@ func (s *Service) record(ctx context.Context, refusal error, lease Lease, state 
 	switch {
 	case e.Kind == ErrUnknownLease && w.Principal == "" && !s.flood.record(s.now(), s.log):
 		return
-	case e.Kind == ErrNotOwner:
+	case e.Kind == ErrLeaseNotOwned:
 		if state.Name == "" && lease.Resource != "" {
 			if st, err := s.store.Resource(ctx, lease.Resource); err == nil {
 				state, rej.CurrentToken = st, st.Token
