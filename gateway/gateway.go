@@ -2,8 +2,10 @@
 // generated strict server), the fenced reverse proxy, the live rejection
 // stream, health, readiness and metrics. It speaks to the domain through
 // *tokens.Service, *tokens.Idempotency (Idempotency-Key records) and
-// *tokens.Clocks (holder clock offsets); of tokens it otherwise uses only
-// types and errors, and it imports no store.
+// *tokens.Clocks (holder clock offsets); of tokens it otherwise uses types,
+// errors and the input rules (limits, lease id redaction), and it imports
+// no store. Every refusal it answers gets its status, code and title from
+// the one table in internal/problems (problem.go writes the document).
 package gateway
 
 import (
