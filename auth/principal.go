@@ -1,15 +1,18 @@
 package auth
 
 import (
-	"errors"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fencegw/fencegw/internal/problems"
+	"github.com/fencegw/fencegw/tokens"
 )
 
 // ErrUnauthenticated: no API key, or not a valid one. The gateway answers
-// it with 401 (gateway.ErrUnauthenticated is this error).
-var ErrUnauthenticated = errors.New("unauthenticated")
+// it with 401 unauthorized, HTTP's name for it (internal/problems;
+// gateway.ErrUnauthenticated is this error).
+var ErrUnauthenticated = tokens.NewKind(problems.CodeUnauthorized, "unauthenticated")
 
 // Role is what an authenticated principal may do. Roles are ordered: each
 // includes everything the ones below it may do.

@@ -52,7 +52,7 @@ func TestStolenLeaseIsAttributedToThePresenter(t *testing.T) {
 	}
 	for range 2 {
 		resp, p, body := tg.rawAnswer(t, post("/v1/proxy/svc/x", "Host: gw\r\nAuthorization: Bearer k1\r\nFencing-Lease: "+lease.ID+"\r\n", "x"))
-		if resp.StatusCode != http.StatusForbidden || p.Code != tokens.CodeNotOwner {
+		if resp.StatusCode != http.StatusForbidden || p.Code != tokens.CodeLeaseNotOwned {
 			t.Fatalf("%d %s", resp.StatusCode, body)
 		}
 	}
@@ -65,7 +65,7 @@ func TestStolenLeaseIsAttributedToThePresenter(t *testing.T) {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
 	for _, it := range list.Items {
-		if it["principal"] != "worker-one" || it["holder"] != "w2" || it["code"] != tokens.CodeNotOwner || it["current_token"] != 1.0 || it["token"] != 1.0 {
+		if it["principal"] != "worker-one" || it["holder"] != "w2" || it["code"] != tokens.CodeLeaseNotOwned || it["current_token"] != 1.0 || it["token"] != 1.0 {
 			t.Fatalf("rejection %v", it)
 		}
 	}

@@ -2,13 +2,13 @@ package gateway
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/fencegw/fencegw/auth"
+	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -39,15 +39,10 @@ type Authenticator interface {
 	Allow(p *Principal) (ok bool, retryAfter time.Duration)
 }
 
-// Sentinels of the security checks; problemFor maps them to 401, 403, 429.
-var (
-	// ErrUnauthenticated: no API key, or not a valid one
-	// (auth.ErrUnauthenticated).
-	ErrUnauthenticated = auth.ErrUnauthenticated
-	errForbidden       = errors.New("forbidden")
-	errRateLimited     = errors.New("rate limited")
-	errTooManyLeases   = errors.New("too many leases")
-)
+// ErrUnauthenticated: no API key, or not a valid one
+// (auth.ErrUnauthenticated). The security checks' other refusals are
+// internal/problems' ErrForbidden, ErrRateLimited and ErrTooManyLeases.
+var ErrUnauthenticated = auth.ErrUnauthenticated
 
 type principalKey struct{}
 
@@ -71,7 +66,7 @@ func principalName(ctx context.Context) string {
 // authentication).
 func mayUse(ctx context.Context, resource string) error {
 	if p := principalFrom(ctx); p != nil && !p.MayUse(resource) {
-		return &tokens.Error{Kind: errForbidden, Resource: resource,
+		return &tokens.Error{Kind: problems.ErrForbidden, Resource: resource,
 			Detail: "key " + strconv.Quote(p.Name) + " may not use this resource"}
 	}
 	return nil
@@ -137,12 +132,12 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 			return
 		}
 		if ok, wait := g.cfg.Auth.Allow(p); !ok {
-			writeProblem(w, r, g.log, &tokens.Error{Kind: errRateLimited, RetryAfter: wait,
+			writeProblem(w, r, g.log, &tokens.Error{Kind: problems.ErrRateLimited, RetryAfter: wait,
 				Detail: "key " + strconv.Quote(p.Name) + " is over its request rate"})
 			return
 		}
 		if need := requiredRole(r); p.Role < need {
-			writeProblem(w, r, g.log, &tokens.Error{Kind: errForbidden,
+			writeProblem(w, r, g.log, &tokens.Error{Kind: problems.ErrForbidden,
 				Detail: "key " + strconv.Quote(p.Name) + " has role " + p.Role.String() + "; this call needs " + need.String()})
 			return
 		}

@@ -12,13 +12,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/tokens"
 )
 
 // limitBody bounds how long reading r's body may take (slow clients hold a
 // goroutine, and a fenced write's also holds its resource's shared lock):
-// past d the connection's read fails, the body's Read returns an
-// errBodyTimeout error (408 request_timeout) and the request ends. The
+// past d the connection's read fails, the body's Read returns a
+// problems.ErrRequestTimeout error (408 request_timeout) and the request ends. The
 // deadline is lifted once the body is read, so that a slow upstream is
 // bounded by the forward timeout alone. The returned guard tells whether the
 // body ran out of time (nil if no deadline was set); lift lifts the write
@@ -51,10 +52,6 @@ func limitBodyRead(rc *http.ResponseController, r *http.Request, d time.Duration
 	r.Body = &guard.body
 	return guard
 }
-
-// errBodyTimeout: the client did not send its body within the body timeout
-// (408 request_timeout).
-var errBodyTimeout = errors.New("request body timeout")
 
 // bodyGuard follows one request body's read deadline.
 type bodyGuard struct {
@@ -95,7 +92,7 @@ func (b *bodyGuard) ranOut(forwardTimedOut bool) bool {
 
 // err is the error of a body that ran out of time.
 func (b *bodyGuard) err(cause error) error {
-	return &tokens.Error{Kind: errBodyTimeout, Field: "body", Cause: cause,
+	return &tokens.Error{Kind: problems.ErrRequestTimeout, Field: "body", Cause: cause,
 		Detail: "the request body was not received within the body timeout of " + b.timeout.String()}
 }
 

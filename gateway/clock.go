@@ -25,13 +25,13 @@ func parseClientTime(v string) (sent time.Time, rtt time.Duration, err error) {
 	ts, params, _ := strings.Cut(v, ";")
 	sent, err = time.Parse(time.RFC3339Nano, strings.TrimSpace(ts))
 	if err != nil {
-		return time.Time{}, 0, requestError(HeaderClientTime, "must be an RFC 3339 time, optionally followed by ;rtt=MILLISECONDS")
+		return time.Time{}, 0, tokens.Invalid(HeaderClientTime, "must be an RFC 3339 time, optionally followed by ;rtt=MILLISECONDS")
 	}
 	if params = strings.TrimSpace(params); params != "" {
 		ms, ok := strings.CutPrefix(params, "rtt=")
 		f, perr := strconv.ParseFloat(ms, 64)
 		if !ok || perr != nil || f < 0 || time.Duration(f*float64(time.Millisecond)) > maxReportedRTT {
-			return time.Time{}, 0, requestError(HeaderClientTime, "rtt must be a round trip in milliseconds, 0 to 60000")
+			return time.Time{}, 0, tokens.Invalid(HeaderClientTime, "rtt must be a round trip in milliseconds, 0 to 60000")
 		}
 		rtt = time.Duration(f * float64(time.Millisecond))
 	}

@@ -13,6 +13,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/fencegw/fencegw/api"
+	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -81,32 +82,30 @@ func stringConsts(t *testing.T, dir, prefix string) map[string]string {
 	return out
 }
 
-// TestProblemCodesMatchSpec fails when the codes the gateway answers (its
-// code* constants and the tokens package's Code* ones) and the spec's
-// ProblemCode disagree, either way.
+// TestProblemCodesMatchSpec fails when the one table of problems
+// (internal/problems) and the spec's ProblemCode disagree, either way, or
+// when a code constant (the tokens package's Code* ones, the kinds'
+// codes, and internal/problems' own) has no row in the table, so that a
+// refusal would be answered 500.
 func TestProblemCodesMatchSpec(t *testing.T) {
 	known := specKnownValues(t, "ProblemCode")
-	served := map[string]string{}
-	for name, v := range stringConsts(t, ".", "code") {
-		served[v] = "gateway." + name
-	}
-	for name, v := range stringConsts(t, "../tokens", "Code") {
-		served[v] = "tokens." + name
-	}
-	for v, name := range served {
-		if !slices.Contains(known, v) {
-			t.Errorf("%s = %q is answered by the gateway but not a known value of the spec's ProblemCode", name, v)
+	table := map[string]bool{}
+	for _, p := range problems.All() {
+		table[p.Code] = true
+		if !slices.Contains(known, p.Code) {
+			t.Errorf("the table of problems answers %q, not a known value of the spec's ProblemCode", p.Code)
 		}
 	}
 	for _, v := range known {
-		if _, ok := served[v]; !ok {
-			t.Errorf("the spec's ProblemCode lists %q, which no gateway or tokens constant answers", v)
+		if !table[v] {
+			t.Errorf("the spec's ProblemCode lists %q, which the table of problems does not answer", v)
 		}
 	}
-	// The table that maps domain errors to answers uses known codes too.
-	for _, k := range kinds {
-		if !slices.Contains(known, k.code) {
-			t.Errorf("problemFor answers %q, not in the spec", k.code)
+	for pkg, dir := range map[string]string{"tokens": "../tokens", "problems": "../internal/problems"} {
+		for name, v := range stringConsts(t, dir, "Code") {
+			if !table[v] {
+				t.Errorf("%s.%s = %q has no row in the table of problems", pkg, name, v)
+			}
 		}
 	}
 }

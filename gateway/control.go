@@ -14,6 +14,7 @@ import (
 
 	"github.com/fencegw/fencegw/api"
 	"github.com/fencegw/fencegw/api/server"
+	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -31,7 +32,7 @@ var _ server.StrictServerInterface = (*control)(nil)
 
 func (c *control) AcquireLease(ctx context.Context, req server.AcquireLeaseRequestObject) (server.AcquireLeaseResponseObject, error) {
 	if req.Body == nil {
-		return nil, requestError("body", "a JSON object is required")
+		return nil, tokens.Invalid("body", "a JSON object is required")
 	}
 	arrived := c.svc.Now()
 	b := req.Body
@@ -84,7 +85,7 @@ func (c *control) checkAcquire(ctx context.Context, p *Principal, in tokens.Acqu
 		}
 	}
 	if n >= p.MaxLeases {
-		return &tokens.Error{Kind: errTooManyLeases, RetryAfter: time.Second,
+		return &tokens.Error{Kind: problems.ErrTooManyLeases, RetryAfter: time.Second,
 			Detail: "key " + strconv.Quote(p.Name) + " holds " + strconv.Itoa(n) + " live leases, its cap"}
 	}
 	return nil
@@ -191,7 +192,7 @@ func (c *control) RevokeLease(ctx context.Context, req server.RevokeLeaseRequest
 	by := anonymousAdmin
 	if p := principalFrom(ctx); p != nil {
 		if p.Role < RoleAdmin {
-			return nil, &tokens.Error{Kind: errForbidden, Detail: "revoking needs the admin role"}
+			return nil, &tokens.Error{Kind: problems.ErrForbidden, Detail: "revoking needs the admin role"}
 		}
 		lease, err := c.svc.Lease(ctx, req.LeaseId)
 		if err != nil {
@@ -362,7 +363,7 @@ func rejectionJSON(r tokens.Rejection) api.Rejection {
 // requestErrorHandler answers bodies the generated code could not decode.
 func (g *Gateway) requestErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	var maxBytes *http.MaxBytesError
-	if errors.As(err, &maxBytes) || errors.Is(err, errBodyTimeout) {
+	if errors.As(err, &maxBytes) || errors.Is(err, problems.ErrRequestTimeout) {
 		writeProblem(w, r, g.log, err)
 		return
 	}
@@ -380,7 +381,7 @@ func (g *Gateway) requestErrorHandler(w http.ResponseWriter, r *http.Request, er
 	case strings.Contains(err.Error(), "EOF"):
 		detail = "is empty or truncated"
 	}
-	writeProblem(w, r, g.log, requestError(field, detail))
+	writeProblem(w, r, g.log, tokens.Invalid(field, detail))
 }
 
 func jsonTypeName(kind string) string {
@@ -408,7 +409,7 @@ func (g *Gateway) paramErrorHandler(w http.ResponseWriter, r *http.Request, err 
 	if field == "since" {
 		detail = "must be an RFC 3339 time"
 	}
-	writeProblem(w, r, g.log, requestError(field, detail))
+	writeProblem(w, r, g.log, tokens.Invalid(field, detail))
 }
 
 // controlBody bounds control-call bodies and insists they are JSON: a body
@@ -426,8 +427,9 @@ func (g *Gateway) controlBody(next http.Handler) http.Handler {
 					if ct == "" {
 						detail = "a control call with a body needs Content-Type: application/json"
 					}
-					sendProblem(w, r, problem{Status: http.StatusUnsupportedMediaType, Code: codeUnsupportedMedia,
-						Title: "Unsupported media type", Field: "Content-Type", Detail: detail})
+					p := problemOf(problems.ErrUnsupportedMediaType)
+					p.Field, p.Detail = "Content-Type", detail
+					sendProblem(w, r, p)
 					return
 				}
 			}
@@ -442,8 +444,8 @@ func (g *Gateway) controlBody(next http.Handler) http.Handler {
 				data, err := io.ReadAll(r.Body)
 				if err != nil {
 					var maxBytes *http.MaxBytesError
-					if !errors.As(err, &maxBytes) && !errors.Is(err, errBodyTimeout) {
-						err = requestError("body", "could not be read: "+err.Error())
+					if !errors.As(err, &maxBytes) && !errors.Is(err, problems.ErrRequestTimeout) {
+						err = tokens.Invalid("body", "could not be read: "+err.Error())
 					}
 					writeProblem(w, r, g.log, err)
 					return
@@ -476,7 +478,7 @@ func oneJSONValue(data []byte) error {
 	}
 	end := dec.InputOffset()
 	if _, err := dec.Token(); err != io.EOF {
-		return requestError("body", "must be one JSON value; there is more after byte "+strconv.FormatInt(end, 10))
+		return tokens.Invalid("body", "must be one JSON value; there is more after byte "+strconv.FormatInt(end, 10))
 	}
 	return nil
 }

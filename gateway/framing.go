@@ -138,7 +138,7 @@ func (g *Gateway) refuseFraming(w http.ResponseWriter, r *http.Request, field, d
 	// this answer, and a client that stalls (one waiting for 100 Continue)
 	// does not hold the connection.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(refusalLinger))
-	writeProblem(w, r, g.log, &tokens.Error{Kind: errRequest, Field: field,
+	writeProblem(w, r, g.log, &tokens.Error{Kind: tokens.ErrInvalid, Field: field,
 		Detail: detail + "; nothing was forwarded and the connection is closed"})
 }
 

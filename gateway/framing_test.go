@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/internal/testcert"
 	"github.com/fencegw/fencegw/storage/bolt"
 	"github.com/fencegw/fencegw/tokens"
@@ -406,7 +407,7 @@ func wantFramingRefusal(t *testing.T, resp *http.Response, body string) {
 		t.Fatalf("answer %d %v close=%v, want 400 problem+json with Connection: close\n%s", resp.StatusCode, resp.Header, resp.Close, body)
 	}
 	var p problem
-	if err := json.Unmarshal([]byte(body), &p); err != nil || p.Code != codeInvalidRequest || p.Field == "" {
+	if err := json.Unmarshal([]byte(body), &p); err != nil || p.Code != tokens.CodeInvalidRequest || p.Field == "" {
 		t.Fatalf("problem %s, want invalid_request naming a field", body)
 	}
 }
@@ -676,7 +677,7 @@ func TestBodyTimeoutAnswers408(t *testing.T) {
 		}
 		var p problem
 		if r.resp.StatusCode != http.StatusRequestTimeout || r.resp.Header.Get("Content-Type") != problemContentType || !r.resp.Close ||
-			json.Unmarshal([]byte(r.body), &p) != nil || p.Code != codeRequestTimeout || p.Field != "body" {
+			json.Unmarshal([]byte(r.body), &p) != nil || p.Code != problems.CodeRequestTimeout || p.Field != "body" {
 			t.Fatalf("stalled client %d: %d %v\n%s\nwant 408 request_timeout naming the body, Connection: close", i, r.resp.StatusCode, r.resp.Header, r.body)
 		}
 		t.Logf("stalled client %d: %s", i, p.Detail)

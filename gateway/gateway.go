@@ -2,8 +2,10 @@
 // generated strict server), the fenced reverse proxy, the live rejection
 // stream, health, readiness and metrics. It speaks to the domain through
 // *tokens.Service, *tokens.Idempotency (Idempotency-Key records) and
-// *tokens.Clocks (holder clock offsets); of tokens it otherwise uses only
-// types and errors, and it imports no store.
+// *tokens.Clocks (holder clock offsets); of tokens it otherwise uses types,
+// errors and the input rules (limits, lease id redaction), and it imports
+// no store. Every refusal it answers gets its status, code and title from
+// the one table in internal/problems (problem.go writes the document).
 package gateway
 
 import (
@@ -23,6 +25,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fencegw/fencegw/api/server"
+	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -287,11 +290,12 @@ func (g *Gateway) routes(si server.ServerInterface) http.Handler {
 	r := chi.NewRouter()
 	r.Use(g.middleware()...)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		sendProblem(w, r, problem{Status: http.StatusNotFound, Code: codeNotFound, Title: "Not found",
-			Detail: "no such endpoint; resource names in paths are percent-encoded (inventory%2FSKU-001)"})
+		p := problemOf(tokens.ErrNotFound)
+		p.Detail = "no such endpoint; resource names in paths are percent-encoded (inventory%2FSKU-001)"
+		sendProblem(w, r, p)
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		sendProblem(w, r, problem{Status: http.StatusMethodNotAllowed, Code: codeMethodNotAllowed, Title: "Method not allowed"})
+		sendProblem(w, r, problemOf(problems.ErrMethodNotAllowed))
 	})
 
 	r.HandleFunc(proxyPrefix+"*", g.serveProxy)
@@ -352,9 +356,9 @@ func (g *Gateway) acquireHandler(si server.ServerInterface) http.Handler {
 
 func (g *Gateway) serveReady(w http.ResponseWriter, r *http.Request) {
 	if g.stopping.Load() {
-		sendProblem(w, r, problem{Status: http.StatusServiceUnavailable, Code: codeShuttingDown, Title: "Shutting down",
-			Detail:     "this replica is shutting down: it still serves requests for its shutdown delay, but takes no new ones after it; send them to another replica",
-			retryAfter: defaultUnavailableRetry})
+		p := problemOf(problems.ErrShuttingDown)
+		p.Detail = "this replica is shutting down: it still serves requests for its shutdown delay, but takes no new ones after it; send them to another replica"
+		sendProblem(w, r, p)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
@@ -377,7 +381,7 @@ func (g *Gateway) recoverer(next http.Handler) http.Handler {
 					panic(v)
 				}
 				g.log.Error("panic serving request", "method", r.Method, "path", logPath(r), "panic", v)
-				sendProblem(w, r, problem{Status: http.StatusInternalServerError, Code: codeInternalError, Title: "Internal error"})
+				sendProblem(w, r, problemOf(problems.ErrInternal))
 			}
 		}()
 		next.ServeHTTP(w, r)

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -107,7 +108,7 @@ func (g *Gateway) browserGuard(next http.Handler) http.Handler {
 	cop := http.NewCrossOriginProtection()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !g.hosts.allows(r.Host) && !openPath(r.URL.Path) {
-			g.refuseBrowser(w, r, &tokens.Error{Kind: errForbidden, Field: "Host",
+			g.refuseBrowser(w, r, &tokens.Error{Kind: problems.ErrForbidden, Field: "Host",
 				Detail: strconv.Quote(truncateUTF8(r.Host, 128)) + " is not one of this gateway's names (--allowed-hosts); nothing was done"})
 			return
 		}
@@ -115,7 +116,7 @@ func (g *Gateway) browserGuard(next http.Handler) http.Handler {
 		// page can send without a preflight: their hot path skips this.
 		if !strings.HasPrefix(r.URL.Path, proxyPrefix) {
 			if err := cop.Check(r); err != nil {
-				g.refuseBrowser(w, r, &tokens.Error{Kind: errForbidden, Field: "Origin",
+				g.refuseBrowser(w, r, &tokens.Error{Kind: problems.ErrForbidden, Field: "Origin",
 					Detail: "a cross-origin request from a browser may not change anything here; nothing was done"})
 				return
 			}

@@ -10,6 +10,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fencegw/fencegw/internal/problems"
+	"github.com/fencegw/fencegw/tokens"
 )
 
 // rawAnswer sends raw on a fresh connection and reads one answer.
@@ -49,18 +52,18 @@ func TestBrowsersCannotReachTheGateway(t *testing.T) {
 		code, field  string
 		wantForwards bool
 	}{
-		{"rebinding", post("/v1/leases", "Host: rebind.evil.example\r\nOrigin: http://rebind.evil.example\r\nContent-Type: application/json\r\n", acquire), 403, codeForbidden, "Host", false},
-		{"rebinding a write", post("/v1/proxy/svc/x", "Host: rebind.evil.example:8080\r\nFencing-Lease: "+lease+"\r\n", "x"), 403, codeForbidden, "Host", false},
-		{"rebinding a read", "GET /v1/rejections HTTP/1.1\r\nHost: rebind.evil.example\r\n\r\n", 403, codeForbidden, "Host", false},
-		{"the issue's probe", post("/v1/leases", "Host: rebind.evil.example\r\nOrigin: http://evil.example\r\n", acquire), 403, codeForbidden, "Host", false},
-		{"no content type", post("/v1/leases", "Host: 127.0.0.1:8080\r\n", acquire), 415, codeUnsupportedMedia, "Content-Type", false},
-		{"no content type, foreign origin", post("/v1/leases", "Host: 127.0.0.1:8080\r\nOrigin: http://evil.example\r\n", acquire), 403, codeForbidden, "Origin", false},
-		{"text/plain", post("/v1/leases", "Host: localhost:8080\r\nContent-Type: text/plain\r\n", acquire), 415, codeUnsupportedMedia, "Content-Type", false},
-		{"form", post("/v1/leases", "Host: localhost\r\nContent-Type: application/x-www-form-urlencoded\r\n", "a=b"), 415, codeUnsupportedMedia, "Content-Type", false},
-		{"cross-site fetch", post("/v1/leases", "Host: localhost:8080\r\nContent-Type: application/json\r\nSec-Fetch-Site: cross-site\r\n", acquire), 403, codeForbidden, "Origin", false},
-		{"foreign origin", post("/v1/leases", "Host: localhost:8080\r\nContent-Type: application/json\r\nOrigin: http://evil.example\r\n", acquire), 403, codeForbidden, "Origin", false},
-		{"trailing garbage", post("/v1/leases", "Host: localhost:8080\r\nContent-Type: application/json\r\n", acquire+`{"resource":"x"}`), 400, codeInvalidRequest, "body", false},
-		{"trailing token", post("/v1/leases", "Host: localhost:8080\r\nContent-Type: application/json\r\n", acquire+` x`), 400, codeInvalidRequest, "body", false},
+		{"rebinding", post("/v1/leases", "Host: rebind.evil.example\r\nOrigin: http://rebind.evil.example\r\nContent-Type: application/json\r\n", acquire), 403, problems.CodeForbidden, "Host", false},
+		{"rebinding a write", post("/v1/proxy/svc/x", "Host: rebind.evil.example:8080\r\nFencing-Lease: "+lease+"\r\n", "x"), 403, problems.CodeForbidden, "Host", false},
+		{"rebinding a read", "GET /v1/rejections HTTP/1.1\r\nHost: rebind.evil.example\r\n\r\n", 403, problems.CodeForbidden, "Host", false},
+		{"the issue's probe", post("/v1/leases", "Host: rebind.evil.example\r\nOrigin: http://evil.example\r\n", acquire), 403, problems.CodeForbidden, "Host", false},
+		{"no content type", post("/v1/leases", "Host: 127.0.0.1:8080\r\n", acquire), 415, problems.CodeUnsupportedMediaType, "Content-Type", false},
+		{"no content type, foreign origin", post("/v1/leases", "Host: 127.0.0.1:8080\r\nOrigin: http://evil.example\r\n", acquire), 403, problems.CodeForbidden, "Origin", false},
+		{"text/plain", post("/v1/leases", "Host: localhost:8080\r\nContent-Type: text/plain\r\n", acquire), 415, problems.CodeUnsupportedMediaType, "Content-Type", false},
+		{"form", post("/v1/leases", "Host: localhost\r\nContent-Type: application/x-www-form-urlencoded\r\n", "a=b"), 415, problems.CodeUnsupportedMediaType, "Content-Type", false},
+		{"cross-site fetch", post("/v1/leases", "Host: localhost:8080\r\nContent-Type: application/json\r\nSec-Fetch-Site: cross-site\r\n", acquire), 403, problems.CodeForbidden, "Origin", false},
+		{"foreign origin", post("/v1/leases", "Host: localhost:8080\r\nContent-Type: application/json\r\nOrigin: http://evil.example\r\n", acquire), 403, problems.CodeForbidden, "Origin", false},
+		{"trailing garbage", post("/v1/leases", "Host: localhost:8080\r\nContent-Type: application/json\r\n", acquire+`{"resource":"x"}`), 400, tokens.CodeInvalidRequest, "body", false},
+		{"trailing token", post("/v1/leases", "Host: localhost:8080\r\nContent-Type: application/json\r\n", acquire+` x`), 400, tokens.CodeInvalidRequest, "body", false},
 		{"a probe by address", "GET /healthz HTTP/1.1\r\nHost: 10.1.2.3:8080\r\n\r\n", 200, "", "", false},
 		{"loopback name", post("/v1/leases", "Host: LOCALHOST.:8080\r\nContent-Type: application/json\r\n", acquire+" \n"), 201, "", "", false},
 		{"ipv6 loopback", "GET /v1/rejections HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n", 200, "", "", false},
@@ -160,7 +163,7 @@ func TestBasicOnlyForTheDashboard(t *testing.T) {
 			for _, v := range resp.Header.Values("WWW-Authenticate") {
 				offers = append(offers, strings.Fields(v)[0])
 			}
-			if strings.Join(offers, " ") != tc.offers || p.Code != codeUnauthorized {
+			if strings.Join(offers, " ") != tc.offers || p.Code != problems.CodeUnauthorized {
 				t.Errorf("%s: offers %q, problem %s; want %q", tc.name, offers, body, tc.offers)
 			}
 		}

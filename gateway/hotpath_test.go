@@ -13,6 +13,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/fencegw/fencegw/internal/problems"
+	"github.com/fencegw/fencegw/tokens"
 )
 
 // countWrites makes the gateway's upstream connections count their Write
@@ -130,8 +133,8 @@ func TestSmallBodyFailsBeforeForward(t *testing.T) {
 		status int
 		code   string
 	}{
-		{"stalled", false, http.StatusRequestTimeout, codeRequestTimeout},
-		{"cut", true, http.StatusBadRequest, codeInvalidRequest},
+		{"stalled", false, http.StatusRequestTimeout, problems.CodeRequestTimeout},
+		{"cut", true, http.StatusBadRequest, tokens.CodeInvalidRequest},
 	} {
 		lease := tg.lease(t, c.name)
 		conn := tg.dial(t)

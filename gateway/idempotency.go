@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -106,7 +107,7 @@ func (g *Gateway) keyedWrite(w http.ResponseWriter, r *http.Request) (*keyed, bo
 		return nil, false
 	}
 	if g.keys == nil {
-		return fail(requestError(HeaderIdempotencyKey, "idempotency keys are not enabled on this gateway"))
+		return fail(tokens.Invalid(HeaderIdempotencyKey, "idempotency keys are not enabled on this gateway"))
 	}
 	key, err := parseIdempotencyKey(vs)
 	if err != nil {
@@ -130,10 +131,10 @@ func (g *Gateway) readKeyedBody(w http.ResponseWriter, r *http.Request, rawPath 
 		body, err = io.ReadAll(r.Body)
 		if err != nil {
 			var maxBytes *http.MaxBytesError
-			if errors.As(err, &maxBytes) || errors.Is(err, errBodyTimeout) {
+			if errors.As(err, &maxBytes) || errors.Is(err, problems.ErrRequestTimeout) {
 				return fail(err)
 			}
-			return fail(requestError("body", "could not be read: "+err.Error()))
+			return fail(tokens.Invalid("body", "could not be read: "+err.Error()))
 		}
 		_ = r.Body.Close()
 		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
@@ -150,7 +151,7 @@ func (g *Gateway) readKeyedBody(w http.ResponseWriter, r *http.Request, rawPath 
 // 3.3.3), "like this", of 1 to 255 printable ASCII characters, without
 // parameters.
 func parseIdempotencyKey(vs []string) (string, error) {
-	bad := func(detail string) (string, error) { return "", requestError(HeaderIdempotencyKey, detail) }
+	bad := func(detail string) (string, error) { return "", tokens.Invalid(HeaderIdempotencyKey, detail) }
 	if len(vs) != 1 {
 		return bad("must be sent once")
 	}
@@ -174,7 +175,7 @@ func parseIdempotencyKey(vs []string) (string, error) {
 			}
 			key := b.String()
 			if err := tokens.ValidKey(key); err != nil {
-				return "", requestError(HeaderIdempotencyKey, tokens.ErrorOf(err).Detail)
+				return "", tokens.Invalid(HeaderIdempotencyKey, tokens.ErrorOf(err).Detail)
 			}
 			return key, nil
 		case c < 0x20 || c > 0x7e:

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/storage/bolt"
 	"github.com/fencegw/fencegw/tokens"
 )
@@ -199,7 +200,7 @@ func TestIdempotentTimeoutIsNeverForwardedTwice(t *testing.T) {
 		close(landed)
 	}
 	l := env.lease(t, "acct/2")
-	if resp, _, code := env.write(t, l.ID, "charge-1", "5"); resp.StatusCode != http.StatusGatewayTimeout || code != codeUpstreamTimeout {
+	if resp, _, code := env.write(t, l.ID, "charge-1", "5"); resp.StatusCode != http.StatusGatewayTimeout || code != problems.CodeUpstreamTimeout {
 		t.Fatalf("first attempt: %d %s, want 504", resp.StatusCode, code)
 	}
 	<-landed
@@ -292,7 +293,7 @@ func TestIdempotencyKeyValidation(t *testing.T) {
 			h = append(h, HeaderIdempotencyKey, v)
 		}
 		resp, body, code := env.write(t, l.ID, "", "1", h...)
-		if resp.StatusCode != http.StatusBadRequest || code != codeInvalidRequest || !strings.Contains(body, HeaderIdempotencyKey) {
+		if resp.StatusCode != http.StatusBadRequest || code != tokens.CodeInvalidRequest || !strings.Contains(body, HeaderIdempotencyKey) {
 			t.Errorf("%s: %d %s %s, want 400 invalid_request naming %s", tc.name, resp.StatusCode, code, body, HeaderIdempotencyKey)
 		}
 	}
@@ -308,7 +309,7 @@ func TestIdempotencyKeyRefusedWhenOff(t *testing.T) {
 	t.Parallel()
 	env := newKeyedEnv(t, 5*time.Second, false)
 	l := env.lease(t, "acct/6")
-	if resp, _, code := env.write(t, l.ID, "k", "1"); resp.StatusCode != http.StatusBadRequest || code != codeInvalidRequest {
+	if resp, _, code := env.write(t, l.ID, "k", "1"); resp.StatusCode != http.StatusBadRequest || code != tokens.CodeInvalidRequest {
 		t.Fatalf("keyed write without idempotency configured: %d %s, want 400", resp.StatusCode, code)
 	}
 	if resp, _, _ := env.write(t, l.ID, "", "1"); resp.StatusCode != http.StatusCreated {

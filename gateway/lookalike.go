@@ -15,6 +15,8 @@ package gateway
 import (
 	"net/http"
 	"strings"
+
+	"github.com/fencegw/fencegw/tokens"
 )
 
 // foldedProtected are the names (folded: lower case, '-' for '_') whose
@@ -77,7 +79,7 @@ func foldedPrefix(name, p string) bool {
 
 // lookalikeError refuses a fenced write carrying the look-alike name.
 func lookalikeError(name string) error {
-	return requestError(truncate(name, 64), "a header name that CGI and WSGI servers read as one the gateway sets or removes ('_' for '-'); nothing was forwarded")
+	return tokens.Invalid(truncate(name, 64), "a header name that CGI and WSGI servers read as one the gateway sets or removes ('_' for '-'); nothing was forwarded")
 }
 
 // upstreamLookalike returns a header name in h that folds into one of

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fencegw/fencegw/tokens"
 )
 
 // wsgiUpstream starts testdata/wsgi_upstream.py, a stock wsgiref server,
@@ -120,7 +122,7 @@ func TestLookalikeHeadersNeverReachTheUpstream(t *testing.T) {
 			} {
 				resp, body := write(fmt.Sprintf("bad%d", i), h+"\r\n")
 				var p problem
-				if resp.StatusCode != http.StatusBadRequest || json.Unmarshal([]byte(body), &p) != nil || p.Code != codeInvalidRequest || p.Field == "" {
+				if resp.StatusCode != http.StatusBadRequest || json.Unmarshal([]byte(body), &p) != nil || p.Code != tokens.CodeInvalidRequest || p.Field == "" {
 					t.Errorf("%s: %d %s, want 400 invalid_request naming the header", h, resp.StatusCode, body)
 					continue
 				}

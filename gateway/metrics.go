@@ -134,7 +134,7 @@ func (m *metrics) forwarded(f *forward, d time.Duration) {
 
 // grantResults are the values of fencegw_grants_total's result label; its
 // help text lists them from here.
-var grantResults = []string{"granted", codeLeaseHeld, codeFenceBusy, codeStoreUnavailable, codeInvalidRequest, "other"}
+var grantResults = []string{"granted", tokens.CodeLeaseHeld, tokens.CodeFenceBusy, tokens.CodeStoreUnavailable, tokens.CodeInvalidRequest, "other"}
 
 func (m *metrics) grant(err error) {
 	if err == nil {

@@ -5,6 +5,9 @@ import (
 	"net/url"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/fencegw/fencegw/internal/problems"
+	"github.com/fencegw/fencegw/tokens"
 )
 
 // The path rule (docs/security.md, "Paths"): the path below
@@ -49,10 +52,10 @@ func checkProxyPath(raw string) (string, error) {
 	if strings.IndexByte(raw, '%') >= 0 {
 		var err error
 		if path, err = url.PathUnescape(raw); err != nil {
-			return "", requestError("path", "is not a valid percent-encoded path")
+			return "", tokens.Invalid("path", "is not a valid percent-encoded path")
 		}
 		if strings.IndexByte(path, '%') >= 0 {
-			return "", requestError("path", pathPercent)
+			return "", tokens.Invalid("path", pathPercent)
 		}
 	}
 	ascii := true
@@ -60,27 +63,27 @@ func checkProxyPath(raw string) (string, error) {
 	for i := 0; i <= len(path); i++ {
 		if i == len(path) || path[i] == '/' {
 			if dotSegment(path[start:i]) {
-				return "", requestError("path", pathDotSegment)
+				return "", tokens.Invalid("path", pathDotSegment)
 			}
 			start = i + 1
 			continue
 		}
 		switch c := path[i]; {
 		case c < 0x20 || c == 0x7f:
-			return "", requestError("path", pathControl)
+			return "", tokens.Invalid("path", pathControl)
 		case c == '\\':
-			return "", requestError("path", pathBackslash)
+			return "", tokens.Invalid("path", pathBackslash)
 		case c >= utf8.RuneSelf:
 			ascii = false
 		}
 	}
 	if !ascii {
 		if !utf8.ValidString(path) {
-			return "", requestError("path", pathUTF8)
+			return "", tokens.Invalid("path", pathUTF8)
 		}
 		for _, r := range path {
 			if nfkcUnsafe(r) {
-				return "", requestError("path", pathLookalike)
+				return "", tokens.Invalid("path", pathLookalike)
 			}
 		}
 	}
@@ -132,7 +135,7 @@ func checkWriteRequest(r *http.Request) error {
 		return &tunnelError{}
 	}
 	if len(r.Header[HeaderLease]) > 1 {
-		return requestError(HeaderLease, "must be sent once: more than one such header")
+		return tokens.Invalid(HeaderLease, "must be sent once: more than one such header")
 	}
 	if k := lookalikeHeader(r.Header); k != "" { // lookalike.go
 		return lookalikeError(k)
@@ -153,14 +156,28 @@ func (e *tunnelError) Error() string {
 	return "upgrades are not forwarded"
 }
 
-func (e *tunnelError) problem() problem {
+// Unwrap is the refusal: 405 method_not_allowed for CONNECT, 400
+// invalid_request for an upgrade.
+func (e *tunnelError) Unwrap() error {
+	if e.method {
+		return problems.ErrMethodNotAllowed
+	}
+	return tokens.ErrInvalid
+}
+
+func (e *tunnelError) field() string {
+	if e.method {
+		return "method"
+	}
+	return "Upgrade"
+}
+
+func (e *tunnelError) detail() string {
 	const why = ": a fenced write is one request and one answer, and a tunnel would outlive the lease check; nothing was forwarded"
 	if e.method {
-		return problem{Status: http.StatusMethodNotAllowed, Code: codeMethodNotAllowed, Title: "Method not allowed",
-			Field: "method", Detail: "CONNECT is not forwarded" + why}
+		return "CONNECT is not forwarded" + why
 	}
-	return problem{Status: http.StatusBadRequest, Code: codeInvalidRequest, Title: "Invalid request",
-		Field: "Upgrade", Detail: "protocol upgrades (WebSocket, h2c) are not forwarded" + why}
+	return "protocol upgrades (WebSocket, h2c) are not forwarded" + why
 }
 
 // hasToken reports whether comma-separated header values hold token (ASCII

@@ -14,6 +14,8 @@ import (
 	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
+
+	"github.com/fencegw/fencegw/tokens"
 )
 
 func TestCheckProxyPath(t *testing.T) {
@@ -218,7 +220,7 @@ func TestProxyRefusesAmbiguousRequests(t *testing.T) {
 		}
 		b, _ := io.ReadAll(resp.Body)
 		var p problem
-		if resp.StatusCode != 400 || json.Unmarshal(b, &p) != nil || p.Code != codeInvalidRequest || p.Field != tc.field {
+		if resp.StatusCode != 400 || json.Unmarshal(b, &p) != nil || p.Code != tokens.CodeInvalidRequest || p.Field != tc.field {
 			t.Errorf("%s %q: %d %s; want 400 invalid_request naming %s", tc.target, tc.extra, resp.StatusCode, b, tc.field)
 		}
 	}
@@ -242,7 +244,7 @@ func TestBrokenChunkedBodyIsTheClientsFault(t *testing.T) {
 		lease := tg.lease(t, res)
 		resp, p, raw := tg.rawAnswer(t, "POST /v1/proxy/svc/chunks HTTP/1.1\r\nHost: gw\r\nFencing-Lease: "+lease+
 			"\r\nTransfer-Encoding: chunked\r\n\r\n"+body)
-		if resp.StatusCode != http.StatusBadRequest || p.Code != codeInvalidRequest || p.Field != "body" || p.Resource != res {
+		if resp.StatusCode != http.StatusBadRequest || p.Code != tokens.CodeInvalidRequest || p.Field != "body" || p.Resource != res {
 			t.Fatalf("%q: %d %s; want 400 invalid_request naming the body", body, resp.StatusCode, raw)
 		}
 		st, err := tg.svc.Resource(t.Context(), res)

@@ -4,40 +4,17 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"math"
 	"net/http"
 	"strconv"
 	"time"
 
+	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/tokens"
 )
 
-// Problem codes that do not come from the tokens package.
 const (
-	codeInvalidRequest       = "invalid_request"
-	codeNotFound             = "not_found"
-	codeLeaseHeld            = "lease_held"
-	codeLeaseLost            = "lease_lost"
-	codeMissingLease         = "missing_lease"
-	codeUnknownUpstream      = "unknown_upstream"
-	codeBodyTooLarge         = "body_too_large"
-	codeUnsupportedMedia     = "unsupported_media_type"
-	codeMethodNotAllowed     = "method_not_allowed"
-	codeFenceBusy            = "fence_busy"
-	codeFenceLost            = "fence_lost"
-	codeStoreUnavailable     = "store_unavailable"
-	codeUpstreamUnreachable  = "upstream_unreachable"
-	codeUpstreamTimeout      = "upstream_timeout"
-	codeRequestTimeout       = "request_timeout"
-	codeInternalError        = "internal_error"
-	codeUnauthorized         = "unauthorized"
-	codeForbidden            = "forbidden"
-	codeRateLimited          = "rate_limited"
-	codeTooManyLeases        = "too_many_leases"
-	codeShuttingDown         = "shutting_down"
 	problemTypePrefix        = "urn:fencegw:problem:"
 	problemContentType       = "application/problem+json"
-	defaultUnavailableRetry  = time.Second
 	problemInstanceByteLimit = 512 // instance (the request path) is cut to this many bytes
 )
 
@@ -62,63 +39,31 @@ type problem struct {
 	retryAfter time.Duration
 }
 
-// kinds maps each domain sentinel to its status and code: the one place
-// where domain errors become HTTP answers.
-var kinds = []struct {
-	err    error
-	status int
-	code   string
-	title  string
-}{
-	{tokens.ErrInvalid, http.StatusBadRequest, codeInvalidRequest, "Invalid request"},
-	{tokens.ErrNotFound, http.StatusNotFound, codeNotFound, "Not found"},
-	{tokens.ErrLeaseHeld, http.StatusConflict, codeLeaseHeld, "Lease held"},
-	{tokens.ErrLeaseLost, http.StatusConflict, codeLeaseLost, "Lease lost"},
-	{tokens.ErrStaleToken, http.StatusConflict, tokens.CodeStaleToken, "Stale fencing token"},
-	{tokens.ErrLeaseExpired, http.StatusConflict, tokens.CodeLeaseExpired, "Lease expired"},
-	{tokens.ErrLeaseReleased, http.StatusConflict, tokens.CodeLeaseReleased, "Lease released"},
-	{tokens.ErrUnknownLease, http.StatusForbidden, tokens.CodeUnknownLease, "Unknown lease"},
-	{tokens.ErrNotOwner, http.StatusForbidden, tokens.CodeNotOwner, "Lease not owned"},
-	{tokens.ErrWrongResource, http.StatusForbidden, tokens.CodeWrongResource, "Lease for another resource"},
-	{ErrUnauthenticated, http.StatusUnauthorized, codeUnauthorized, "Unauthorized"},
-	{errForbidden, http.StatusForbidden, codeForbidden, "Forbidden"},
-	{errRateLimited, http.StatusTooManyRequests, codeRateLimited, "Too many requests"},
-	{errTooManyLeases, http.StatusTooManyRequests, codeTooManyLeases, "Too many leases"},
-	{errBodyTimeout, http.StatusRequestTimeout, codeRequestTimeout, "Request timeout"},
-	{tokens.ErrKeyMismatch, http.StatusUnprocessableEntity, tokens.CodeKeyMismatch, "Idempotency key reused"},
-	{tokens.ErrKeyInProgress, http.StatusConflict, tokens.CodeKeyInProgress, "Idempotency key in progress"},
-	{tokens.ErrOutcomeUnknown, http.StatusConflict, tokens.CodeOutcomeUnknown, "Outcome unknown"},
-	{tokens.ErrFenceBusy, http.StatusServiceUnavailable, codeFenceBusy, "Fence busy"},
-	{tokens.ErrFenceLost, http.StatusServiceUnavailable, codeFenceLost, "Fence lost"},
-	{tokens.ErrUnavailable, http.StatusServiceUnavailable, codeStoreUnavailable, "Store unavailable"},
+// problemOf is the problem that answers kind, a refusal of the one table
+// (internal/problems): its status, code, title and Retry-After, no detail.
+func problemOf(kind error) problem {
+	k, _ := problems.Of(kind)
+	return problem{Status: k.Status, Code: k.Code, Title: k.Title, retryAfter: k.RetryAfter}
 }
 
-// problemFor turns any error into a problem. Errors the domain does not know
-// become 500 internal_error, and are the only ones worth logging.
+// problemFor turns any error into a problem: the table (internal/problems)
+// gives its status, code and title, the error its detail and extension
+// members. Errors the table does not know become 500 internal_error, and
+// are the only ones worth logging.
 func problemFor(err error) (p problem, internal bool) {
-	p = problem{Status: http.StatusInternalServerError, Code: codeInternalError, Title: "Internal error"}
+	k, known := problems.Of(err)
+	p = problem{Status: k.Status, Code: k.Code, Title: k.Title}
 	var maxBytes *http.MaxBytesError
 	var tunnel *tunnelError
 	switch {
 	case errors.As(err, &tunnel):
-		return tunnel.problem(), false
-	case errors.As(err, &maxBytes):
-		p = problem{Status: http.StatusRequestEntityTooLarge, Code: codeBodyTooLarge, Title: "Body too large",
-			Detail: "the body exceeds the limit of " + strconv.FormatInt(maxBytes.Limit, 10) + " bytes"}
+		p.Field, p.Detail = tunnel.field(), tunnel.detail()
 		return p, false
-	case errors.Is(err, errRequest):
-		p = problem{Status: http.StatusBadRequest, Code: codeInvalidRequest, Title: "Invalid request"}
-	default:
-		found := false
-		for _, k := range kinds {
-			if errors.Is(err, k.err) {
-				p = problem{Status: k.status, Code: k.code, Title: k.title}
-				found = true
-				break
-			}
-		}
-		internal = !found
+	case errors.As(err, &maxBytes):
+		p.Detail = "the body exceeds the limit of " + strconv.FormatInt(maxBytes.Limit, 10) + " bytes"
+		return p, false
 	}
+	internal = !known
 	if e := tokens.ErrorOf(err); e != nil {
 		p.Field = e.Field
 		p.Resource = e.Resource
@@ -138,11 +83,8 @@ func problemFor(err error) (p problem, internal bool) {
 	} else if !internal {
 		p.Detail = err.Error()
 	}
-	if p.Status == http.StatusServiceUnavailable && p.retryAfter <= 0 {
-		p.retryAfter = defaultUnavailableRetry
-	}
-	if (p.Code == codeLeaseHeld || p.Status == http.StatusTooManyRequests) && p.retryAfter <= 0 {
-		p.retryAfter = time.Second
+	if p.retryAfter <= 0 {
+		p.retryAfter = k.RetryAfter
 	}
 	return p, internal
 }
@@ -167,7 +109,7 @@ func detailOf(e *tokens.Error) string {
 		return "the lease was released by its holder; the write was not forwarded"
 	case tokens.ErrUnknownLease:
 		return "no such lease was ever granted; the write was not forwarded"
-	case tokens.ErrNotOwner:
+	case tokens.ErrLeaseNotOwned:
 		return "the lease was acquired by another key; nothing was forwarded or changed"
 	case tokens.ErrLeaseHeld:
 		return "the resource is held by another lease"
@@ -175,13 +117,6 @@ func detailOf(e *tokens.Error) string {
 		return "the lease expired, was released or was superseded"
 	}
 	return ""
-}
-
-// errRequest marks malformed input found by the HTTP layer itself.
-var errRequest = errors.New("invalid request")
-
-func requestError(field, detail string) error {
-	return &tokens.Error{Kind: errRequest, Field: field, Detail: detail}
 }
 
 // writeProblem answers err as application/problem+json.
@@ -217,7 +152,7 @@ func sendProblem(w http.ResponseWriter, r *http.Request, p problem) {
 	h.Set("Content-Type", problemContentType)
 	h.Set("Cache-Control", "no-store")
 	if p.retryAfter > 0 {
-		h.Set("Retry-After", retryAfterSeconds(p.retryAfter))
+		h.Set("Retry-After", problems.RetryAfterSeconds(p.retryAfter))
 	}
 	if p.Status == http.StatusRequestTimeout {
 		// RFC 9110 15.5.9: the connection is closed after a 408.
@@ -225,15 +160,6 @@ func sendProblem(w http.ResponseWriter, r *http.Request, p problem) {
 	}
 	w.WriteHeader(p.Status)
 	_ = json.NewEncoder(w).Encode(p)
-}
-
-// retryAfterSeconds renders a duration as whole seconds, rounded up, at least 1.
-func retryAfterSeconds(d time.Duration) string {
-	s := int64(math.Ceil(d.Seconds()))
-	if s < 1 {
-		s = 1
-	}
-	return strconv.FormatInt(s, 10)
 }
 
 // logPath is r's path as logs may hold it: lease ids (renew, release and

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fencegw/fencegw/internal/failpoint"
+	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -164,8 +165,9 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	base, found := g.cfg.Upstreams[name]
 	if !found {
 		g.metrics.write(outcomeUnknownUpstream)
-		sendProblem(w, r, problem{Status: http.StatusNotFound, Code: codeUnknownUpstream, Title: "Unknown upstream",
-			Detail: "no upstream named " + strconv.Quote(truncate(name, 64)) + " is configured"})
+		p := problemOf(problems.ErrUnknownUpstream)
+		p.Detail = "no upstream named " + strconv.Quote(truncate(name, 64)) + " is configured"
+		sendProblem(w, r, p)
 		return
 	}
 	if k := upstreamLookalike(r.Header, g.cfg.UpstreamHeaders[name]); k != "" {
@@ -182,8 +184,9 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	leaseID := r.Header.Get(HeaderLease)
 	if leaseID == "" {
 		g.metrics.write(outcomeBadRequest)
-		sendProblem(w, r, problem{Status: http.StatusBadRequest, Code: codeMissingLease, Title: "Missing lease",
-			Detail: "a fenced write needs a " + HeaderLease + " header"})
+		p := problemOf(problems.ErrMissingLease)
+		p.Detail = "a fenced write needs a " + HeaderLease + " header"
+		sendProblem(w, r, p)
 		return
 	}
 	if r.ContentLength > g.cfg.MaxBody {
@@ -351,7 +354,7 @@ func (g *Gateway) forwardFailed(w http.ResponseWriter, r *http.Request, f *forwa
 		case bodyTimeout:
 			err = f.body.err(err)
 		case !tooLarge:
-			err = requestError("body", "could not be read ("+broken.Error()+")")
+			err = tokens.Invalid("body", "could not be read ("+broken.Error()+")")
 		}
 		p, _ := problemFor(err)
 		p.Instance, p.Resource = f.instance, f.permit.Lease.Resource
@@ -369,17 +372,19 @@ func (g *Gateway) forwardFailed(w http.ResponseWriter, r *http.Request, f *forwa
 		if failpoint.UnlockOnTimeout {
 			f.unknown = false // no drain: the lock is released at once
 		}
-		sendProblem(w, r, problem{Status: http.StatusGatewayTimeout, Code: codeUpstreamTimeout, Title: "Upstream timeout", Instance: f.instance,
-			Detail:   "the upstream did not answer within " + g.cfg.ForwardTimeout.String() + "; the outcome is unknown and the resource is closed to grants for the drain period",
-			Resource: f.permit.Lease.Resource})
+		p := problemOf(problems.ErrUpstreamTimeout)
+		p.Instance, p.Resource = f.instance, f.permit.Lease.Resource
+		p.Detail = "the upstream did not answer within " + g.cfg.ForwardTimeout.String() + "; the outcome is unknown and the resource is closed to grants for the drain period"
+		sendProblem(w, r, p)
 		return
 	}
 	detail := "the upstream could not be reached"
 	if f.unknown {
 		detail = "the connection to the upstream broke after the request was sent; the outcome is unknown and the resource is closed to grants for the drain period"
 	}
-	sendProblem(w, r, problem{Status: http.StatusBadGateway, Code: codeUpstreamUnreachable, Title: "Upstream unreachable", Instance: f.instance,
-		Detail: detail, Resource: f.permit.Lease.Resource})
+	p := problemOf(problems.ErrUpstreamUnreachable)
+	p.Instance, p.Resource, p.Detail = f.instance, f.permit.Lease.Resource, detail
+	sendProblem(w, r, p)
 }
 
 // refuseLostFence answers a write whose fence could not be proven held
@@ -395,8 +400,10 @@ func (g *Gateway) refuseLostFence(w http.ResponseWriter, r *http.Request, f *for
 	if sent {
 		detail = "this replica could no longer prove it holds the resource's fence (its lock session was lost or not confirmed alive lately) while the request was being sent; the exchange was reset before the request was complete, the outcome is unknown and the resource is closed to grants for the drain period"
 	}
-	sendProblem(w, r, problem{Status: http.StatusServiceUnavailable, Code: codeFenceLost, Title: "Fence lost", Instance: f.instance,
-		Detail: detail, Resource: f.permit.Lease.Resource, Token: &f.permit.Lease.Token, Sent: &sent, retryAfter: defaultUnavailableRetry})
+	p := problemOf(tokens.ErrFenceLost)
+	p.Instance, p.Resource, p.Detail = f.instance, f.permit.Lease.Resource, detail
+	p.Token, p.Sent = &f.permit.Lease.Token, &sent
+	sendProblem(w, r, p)
 }
 
 // refuseBody answers a small write whose body could not be read in whole
@@ -406,13 +413,13 @@ func (g *Gateway) refuseLostFence(w http.ResponseWriter, r *http.Request, f *for
 func (g *Gateway) refuseBody(w http.ResponseWriter, r *http.Request, f *forward, err error) {
 	f.failed, f.badRequest = true, true
 	switch {
-	case errors.Is(err, errBodyTimeout):
+	case errors.Is(err, problems.ErrRequestTimeout):
 	case f.body.ranOut(false):
 		err = f.body.err(err)
 	case errors.Is(err, errShortBody):
-		err = requestError("body", "ended before its Content-Length")
+		err = tokens.Invalid("body", "ended before its Content-Length")
 	default:
-		err = requestError("body", "could not be read: "+err.Error())
+		err = tokens.Invalid("body", "could not be read: "+err.Error())
 	}
 	p, _ := problemFor(err)
 	p.Instance, p.Resource = f.instance, f.permit.Lease.Resource

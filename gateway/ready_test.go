@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/storage/bolt"
 	"github.com/fencegw/fencegw/tokens"
 )
@@ -34,7 +35,7 @@ func TestReadyzShuttingDown(t *testing.T) {
 		Code   string `json:"code"`
 		Status int    `json:"status"`
 	}
-	if err := json.Unmarshal(body, &p); err != nil || resp.StatusCode != http.StatusServiceUnavailable || p.Code != codeShuttingDown ||
+	if err := json.Unmarshal(body, &p); err != nil || resp.StatusCode != http.StatusServiceUnavailable || p.Code != problems.CodeShuttingDown ||
 		resp.Header.Get("Content-Type") != problemContentType || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("/readyz while shutting down: %d %v %s", resp.StatusCode, resp.Header, body)
 	}

@@ -326,6 +326,6 @@ func (t routeTable) check(upstream, raw, resource string, token int64) error {
 	if matched != nil {
 		detail = "the lease is for " + strconv.Quote(resource) + ", which route " + strconv.Quote(matched.spec) + " does not take"
 	}
-	return &tokens.Error{Kind: tokens.ErrWrongResource, Resource: resource, Token: token,
+	return &tokens.Error{Kind: tokens.ErrResourceMismatch, Resource: resource, Token: token,
 		Detail: detail + "; nothing was forwarded"}
 }

@@ -192,7 +192,7 @@ func TestRouteRefusesALeaseForAnotherResource(t *testing.T) {
 		if resp.StatusCode != http.StatusForbidden && resp.StatusCode != http.StatusBadRequest {
 			t.Fatalf("thief to %s: %d %s", path, resp.StatusCode, body)
 		}
-		if resp.StatusCode == http.StatusForbidden && (p.Code != tokens.CodeWrongResource || p.Resource != "res:b") {
+		if resp.StatusCode == http.StatusForbidden && (p.Code != tokens.CodeResourceMismatch || p.Resource != "res:b") {
 			t.Fatalf("thief to %s: %s", path, body)
 		}
 	}
@@ -212,7 +212,7 @@ func TestRouteRefusesALeaseForAnotherResource(t *testing.T) {
 		t.Fatalf("%d refusals recorded, want 5: %+v", refused, rejs)
 	}
 	for _, r := range rejs {
-		if r.Code != tokens.CodeWrongResource || r.Resource != "res:b" || r.Token != 1 || r.CurrentToken != 1 || r.Upstream != "svc" {
+		if r.Code != tokens.CodeResourceMismatch || r.Resource != "res:b" || r.Token != 1 || r.CurrentToken != 1 || r.Upstream != "svc" {
 			t.Fatalf("rejection %+v", r)
 		}
 	}

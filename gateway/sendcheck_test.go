@@ -160,7 +160,7 @@ func readFenceLost(t *testing.T, resp *http.Response) fenceLostProblem {
 	if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
 		t.Fatalf("%d: %v", resp.StatusCode, err)
 	}
-	if resp.StatusCode != http.StatusServiceUnavailable || p.Code != codeFenceLost || p.Sent == nil {
+	if resp.StatusCode != http.StatusServiceUnavailable || p.Code != tokens.CodeFenceLost || p.Sent == nil {
 		t.Fatalf("answer %d %+v, want 503 fence_lost saying whether anything was sent", resp.StatusCode, p)
 	}
 	return p

@@ -116,7 +116,7 @@ func (g *Gateway) serveStream(w http.ResponseWriter, r *http.Request) {
 		}
 		id, err := strconv.ParseInt(c.value, 10, 64)
 		if err != nil || id < 0 {
-			writeProblem(w, r, g.log, requestError(c.name, "must be an event id sent by this stream"))
+			writeProblem(w, r, g.log, tokens.Invalid(c.name, "must be an event id sent by this stream"))
 			return
 		}
 		lastID = id
@@ -334,7 +334,7 @@ func (t *throttle) summary(force bool) error {
 	return err
 }
 
-var errStreamUnsupported = &tokens.Error{Kind: errRequest, Detail: "streaming is not supported on this connection"}
+var errStreamUnsupported = &tokens.Error{Kind: tokens.ErrInvalid, Detail: "streaming is not supported on this connection"}
 
 func writeEvent(w http.ResponseWriter, r tokens.Rejection, eventID int64) error {
 	data, err := json.Marshal(rejectionJSON(r))

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -47,10 +48,10 @@ func (s *streamSlots) take(key string) (release func(), err error) {
 	defer s.mu.Unlock()
 	switch {
 	case s.total >= s.max:
-		return nil, &tokens.Error{Kind: errRateLimited, RetryAfter: streamRetry,
+		return nil, &tokens.Error{Kind: problems.ErrRateLimited, RetryAfter: streamRetry,
 			Detail: "the gateway serves at most " + strconv.Itoa(s.max) + " live streams at once"}
 	case key != "" && s.byKey[key] >= s.perKey:
-		return nil, &tokens.Error{Kind: errRateLimited, RetryAfter: streamRetry,
+		return nil, &tokens.Error{Kind: problems.ErrRateLimited, RetryAfter: streamRetry,
 			Detail: "key " + strconv.Quote(key) + " has " + strconv.Itoa(s.perKey) + " live streams open, its cap"}
 	}
 	s.total++

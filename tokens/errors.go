@@ -6,37 +6,80 @@ import (
 	"time"
 )
 
-// Sentinel errors of the domain. Every error returned by a Service or a
-// store wraps exactly one of them, so callers match with errors.Is and the
-// HTTP layer maps each to one problem code.
+// Kind is the type of the sentinel errors: a message for logs, and the code
+// that names the failure on the wire, in problem documents and in the
+// rejection log (api/openapi.yaml's ProblemCode: a code is contract and
+// never changes). Every error returned by a Service or a store wraps
+// exactly one kind, so callers match with errors.Is and CodeOf names it.
+// internal/problems holds the one table that gives each code its HTTP
+// status and title.
+type Kind struct{ code, msg string }
+
+// NewKind returns a sentinel error named by code. The layers above the
+// domain declare their refusals with it too (internal/problems, auth), so
+// that every refusal carries its code the same way.
+func NewKind(code, msg string) *Kind { return &Kind{code: code, msg: msg} }
+
+func (k *Kind) Error() string { return k.msg }
+
+// Code is k's wire code.
+func (k *Kind) Code() string { return k.code }
+
+// CodeOf returns the code of the kind err wraps, or "" if it wraps none.
+func CodeOf(err error) string {
+	var k *Kind
+	if errors.As(err, &k) {
+		return k.code
+	}
+	return ""
+}
+
+// Codes of the domain's kinds. The rejection codes (RejectionCodes) are
+// those of the refusals a write can get.
+const (
+	CodeInvalidRequest   = "invalid_request"
+	CodeNotFound         = "not_found"
+	CodeLeaseHeld        = "lease_held"
+	CodeLeaseLost        = "lease_lost"
+	CodeStaleToken       = "stale_token"
+	CodeLeaseExpired     = "lease_expired"
+	CodeLeaseReleased    = "lease_released"
+	CodeUnknownLease     = "unknown_lease"
+	CodeLeaseNotOwned    = "lease_not_owned"
+	CodeFenceBusy        = "fence_busy"
+	CodeStoreUnavailable = "store_unavailable"
+	CodeFenceLost        = "fence_lost"
+)
+
+// Sentinel errors of the domain.
 var (
 	// ErrInvalid: the request itself is malformed (see *Error.Field).
-	ErrInvalid = errors.New("invalid request")
+	ErrInvalid = NewKind(CodeInvalidRequest, "invalid request")
 	// ErrNotFound: no such lease or resource.
-	ErrNotFound = errors.New("not found")
+	ErrNotFound = NewKind(CodeNotFound, "not found")
 	// ErrLeaseHeld: acquire found another unexpired, unreleased lease.
-	ErrLeaseHeld = errors.New("lease held")
+	ErrLeaseHeld = NewKind(CodeLeaseHeld, "lease held")
 	// ErrLeaseLost: renew or release of a lease that expired or was superseded.
-	ErrLeaseLost = errors.New("lease lost")
+	ErrLeaseLost = NewKind(CodeLeaseLost, "lease lost")
 	// ErrStaleToken: a write under a lease that a newer grant superseded.
-	ErrStaleToken = errors.New("stale token")
+	ErrStaleToken = NewKind(CodeStaleToken, "stale token")
 	// ErrLeaseExpired: a write under an expired lease, nothing newer granted yet.
-	ErrLeaseExpired = errors.New("lease expired")
+	ErrLeaseExpired = NewKind(CodeLeaseExpired, "lease expired")
 	// ErrLeaseReleased: a write under a lease its holder released.
-	ErrLeaseReleased = errors.New("lease released")
+	ErrLeaseReleased = NewKind(CodeLeaseReleased, "lease released")
 	// ErrUnknownLease: a write naming a lease id that was never granted.
-	ErrUnknownLease = errors.New("unknown lease")
-	// ErrNotOwner: a write, renewal or release by a principal other than
+	ErrUnknownLease = NewKind(CodeUnknownLease, "unknown lease")
+	// ErrLeaseNotOwned: a write, renewal or release by a principal other than
 	// the one that acquired the lease. Nothing is forwarded or changed.
-	ErrNotOwner = errors.New("lease not owned by the caller")
+	ErrLeaseNotOwned = NewKind(CodeLeaseNotOwned, "lease not owned by the caller")
 	// ErrFenceBusy: a grant waited too long for in-flight writes or a drain period.
-	ErrFenceBusy = errors.New("fence busy")
+	ErrFenceBusy = NewKind(CodeFenceBusy, "fence busy")
 	// ErrUnavailable: the store that holds tokens cannot be reached; fail closed.
-	ErrUnavailable = errors.New("store unavailable")
+	ErrUnavailable = NewKind(CodeStoreUnavailable, "store unavailable")
 	// ErrFenceLost: an admitted write can no longer prove that its replica
 	// holds the resource's fence (its lock session died or was not
 	// confirmed alive lately), so no more of it may be sent (Permit.Check).
-	ErrFenceLost = errors.New("fence lost")
+	ErrFenceLost = NewKind(CodeFenceLost, "fence lost")
 )
 
 // Error carries the facts of a domain failure. It wraps one of the sentinel

@@ -70,12 +70,12 @@ const (
 // Sentinel errors of idempotent writes.
 var (
 	// ErrKeyMismatch: the key was used for a different request (422).
-	ErrKeyMismatch = errors.New("idempotency key reused for a different request")
+	ErrKeyMismatch = NewKind(CodeKeyMismatch, "idempotency key reused for a different request")
 	// ErrKeyInProgress: the key's first attempt is still in flight (409).
-	ErrKeyInProgress = errors.New("idempotency key in progress")
+	ErrKeyInProgress = NewKind(CodeKeyInProgress, "idempotency key in progress")
 	// ErrOutcomeUnknown: the key's first attempt was forwarded and its
 	// outcome is unknown; it is never forwarded again (409).
-	ErrOutcomeUnknown = errors.New("idempotency key outcome unknown")
+	ErrOutcomeUnknown = NewKind(CodeOutcomeUnknown, "idempotency key outcome unknown")
 )
 
 // Problem codes of idempotent writes.

@@ -123,17 +123,8 @@ func (r Rejection) RepeatKey() (string, bool) {
 	return strings.Join([]string{r.Resource, r.LeaseHint, strconv.FormatInt(r.Token, 10), r.Code, strconv.FormatBool(r.WouldRefuse), r.Principal}, "\x1f"), true
 }
 
-// Rejection codes, shared with the HTTP problem codes.
-const (
-	CodeStaleToken    = "stale_token"
-	CodeLeaseExpired  = "lease_expired"
-	CodeLeaseReleased = "lease_released"
-	CodeUnknownLease  = "unknown_lease"
-	CodeNotOwner      = "lease_not_owned"
-)
-
 // RejectionCodes lists every code a rejection can have, for filters.
-var RejectionCodes = []string{CodeStaleToken, CodeLeaseExpired, CodeLeaseReleased, CodeUnknownLease, CodeNotOwner, CodeWrongResource}
+var RejectionCodes = []string{CodeStaleToken, CodeLeaseExpired, CodeLeaseReleased, CodeUnknownLease, CodeLeaseNotOwned, CodeResourceMismatch}
 
 // RejectionQuery selects rejections, newest first.
 type RejectionQuery struct {
@@ -339,4 +330,28 @@ func (r Resource) StateOf(lease Lease, now time.Time) LeaseState {
 		return StateExpired
 	}
 	return StateCurrent
+}
+
+// Judge applies the fence rule (Resource.StateOf, which holds its
+// precedence) to a write under lease, given the resource's state read under
+// its shared lock, at now. It returns nil if the write may pass, or an
+// *Error explaining the refusal: ErrStaleToken for a superseded lease (even
+// if it also expired), else ErrLeaseReleased, else ErrLeaseExpired.
+func Judge(lease Lease, r Resource, now time.Time) error {
+	var kind error
+	switch r.StateOf(lease, now) {
+	case StateCurrent:
+		return nil
+	case StateReleased:
+		kind = ErrLeaseReleased
+	case StateExpired:
+		kind = ErrLeaseExpired
+	default:
+		kind = ErrStaleToken
+	}
+	e := &Error{Kind: kind, Resource: lease.Resource, Token: lease.Token, CurrentToken: r.Token, Holder: lease.Holder, ExpiresAt: lease.ExpiresAt}
+	if current := r.Lease; current != nil && current.ID == lease.ID {
+		e.ExpiresAt = current.ExpiresAt // a renewal since lease was read
+	}
+	return e
 }

@@ -153,11 +153,11 @@ func (r Report) String() string {
 var staleCodes = map[string]bool{"stale_token": true, "lease_expired": true, "lease_released": true}
 
 // codeNotOwned is the refusal of a write, renewal or release with another
-// principal's lease (tokens.CodeNotOwner).
+// principal's lease (tokens.CodeLeaseNotOwned).
 const codeNotOwned = "lease_not_owned"
 
 // codeWrongResource is the refusal of a write to a path whose route binds
-// another resource than the lease's (tokens.CodeWrongResource).
+// another resource than the lease's (tokens.CodeResourceMismatch).
 const codeWrongResource = "resource_mismatch"
 
 // unknownOutcome: the write may or may not have landed. 408 and 413 are

@@ -31,6 +31,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -252,50 +253,56 @@ type errorPage struct {
 	Message string
 }
 
-func statusOf(err error) (status int, code, msg string) {
+// problemOf is how the dashboard answers err: the status, code, title and
+// Retry-After of the one table of problems (internal/problems), and what
+// it tells a person about it.
+func problemOf(err error) (p problems.Problem, msg string) {
+	p, known := problems.Of(err)
 	switch {
+	case !known:
+		msg = "Internal error."
 	case errors.Is(err, tokens.ErrNotFound):
-		return http.StatusNotFound, "not_found", "No such resource: it was never granted."
-	case errors.Is(err, tokens.ErrInvalid):
-		return http.StatusBadRequest, "invalid_request", err.Error()
+		msg = "No such resource: it was never granted."
 	case errors.Is(err, tokens.ErrUnavailable):
-		return http.StatusServiceUnavailable, "store_unavailable", "The store is unavailable; try again in a moment."
+		msg = "The store is unavailable; try again in a moment."
+	default:
+		msg = err.Error()
 	}
-	return http.StatusInternalServerError, "internal_error", "Internal error."
+	return p, msg
 }
 
 func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
-	status, _, msg := statusOf(err)
-	if status >= 500 {
+	p, msg := problemOf(err)
+	if p.Status >= 500 {
 		h.log.Error("dashboard", "path", tokens.RedactLeaseIDs(r.URL.Path), "err", err)
 	}
 	var buf bytes.Buffer
-	if err := pages.ExecuteTemplate(&buf, "error.html", errorPage{Title: http.StatusText(status), Status: status, Message: msg}); err != nil {
-		http.Error(w, msg, status)
+	if err := pages.ExecuteTemplate(&buf, "error.html", errorPage{Title: p.Title, Status: p.Status, Message: msg}); err != nil {
+		http.Error(w, msg, p.Status)
 		return
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	if status == http.StatusServiceUnavailable {
-		w.Header().Set("Retry-After", "1")
+	if p.RetryAfter > 0 {
+		w.Header().Set("Retry-After", problems.RetryAfterSeconds(p.RetryAfter))
 	}
-	w.WriteHeader(status)
+	w.WriteHeader(p.Status)
 	_, _ = w.Write(buf.Bytes())
 }
 
 func (h *handler) failJSON(w http.ResponseWriter, r *http.Request, err error) {
-	status, code, msg := statusOf(err)
-	if status >= 500 {
+	p, msg := problemOf(err)
+	if p.Status >= 500 {
 		h.log.Error("dashboard api", "path", tokens.RedactLeaseIDs(r.URL.Path), "err", err)
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.Header().Set("Cache-Control", "no-store")
-	if status == http.StatusServiceUnavailable {
-		w.Header().Set("Retry-After", "1")
+	if p.RetryAfter > 0 {
+		w.Header().Set("Retry-After", problems.RetryAfterSeconds(p.RetryAfter))
 	}
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"type": "urn:fencegw:problem:" + code, "title": http.StatusText(status),
-		"status": status, "code": code, "detail": msg})
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"type": "urn:fencegw:problem:" + p.Code, "title": p.Title,
+		"status": p.Status, "code": p.Code, "detail": msg})
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

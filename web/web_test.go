@@ -272,7 +272,7 @@ func TestOverviewRefusesBadFilters(t *testing.T) {
 // emits invalid UTF-8, whatever an old record holds.
 func TestDashboardShowsPrincipalAndValidUTF8(t *testing.T) {
 	src := incident()
-	src.rejs = append(src.rejs, tokens.Rejection{ID: 3, At: src.now.Add(-time.Second), Resource: "stmt:acct:88213", Code: tokens.CodeNotOwner,
+	src.rejs = append(src.rejs, tokens.Rejection{ID: 3, At: src.now.Add(-time.Second), Resource: "stmt:acct:88213", Code: tokens.CodeLeaseNotOwned,
 		Token: 34, CurrentToken: 34, Holder: "worker-5\xff", Method: "PUT", Upstream: "statements", Path: "/lines/\xc0\xae\xe2\x82", Principal: "thief-key"})
 	h := Handler(src, NewCounts())
 	for _, path := range []string{"/ui/?range=15m", "/ui/resources/stmt:acct:88213", "/ui/api/overview?range=15m", "/ui/api/resources/stmt:acct:88213"} {

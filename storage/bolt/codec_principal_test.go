@@ -10,7 +10,7 @@ import (
 // A rejection keeps its Principal (codec version 3); one written by version
 // 2, before principals were recorded, still decodes, without one.
 func TestRejectionPrincipalCodec(t *testing.T) {
-	r := tokens.Rejection{At: time.Unix(1, 0), Resource: "r", Code: tokens.CodeNotOwner, Token: 1, CurrentToken: 1,
+	r := tokens.Rejection{At: time.Unix(1, 0), Resource: "r", Code: tokens.CodeLeaseNotOwned, Token: 1, CurrentToken: 1,
 		Holder: "w2", LeaseHint: "fl_abc", Method: "PUT", Upstream: "u", Path: "/p", Principal: "w1"}
 	r.Repeats, r.FirstAt = 3, time.Unix(0, 5)
 	got, err := decodeRejection(7, encodeRejection(&r))

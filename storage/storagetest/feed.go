@@ -203,7 +203,7 @@ func checkOrderOnce(t *testing.T, rs []tokens.Rejection, n map[int]int) {
 func testFeedDelivers(t *testing.T, h FeedHarness) {
 	fs, _ := h.feeds(t, 1, feed.Options{})
 	got := subscribe(t, fs[0])
-	want := tokens.Rejection{ID: 7, At: time.Now().UTC().Truncate(time.Microsecond), Resource: "r", Code: tokens.CodeNotOwner,
+	want := tokens.Rejection{ID: 7, At: time.Now().UTC().Truncate(time.Microsecond), Resource: "r", Code: tokens.CodeLeaseNotOwned,
 		Token: 1, CurrentToken: 2, Holder: "h", LeaseHint: "fl_abcdef…", Method: "PUT", Upstream: "u", Path: "/x?y=1",
 		Principal: "mallory", LeaseEndedAt: time.Now().UTC().Add(-time.Second).Truncate(time.Microsecond),
 		Repeats: 3, FirstAt: time.Now().UTC().Add(-2 * time.Second).Truncate(time.Microsecond)}

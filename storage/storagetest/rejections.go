@@ -16,7 +16,7 @@ func rejection(resource string, i int) tokens.Rejection {
 		Path: fmt.Sprintf("/items/%d", i),
 	}
 	if i%2 == 1 { // who presented the lease, when there is authentication
-		r.Code, r.Principal = tokens.CodeNotOwner, fmt.Sprintf("key-%d", i)
+		r.Code, r.Principal = tokens.CodeLeaseNotOwned, fmt.Sprintf("key-%d", i)
 	}
 	if i%3 == 0 { // an observing upstream's, forwarded
 		r.WouldRefuse = true

@@ -1,0 +1,170 @@
+package tokens
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// AcquireRequest asks for a lease.
+type AcquireRequest struct {
+	Resource string
+	Holder   string
+	// Owner is the authenticated principal asking ("" without
+	// authentication); the lease is bound to it.
+	Owner string
+	TTL   time.Duration
+	// Wait is how long to wait for a held lease to become free.
+	Wait time.Duration
+}
+
+// Acquire grants a lease with a fresh token. If the resource is held it
+// waits up to req.Wait for it, then returns ErrLeaseHeld. In-flight writes
+// of the previous token or a drain period keep it closed for at most
+// req.Wait (the grant wait when req.Wait is 0) before ErrFenceBusy; a drain
+// known to end later than that is answered at once, its end in RetryAfter.
+//
+// Waiting acquires of one process queue per resource in arrival order: only
+// the first tries the store, when the holder's lease expires or a release
+// (Wake) says the resource may be free, and at least once a second.
+func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (Lease, error) {
+	if err := s.validateAcquire(req); err != nil {
+		return Lease{}, err
+	}
+	start := time.Now() // monotonic; waits are the gateway's own business
+	waitUntil := start.Add(req.Wait)
+	bound := req.Wait
+	if bound <= 0 {
+		bound = s.grantWait
+	}
+	fenceUntil := start.Add(bound)
+	grant := GrantRequest{LeaseID: NewLeaseID(), Resource: req.Resource, Holder: req.Holder, Owner: req.Owner, TTL: req.TTL}
+	var queued *waiter
+	defer func() {
+		if queued != nil {
+			s.waiters.leave(req.Resource, queued)
+		}
+	}()
+	for {
+		lease, err := s.grantOnce(ctx, grant, fenceUntil)
+		if err == nil {
+			s.stale.forget(lease.Resource) // their current token moved on
+			return lease, nil
+		}
+		var until time.Time
+		switch {
+		case errors.Is(err, ErrLeaseHeld):
+			until = waitUntil
+		case errors.Is(err, ErrFenceBusy):
+			until = fenceUntil
+		default:
+			return Lease{}, err
+		}
+		now := time.Now()
+		retryAfter := ErrorOf(err).RetryAfter
+		if !now.Before(until) || (errors.Is(err, ErrFenceBusy) && retryAfter > 0 && now.Add(retryAfter).After(until)) {
+			return Lease{}, err
+		}
+		if queued == nil {
+			queued = s.waiters.join(req.Resource)
+			select {
+			case <-queued.turn: // first in line: sleep below
+			default:
+				if err := waitFor(ctx, queued.turn, until); err != nil {
+					return Lease{}, err
+				}
+				continue // our turn: try at once
+			}
+		}
+		// A held resource frees at its holder's expiry or at a release; a
+		// drain ends when it says. The second is the backstop for a wake
+		// that never came (another replica's release while its
+		// notification was lost).
+		sleep := time.Second
+		switch {
+		case errors.Is(err, ErrFenceBusy) && retryAfter > 0:
+			sleep = retryAfter // a drain's end is known
+		case retryAfter > 0 && retryAfter < sleep:
+			sleep = retryAfter
+		}
+		next := now.Add(sleep)
+		if until.Before(next) {
+			next = until
+		}
+		if err := waitFor(ctx, queued.wake, next); err != nil {
+			return Lease{}, ctx.Err()
+		}
+	}
+}
+
+// waitFor waits for ch, ctx or the deadline; nil if ch came first (or the
+// deadline passed: the caller tries again and decides), ctx's error if it
+// was cancelled.
+func waitFor(ctx context.Context, ch <-chan struct{}, deadline time.Time) error {
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-ch:
+		return nil
+	case <-t.C:
+		return nil
+	}
+}
+
+// Wake tells the acquires waiting for resource in this process that it may
+// have become free: a release or revoke on another replica (the PostgreSQL
+// modes hear of them from the fence). Releases through this Service wake
+// them by themselves.
+func (s *Service) Wake(resource string) { s.waiters.wake(resource) }
+
+func (s *Service) validateAcquire(req AcquireRequest) error {
+	if err := s.limits.ValidateResource(req.Resource); err != nil {
+		return err
+	}
+	if err := s.limits.ValidateHolder(req.Holder); err != nil {
+		return err
+	}
+	if err := s.limits.ValidateTTL(req.TTL); err != nil {
+		return err
+	}
+	return s.limits.ValidateWait(req.Wait)
+}
+
+func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil time.Time) (Lease, error) {
+	// Refuse a held resource without touching its lock: waiting for the
+	// exclusive lock would stall the holder's own writes behind us.
+	cur, err := s.store.Resource(ctx, req.Resource)
+	switch {
+	case errors.Is(err, ErrNotFound):
+	case err != nil:
+		return Lease{}, err
+	default:
+		if h := cur.Holder(s.Clock(cur)); h != nil {
+			return Lease{}, heldError(*h, s.Clock(cur))
+		}
+	}
+
+	lockCtx, cancel := context.WithDeadline(ctx, fenceUntil)
+	unlock, err := s.locker.Exclusive(lockCtx, req.Resource)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return Lease{}, ctx.Err()
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			return Lease{}, &Error{Kind: ErrFenceBusy, Resource: req.Resource, Detail: "in-flight writes of the previous token are still running", RetryAfter: time.Second}
+		}
+		return Lease{}, err
+	}
+	defer unlock()
+	// Under the exclusive lock no write of an older token is in flight and
+	// none can start. The store re-checks the holder and the drain period
+	// atomically with the token bump.
+	return s.store.Grant(ctx, req)
+}
+
+func heldError(h Lease, now time.Time) error {
+	return &Error{Kind: ErrLeaseHeld, Resource: h.Resource, Holder: h.Holder, CurrentToken: h.Token, ExpiresAt: h.ExpiresAt, RetryAfter: h.Remaining(now)}
+}

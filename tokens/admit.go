@@ -1,0 +1,295 @@
+package tokens
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/fencegw/fencegw/internal/failpoint"
+)
+
+// Write describes a write a worker wants forwarded, for the rejection log.
+type Write struct {
+	Method   string
+	Upstream string
+	Path     string
+	// Principal is the authenticated caller ("" without authentication);
+	// any other than the lease's owner is refused with ErrLeaseNotOwned.
+	Principal string
+	// Observe: the upstream only observes (an adoption setting, never the
+	// default). A write the fence rule refuses (stale_token, lease_expired,
+	// lease_released) is recorded as a rejection marked WouldRefuse and
+	// admitted anyway, without the shared lock: such an upstream is not
+	// fenced. Unknown leases and another principal's lease are refused as
+	// on any upstream.
+	Observe bool
+	// TraceID is the write's trace id, if it is traced, for its rejection.
+	TraceID string
+}
+
+// Permit is an admitted write. Its holder must call Done exactly once, after
+// the upstream answered or the forward gave up, and Check before sending
+// each byte of the write.
+type Permit struct {
+	Lease Lease
+	// WouldRefuse is the refusal an enforcing upstream would have answered
+	// (Write.Observe), nil for a write the fence admitted. Such a permit
+	// holds no lock and its unknown outcome starts no drain.
+	WouldRefuse error
+	svc         *Service
+	unlock      func() // without a Fencer
+	held        Held   // with a Fencer
+}
+
+// Check returns nil if the write may send bytes to the upstream now, or an
+// error wrapping ErrFenceLost if its fence can no longer be proven held
+// (see Held.Check): nothing more of the write may then be sent, and what
+// was sent is an unknown outcome. Without a Fencer (the embedded mode) it
+// is always nil: the lock lives in the process, and cannot be lost unless
+// the process dies, and a dead process sends nothing. An observed write
+// holds no fence, and is not checked.
+func (p *Permit) Check() error {
+	if p.held == nil || failpoint.NoSendCheck {
+		return nil
+	}
+	return p.held.Check()
+}
+
+// Admit checks that leaseID is its resource's current live lease and holds
+// the resource's shared lock until Permit.Done. A refused write is recorded
+// and returned as ErrStaleToken, ErrLeaseExpired, ErrLeaseReleased,
+// ErrUnknownLease or ErrLeaseNotOwned.
+func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, error) {
+	if lease, state, ok := s.stale.get(leaseID); ok {
+		if err := ownedBy(lease, w.Principal); err != nil {
+			return nil, s.reject(ctx, err, lease, Resource{}, w)
+		}
+		if _, refusal := s.judge(lease, state); refusal != nil {
+			return s.refuse(ctx, refusal, lease, state, w)
+		}
+	}
+	if s.fencer != nil {
+		return s.admitFenced(ctx, leaseID, w)
+	}
+	var lease Lease
+	var early *Resource
+	var err error
+	if ls, ok := s.store.(LeaseStater); ok {
+		var state Resource
+		lease, state, err = ls.LeaseState(ctx, leaseID)
+		early = &state
+	} else {
+		lease, err = s.store.Lease(ctx, leaseID)
+	}
+	if errors.Is(err, ErrNotFound) {
+		return nil, s.reject(ctx, &Error{Kind: ErrUnknownLease}, Lease{ID: leaseID}, Resource{}, w)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := ownedBy(lease, w.Principal); err != nil {
+		// Before the lock: the owner never changes, and a stolen lease id
+		// must not even delay a grant.
+		return nil, s.reject(ctx, err, lease, Resource{}, w)
+	}
+	if early != nil {
+		// Every refusal Judge makes is final: tokens never go down, a lease
+		// that is no longer its resource's current one never becomes it
+		// again, a released lease stays released and an expired one cannot
+		// be renewed. The shared lock orders writes against grants; for a
+		// write that will be refused whatever happens next it has nothing
+		// to order, and skipping it spares the store a lock round trip per
+		// stale write in a storm.
+		if _, refusal := s.judge(lease, *early); refusal != nil {
+			s.rememberStale(refusal, lease, *early)
+			return s.refuse(ctx, refusal, lease, *early, w)
+		}
+	}
+	var waited func()
+	if s.onLockWait != nil {
+		waited = s.onLockWait(ctx)
+	}
+	unlock, err := s.locker.Shared(ctx, lease.Resource)
+	if waited != nil {
+		waited()
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, Unavailable("shared lock", err)
+	}
+	state, err := s.store.Resource(ctx, lease.Resource)
+	if err != nil {
+		unlock()
+		if errors.Is(err, ErrNotFound) { // a lease without a resource: the store lost it
+			err = Unavailable("resource state", err)
+		}
+		return nil, err
+	}
+	admitted, refusal := s.judge(lease, state)
+	if refusal != nil {
+		unlock()
+		s.rememberStale(refusal, lease, state)
+		return s.refuse(ctx, refusal, lease, state, w)
+	}
+	return &Permit{Lease: admitted, svc: s, unlock: unlock}, nil
+}
+
+// refuse ends an admission the fence rule (Judge) turned down: refused and
+// recorded, or, on an observing upstream (Write.Observe), recorded as would
+// refuse and admitted without a lock. Every caller has released the lock
+// it took: an observed write must not delay the grants of a resource it
+// is not fenced on.
+func (s *Service) refuse(ctx context.Context, refusal error, lease Lease, state Resource, w Write) (*Permit, error) {
+	if !w.Observe {
+		return nil, s.reject(ctx, refusal, lease, state, w)
+	}
+	s.record(ctx, refusal, lease, state, w, true)
+	return &Permit{Lease: lease, WouldRefuse: refusal, svc: s, unlock: func() {}}, nil
+}
+
+// judge applies the fence rule (Judge) to a write under lease, given its
+// resource's state. A write that passes is admitted under the state's copy
+// of the lease, which carries its latest renewal.
+func (s *Service) judge(lease Lease, state Resource) (Lease, error) {
+	if failpoint.HighestSeen {
+		return lease, judgeHighestSeen(lease)
+	}
+	if refusal := Judge(lease, state, s.Clock(state)); refusal != nil {
+		return Lease{}, refusal
+	}
+	return *state.Lease, nil
+}
+
+// admitFenced is Admit with a Fencer.
+func (s *Service) admitFenced(ctx context.Context, leaseID string, w Write) (*Permit, error) {
+	var waited func()
+	if s.onLockWait != nil {
+		waited = s.onLockWait(ctx)
+	}
+	lease, state, held, err := s.fencer.Hold(ctx, leaseID)
+	if waited != nil {
+		waited()
+	}
+	if errors.Is(err, ErrNotFound) {
+		return nil, s.reject(ctx, &Error{Kind: ErrUnknownLease}, Lease{ID: leaseID}, Resource{}, w)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, err
+	}
+	if err := ownedBy(lease, w.Principal); err != nil {
+		held.Release()
+		return nil, s.reject(ctx, err, lease, state, w)
+	}
+	admitted, refusal := s.judge(lease, state)
+	if refusal != nil {
+		held.Release()
+		s.rememberStale(refusal, lease, state)
+		return s.refuse(ctx, refusal, lease, state, w)
+	}
+	return &Permit{Lease: admitted, svc: s, held: held}, nil
+}
+
+// rememberStale caches a stale_token verdict (see staleCache). Expired and
+// released verdicts are not cached: a later grant turns them into
+// stale_token, which the answer must then say.
+func (s *Service) rememberStale(refusal error, lease Lease, state Resource) {
+	if errors.Is(refusal, ErrStaleToken) {
+		s.stale.put(lease, state)
+	}
+}
+
+// Outcome is what the gateway knows of an admitted write when it ends.
+type Outcome int
+
+const (
+	// OutcomeKnown: the upstream answered, or the write was never sent.
+	OutcomeKnown Outcome = iota
+	// OutcomeUnknown: the request left but no answer came (upstream
+	// timeout, connection broken after sending); the write may still land.
+	OutcomeUnknown
+)
+
+// Done ends the write. OutcomeUnknown starts the drain period before the
+// shared lock is released, so that no grant can slip in between.
+func (p *Permit) Done(outcome Outcome) {
+	if outcome == OutcomeUnknown && p.WouldRefuse == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := p.svc.store.Drain(ctx, p.Lease.Resource, p.svc.drainPeriod); err != nil {
+			// The store is unreachable, so grants fail closed anyway.
+			p.svc.log.Error("could not start drain period", "resource", p.Lease.Resource, "err", err)
+		}
+		cancel()
+	}
+	if p.held != nil {
+		p.held.Release()
+		return
+	}
+	p.unlock()
+}
+
+func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state Resource, w Write) error {
+	s.record(ctx, refusal, lease, state, w, false)
+	return refusal
+}
+
+// record records a refusal; wouldRefuse: on an observing upstream, which
+// forwards the write anyway.
+func (s *Service) record(ctx context.Context, refusal error, lease Lease, state Resource, w Write, wouldRefuse bool) {
+	e := ErrorOf(refusal)
+	rej := Rejection{
+		Resource:     lease.Resource,
+		Code:         CodeOf(e.Kind),
+		Token:        lease.Token,
+		CurrentToken: state.Token,
+		Holder:       lease.Holder,
+		LeaseHint:    LeaseHint(lease.ID),
+		Method:       w.Method,
+		Upstream:     w.Upstream,
+		Path:         w.Path,
+		Principal:    w.Principal,
+		WouldRefuse:  wouldRefuse,
+		TraceID:      w.TraceID,
+	}
+	// A flood of unauthenticated unknown leases is recorded at a
+	// bounded rate (flood.go); a refusal for another principal's lease is
+	// recorded with its resource's current token (Admit refuses it before
+	// reading the state) and logged.
+	switch {
+	case e.Kind == ErrUnknownLease && w.Principal == "" && !s.flood.record(s.now(), s.log):
+		return
+	case e.Kind == ErrLeaseNotOwned:
+		if state.Name == "" && lease.Resource != "" {
+			if st, err := s.store.Resource(ctx, lease.Resource); err == nil {
+				state, rej.CurrentToken = st, st.Token
+			}
+		}
+		s.log.Warn("write under another principal's lease refused", "principal", w.Principal, "resource", lease.Resource,
+			"holder", lease.Holder, "lease", rej.LeaseHint, "token", lease.Token, "method", w.Method, "upstream", w.Upstream, "path", RedactLeaseIDs(w.Path))
+	}
+	if current := state.Lease; current != nil && current.ID == lease.ID {
+		lease = *current
+	}
+	switch {
+	case lease.Released():
+		rej.LeaseEndedAt = lease.ReleasedAt
+	case !lease.ExpiresAt.IsZero() && !s.Clock(state).Before(lease.ExpiresAt):
+		rej.LeaseEndedAt = lease.ExpiresAt
+	}
+	// Record with a context of its own: the client hanging up must not
+	// erase the evidence.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	recorded, err := s.store.RecordRejection(rctx, rej)
+	if err != nil {
+		s.log.Error("could not record rejection", "resource", rej.Resource, "code", rej.Code, "err", err)
+		recorded = rej
+		recorded.At = s.now()
+		recorded.Repeats, recorded.FirstAt = 1, recorded.At
+	}
+	s.onReject(recorded)
+}

@@ -1,0 +1,128 @@
+package tokens
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/fencegw/fencegw/internal/failpoint"
+)
+
+// Renew extends a current lease; ttl 0 reuses the lease's TTL. principal
+// is the authenticated caller ("" without authentication): any other than
+// the lease's owner gets ErrLeaseNotOwned and changes nothing.
+func (s *Service) Renew(ctx context.Context, leaseID string, ttl time.Duration, principal string) (Lease, error) {
+	if ttl != 0 {
+		if err := s.limits.ValidateTTL(ttl); err != nil {
+			return Lease{}, err
+		}
+	}
+	if err := s.checkOwner(ctx, leaseID, principal); err != nil {
+		return Lease{}, err
+	}
+	return s.store.Renew(ctx, leaseID, ttl)
+}
+
+// Release ends a current lease (idempotent for its holder). principal is
+// checked as in Renew.
+func (s *Service) Release(ctx context.Context, leaseID string, principal string) (Lease, error) {
+	if err := s.checkOwner(ctx, leaseID, principal); err != nil {
+		return Lease{}, err
+	}
+	unlock, err := s.forget(ctx, leaseID)
+	if err != nil {
+		return Lease{}, err
+	}
+	lease, err := s.store.Release(ctx, leaseID)
+	unlock()
+	if err == nil {
+		s.waiters.wake(lease.Resource)
+	}
+	return lease, err
+}
+
+// forget makes every replica forget leaseID's resource before a release or
+// revoke changes it (with a Fencer: see Fencer): it returns with the
+// resource's exclusive lock held. Without a Fencer every write reads the
+// state under its own lock, so there is nothing to forget.
+func (s *Service) forget(ctx context.Context, leaseID string) (func(), error) {
+	if s.fencer == nil {
+		return func() {}, nil
+	}
+	lease, err := s.store.Lease(ctx, leaseID)
+	if err != nil {
+		return nil, err
+	}
+	// A lease that is no longer its resource's live one cannot change any
+	// fence (the store refuses it, or, released already, changes nothing),
+	// and its release must not make every replica give the current
+	// holder's fence up.
+	if state, err := s.store.Resource(ctx, lease.Resource); err == nil && Judge(lease, state, s.Clock(state)) != nil {
+		return func() {}, nil
+	}
+	lockCtx, cancel := context.WithTimeout(ctx, s.grantWait)
+	defer cancel()
+	unlock, err := s.locker.Exclusive(lockCtx, lease.Resource)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			return nil, &Error{Kind: ErrFenceBusy, Resource: lease.Resource, Detail: "writes in flight under the lease are still running", RetryAfter: time.Second}
+		}
+		return nil, err
+	}
+	return unlock, nil
+}
+
+// Revoke ends a lease on an administrator's order, whoever holds it: writes
+// under it are refused (lease_released) from the moment it returns, and the
+// lease history records the revocation with by, the administrator. Writes
+// admitted before it may still be finishing. No token changes: a revoke
+// can only fence, never lower a fence or reuse a token.
+func (s *Service) Revoke(ctx context.Context, leaseID, by string) (Lease, error) {
+	if by == "" {
+		return Lease{}, Invalid("by", "a revocation names who ordered it")
+	}
+	unlock, err := s.forget(ctx, leaseID)
+	if err != nil {
+		return Lease{}, err
+	}
+	lease, err := s.store.Revoke(ctx, leaseID, by)
+	unlock()
+	if err == nil {
+		s.waiters.wake(lease.Resource)
+	}
+	return lease, err
+}
+
+// checkOwner refuses a principal other than the lease's owner. Reading the
+// owner before the change is safe: a lease's owner never changes, so the
+// check cannot be outdated by the time the store acts.
+func (s *Service) checkOwner(ctx context.Context, leaseID, principal string) error {
+	if principal == "" {
+		return nil
+	}
+	lease, err := s.store.Lease(ctx, leaseID)
+	if err != nil {
+		return err
+	}
+	return ownedBy(lease, principal)
+}
+
+// ownedBy refuses a principal other than the lease's owner; "" (no
+// authentication) may act on any lease.
+func ownedBy(lease Lease, principal string) error {
+	if failpoint.NoOwner {
+		return nil
+	}
+	if principal != "" && lease.Owner != principal {
+		return notOwned(lease)
+	}
+	return nil
+}
+
+func notOwned(l Lease) error {
+	return &Error{Kind: ErrLeaseNotOwned, Resource: l.Resource, Token: l.Token,
+		Detail: "the lease was acquired by another principal"}
+}
