@@ -298,15 +298,7 @@ func testFenceSessionKilled(t *testing.T, h FenceHarness) {
 	rs[0].KillSessions(t)
 	killed := time.Now()
 	pastFenceTTL()
-	l, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "killed", Holder: "new", TTL: time.Second,
-		Wait: fenceOpts.DrainPeriod + fenceOpts.SessionCheck + 2*time.Second})
-	if err != nil {
-		t.Fatalf("grant after the drain: %v", err)
-	}
-	if waited := time.Since(killed); waited < fenceOpts.DrainPeriod {
-		t.Fatalf("token %d granted %v after the replica's session died with token %d's write in flight; want a drain of at least %v",
-			l.Token, waited, old.Token, fenceOpts.DrainPeriod)
-	}
+	grantAfterDrain(t, b, "killed", killed, "the replica's session died", old)
 
 	// The replica no longer admits on what it remembered: the next write
 	// under a still-current lease reads the store again.
@@ -335,14 +327,23 @@ func testFenceCrash(t *testing.T, h FenceHarness) {
 		Wait: fenceOpts.DrainPeriod / 3}); err != nil {
 		t.Fatalf("a resource the dead replica never fenced was not granted within a third of a drain: %v", err)
 	}
-	l, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "crash-fenced", Holder: "new", TTL: time.Second,
+	grantAfterDrain(t, b, "crash-fenced", crashed, "a replica died", fenced)
+}
+
+// grantAfterDrain acquires resource on svc, waiting as long as a drain and
+// a session check may take, and fails t unless the grant came a drain
+// period or more after since, when event left old's write in flight with
+// an unknown outcome.
+func grantAfterDrain(t *testing.T, svc *tokens.Service, resource string, since time.Time, event string, old tokens.Lease) {
+	t.Helper()
+	l, err := svc.Acquire(t.Context(), tokens.AcquireRequest{Resource: resource, Holder: "new", TTL: time.Second,
 		Wait: fenceOpts.DrainPeriod + fenceOpts.SessionCheck + 2*time.Second})
 	if err != nil {
 		t.Fatalf("grant after the drain: %v", err)
 	}
-	if waited := time.Since(crashed); waited < fenceOpts.DrainPeriod {
-		t.Fatalf("token %d granted %v after a replica died with token %d's write in flight; want a drain of at least %v",
-			l.Token, waited, fenced.Token, fenceOpts.DrainPeriod)
+	if waited := time.Since(since); waited < fenceOpts.DrainPeriod {
+		t.Fatalf("token %d granted %v after %s with token %d's write in flight; want a drain of at least %v",
+			l.Token, waited, event, old.Token, fenceOpts.DrainPeriod)
 	}
 }
 
