@@ -64,9 +64,12 @@ func ServeAt(role, addr string, h http.Handler) (*Server, error) {
 	return serve(role, addr, h, nil)
 }
 
-// ServeTLSAt is ServeAt with TLS (cfg holds the certificate); URL is
-// https.
+// ServeTLSAt is ServeAt with TLS (cfg holds the certificate; nil: plain
+// HTTP, as ServeAt); URL is https.
 func ServeTLSAt(role, addr string, h http.Handler, cfg *tls.Config) (*Server, error) {
+	if cfg == nil {
+		return ServeAt(role, addr, h)
+	}
 	srv, err := serve(role, addr, h, func(_ *http.Server, ln net.Listener) net.Listener { return tls.NewListener(ln, cfg) })
 	if err == nil {
 		srv.URL.Scheme = "https"

@@ -23,51 +23,15 @@
 #       tools/ogen-check/go.mod and go.sum, tidied against the generated code
 #
 # Everything started here is stopped again, whatever happens; every step
-# is bounded in time.
+# is bounded in time (scripts/lib/gateway.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-say() { printf 'ogen-client-check: %s\n' "$*"; }
-die() { say "FAIL: $*" >&2; exit 1; }
-
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  local rc=$?
-  for pid in "${pids[@]}"; do
-    kill "$pid" 2>/dev/null || true
-  done
-  for pid in "${pids[@]}"; do
-    # The gateway drains and exits on SIGTERM; make sure nothing lingers.
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  if [ "$rc" -ne 0 ]; then
-    for f in "$tmp"/ogen.log "$tmp"/upstream.log "$tmp"/gateway.log; do
-      [ -s "$f" ] && { echo "--- $(basename "$f")" >&2; tail -n 40 "$f" >&2; }
-    done
-  fi
-  rm -rf "$tmp"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-# wait_for FILE PATTERN SECONDS PID: prints the first match of the sed
-# PATTERN (a substitution printing what it captures) once FILE has it.
-wait_for() {
-  local file=$1 pattern=$2 secs=$3 pid=$4 got
-  for _ in $(seq $((secs * 10))); do
-    got=$(sed -n "$pattern" "$file" 2>/dev/null | head -n 1)
-    if [ -n "$got" ]; then printf '%s\n' "$got"; return 0; fi
-    kill -0 "$pid" 2>/dev/null || return 1
-    sleep 0.1
-  done
-  return 1
-}
+name=ogen-client-check
+# shellcheck source=scripts/lib/gateway.sh
+. scripts/lib/gateway.sh
+logs+=(ogen.log)
 
 mod=$tmp/ogen-check
 mkdir -p "$mod"
@@ -95,8 +59,7 @@ fi
 say "go build (the worker and its generated client)"
 (cd "$mod" && timeout 900 go vet . && timeout 900 go build -o "$tmp/ogen-worker" .) || die "the worker does not build against its generated client"
 
-say "go build ./cmd/fencegw"
-timeout 600 go build -o "$tmp/fencegw" ./cmd/fencegw || die "go build failed"
+build_gateway
 
 "$tmp/fencegw" gen-key >"$tmp/key.txt"
 key=$(sed -n 's/^key: *//p' "$tmp/key.txt")
@@ -109,18 +72,8 @@ keys:
     role: worker
 EOF
 
-"$tmp/ogen-worker" upstream >"$tmp/upstream.log" 2>&1 &
-pids+=($!)
-upstream_url=$(wait_for "$tmp/upstream.log" 's/^listening on \(http[^ ]*\).*/\1/p' 10 "${pids[-1]}") ||
-  die "the upstream did not start"
-say "upstream at $upstream_url"
-
-"$tmp/fencegw" serve --listen 127.0.0.1:0 --data "$tmp/data" --auth-file "$tmp/auth.yaml" \
-  --upstream "statements=$upstream_url" >"$tmp/gateway.log" 2>&1 &
-pids+=($!)
-gateway_url=$(wait_for "$tmp/gateway.log" 's/.*serving on \(http[^ ]*\).*/\1/p' 30 "${pids[-1]}") ||
-  die "the gateway did not start"
-say "gateway at $gateway_url (--auth-file)"
+start_upstream "$tmp/ogen-worker" upstream
+start_gateway --auth-file "$tmp/auth.yaml"
 
 rc=0
 FENCEGW_URL=$gateway_url FENCEGW_UPSTREAM=statements UPSTREAM_URL=$upstream_url FENCEGW_KEY=$key \

@@ -17,53 +17,16 @@
 # type-checks the worker. Then the gateway (go build, 127.0.0.1, free port,
 # temp --data) and the upstream are started, both workers run, and
 # everything started here is stopped again, whatever happens. Every step is
-# bounded in time.
+# bounded in time (scripts/lib/gateway.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 ex=examples/ts-worker
 examples=("examples/ts-worker:src/fencegw.d.ts" "examples/ts-heyapi-worker:src/client")
 
-say() { printf 'ts-client-check: %s\n' "$*"; }
-die() { say "FAIL: $*" >&2; exit 1; }
-
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  local rc=$?
-  for pid in "${pids[@]}"; do
-    kill "$pid" 2>/dev/null || true
-  done
-  for pid in "${pids[@]}"; do
-    # The gateway drains and exits on SIGTERM; make sure nothing lingers.
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  if [ "$rc" -ne 0 ]; then
-    for f in "$tmp"/upstream.log "$tmp"/gateway.log; do
-      [ -s "$f" ] && { echo "--- $(basename "$f")" >&2; tail -n 40 "$f" >&2; }
-    done
-  fi
-  rm -rf "$tmp"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-# wait_for FILE PATTERN SECONDS PID: prints the first match of the sed
-# PATTERN (a substitution printing what it captures) once FILE has it.
-wait_for() {
-  local file=$1 pattern=$2 secs=$3 pid=$4 got
-  for _ in $(seq $((secs * 10))); do
-    got=$(sed -n "$pattern" "$file" 2>/dev/null | head -n 1)
-    if [ -n "$got" ]; then printf '%s\n' "$got"; return 0; fi
-    kill -0 "$pid" 2>/dev/null || return 1
-    sleep 0.1
-  done
-  return 1
-}
+name=ts-client-check
+# shellcheck source=scripts/lib/gateway.sh
+. scripts/lib/gateway.sh
 
 command -v node >/dev/null || die "node is not installed"
 say "node $(node --version), npm $(npm --version)"
@@ -88,21 +51,10 @@ for entry in "${examples[@]}"; do
   (cd "$dir" && timeout 300 npm run -s typecheck) || die "$dir does not type-check against its generated client"
 done
 
-say "go build ./cmd/fencegw"
-timeout 600 go build -o "$tmp/fencegw" ./cmd/fencegw || die "go build failed"
+build_gateway
 
-node "$ex/upstream.mjs" >"$tmp/upstream.log" 2>&1 &
-pids+=($!)
-upstream_url=$(wait_for "$tmp/upstream.log" 's/^listening on \(http[^ ]*\).*/\1/p' 10 "${pids[-1]}") ||
-  die "the upstream did not start"
-say "upstream at $upstream_url"
-
-"$tmp/fencegw" serve --listen 127.0.0.1:0 --data "$tmp/data" --shutdown-delay 0 --upstream "statements=$upstream_url" \
-  >"$tmp/gateway.log" 2>&1 &
-pids+=($!)
-gateway_url=$(wait_for "$tmp/gateway.log" 's/.*serving on \(http[^ ]*\).*/\1/p' 30 "${pids[-1]}") ||
-  die "the gateway did not start"
-say "gateway at $gateway_url"
+start_upstream node "$ex/upstream.mjs"
+start_gateway --shutdown-delay 0
 
 for entry in "${examples[@]}"; do
   dir=${entry%%:*}

@@ -26,15 +26,6 @@ type nemesis struct {
 	faults   []Fault
 }
 
-func (n *nemesis) sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
-}
-
 // between returns a duration in [lo, hi).
 func (n *nemesis) between(lo, hi time.Duration) time.Duration {
 	if hi <= lo {
@@ -48,7 +39,7 @@ func (n *nemesis) pastTTL() time.Duration { return n.between(2*n.cfg.TTL, 5*n.cf
 
 func (n *nemesis) run(ctx context.Context) {
 	var queue []string
-	n.sleep(ctx, n.cfg.FaultGap/2) // let the workers get going
+	sleep(ctx, n.cfg.FaultGap/2) // let the workers get going
 	for ctx.Err() == nil {
 		if len(queue) == 0 {
 			queue = append([]string(nil), n.cfg.Faults...)
@@ -61,7 +52,7 @@ func (n *nemesis) run(ctx context.Context) {
 		f := Fault{Kind: kind, Start: now()}
 		err := n.inject(context.WithoutCancel(ctx), &f)
 		if errors.Is(err, errNotApplicable) {
-			n.sleep(ctx, 50*time.Millisecond)
+			sleep(ctx, 50*time.Millisecond)
 			continue
 		}
 		if err != nil {
@@ -71,7 +62,7 @@ func (n *nemesis) run(ctx context.Context) {
 		}
 		f.End = now()
 		n.faults = append(n.faults, f)
-		n.sleep(ctx, n.between(n.cfg.FaultGap/2, n.cfg.FaultGap))
+		sleep(ctx, n.between(n.cfg.FaultGap/2, n.cfg.FaultGap))
 	}
 	n.heal()
 }
@@ -111,11 +102,11 @@ func (n *nemesis) inject(ctx context.Context, f *Fault) error {
 		return n.diskFull(ctx)
 	case FaultKillGateway:
 		r.Kill()
-		n.sleep(ctx, n.between(100*time.Millisecond, 500*time.Millisecond))
+		sleep(ctx, n.between(100*time.Millisecond, 500*time.Millisecond))
 		return r.Start()
 	case FaultPauseGateway:
 		r.Pause()
-		n.sleep(ctx, n.pastTTL())
+		sleep(ctx, n.pastTTL())
 		r.Resume()
 	case FaultStopInWrite:
 		stopped := make(chan *Replica, 1)
@@ -127,7 +118,7 @@ func (n *nemesis) inject(ctx context.Context, f *Fault) error {
 		})
 		select {
 		case r := <-stopped:
-			n.sleep(ctx, n.pastTTL())
+			sleep(ctx, n.pastTTL())
 			r.Resume()
 		case <-time.After(5 * time.Second):
 			n.up.StopInWrite(nil)
@@ -153,13 +144,13 @@ func (n *nemesis) inject(ctx context.Context, f *Fault) error {
 		})
 		select {
 		case r := <-killed:
-			n.sleep(ctx, hold+n.between(100*time.Millisecond, 300*time.Millisecond))
+			sleep(ctx, hold+n.between(100*time.Millisecond, 300*time.Millisecond))
 			return r.Start()
 		case <-time.After(5 * time.Second):
 			n.up.StopInWrite(nil)
 			select { // armed a moment too late
 			case r := <-killed:
-				n.sleep(ctx, hold)
+				sleep(ctx, hold)
 				return r.Start()
 			case <-time.After(100 * time.Millisecond):
 			}
@@ -170,7 +161,7 @@ func (n *nemesis) inject(ctx context.Context, f *Fault) error {
 		}
 		w := n.workers[n.rng.IntN(len(n.workers))]
 		w.pause()
-		n.sleep(ctx, n.pastTTL())
+		sleep(ctx, n.pastTTL())
 		w.resume()
 	case FaultSlowUpstream:
 		// Delays past the forward timeout but short enough that the write
@@ -178,11 +169,11 @@ func (n *nemesis) inject(ctx context.Context, f *Fault) error {
 		// (with 300ms to spare for a CPU-starved upstream).
 		n.up.Misbehave(Misbehaviour{SlowPermille: 300, DelayMin: cfg.ForwardTimeout + 50*time.Millisecond,
 			DelayMax: cfg.DrainPeriod - 300*time.Millisecond})
-		n.sleep(ctx, n.between(time.Second, 2*time.Second))
+		sleep(ctx, n.between(time.Second, 2*time.Second))
 		n.up.Misbehave(Misbehaviour{})
 	case FaultDropUpstream:
 		n.up.Misbehave(Misbehaviour{DropPermille: 200})
-		n.sleep(ctx, n.between(500*time.Millisecond, 1500*time.Millisecond))
+		sleep(ctx, n.between(500*time.Millisecond, 1500*time.Millisecond))
 		n.up.Misbehave(Misbehaviour{})
 	case FaultRestartPostgres, FaultRestartPostgresInWrite:
 		if f.Kind == FaultRestartPostgresInWrite {
@@ -191,13 +182,13 @@ func (n *nemesis) inject(ctx context.Context, f *Fault) error {
 			n.up.Misbehave(Misbehaviour{SlowPermille: 1000, DelayMin: cfg.DrainPeriod - 400*time.Millisecond,
 				DelayMax: cfg.DrainPeriod - 300*time.Millisecond})
 			defer n.up.Misbehave(Misbehaviour{})
-			n.sleep(ctx, cfg.ForwardTimeout/2)
+			sleep(ctx, cfg.ForwardTimeout/2)
 		}
 		if err := n.pg.Stop(ctx); err != nil {
 			return err
 		}
 		f.DownFrom = now().Add(100 * time.Millisecond) // writes admitted just before may still be on the wire
-		n.sleep(ctx, n.between(300*time.Millisecond, time.Second))
+		sleep(ctx, n.between(300*time.Millisecond, time.Second))
 		f.DownTo = now()
 		if err := n.pg.Start(ctx); err != nil {
 			return err
@@ -210,7 +201,7 @@ func (n *nemesis) inject(ctx context.Context, f *Fault) error {
 			return err
 		}
 		f.DownFrom = now().Add(100 * time.Millisecond)
-		n.sleep(ctx, n.between(200*time.Millisecond, 700*time.Millisecond))
+		sleep(ctx, n.between(200*time.Millisecond, 700*time.Millisecond))
 		f.DownTo = now()
 		if err := n.rd.Start(ctx); err != nil {
 			return err

@@ -73,6 +73,6 @@ func (n *nemesis) diskFull(ctx context.Context) error {
 	if err := fillDisk(filler); err != nil {
 		return err
 	}
-	n.sleep(ctx, n.between(2*n.cfg.TTL, 2*n.cfg.TTL+time.Second))
+	sleep(ctx, n.between(2*n.cfg.TTL, 2*n.cfg.TTL+time.Second))
 	return os.Remove(filler)
 }

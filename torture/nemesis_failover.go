@@ -197,7 +197,7 @@ func (n *nemesis) failover(ctx context.Context, f *Fault) error {
 		return err
 	}
 	f.DownFrom = now().Add(100 * time.Millisecond) // writes admitted just before may still be on the wire
-	n.sleep(ctx, n.between(300*time.Millisecond, time.Second))
+	sleep(ctx, n.between(300*time.Millisecond, time.Second))
 	f.DownTo = now()
 	if err := p.run(ctx, "pg_ctl", "-D", p.data(next), "-w", "-t", "30", "promote"); err != nil {
 		return err

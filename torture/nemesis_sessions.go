@@ -75,7 +75,7 @@ func (n *nemesis) injectSessions(ctx context.Context, f *Fault, r *Replica) (boo
 		if err := n.netns.Cut(ctx); err != nil {
 			return true, err
 		}
-		n.sleep(ctx, n.between(partitionNoticed+n.cfg.DrainPeriod+time.Second, partitionNoticed+n.cfg.DrainPeriod+3*time.Second))
+		sleep(ctx, n.between(partitionNoticed+n.cfg.DrainPeriod+time.Second, partitionNoticed+n.cfg.DrainPeriod+3*time.Second))
 		return true, n.netns.Restore(ctx)
 	case FaultFreezeReplica:
 		if n.pg == nil {
@@ -83,13 +83,13 @@ func (n *nemesis) injectSessions(ctx context.Context, f *Fault, r *Replica) (boo
 		}
 		r.Pause()
 		defer r.Resume()
-		n.sleep(ctx, n.between(n.cfg.TTL, 2*n.cfg.TTL))
+		sleep(ctx, n.between(n.cfg.TTL, 2*n.cfg.TTL))
 		if n.rng.IntN(2) == 0 {
 			if err := n.killSessions(ctx, r); err != nil {
 				return true, err
 			}
 		}
-		n.sleep(ctx, n.between(n.cfg.DrainPeriod+time.Second, n.cfg.DrainPeriod+2*time.Second))
+		sleep(ctx, n.between(n.cfg.DrainPeriod+time.Second, n.cfg.DrainPeriod+2*time.Second))
 		return true, nil
 	}
 	return false, nil

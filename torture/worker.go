@@ -192,7 +192,8 @@ func (w *worker) do(ctx context.Context, method, url string, body []byte, header
 	return a
 }
 
-func (w *worker) sleep(ctx context.Context, d time.Duration) {
+// sleep waits d, or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -210,7 +211,7 @@ func (w *worker) run(ctx context.Context) {
 		res := cfg.Resources[w.rng.IntN(len(cfg.Resources))]
 		lease, granted, ok := w.acquire(ctx, res)
 		if !ok {
-			w.sleep(ctx, time.Duration(5+w.rng.IntN(30))*time.Millisecond)
+			sleep(ctx, time.Duration(5+w.rng.IntN(30))*time.Millisecond)
 			continue
 		}
 		if len(cfg.Resources) > 1 && w.rng.IntN(1000) < cfg.RouteTheftPermille {
@@ -221,9 +222,9 @@ func (w *worker) run(ctx context.Context) {
 		for range 1 + w.rng.IntN(max(cfg.MaxWrites, 1)) {
 			switch p := w.rng.IntN(1000); {
 			case p < cfg.StallPermille:
-				w.sleep(ctx, cfg.TTL+time.Duration(w.rng.Int64N(int64(cfg.TTL)))) // stall past the TTL
+				sleep(ctx, cfg.TTL+time.Duration(w.rng.Int64N(int64(cfg.TTL)))) // stall past the TTL
 			case p < 250:
-				w.sleep(ctx, time.Duration(w.rng.Int64N(int64(cfg.TTL/3))))
+				sleep(ctx, time.Duration(w.rng.Int64N(int64(cfg.TTL/3))))
 			}
 			if ctx.Err() != nil {
 				break
@@ -270,7 +271,7 @@ func (w *worker) run(ctx context.Context) {
 					ok := false
 					for end := time.Now().Add(w.cfg.Timeout); !ok && ctx.Err() == nil && time.Now().Before(end); {
 						if next, at, ok = w.acquire(ctx, res); !ok {
-							w.sleep(ctx, 100*time.Millisecond)
+							sleep(ctx, 100*time.Millisecond)
 						}
 					}
 					if !ok {
@@ -283,7 +284,7 @@ func (w *worker) run(ctx context.Context) {
 				if open = unknownOutcome(a.status) || a.code == codeKeyInProgress; !open {
 					break
 				}
-				w.sleep(ctx, time.Duration(20+w.rng.IntN(80))*time.Millisecond)
+				sleep(ctx, time.Duration(20+w.rng.IntN(80))*time.Millisecond)
 			}
 			switch {
 			case a.status >= 200 && a.status < 300:

@@ -32,6 +32,15 @@ type env struct {
 	close     func()
 }
 
+// start starts the setups on loopback, or drives o.gateway: conc is how
+// many clients the run uses at once.
+func start(ctx context.Context, o options, conc int, setups []string) (*env, error) {
+	if o.gateway != "" {
+		return startRemote(o, conc)
+	}
+	return startLocal(ctx, o, conc, setups)
+}
+
 // startLocal starts the three setups on loopback.
 func startLocal(ctx context.Context, o options, conc int, setups []string) (*env, error) {
 	up, err := bench.StartUpstream()
@@ -82,13 +91,7 @@ func startLocal(ctx context.Context, o options, conc int, setups []string) (*env
 		e.targets["bare-proxy"] = bench.BareProxyTarget(e.peers["bare-proxy"].url)
 		e.gateway = e.peers["gateway"].url
 	} else {
-		var bare *bench.Server
-		var err error
-		if tt != nil {
-			bare, err = bench.ServeTLSAt("bare-proxy", "127.0.0.1:0", bench.NewBareProxy(up.URL), tt.config)
-		} else {
-			bare, err = bench.ServeAs("bare-proxy", bench.NewBareProxy(up.URL))
-		}
+		bare, err := bench.ServeTLSAt("bare-proxy", "127.0.0.1:0", bench.NewBareProxy(up.URL), tt.serverConfig())
 		if err != nil {
 			e.close()
 			return nil, err
@@ -101,11 +104,7 @@ func startLocal(ctx context.Context, o options, conc int, setups []string) (*env
 			return nil, err
 		}
 		closers = append(closers, func() error { return os.RemoveAll(dir) })
-		var cfg *tls.Config
-		if tt != nil {
-			cfg = tt.config
-		}
-		gw, err := bench.StartGatewayTLS(dir, up.URL, "127.0.0.1:0", cfg)
+		gw, err := bench.StartGatewayTLS(dir, up.URL, "127.0.0.1:0", tt.serverConfig())
 		if err != nil {
 			e.close()
 			return nil, err
@@ -125,12 +124,7 @@ func startLocal(ctx context.Context, o options, conc int, setups []string) (*env
 			e.peers["net-http"] = p
 			e.targets["net-http"] = bench.Target{Name: "net-http", URL: p.url.String() + bench.WritePath}
 		} else {
-			var srv *bench.Server
-			if tt != nil {
-				srv, err = bench.ServeTLSAt("net-http", "127.0.0.1:0", bench.NewFloor(), tt.config)
-			} else {
-				srv, err = bench.ServeAs("net-http", bench.NewFloor())
-			}
+			srv, err := bench.ServeTLSAt("net-http", "127.0.0.1:0", bench.NewFloor(), tt.serverConfig())
 			if err != nil {
 				e.close()
 				return nil, err

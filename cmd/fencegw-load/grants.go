@@ -17,13 +17,7 @@ import (
 )
 
 func runGrants(ctx context.Context, o options, out io.Writer) error {
-	var e *env
-	var err error
-	if o.gateway == "" {
-		e, err = startLocal(ctx, o, o.acquirers, nil)
-	} else {
-		e, err = startRemote(o, o.acquirers)
-	}
+	e, err := start(ctx, o, o.acquirers, nil)
 	if err != nil {
 		return err
 	}

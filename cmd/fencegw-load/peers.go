@@ -70,15 +70,10 @@ func startPeer(ctx context.Context, name string, upstream *url.URL, tt *testTLS)
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	listen, dir, err := childPlace(name)
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "fencegw-load-"+name+"-")
-	if err != nil {
-		return nil, err
-	}
-	listen := "127.0.0.1:" + strconv.Itoa(port)
 	conf, args := peerConfig(name, dir, listen, upstream.Host, tt)
 	confPath := filepath.Join(dir, name+".conf")
 	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
@@ -88,11 +83,7 @@ func startPeer(ctx context.Context, name string, upstream *url.URL, tt *testTLS)
 	for i, a := range args {
 		args[i] = strings.ReplaceAll(a, "{conf}", confPath)
 	}
-	p, err := startChild(ctx, name, bin, args, dir, listen)
-	if err == nil && tt != nil {
-		p.url.Scheme = "https"
-	}
-	return p, err
+	return startChild(ctx, name, bin, args, dir, listen, tt != nil)
 }
 
 // startSelf starts this program as the server of setup role ("gateway" or
@@ -104,15 +95,10 @@ func startSelf(ctx context.Context, o options, role string, upstream *url.URL, t
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	listen, dir, err := childPlace(role)
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "fencegw-load-"+role+"-")
-	if err != nil {
-		return nil, err
-	}
-	listen := "127.0.0.1:" + strconv.Itoa(port)
 	args := []string{"-serve", role, "-serve-listen", listen, "-serve-upstream", upstream.String(), "-serve-dir", dir}
 	if tt != nil {
 		args = append(args, "-serve-tls-cert", tt.certFile, "-serve-tls-key", tt.keyFile)
@@ -129,16 +115,27 @@ func startSelf(ctx context.Context, o options, role string, upstream *url.URL, t
 			args = append(args, "-memprofile", o.memProfile)
 		}
 	}
-	p, err := startChild(ctx, role, bin, args, dir, listen)
-	if err == nil && tt != nil {
-		p.url.Scheme = "https"
+	return startChild(ctx, role, bin, args, dir, listen, tt != nil)
+}
+
+// childPlace picks a free loopback address for the child process name and
+// makes its directory.
+func childPlace(name string) (listen, dir string, err error) {
+	port, err := freePort()
+	if err != nil {
+		return "", "", err
 	}
-	return p, err
+	dir, err = os.MkdirTemp("", "fencegw-load-"+name+"-")
+	if err != nil {
+		return "", "", err
+	}
+	return "127.0.0.1:" + strconv.Itoa(port), dir, nil
 }
 
 // startChild runs bin in dir in a process group of its own and waits until
-// it accepts connections on listen. dir is removed when it stops.
-func startChild(ctx context.Context, name, bin string, args []string, dir, listen string) (*peer, error) {
+// it accepts connections on listen (speaking TLS there if tls). dir is
+// removed when it stops.
+func startChild(ctx context.Context, name, bin string, args []string, dir, listen string, tls bool) (*peer, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
 	// Caddy keeps state under HOME and XDG dirs: keep it in the temp dir.
@@ -157,6 +154,9 @@ func startChild(ctx context.Context, name, bin string, args []string, dir, liste
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	p := &peer{name: name, url: &url.URL{Scheme: "http", Host: listen}, cmd: cmd, dir: dir, exited: make(chan struct{})}
+	if tls {
+		p.url.Scheme = "https"
+	}
 	var waitErr error
 	go func() { waitErr = cmd.Wait(); close(p.exited) }()
 	deadline := time.Now().Add(15 * time.Second)

@@ -45,23 +45,13 @@ func runServe(o options) error {
 		}
 		closeServer = gw.Close
 	case "net-http":
-		var srv *bench.Server
-		if cfg != nil {
-			srv, err = bench.ServeTLSAt("net-http", o.serveListen, bench.NewFloor(), cfg)
-		} else {
-			srv, err = bench.ServeAt("net-http", o.serveListen, bench.NewFloor())
-		}
+		srv, err := bench.ServeTLSAt("net-http", o.serveListen, bench.NewFloor(), cfg)
 		if err != nil {
 			return err
 		}
 		closeServer = srv.Close
 	case "bare-proxy":
-		var srv *bench.Server
-		if cfg != nil {
-			srv, err = bench.ServeTLSAt("bare-proxy", o.serveListen, bench.NewBareProxy(up), cfg)
-		} else {
-			srv, err = bench.ServeAt("bare-proxy", o.serveListen, bench.NewBareProxy(up))
-		}
+		srv, err := bench.ServeTLSAt("bare-proxy", o.serveListen, bench.NewBareProxy(up), cfg)
 		if err != nil {
 			return err
 		}

@@ -17,13 +17,7 @@ import (
 )
 
 func runWrites(ctx context.Context, o options, out io.Writer) error {
-	var e *env
-	var err error
-	if o.gateway == "" {
-		e, err = startLocal(ctx, o, o.concurrency, o.setups)
-	} else {
-		e, err = startRemote(o, o.concurrency)
-	}
+	e, err := start(ctx, o, o.concurrency, o.setups)
 	if err != nil {
 		return err
 	}

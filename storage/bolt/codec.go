@@ -72,26 +72,18 @@ func (d *decoder) fail(what, why string) {
 	}
 }
 
-func (d *decoder) int() int64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Varint(d.b)
-	if n <= 0 {
-		d.fail("varint", "truncated or overflowing")
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
+func (d *decoder) int() int64 { return varint(d, "varint", binary.Varint) }
 
-func (d *decoder) uint() uint64 {
+func (d *decoder) uint() uint64 { return varint(d, "uvarint", binary.Uvarint) }
+
+// varint reads one varint with read (binary.Varint or binary.Uvarint).
+func varint[T int64 | uint64](d *decoder, what string, read func([]byte) (T, int)) T {
 	if d.err != nil {
 		return 0
 	}
-	v, n := binary.Uvarint(d.b)
+	v, n := read(d.b)
 	if n <= 0 {
-		d.fail("uvarint", "truncated or overflowing")
+		d.fail(what, "truncated or overflowing")
 		return 0
 	}
 	d.b = d.b[n:]
@@ -103,8 +95,13 @@ func (d *decoder) str() string {
 	if d.err != nil {
 		return ""
 	}
+	return d.take(n, "string")
+}
+
+// take is the next n bytes, as a string.
+func (d *decoder) take(n uint64, what string) string {
 	if n > uint64(len(d.b)) {
-		d.fail("string", "length beyond the record")
+		d.fail(what, "length beyond the record")
 		return ""
 	}
 	s := string(d.b[:n])
@@ -178,14 +175,7 @@ func (d *decoder) leaseIDRef() string {
 		d.b = d.b[packedLeaseIDLen:]
 		return id
 	default:
-		n -= 2
-		if n > uint64(len(d.b)) {
-			d.fail("lease id", "length beyond the record")
-			return ""
-		}
-		id := string(d.b[:n])
-		d.b = d.b[n:]
-		return id
+		return d.take(n-2, "lease id")
 	}
 }
 

@@ -20,14 +20,7 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 		return tokens.Lease{}, err
 	}
 	defer unlock()
-	var (
-		lease   tokens.Lease
-		st      resState
-		refusal error
-	)
-	err = s.update("grant", func(tx *bbolt.Tx) error {
-		refusal = nil
-		now := s.now()
+	return s.mutate("grant", func(tx *bbolt.Tx, now time.Time, m *mutation) error {
 		cur, err := getResource(tx, req.Resource)
 		if err != nil {
 			return err
@@ -37,48 +30,73 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 			return err
 		}
 		if holder != nil && holder.Token == cur.token && holder.Live(now) {
-			refusal = &tokens.Error{Kind: tokens.ErrLeaseHeld, Resource: req.Resource, Holder: holder.Holder,
+			m.refusal = &tokens.Error{Kind: tokens.ErrLeaseHeld, Resource: req.Resource, Holder: holder.Holder,
 				CurrentToken: cur.token, ExpiresAt: holder.ExpiresAt, RetryAfter: holder.Remaining(now)}
 			return nil
 		}
 		if now.Before(cur.drainUntil) {
-			refusal = &tokens.Error{Kind: tokens.ErrFenceBusy, Resource: req.Resource, CurrentToken: cur.token,
+			m.refusal = &tokens.Error{Kind: tokens.ErrFenceBusy, Resource: req.Resource, CurrentToken: cur.token,
 				Detail: "draining: a write whose outcome is unknown may still land", RetryAfter: cur.drainUntil.Sub(now)}
 			return nil
 		}
 		if tx.Bucket(bucketLeases).Get(leaseKey(req.LeaseID)) != nil {
-			refusal = tokens.Invalid("lease_id", "already used")
+			m.refusal = tokens.Invalid("lease_id", "already used")
 			return nil
 		}
-		lease = tokens.Lease{ID: req.LeaseID, Resource: req.Resource, Holder: req.Holder, Owner: req.Owner, Token: cur.token + 1,
+		m.lease = tokens.Lease{ID: req.LeaseID, Resource: req.Resource, Holder: req.Holder, Owner: req.Owner, Token: cur.token + 1,
 			TTL: req.TTL, GrantedAt: now, ExpiresAt: now.Add(req.TTL)}
-		st = resState{token: lease.Token, current: lease.ID, drainUntil: cur.drainUntil}
-		if err := putLease(tx, &lease); err != nil {
+		m.st = resState{token: m.lease.Token, current: m.lease.ID, drainUntil: cur.drainUntil}
+		m.cached = true
+		if err := putLease(tx, &m.lease); err != nil {
 			return err
 		}
-		if err := s.putResource(tx, req.Resource, &st); err != nil {
+		if err := s.putResource(tx, req.Resource, &m.st); err != nil {
 			return err
 		}
 		if err := unindexLive(tx, holder); err != nil {
 			return err
 		}
-		if err := indexLive(tx, &lease); err != nil {
+		if err := indexLive(tx, &m.lease); err != nil {
 			return err
 		}
 		if err := pruneLive(tx, now); err != nil {
 			return err
 		}
-		return s.addEvent(tx, event(tokens.EventGranted, now, &lease))
+		return s.addEvent(tx, event(tokens.EventGranted, now, &m.lease))
+	})
+}
+
+// mutation is what one lease mutation's transaction decided: the lease it
+// returns, or its refusal; and, if cached, the lease and its resource's
+// state for the cache.
+type mutation struct {
+	lease   tokens.Lease
+	st      resState
+	cached  bool
+	refusal error
+}
+
+// mutate runs fn in a batched update (update) and returns what it decided.
+// bbolt may run fn more than once: each run starts from an empty mutation
+// and its own now. The cache takes the lease only once the transaction has
+// committed.
+func (s *Store) mutate(op string, fn func(tx *bbolt.Tx, now time.Time, m *mutation) error) (tokens.Lease, error) {
+	var m mutation
+	err := s.update(op, func(tx *bbolt.Tx) error {
+		m = mutation{}
+		return fn(tx, s.now(), &m)
 	})
 	if err != nil {
 		return tokens.Lease{}, err
 	}
-	if refusal != nil {
-		return tokens.Lease{}, refusal
+	if m.refusal != nil {
+		return tokens.Lease{}, m.refusal
 	}
-	l := lease
-	s.cache.set(req.Resource, st, &l)
-	return lease, nil
+	if m.cached {
+		l := m.lease
+		s.cache.set(l.Resource, m.st, &l)
+	}
+	return m.lease, nil
 }
 
 // lost is the ErrLeaseLost for l, given its resource's state.
@@ -98,6 +116,30 @@ func notFound() error {
 	return &tokens.Error{Kind: tokens.ErrNotFound, Detail: "no such lease"}
 }
 
+// knownLease is lease leaseID; nil, with m.refusal set, if there is none.
+func knownLease(tx *bbolt.Tx, leaseID string, m *mutation) (*tokens.Lease, error) {
+	l, err := getLease(tx, leaseID)
+	if err == nil && l == nil {
+		m.refusal = notFound()
+	}
+	return l, err
+}
+
+// stillHeld reads the state of l's resource into m.st and tells whether l
+// is still that resource's current live lease. If it is not, m.refusal is
+// the ErrLeaseLost and the refused event is recorded.
+func (s *Store) stillHeld(tx *bbolt.Tx, l *tokens.Lease, now time.Time, refused tokens.EventKind, m *mutation) (bool, error) {
+	var err error
+	if m.st, err = getResource(tx, l.Resource); err != nil {
+		return false, err
+	}
+	if m.st.current == l.ID && m.st.token == l.Token && l.Live(now) {
+		return true, nil
+	}
+	m.refusal = lost(l, m.st)
+	return false, s.addEvent(tx, event(refused, now, l))
+}
+
 // lockLeaseResource takes the per-resource mutation lock of the lease's
 // resource: ErrNotFound for an unknown lease, ErrUnavailable once closed.
 func (s *Store) lockLeaseResource(ctx context.Context, leaseID string) (func(), error) {
@@ -115,28 +157,13 @@ func (s *Store) Renew(ctx context.Context, leaseID string, ttl time.Duration) (t
 		return tokens.Lease{}, err
 	}
 	defer unlock()
-	var (
-		lease   tokens.Lease
-		st      resState
-		refusal error
-	)
-	err = s.update("renew", func(tx *bbolt.Tx) error {
-		refusal = nil
-		now := s.now()
-		l, err := getLease(tx, leaseID)
-		if err != nil {
-			return err
-		}
+	return s.mutate("renew", func(tx *bbolt.Tx, now time.Time, m *mutation) error {
+		l, err := knownLease(tx, leaseID, m)
 		if l == nil {
-			refusal = notFound()
-			return nil
-		}
-		if st, err = getResource(tx, l.Resource); err != nil {
 			return err
 		}
-		if st.current != l.ID || st.token != l.Token || !l.Live(now) {
-			refusal = lost(l, st)
-			return s.addEvent(tx, event(tokens.EventRenewRefused, now, l))
+		if held, err := s.stillHeld(tx, l, now, tokens.EventRenewRefused, m); !held {
+			return err
 		}
 		if err := unindexLive(tx, l); err != nil {
 			return err
@@ -145,7 +172,7 @@ func (s *Store) Renew(ctx context.Context, leaseID string, ttl time.Duration) (t
 			l.TTL = ttl
 		}
 		l.ExpiresAt = now.Add(l.TTL)
-		lease = *l
+		m.lease, m.cached = *l, true
 		if err := putLease(tx, l); err != nil {
 			return err
 		}
@@ -157,15 +184,6 @@ func (s *Store) Renew(ctx context.Context, leaseID string, ttl time.Duration) (t
 		}
 		return s.addEvent(tx, event(tokens.EventRenewed, now, l))
 	})
-	if err != nil {
-		return tokens.Lease{}, err
-	}
-	if refusal != nil {
-		return tokens.Lease{}, refusal
-	}
-	l := lease
-	s.cache.set(l.Resource, st, &l)
-	return lease, nil
 }
 
 // Release implements tokens.Store.
@@ -186,39 +204,23 @@ func (s *Store) release(ctx context.Context, leaseID, revokedBy string) (tokens.
 		return tokens.Lease{}, err
 	}
 	defer unlock()
-	var (
-		lease   tokens.Lease
-		st      resState
-		changed bool
-		refusal error
-	)
-	err = s.update("release", func(tx *bbolt.Tx) error {
-		refusal, changed = nil, false
-		now := s.now()
-		l, err := getLease(tx, leaseID)
-		if err != nil {
+	return s.mutate("release", func(tx *bbolt.Tx, now time.Time, m *mutation) error {
+		l, err := knownLease(tx, leaseID, m)
+		if l == nil {
 			return err
 		}
-		if l == nil {
-			refusal = notFound()
-			return nil
-		}
-		lease = *l
+		m.lease = *l
 		if l.Released() {
 			return nil // idempotent: its holder already released it
 		}
-		if st, err = getResource(tx, l.Resource); err != nil {
+		if held, err := s.stillHeld(tx, l, now, tokens.EventReleaseRefused, m); !held {
 			return err
-		}
-		if st.current != l.ID || st.token != l.Token || !l.Live(now) {
-			refusal = lost(l, st)
-			return s.addEvent(tx, event(tokens.EventReleaseRefused, now, l))
 		}
 		if err := unindexLive(tx, l); err != nil {
 			return err
 		}
 		l.ReleasedAt = now
-		lease, changed = *l, true
+		m.lease, m.cached = *l, true
 		if err := putLease(tx, l); err != nil {
 			return err
 		}
@@ -228,17 +230,6 @@ func (s *Store) release(ctx context.Context, leaseID, revokedBy string) (tokens.
 		}
 		return s.addEvent(tx, ev)
 	})
-	if err != nil {
-		return tokens.Lease{}, err
-	}
-	if refusal != nil {
-		return tokens.Lease{}, refusal
-	}
-	if changed {
-		l := lease
-		s.cache.set(l.Resource, st, &l)
-	}
-	return lease, nil
 }
 
 // Drain implements tokens.Store.

@@ -186,40 +186,61 @@ func (s *Store) renew(ctx context.Context, leaseID string, ttl time.Duration, ch
 		}
 		ttlMS = &v
 	}
-	var out tokens.Lease
-	var refusal *tokens.Error // committed with its event, then returned
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var r leaseRow
-		var now time.Time
-		err := tx.QueryRow(ctx, `
-			WITH c AS (SELECT clock_timestamp() AS now)
-			UPDATE leases l SET
-				ttl_ms = COALESCE($2, l.ttl_ms),
-				expires_at = c.now + COALESCE($2, l.ttl_ms) * interval '1 millisecond'
-			FROM c
-			WHERE l.id = $1 AND l.released_at IS NULL AND l.superseded_at IS NULL
-				AND (NOT $3 OR l.expires_at > c.now)
-			RETURNING `+leaseCols+`, c.now`, leaseID, ttlMS, checkExpiry,
-		).Scan(append(r.dest(), &now)...)
-		if err == nil {
-			out = r.lease()
-			b := &pgx.Batch{}
-			queueEvent(b, now, out, tokens.EventRenewed)
-			return tx.SendBatch(ctx, b).Close()
-		}
+	return s.inLeaseTx(ctx, "renew", func(tx pgx.Tx) (tokens.Lease, *tokens.Error, error) {
+		l, err := updateHeld(ctx, tx, leaseID, checkExpiry, tokens.EventRenewed, "", `
+				ttl_ms = COALESCE($3, l.ttl_ms),
+				expires_at = c.now + COALESCE($3, l.ttl_ms) * interval '1 millisecond'`, ttlMS)
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return err
+			return l, nil, err
 		}
-		refusal, err = s.refuse(ctx, tx, leaseID, tokens.EventRenewRefused)
+		refusal, err := s.refuse(ctx, tx, leaseID, tokens.EventRenewRefused)
+		return tokens.Lease{}, refusal, err
+	})
+}
+
+// inLeaseTx runs fn in a transaction and returns its lease or its refusal:
+// a refusal is returned once the transaction, which records it in the
+// history, has committed; fn's error aborts it.
+func (s *Store) inLeaseTx(ctx context.Context, op string, fn func(tx pgx.Tx) (tokens.Lease, *tokens.Error, error)) (tokens.Lease, error) {
+	var out tokens.Lease
+	var refusal *tokens.Error
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) (err error) {
+		out, refusal, err = fn(tx)
 		return err
 	})
 	if err != nil {
-		return tokens.Lease{}, s.interpret("renew", err)
+		return tokens.Lease{}, s.interpret(op, err)
 	}
 	if refusal != nil {
 		return tokens.Lease{}, refusal
 	}
 	return out, nil
+}
+
+// updateHeld sets set (the SET list of an UPDATE of leases l: $1 is the
+// lease id, $2 checkExpiry, args follow from $3, and c.now is the database
+// clock) on lease leaseID where it is still held: neither released nor
+// superseded, and unexpired unless !checkExpiry. The change is recorded in
+// the history as kind, caused by actor if set. pgx.ErrNoRows where no row
+// matched.
+func updateHeld(ctx context.Context, tx pgx.Tx, leaseID string, checkExpiry bool, kind tokens.EventKind, actor, set string, args ...any) (tokens.Lease, error) {
+	var r leaseRow
+	var now time.Time
+	err := tx.QueryRow(ctx, `
+		WITH c AS (SELECT clock_timestamp() AS now)
+		UPDATE leases l SET `+set+`
+		FROM c
+		WHERE l.id = $1 AND l.released_at IS NULL AND l.superseded_at IS NULL
+			AND (NOT $2 OR l.expires_at > c.now)
+		RETURNING `+leaseCols+`, c.now`, append([]any{leaseID, checkExpiry}, args...)...,
+	).Scan(append(r.dest(), &now)...)
+	if err != nil {
+		return tokens.Lease{}, err
+	}
+	l := r.lease()
+	b := &pgx.Batch{}
+	queueEventBy(b, now, l, kind, actor)
+	return l, tx.SendBatch(ctx, b).Close()
 }
 
 // refuse explains why a conditional update matched nothing: the refusal is
@@ -288,52 +309,25 @@ func (s *Store) RevokeClaimed(ctx context.Context, leaseID, by string) (tokens.L
 // release ends the lease; revokedBy, if set, names the administrator who
 // ordered it.
 func (s *Store) release(ctx context.Context, leaseID string, checkExpiry bool, revokedBy string) (tokens.Lease, error) {
-	var out tokens.Lease
-	var refusal *tokens.Error // committed with its event, then returned
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var r leaseRow
-		var now time.Time
-		err := tx.QueryRow(ctx, `
-			WITH c AS (SELECT clock_timestamp() AS now)
-			UPDATE leases l SET released_at = c.now
-			FROM c
-			WHERE l.id = $1 AND l.released_at IS NULL AND l.superseded_at IS NULL
-				AND (NOT $2 OR l.expires_at > c.now)
-			RETURNING `+leaseCols+`, c.now`, leaseID, checkExpiry,
-		).Scan(append(r.dest(), &now)...)
-		if err == nil {
-			out = r.lease()
-			b := &pgx.Batch{}
-			if revokedBy != "" {
-				queueEventBy(b, now, out, tokens.EventRevoked, revokedBy)
-			} else {
-				queueEvent(b, now, out, tokens.EventReleased)
-			}
-			return tx.SendBatch(ctx, b).Close()
-		}
+	kind := tokens.EventReleased
+	if revokedBy != "" {
+		kind = tokens.EventRevoked
+	}
+	return s.inLeaseTx(ctx, "release", func(tx pgx.Tx) (tokens.Lease, *tokens.Error, error) {
+		l, err := updateHeld(ctx, tx, leaseID, checkExpiry, kind, revokedBy, `released_at = c.now`)
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return err
+			return l, nil, err
 		}
 		// Already released by its holder: idempotent success, no event.
+		var r leaseRow
 		err = tx.QueryRow(ctx, `SELECT `+leaseCols+` FROM leases l WHERE l.id = $1 AND l.released_at IS NOT NULL`,
 			leaseID).Scan(r.dest()...)
-		if err == nil {
-			out = r.lease()
-			return nil
-		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return err
+			return r.lease(), nil, err
 		}
-		refusal, err = s.refuse(ctx, tx, leaseID, tokens.EventReleaseRefused)
-		return err
+		refusal, err := s.refuse(ctx, tx, leaseID, tokens.EventReleaseRefused)
+		return tokens.Lease{}, refusal, err
 	})
-	if err != nil {
-		return tokens.Lease{}, s.interpret("release", err)
-	}
-	if refusal != nil {
-		return tokens.Lease{}, refusal
-	}
-	return out, nil
 }
 
 // Lease returns a lease by id, or ErrNotFound (tokens.Store).

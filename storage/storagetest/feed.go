@@ -112,18 +112,29 @@ func (r *received) deliver(rej tokens.Rejection) {
 // until waits for cond over what was delivered so far.
 func (r *received) until(t *testing.T, what string, cond func([]tokens.Rejection) bool) []tokens.Rejection {
 	t.Helper()
-	deadline := time.After(2 * waitLimit)
+	got, ok := r.by(time.Now().Add(2*waitLimit), cond)
+	if !ok {
+		t.Fatalf("%s: not within %v (%d delivered)", what, 2*waitLimit, len(got))
+	}
+	return got
+}
+
+// by waits until cond holds over what was delivered, or deadline has
+// passed; it returns what was delivered and whether cond held.
+func (r *received) by(deadline time.Time, cond func([]tokens.Rejection) bool) ([]tokens.Rejection, bool) {
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
 	for {
 		r.mu.Lock()
 		got, more := append([]tokens.Rejection(nil), r.got...), r.more
 		r.mu.Unlock()
 		if cond(got) {
-			return got
+			return got, true
 		}
 		select {
 		case <-more:
-		case <-deadline:
-			t.Fatalf("%s: not within %v (%d delivered)", what, 2*waitLimit, len(got))
+		case <-timer.C:
+			return got, false
 		}
 	}
 }
@@ -398,23 +409,21 @@ func testFeedReconnect(t *testing.T, h FeedHarness) {
 		s.until(t, "the first rejection", has(feedRejection(0, 1).ID))
 	}
 	d.KillListeners(t)
-	// Probe until both listeners are back: ids 2, 3, ... from replica 1.
-	deadline := time.Now().Add(4 * waitLimit)
+	// Probe until both listeners are back: ids 1, 2, ... from replica 1. A
+	// probe published while a listener is still away never reaches it, so
+	// each is given 100 ms before the next is sent.
 	probe := 0
-	for back := false; !back; {
-		if time.Now().After(deadline) {
-			t.Fatalf("the listeners did not come back within %v", 4*waitLimit)
-		}
+	waitSucceeds(t, 4*waitLimit, 0, "the listeners coming back", func() error {
 		probe++
 		fs[1].Publish(feedRejection(1, probe))
-		time.Sleep(100 * time.Millisecond)
-		back = true
-		for _, s := range subs {
-			s.mu.Lock()
-			back = back && has(feedRejection(1, probe).ID)(s.got)
-			s.mu.Unlock()
+		missed := time.Now().Add(100 * time.Millisecond)
+		for i, s := range subs {
+			if _, ok := s.by(missed, has(feedRejection(1, probe).ID)); !ok {
+				return fmt.Errorf("subscriber %d missed probe %d", i, probe)
+			}
 		}
-	}
+		return nil
+	})
 	const n = 50
 	for i := 2; i <= n+1; i++ {
 		fs[0].Publish(feedRejection(0, i))

@@ -52,12 +52,16 @@ type FenceReplica struct {
 
 	svc      *tokens.Service
 	attempts atomic.Int64 // grant attempts: Resource reads before a grant, counted once answered
+	// exclusive counts the Service's requests for a resource's exclusive
+	// lock (grants, releases, revokes), as they are made: one that has
+	// moved is waiting for the lock or has it.
+	exclusive atomic.Int64
 }
 
 // Service is the replica's tokens.Service (drain period and a 3 s grant wait).
 func (r *FenceReplica) Service(opts FenceOptions) *tokens.Service {
 	if r.svc == nil {
-		r.svc = tokens.New(tokens.Config{Store: countingResource{r.Store, &r.attempts}, Locker: r.Locker, Fencer: r.Fencer,
+		r.svc = tokens.New(tokens.Config{Store: countingResource{r.Store, &r.attempts}, Locker: countingExclusive{r.Locker, &r.exclusive}, Fencer: r.Fencer,
 			DrainPeriod: opts.DrainPeriod, GrantWait: 3 * time.Second})
 	}
 	return r.svc
@@ -74,6 +78,17 @@ type countingResource struct {
 func (c countingResource) Resource(ctx context.Context, name string) (tokens.Resource, error) {
 	defer c.n.Add(1)
 	return c.Store.Resource(ctx, name)
+}
+
+// countingExclusive counts requests for exclusive locks when they are made.
+type countingExclusive struct {
+	tokens.Locker
+	n *atomic.Int64
+}
+
+func (c countingExclusive) Exclusive(ctx context.Context, resource string) (func(), error) {
+	c.n.Add(1)
+	return c.Locker.Exclusive(ctx, resource)
 }
 
 // RunFence runs the fence conformance suite: the rules of tokens.Fencer and
@@ -208,16 +223,17 @@ func testFenceReleaseWaits(t *testing.T, h FenceHarness) {
 	a, b := rs[0].Service(fenceOpts), rs[1].Service(fenceOpts)
 	l := acquireOn(t, a, "release-waits", "w", 10*time.Second)
 	p := admit(t, a, l)
+	asked := rs[1].exclusive.Load()
 	done := make(chan error, 1)
 	go func() {
 		_, err := b.Release(t.Context(), l.ID, "")
 		done <- err
 	}()
-	time.Sleep(300 * time.Millisecond)
+	waitForLockRequest(t, rs[1], asked, func() bool { return len(done) > 0 }, "the release")
 	select {
 	case err := <-done:
 		t.Fatalf("release returned (%v) while a write under the lease was in flight", err)
-	default:
+	case <-time.After(lockQuiet):
 	}
 	p.Done(tokens.OutcomeKnown)
 	if err := <-done; err != nil {
@@ -233,19 +249,38 @@ func testFenceGrantWaits(t *testing.T, h FenceHarness) {
 	old := acquireOn(t, a, "grant-waits", "old", fenceTTL)
 	p := admit(t, a, old)
 	pastFenceTTL()
-	var writeDone atomic.Bool
+	type result struct {
+		l   tokens.Lease
+		err error
+	}
+	asked := rs[1].exclusive.Load()
+	done := make(chan result, 1)
 	go func() {
-		time.Sleep(400 * time.Millisecond)
-		writeDone.Store(true)
-		p.Done(tokens.OutcomeKnown)
+		l, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "grant-waits", Holder: "new", TTL: time.Second})
+		done <- result{l, err}
 	}()
-	l, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "grant-waits", Holder: "new", TTL: time.Second})
-	if err != nil {
-		t.Fatalf("acquire through b: %v", err)
+	waitForLockRequest(t, rs[1], asked, func() bool { return len(done) > 0 }, "the grant")
+	select {
+	case g := <-done:
+		t.Fatalf("token %d was granted (err %v) while token %d's write was in flight on another replica", g.l.Token, g.err, old.Token)
+	case <-time.After(lockQuiet):
 	}
-	if !writeDone.Load() {
-		t.Fatalf("token %d was granted while token %d's write was in flight on another replica", l.Token, old.Token)
+	p.Done(tokens.OutcomeKnown)
+	if g := <-done; g.err != nil {
+		t.Fatalf("acquire through b: %v", g.err)
 	}
+}
+
+// waitForLockRequest waits until r's Service has asked for an exclusive
+// lock since its count was asked, or returned says the call under test
+// (what) has returned without. The call has then reached the step that
+// must wait for the writes in flight; whether it does is told by what it
+// does within lockQuiet after.
+func waitForLockRequest(t *testing.T, r *FenceReplica, asked int64, returned func() bool, what string) {
+	t.Helper()
+	waitUntil(t, waitLimit, what+" asking for the resource's exclusive lock", func() bool {
+		return r.exclusive.Load() > asked || returned()
+	})
 }
 
 // Writes that keep a resource busy on one replica do not starve a grant on
@@ -301,15 +336,7 @@ func testFenceSessionKilled(t *testing.T, h FenceHarness) {
 	rs[0].KillSessions(t)
 	killed := time.Now()
 	pastFenceTTL()
-	l, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "killed", Holder: "new", TTL: time.Second,
-		Wait: fenceOpts.DrainPeriod + fenceOpts.SessionCheck + 2*time.Second})
-	if err != nil {
-		t.Fatalf("grant after the drain: %v", err)
-	}
-	if waited := time.Since(killed); waited < fenceOpts.DrainPeriod {
-		t.Fatalf("token %d granted %v after the replica's session died with token %d's write in flight; want a drain of at least %v",
-			l.Token, waited, old.Token, fenceOpts.DrainPeriod)
-	}
+	grantAfterDrain(t, b, "killed", killed, "the replica's session died", old)
 
 	// The replica no longer admits on what it remembered: the next write
 	// under a still-current lease reads the store again.
@@ -338,14 +365,23 @@ func testFenceCrash(t *testing.T, h FenceHarness) {
 		Wait: fenceOpts.DrainPeriod / 3}); err != nil {
 		t.Fatalf("a resource the dead replica never fenced was not granted within a third of a drain: %v", err)
 	}
-	l, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "crash-fenced", Holder: "new", TTL: time.Second,
+	grantAfterDrain(t, b, "crash-fenced", crashed, "a replica died", fenced)
+}
+
+// grantAfterDrain acquires resource on svc, waiting as long as a drain and
+// a session check may take, and fails t unless the grant came a drain
+// period or more after since, when event left old's write in flight with
+// an unknown outcome.
+func grantAfterDrain(t *testing.T, svc *tokens.Service, resource string, since time.Time, event string, old tokens.Lease) {
+	t.Helper()
+	l, err := svc.Acquire(t.Context(), tokens.AcquireRequest{Resource: resource, Holder: "new", TTL: time.Second,
 		Wait: fenceOpts.DrainPeriod + fenceOpts.SessionCheck + 2*time.Second})
 	if err != nil {
 		t.Fatalf("grant after the drain: %v", err)
 	}
-	if waited := time.Since(crashed); waited < fenceOpts.DrainPeriod {
-		t.Fatalf("token %d granted %v after a replica died with token %d's write in flight; want a drain of at least %v",
-			l.Token, waited, fenced.Token, fenceOpts.DrainPeriod)
+	if waited := time.Since(since); waited < fenceOpts.DrainPeriod {
+		t.Fatalf("token %d granted %v after %s with token %d's write in flight; want a drain of at least %v",
+			l.Token, waited, event, old.Token, fenceOpts.DrainPeriod)
 	}
 }
 

@@ -43,20 +43,12 @@ func testFenceSessionKilledLosesProof(t *testing.T, h FenceHarness) {
 
 	// Liveness: the replica reconnects and writes under the new lease,
 	// with a proof, within seconds.
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	waitSucceeds(t, 15*time.Second, 50*time.Millisecond, "the replica whose sessions were killed writing again", func() error {
 		q, err := a.Admit(t.Context(), l.ID, tokens.Write{Method: "POST", Upstream: "u", Path: "/x"})
-		if err == nil {
-			cerr := q.Check()
-			q.Done(tokens.OutcomeKnown)
-			if cerr == nil {
-				break
-			}
-			err = cerr
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the replica whose sessions were killed does not write again: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		defer q.Done(tokens.OutcomeKnown)
+		return q.Check()
+	})
 }

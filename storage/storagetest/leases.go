@@ -69,10 +69,7 @@ func testGrantHeld(t *testing.T, h Harness) {
 }
 
 func testGrantAfterExpiry(t *testing.T, h Harness) {
-	s := h.Open(t)
-	name := resourceName(t, "r")
-	a := grant(t, s, name, "a", shortTTL)
-	waitExpired(t, s, a)
+	s, name, a := expiredLease(t, h)
 	if r := resource(t, s, name); r.Holder(storeNow(r)) != nil {
 		t.Fatalf("Resource after expiry has a holder: %+v", r)
 	}
@@ -141,10 +138,7 @@ func testRenew(t *testing.T, h Harness) {
 }
 
 func testRenewExpired(t *testing.T, h Harness) {
-	s := h.Open(t)
-	name := resourceName(t, "r")
-	a := grant(t, s, name, "a", shortTTL)
-	waitExpired(t, s, a)
+	s, name, a := expiredLease(t, h)
 	_, err := s.Renew(t.Context(), a.ID, 0)
 	f := wantErr(t, err, tokens.ErrLeaseLost, "Renew(expired)")
 	if f.Resource != name || f.Token != a.Token {
@@ -170,10 +164,7 @@ func testRenewReleased(t *testing.T, h Harness) {
 }
 
 func testRenewSuperseded(t *testing.T, h Harness) {
-	s := h.Open(t)
-	name := resourceName(t, "r")
-	a := grant(t, s, name, "a", shortTTL)
-	waitExpired(t, s, a)
+	s, name, a := expiredLease(t, h)
 	b := grant(t, s, name, "b", longTTL)
 	_, err := s.Renew(t.Context(), a.ID, longTTL)
 	f := wantErr(t, err, tokens.ErrLeaseLost, "Renew(superseded)")
@@ -214,10 +205,7 @@ func testRelease(t *testing.T, h Harness) {
 }
 
 func testReleaseExpired(t *testing.T, h Harness) {
-	s := h.Open(t)
-	name := resourceName(t, "r")
-	a := grant(t, s, name, "a", shortTTL)
-	waitExpired(t, s, a)
+	s, name, a := expiredLease(t, h)
 	_, err := s.Release(t.Context(), a.ID)
 	wantErr(t, err, tokens.ErrLeaseLost, "Release(expired)")
 	r := resource(t, s, name)
@@ -227,10 +215,7 @@ func testReleaseExpired(t *testing.T, h Harness) {
 }
 
 func testReleaseSuperseded(t *testing.T, h Harness) {
-	s := h.Open(t)
-	name := resourceName(t, "r")
-	a := grant(t, s, name, "a", shortTTL)
-	waitExpired(t, s, a)
+	s, name, a := expiredLease(t, h)
 	b := grant(t, s, name, "b", longTTL)
 	_, err := s.Release(t.Context(), a.ID)
 	wantErr(t, err, tokens.ErrLeaseLost, "Release(superseded)")
@@ -310,4 +295,15 @@ func leaseNames(ls []tokens.Lease) []string {
 		out = append(out, fmt.Sprintf("%s#%d", l.Resource, l.Token))
 	}
 	return out
+}
+
+// expiredLease grants holder "a" a lease on a fresh resource of a store of
+// h, and returns once the store's clock says it has expired.
+func expiredLease(t *testing.T, h Harness) (tokens.Store, string, tokens.Lease) {
+	t.Helper()
+	s := h.Open(t)
+	name := resourceName(t, "r")
+	a := grant(t, s, name, "a", shortTTL)
+	waitExpired(t, s, a)
+	return s, name, a
 }

@@ -24,6 +24,26 @@ func waitUntil(t testing.TB, within time.Duration, what string, cond func() bool
 	}
 }
 
+// waitSucceeds calls try until it succeeds, failing the test with try's last
+// error if it has not within the deadline: waitUntil for an event that
+// only an attempt shows (a write that goes through again, a message that
+// arrives once a listener is back). period spaces the attempts that each
+// cost a round trip; 0 for an attempt that waits by itself.
+func waitSucceeds(t testing.TB, within, period time.Duration, what string, try func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		err := try()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v: %v", what, within, err)
+		}
+		time.Sleep(period)
+	}
+}
+
 // WaitPast waits until the store's clock (Resource.Now of resource, or this
 // process's clock for a store that reports none) is past at: a lease that
 // ends at at has then expired for the store that judges it, whatever the
