@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fencegw/fencegw/api/server"
+	"github.com/fencegw/fencegw/gateway/internal/engine"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -124,12 +125,12 @@ type Gateway struct {
 	metrics   *metrics
 	feed      *feed
 	transport *http.Transport
-	engine    *engine // over transport: the RoundTripper of proxy
+	engine    *engine.Transport // over transport: the RoundTripper of proxy
 	proxy     http.Handler
 	buffers   *bufferPool // response copy buffers, of the proxy and the direct forward
 	proxyLog  *log.Logger // the proxy's and the direct forward's messages
 	// direct: writes the engine can carry skip the reverse proxy
-	// (engine_forward.go); off only to compare the two in tests.
+	// (direct.go); off only to compare the two in tests.
 	direct   bool
 	inflight atomic.Int64
 	ages     *inflightAges
@@ -174,8 +175,8 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	}
 	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport(), hosts: newHostList(cfg.AllowedHosts), bindings: newRouteTable(cfg.Routes),
 		tr: newTracing(cfg.TracerProvider)}
-	g.engine = newEngine(g.transport)
-	g.transport.DialContext = fencedDial(g.transport.DialContext) // sendcheck.go
+	g.engine = engine.New(g.transport, writeOf)
+	g.transport.DialContext = engine.FencedDial(g.transport.DialContext) // sendcheck.go
 	g.metrics = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
 	g.byKey = newPrincipalCounts(cfg.Registry)                       // attribution.go
 	g.streams = newStreamSlots(cfg.MaxStreams, cfg.MaxStreamsPerKey) // streamcap.go

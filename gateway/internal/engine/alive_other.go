@@ -1,6 +1,6 @@
 //go:build !unix
 
-package gateway
+package engine
 
 // alive: without a non-blocking peek an idle connection cannot be checked,
 // so none is reused.
