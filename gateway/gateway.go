@@ -134,11 +134,9 @@ type Gateway struct {
 	direct   bool
 	inflight atomic.Int64
 	ages     *inflightAges
-	sig      *signals
 	handler  http.Handler
 	hosts    hostList
 	bindings routeTable
-	byKey    *principalCounts
 	streams  *streamSlots
 	keys     *keys    // nil without Config.Idempotency
 	tr       *tracing // nil without Config.TracerProvider
@@ -177,12 +175,9 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 		tr: newTracing(cfg.TracerProvider)}
 	g.engine = engine.New(g.transport, writeOf)
 	g.transport.DialContext = engine.FencedDial(g.transport.DialContext) // sendcheck.go
-	g.metrics = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
-	g.byKey = newPrincipalCounts(cfg.Registry)                       // attribution.go
-	g.streams = newStreamSlots(cfg.MaxStreams, cfg.MaxStreamsPerKey) // streamcap.go
 	g.ages = newInflightAges(cfg.ForwardTimeout + cfg.BodyTimeout)
-	g.sig = newSignals(cfg.Registry, svc, g.ages)
-	g.metrics.drains = g.sig.drains
+	g.metrics = newMetrics(cfg.Registry, svc, g.ages, func() float64 { return float64(g.inflight.Load()) })
+	g.streams = newStreamSlots(cfg.MaxStreams, cfg.MaxStreamsPerKey) // streamcap.go
 	now := time.Now
 	if svc != nil {
 		now = svc.Now
@@ -325,7 +320,7 @@ func (g *Gateway) routes(si server.ServerInterface) http.Handler {
 // with POST /v1/leases decoded and answered by hand (acquire.go) unless
 // generatedOnly.
 func (g *Gateway) controlServer(generatedOnly bool) server.ServerInterface {
-	ctl := &control{svc: g.svc, metrics: g.metrics, sig: g.sig, clocks: g.cfg.Clocks, tracing: g.tr != nil}
+	ctl := &control{svc: g.svc, metrics: g.metrics, clocks: g.cfg.Clocks, tracing: g.tr != nil}
 	strict := server.NewStrictHandlerWithOptions(ctl, nil, server.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc: g.requestErrorHandler,
 		ResponseErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {

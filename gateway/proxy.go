@@ -239,7 +239,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		g.metrics.refused(err)
-		g.byKey.refused(write.Principal, err) // attribution.go
+		g.metrics.refusedBy(write.Principal, err)
 		writeProblem(w, r, g.log, err)
 		return
 	}
