@@ -2,9 +2,11 @@
 // under its reverse proxy, which carries the fenced writes it can without
 // net/http's Transport, and the check of a write's fence before each write
 // system call that carries its bytes, on the engine's connections and on
-// the Transport's (sendcheck.go).
+// the Transport's (sendcheck.go). In this package "the Transport" is
+// net/http's http.Transport; the engine's own RoundTripper is the type
+// Transport, named as net/http names its own.
 //
-// The Transport gives every upstream connection two goroutines (one writes
+// net/http's Transport gives every upstream connection two goroutines (one writes
 // requests, one reads responses) and hands each request and each response
 // across them through channels: four goroutine switches and a few
 // allocations per write that, by the profile in docs/benchmarks.md, cost
