@@ -87,9 +87,9 @@ func TestPrincipalSeriesAreBounded(t *testing.T) {
 	up := newRecorder(t)
 	tg := startFraming(t, up.URL, Config{}, false)
 	for i := range maxPrincipalSeries + 10 {
-		tg.g.byKey.count("key-"+strings.Repeat("x", i), tokens.CodeStaleToken)
+		tg.g.metrics.byPrincipal.count("key-"+strings.Repeat("x", i), tokens.CodeStaleToken)
 	}
-	if n := len(tg.g.byKey.known); n != maxPrincipalSeries {
+	if n := len(tg.g.metrics.byPrincipal.known); n != maxPrincipalSeries {
 		t.Fatalf("%d principals", n)
 	}
 	rec := httptest.NewRecorder()

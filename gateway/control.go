@@ -23,7 +23,6 @@ import (
 type control struct {
 	svc     *tokens.Service
 	metrics *metrics
-	sig     *signals
 	clocks  *tokens.Clocks
 	tracing bool // spans are named and given attributes (tracing.go)
 }
@@ -156,7 +155,7 @@ func (c *control) RenewLease(ctx context.Context, req server.RenewLeaseRequestOb
 		c.nameSpan(ctx, "renew", leaseAttrs(lease.Resource, lease.Token)...)
 	}
 	if err != nil {
-		c.sig.leaseRefused("renew", req.LeaseId, err, c.svc.Now())
+		c.metrics.leaseRefused("renew", req.LeaseId, err, c.svc.Now())
 		if f := tokens.ErrorOf(err); f != nil && f.Holder != "" && !clientSent.IsZero() {
 			c.clocks.Observe(f.Holder, clientSent, rtt, arrived) // the holder the refusal is about
 		}
@@ -178,7 +177,7 @@ func (c *control) ReleaseLease(ctx context.Context, req server.ReleaseLeaseReque
 		c.nameSpan(ctx, "release", leaseAttrs(lease.Resource, lease.Token)...)
 	}
 	if err != nil {
-		c.sig.leaseRefused("release", req.LeaseId, err, c.svc.Now())
+		c.metrics.leaseRefused("release", req.LeaseId, err, c.svc.Now())
 		return nil, err
 	}
 	return server.ReleaseLease204Response{}, nil

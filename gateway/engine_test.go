@@ -1,5 +1,10 @@
 package gateway
 
+// The forwarding engine (package engine) as the gateway uses it, end to
+// end: through the direct forward and the reverse proxy, against
+// httputil.ReverseProxy over the plain Transport, and the engine's
+// connections and failures as a client and the resource's drain see them.
+
 import (
 	"context"
 	"fmt"
@@ -21,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencegw/fencegw/gateway/internal/engine"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -180,7 +186,7 @@ func (tg *testGateway) send(t *testing.T, c *http.Client, lease, id string, dc d
 }
 
 // startDiff starts two gateways on one upstream: one forwarding through
-// the engine (the default: its direct forward, engine_forward.go, for what
+// the engine (the default: its direct forward, direct.go, for what
 // it carries, the reverse proxy over the engine for the rest), one through
 // httputil.ReverseProxy over the plain Transport.
 func startDiff(t testing.TB) (up *diffUpstream, eng, std *testGateway, engLease, stdLease string) {
@@ -196,7 +202,7 @@ func startDiff(t testing.TB) (up *diffUpstream, eng, std *testGateway, engLease,
 	return up, eng, std, eng.leaseTTL(t, "r", time.Hour), std.leaseTTL(t, "r", time.Hour)
 }
 
-// directs counts the direct forwards (engine_forward.go) of a test.
+// directs counts the direct forwards (direct.go) of a test.
 var directs atomic.Int64
 
 // countDirect counts the direct forwards of t, which must not run in
@@ -482,7 +488,7 @@ func TestEngineFailures(t *testing.T) {
 	t.Cleanup(up.Close)
 	t.Cleanup(func() { close(release) })
 	tg := startFraming(t, up.URL, Config{ForwardTimeout: 300 * time.Millisecond}, false)
-	tg.g.engine.maxHead = 4 << 10
+	tg.g.transport.MaxResponseHeaderBytes = 4 << 10 // the engine's limit too
 	c := &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}
 	t.Cleanup(c.CloseIdleConnections)
 	write := func(lease, path string) int {
@@ -582,40 +588,9 @@ func validHeader(name, value string) bool {
 	return true
 }
 
-// put closes the connections that were idle too long, oldest first, and
-// keeps at most maxIdle.
-func TestEnginePutPrunes(t *testing.T) {
-	e := &engine{maxIdle: 2, idleTimeout: time.Minute, idle: map[string][]*engineConn{}}
-	conn := func() (*engineConn, net.Conn) {
-		a, b := net.Pipe()
-		t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
-		return &engineConn{nc: a, addr: "up"}, b
-	}
-	closed := func(peer net.Conn) bool {
-		_ = peer.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-		_, err := peer.Read(make([]byte, 1))
-		return err == io.EOF
-	}
-	old, oldPeer := conn()
-	e.put(old)
-	old.idleAt = old.idleAt.Add(-2 * time.Minute)
-	fresh, freshPeer := conn()
-	e.put(fresh)
-	if !closed(oldPeer) || closed(freshPeer) || len(e.idle["up"]) != 1 || e.idle["up"][0] != fresh {
-		t.Fatalf("after putting a fresh connection beside one idle for 2 minutes: %d idle", len(e.idle["up"]))
-	}
-	second, _ := conn()
-	e.put(second)
-	extra, extraPeer := conn()
-	e.put(extra)
-	if len(e.idle["up"]) != 2 || !closed(extraPeer) {
-		t.Fatalf("maxIdle 2: %d idle, the third not closed", len(e.idle["up"]))
-	}
-}
-
-// The engine (carries, on the reverse proxy's outbound request) and the
+// The engine (Carries, on the reverse proxy's outbound request) and the
 // direct forward (directable, on the client's request) take the same
-// requests as one plain exchange: one predicate, oneExchange. Before it
+// requests as one plain exchange: one predicate, engine.OneExchange. Before it
 // they had drifted (a Trailer header kept a write from the direct forward
 // only); the direct forward alone also refuses keyed writes and queries
 // the reverse proxy would rewrite.
@@ -648,7 +623,7 @@ func TestOneExchange(t *testing.T) {
 		{name: "Trailer header", method: "POST", length: 4, buffered: []byte("body"), header: http.Header{"Trailer": {"X-T"}}},
 	}
 	g := &Gateway{direct: true}
-	e := &engine{}
+	e := engine.New(&http.Transport{}, writeOf)
 	for _, rw := range rows {
 		if rw.method == "" {
 			rw.method = "GET"
@@ -674,7 +649,7 @@ func TestOneExchange(t *testing.T) {
 		if got := g.directable(in, f); got != rw.want {
 			t.Errorf("%s: directable %v, want %v", rw.name, got, rw.want)
 		}
-		if got := e.carries(out); got != rw.want {
+		if got := e.Carries(out); got != rw.want {
 			t.Errorf("%s: the engine carries it: %v, want %v", rw.name, got, rw.want)
 		}
 		if !rw.want {

@@ -25,6 +25,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fencegw/fencegw/api/server"
+	"github.com/fencegw/fencegw/gateway/internal/engine"
 	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/tokens"
 )
@@ -127,20 +128,18 @@ type Gateway struct {
 	metrics   *metrics
 	feed      *feed
 	transport *http.Transport
-	engine    *engine // over transport: the RoundTripper of proxy
+	engine    *engine.Transport // over transport: the RoundTripper of proxy
 	proxy     http.Handler
 	buffers   *bufferPool // response copy buffers, of the proxy and the direct forward
 	proxyLog  *log.Logger // the proxy's and the direct forward's messages
 	// direct: writes the engine can carry skip the reverse proxy
-	// (engine_forward.go); off only to compare the two in tests.
+	// (direct.go); off only to compare the two in tests.
 	direct   bool
 	inflight atomic.Int64
 	ages     *inflightAges
-	sig      *signals
 	handler  http.Handler
 	hosts    hostList
 	bindings routeTable
-	byKey    *principalCounts
 	streams  *streamSlots
 	keys     *keys    // nil without Config.Idempotency
 	tr       *tracing // nil without Config.TracerProvider
@@ -177,14 +176,11 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	}
 	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport(), hosts: newHostList(cfg.AllowedHosts), bindings: newRouteTable(cfg.Routes),
 		tr: newTracing(cfg.TracerProvider)}
-	g.engine = newEngine(g.transport)
-	g.transport.DialContext = fencedDial(g.transport.DialContext) // sendcheck.go
-	g.metrics = newMetrics(cfg.Registry, func() float64 { return float64(g.inflight.Load()) })
-	g.byKey = newPrincipalCounts(cfg.Registry)                       // attribution.go
-	g.streams = newStreamSlots(cfg.MaxStreams, cfg.MaxStreamsPerKey) // streamcap.go
+	g.engine = engine.New(g.transport, writeOf)
+	g.transport.DialContext = engine.FencedDial(g.transport.DialContext) // sendcheck.go
 	g.ages = newInflightAges(cfg.ForwardTimeout + cfg.BodyTimeout)
-	g.sig = newSignals(cfg.Registry, svc, g.ages)
-	g.metrics.drains = g.sig.drains
+	g.metrics = newMetrics(cfg.Registry, svc, g.ages, func() float64 { return float64(g.inflight.Load()) })
+	g.streams = newStreamSlots(cfg.MaxStreams, cfg.MaxStreamsPerKey) // streamcap.go
 	now := time.Now
 	if svc != nil {
 		now = svc.Now
@@ -328,7 +324,7 @@ func (g *Gateway) routes(si server.ServerInterface) http.Handler {
 // with POST /v1/leases decoded and answered by hand (acquire.go) unless
 // generatedOnly.
 func (g *Gateway) controlServer(generatedOnly bool) server.ServerInterface {
-	ctl := &control{svc: g.svc, metrics: g.metrics, sig: g.sig, clocks: g.cfg.Clocks, tracing: g.tr != nil}
+	ctl := &control{svc: g.svc, metrics: g.metrics, clocks: g.cfg.Clocks, tracing: g.tr != nil}
 	strict := server.NewStrictHandlerWithOptions(ctl, nil, server.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc: g.requestErrorHandler,
 		ResponseErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fencegw/fencegw/gateway/internal/engine"
 	"github.com/fencegw/fencegw/internal/failpoint"
 	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/tokens"
@@ -45,8 +46,8 @@ type forward struct {
 	// (sendcheck.go); sent: some of the request's bytes had been handed
 	// to the upstream's connection by then (or ever).
 	fenceLost, sent atomic.Bool
-	conn            *fencedConn // the Transport's connection, once it has one
-	body            *bodyGuard  // nil without a body
+	conn            engine.Attachment // to the Transport's connection, once it has one
+	body            *bodyGuard        // nil without a body
 	// buffered is the whole body of a small write, read before the
 	// forward (smallbody.go); nil if the body streams.
 	buffered   []byte
@@ -78,7 +79,7 @@ func (g *Gateway) newReverseProxy() *httputil.ReverseProxy {
 
 // rewrite turns the client's request into the upstream's: the Rewrite of
 // the reverse proxy, and of the engine's direct forward
-// (engine_forward.go), so that both send the same request.
+// (direct.go), so that both send the same request.
 func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward) {
 	pr.Out.URL.Path, pr.Out.URL.RawPath = f.path, f.rawPath
 	if f.buffered != nil {
@@ -241,7 +242,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		g.metrics.refused(err)
-		g.byKey.refused(write.Principal, err) // attribution.go
+		g.metrics.refusedBy(write.Principal, err)
 		writeProblem(w, r, g.log, err)
 		return
 	}
@@ -287,7 +288,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 
 	wt.beginForward(r.Context(), g.tr, f)
 	if g.directable(r, f) {
-		g.forwardDirect(w, rc, r, f) // engine_forward.go
+		g.forwardDirect(w, rc, r, f) // direct.go
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.ForwardTimeout)

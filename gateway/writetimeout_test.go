@@ -50,7 +50,7 @@ func TestUnreadAnswersDoNotHoldTheConnection(t *testing.T) {
 			c = tc
 		}
 		// Padded so that Go's 4 KiB reads hold fewer heads than the framing
-		// scanner queues (maxQueued).
+		// scanner queues (package framing's maxQueued).
 		pipelined := strings.Repeat("GET /v1/openapi.yaml HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: "+strings.Repeat("p", 200)+"\r\n\r\n", 200)
 		go func() { _, _ = c.Write([]byte(pipelined)) }()
 		select {

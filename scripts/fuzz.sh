@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 budget="${1:-10s}"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-for pkg in ./tokens ./gateway ./cmd/fencegw ./auth ./storage/bolt ./storage/feed; do
+for pkg in ./tokens ./gateway ./gateway/internal/framing ./gateway/internal/engine ./cmd/fencegw ./auth ./storage/bolt ./storage/feed; do
   for target in $(go test -list '^Fuzz' "$pkg" | grep '^Fuzz'); do
     echo "fuzz $pkg $target for $budget"
     if go test -run '^$' -fuzz "^${target}\$" -fuzztime "$budget" "$pkg" 2>&1 | tee "$out"; then

@@ -1,8 +1,8 @@
-package gateway
+package framing
 
-// The frame scanner: follows the requests of an HTTP/1 byte stream as Go's
+// The scanner: follows the requests of an HTTP/1 byte stream as Go's
 // server parses them, and notes each head's request line and framing
-// fields for the framing check (framing.go).
+// fields for Check (framing.go).
 
 import (
 	"bytes"
@@ -10,20 +10,20 @@ import (
 	"net/http"
 )
 
-// frameInfo is what the scanner saw in one request's head.
-type frameInfo struct {
+// head is what the scanner saw in one request's head.
+type head struct {
 	lineHash uint64 // FNV-1a of the request line as Go's parser gets it
 	lineLen  int
-	length   int64 // the Content-Length value, if frameCL
+	length   int64 // the Content-Length value, if hasCL
 	flags    uint8
 	bad      string // why the gateway refuses the head, "" if it does not
 	badField string // the field bad names
 }
 
-// Flags of frameInfo.
+// Flags of head.
 const (
-	frameCL uint8 = 1 << iota // a Content-Length field
-	frameTE                   // a Transfer-Encoding field
+	hasCL uint8 = 1 << iota // a Content-Length field
+	hasTE                   // a Transfer-Encoding field
 )
 
 // Scanner states.
@@ -60,12 +60,12 @@ var priHash = func() uint64 {
 	return h
 }()
 
-// frameScanner follows the requests in an HTTP/1 byte stream the way Go's
+// scanner follows the requests in an HTTP/1 byte stream the way Go's
 // server parses them (net/http readRequest, net/textproto), without
 // buffering: lines end at LF, a CR right before it is dropped; after a POST
 // up to 4 leading CR or LF bytes are skipped; a body is only ever framed by
 // Content-Length here (a Transfer-Encoding head is the connection's last).
-type frameScanner struct {
+type scanner struct {
 	state    uint8
 	cr       bool  // the previous byte was a CR not yet known to end a line
 	skipCRLF int   // CR/LF bytes Go skips before the next request line
@@ -74,7 +74,7 @@ type frameScanner struct {
 	maxHead  int
 
 	// The current head.
-	cur    frameInfo
+	cur    head
 	method int // bytes of "POST " matched at the start of the line; -1: not a POST
 	isPost bool
 
@@ -85,7 +85,7 @@ type frameScanner struct {
 	digits       int  // digits of a Content-Length value so far
 	trailing     bool // whitespace after them
 
-	queue []frameInfo // heads scanned, not yet taken by a handler
+	queue []head // heads scanned, not yet taken by a handler
 }
 
 const (
@@ -93,13 +93,13 @@ const (
 	nameTE = "transfer-encoding"
 )
 
-func (s *frameScanner) init(maxHead int) {
+func (s *scanner) init(maxHead int) {
 	s.maxHead = maxHead
 	s.state = scanStart
 }
 
 // feed follows p, the next bytes read from the connection.
-func (s *frameScanner) feed(p []byte) {
+func (s *scanner) feed(p []byte) {
 	i := 0
 	for i < len(p) {
 		switch s.state {
@@ -119,7 +119,7 @@ func (s *frameScanner) feed(p []byte) {
 				continue
 			}
 			s.skipCRLF = 0
-			s.cur = frameInfo{lineHash: fnvOffset}
+			s.cur = head{lineHash: fnvOffset}
 			s.method, s.isPost, s.cr, s.headLen = 0, false, false, 0
 			s.state = scanLine
 		case scanLine:
@@ -207,7 +207,7 @@ func (s *frameScanner) feed(p []byte) {
 
 // count adds n bytes to the current head; false if it grew too large (the
 // scanner then stopped).
-func (s *frameScanner) count(n int) bool {
+func (s *scanner) count(n int) bool {
 	if s.headLen += n; s.headLen > s.maxHead {
 		s.fail(fieldHeaders, "the header block is too large")
 		return false
@@ -218,7 +218,7 @@ func (s *frameScanner) count(n int) bool {
 // lineBytes adds seg, a piece of the request line that ends at its LF if
 // it has one, to the line's hash as Go's parser gets the line: without the
 // LF and one CR right before it.
-func (s *frameScanner) lineBytes(seg []byte) {
+func (s *scanner) lineBytes(seg []byte) {
 	ends := len(seg) > 0 && seg[len(seg)-1] == '\n'
 	if ends {
 		seg = seg[:len(seg)-1]
@@ -240,7 +240,7 @@ func (s *frameScanner) lineBytes(seg []byte) {
 	}
 }
 
-func (s *frameScanner) hashByte(b byte) {
+func (s *scanner) hashByte(b byte) {
 	s.cur.lineHash = (s.cur.lineHash ^ uint64(b)) * fnvPrime
 	s.cur.lineLen++
 	if s.method >= 0 && s.method < len("POST ") {
@@ -252,7 +252,7 @@ func (s *frameScanner) hashByte(b byte) {
 	}
 }
 
-func (s *frameScanner) nameByte(b byte) {
+func (s *scanner) nameByte(b byte) {
 	c := b
 	if 'A' <= c && c <= 'Z' {
 		c += 'a' - 'A'
@@ -266,21 +266,21 @@ func (s *frameScanner) nameByte(b byte) {
 	s.nameLen++
 }
 
-func (s *frameScanner) endName() {
+func (s *scanner) endName() {
 	isCL := !s.notCL && s.nameLen == len(nameCL)
 	isTE := !s.notTE && s.nameLen == len(nameTE)
 	switch {
 	case (isCL || isTE) && s.underscore:
 		// Go takes Content_Length for another field; some proxies do not.
 		s.fail(fieldFraming, "a header field name like these with '_' for '-'")
-	case isCL && s.cur.flags&frameCL != 0:
+	case isCL && s.cur.flags&hasCL != 0:
 		s.fail("Content-Length", "more than one such field")
 	case isCL:
-		s.cur.flags |= frameCL
+		s.cur.flags |= hasCL
 		s.digits, s.trailing, s.cr = 0, false, false
 		s.state = scanLength
 	case isTE:
-		s.cur.flags |= frameTE
+		s.cur.flags |= hasTE
 		s.state = scanValue
 	default:
 		s.state = scanValue
@@ -289,7 +289,7 @@ func (s *frameScanner) endName() {
 
 // lengthByte follows a Content-Length value: optional whitespace, decimal
 // digits that fit an int64, optional whitespace (what Go's parser accepts).
-func (s *frameScanner) lengthByte(b byte) {
+func (s *scanner) lengthByte(b byte) {
 	if s.cr && b != '\n' {
 		s.fail("Content-Length", "a CR inside the value")
 		return
@@ -319,19 +319,19 @@ func (s *frameScanner) lengthByte(b byte) {
 	}
 }
 
-func (s *frameScanner) endHead() {
+func (s *scanner) endHead() {
 	if !s.push(s.cur) {
 		return
 	}
 	switch {
-	case s.cur.flags&frameTE != 0:
+	case s.cur.flags&hasTE != 0:
 		// The gateway closes the connection after this request (or refuses
 		// it): nothing after it is read as a request.
 		s.state = scanStopped
 	case s.cur.lineHash == priHash && s.cur.lineLen == len(priLine):
 		// The HTTP/2 preface: net/http reads no request after it.
 		s.state = scanStopped
-	case s.cur.flags&frameCL != 0 && s.cur.length > 0:
+	case s.cur.flags&hasCL != 0 && s.cur.length > 0:
 		s.bodyLeft = s.cur.length
 		s.state = scanBody
 	default:
@@ -339,7 +339,7 @@ func (s *frameScanner) endHead() {
 	}
 }
 
-func (s *frameScanner) nextRequest() {
+func (s *scanner) nextRequest() {
 	s.state = scanStart
 	s.skipCRLF = 0
 	if s.isPost {
@@ -349,13 +349,13 @@ func (s *frameScanner) nextRequest() {
 
 // fail records what is wrong with the current head (the gateway refuses
 // it, if Go does not first) and stops following the connection.
-func (s *frameScanner) fail(field, reason string) {
+func (s *scanner) fail(field, reason string) {
 	s.cur.badField, s.cur.bad = field, reason
 	s.push(s.cur)
 	s.state = scanStopped
 }
 
-func (s *frameScanner) push(f frameInfo) bool {
+func (s *scanner) push(f head) bool {
 	if len(s.queue) >= maxQueued {
 		s.state = scanStopped
 		return false
@@ -364,7 +364,7 @@ func (s *frameScanner) push(f frameInfo) bool {
 	return true
 }
 
-// requestLineHash is the FNV-1a hash frameScanner computes for r's request
+// requestLineHash is the FNV-1a hash scanner computes for r's request
 // line ("METHOD REQUEST-URI PROTO", which net/http splits at its first two
 // spaces).
 func requestLineHash(r *http.Request) (uint64, int) {

@@ -1,6 +1,6 @@
-package gateway
+package framing
 
-// TLS termination in the framing listener: the scanner must see plaintext,
+// TLS termination in the listener: the scanner must see plaintext,
 // so the listener runs the handshake Go's server would run.
 
 import (
@@ -12,7 +12,7 @@ import (
 
 // handshake runs the TLS handshake that Go's server would run itself for a
 // *tls.Conn, bounded the same way, and keeps its state for the requests.
-func (c *framingConn) handshake() error {
+func (c *conn) handshake() error {
 	ctx := context.Background()
 	if c.l.hsTimeout > 0 {
 		var cancel context.CancelFunc

@@ -1,9 +1,12 @@
-package gateway
-
-// The forwarding engine: the http.RoundTripper under the reverse proxy for
-// the fenced writes it can carry without net/http's Transport.
+// Package engine is the gateway's forwarding engine: the http.RoundTripper
+// under its reverse proxy, which carries the fenced writes it can without
+// net/http's Transport, and the check of a write's fence before each write
+// system call that carries its bytes, on the engine's connections and on
+// the Transport's (sendcheck.go). In this package "the Transport" is
+// net/http's http.Transport; the engine's own RoundTripper is the type
+// Transport, named as net/http names its own.
 //
-// The Transport gives every upstream connection two goroutines (one writes
+// net/http's Transport gives every upstream connection two goroutines (one writes
 // requests, one reads responses) and hands each request and each response
 // across them through channels: four goroutine switches and a few
 // allocations per write that, by the profile in docs/benchmarks.md, cost
@@ -11,10 +14,14 @@ package gateway
 // and reads the answer on the calling goroutine, over a pool of keep-alive
 // HTTP/1.1 connections per upstream.
 //
-// It parses nothing itself: the request is serialised by net/http's own
-// Request.Write (the function the Transport uses, so the bytes are the
-// same, Host, Content-Length and all) and the response is read by
-// net/http's ReadResponse, with the Transport's head size limit. What it
+// It parses nothing itself: the response is read by net/http's
+// ReadResponse, with the Transport's head size limit. The request is
+// serialised by net/http's own Request.Write (the function the Transport
+// uses, so the bytes are the same, Host, Content-Length and all), except
+// the head of a request whose caller writes it through Exchange with
+// Hooks (the gateway's direct forward): writeHead (write.go) writes that
+// one without Request.Write's allocations, held to Request.Write's bytes
+// by TestWriteHeadMatchesRequestWrite and FuzzWriteHead. What the engine
 // adds is the connection's life:
 //
 //   - A connection goes back to the pool only when the response body was
@@ -38,9 +45,13 @@ package gateway
 //     moment; 1xx answers go to Got1xxResponse (the ReverseProxy forwards
 //     them) as in the Transport.
 //
-// Anything else goes to the Transport unchanged: bodies that stream
-// (larger than smallBody, chunked, Expect: 100-continue), upgrades,
-// trailers, https upstreams, CONNECT.
+// Anything else goes to the Transport unchanged (OneExchange): bodies
+// that stream (not read into memory before the forward, chunked, Expect:
+// 100-continue), upgrades, trailers, https upstreams, CONNECT.
+//
+// The engine knows the gateway's writes only as Write, an interface it
+// defines: it imports nothing of the gateway.
+package engine
 
 import (
 	"bufio"
@@ -58,25 +69,48 @@ import (
 	"time"
 )
 
-// engine is the RoundTripper of the gateway's reverse proxy.
-type engine struct {
+// Write is one fenced write as the engine sees it: what it needs of the
+// gateway's record of the write, which the gateway implements. The
+// methods are called on the goroutine that writes the request.
+type Write interface {
+	// Body is the request's whole body if it was read into memory before
+	// the forward, nil if it streams. Only a body in memory is carried by
+	// the engine itself: it goes out with the head in one write.
+	Body() []byte
+	// CheckSend is called before each write system call that carries bytes
+	// of the request: nil if the write's fence is still provably held. An
+	// error stops the send: nothing more of the request is written, the
+	// connection is reset (see sendcheck.go) and the exchange fails.
+	CheckSend() error
+	// Sent tells that n bytes of the request went to the kernel (n may
+	// be 0): from then on, a failure leaves the outcome unknown.
+	Sent(n int)
+}
+
+// Transport is the RoundTripper of the gateway's reverse proxy: it carries
+// one plain exchange (OneExchange) itself and hands every other request
+// to the http.Transport it was made with.
+type Transport struct {
 	std         *http.Transport // everything the engine does not carry
+	writeOf     func(*http.Request) Write
 	dial        func(ctx context.Context, network, addr string) (net.Conn, error)
 	maxIdle     int           // idle connections kept per upstream
 	idleTimeout time.Duration // an idle connection older than this is closed
-	maxHead     int64         // response head bytes, as the Transport's limit
 
 	mu   sync.Mutex
 	idle map[string][]*engineConn // by host:port, most recent last
 }
 
-func newEngine(std *http.Transport) *engine {
-	maxHead := std.MaxResponseHeaderBytes
-	if maxHead <= 0 {
-		maxHead = 10 << 20 // the Transport's default
-	}
-	return &engine{
-		std: std,
+// New returns a Transport over std: it dials through std.DialContext (read
+// at each dial), keeps std.MaxIdleConnsPerHost idle connections per
+// upstream for std.IdleConnTimeout, and allows a response head
+// std.MaxResponseHeaderBytes (read at each exchange), as std would.
+// writeOf returns the fenced write a request carries, nil for one that
+// carries none (it goes to std).
+func New(std *http.Transport, writeOf func(*http.Request) Write) *Transport {
+	return &Transport{
+		std:     std,
+		writeOf: writeOf,
 		dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			if std.DialContext == nil {
 				var d net.Dialer
@@ -92,70 +126,84 @@ func newEngine(std *http.Transport) *engine {
 		},
 		maxIdle:     std.MaxIdleConnsPerHost,
 		idleTimeout: std.IdleConnTimeout,
-		maxHead:     maxHead,
 		idle:        map[string][]*engineConn{},
 	}
 }
 
-// oneExchange reports whether r, a fenced write forwarded as f to target,
-// is one plain exchange, the kind the engine writes and reads itself: to a
-// plain-http target; not CONNECT; no body, or one of known length in
-// memory (f.buffered, smallbody.go); no Transfer-Encoding and no trailers;
-// no Upgrade, Expect, TE or Trailer header. Everything else needs the
+// maxHead is the response head bytes allowed, the Transport's limit.
+func (e *Transport) maxHead() int64 {
+	if n := e.std.MaxResponseHeaderBytes; n > 0 {
+		return n
+	}
+	return 10 << 20 // the Transport's default
+}
+
+// OneExchange reports whether r, a fenced write to target whose body is
+// body (Write.Body), is one plain exchange, the kind the engine writes and
+// reads itself: to a plain-http target; not CONNECT; no body, or one of
+// known length in memory; no Transfer-Encoding and no trailers; no
+// Upgrade, Expect, TE or Trailer header. Everything else needs the
 // Transport's judgement (streaming, 100-continue, upgrades, TLS).
 //
 // It is the one answer to that question: the engine asks it of the
-// reverse proxy's outbound request (carries), the direct forward of the
-// client's request (directable, engine_forward.go), so the two cannot
-// drift apart again (they had: only one looked at the Trailer header,
-// TestOneExchange).
-func oneExchange(r *http.Request, target *url.URL, f *forward) bool {
-	if f == nil || target.Scheme != "http" || r.Method == http.MethodConnect || len(r.TransferEncoding) > 0 || r.Trailer != nil {
+// reverse proxy's outbound request (Carries), the gateway's direct forward
+// of the client's request, so the two cannot drift apart again (they had:
+// only one looked at the Trailer header; the gateway's TestOneExchange).
+func OneExchange(r *http.Request, target *url.URL, body []byte) bool {
+	if target.Scheme != "http" || r.Method == http.MethodConnect || len(r.TransferEncoding) > 0 || r.Trailer != nil {
 		return false
 	}
 	h := r.Header
 	if len(h["Upgrade"]) > 0 || len(h["Expect"]) > 0 || len(h["Te"]) > 0 || len(h["Trailer"]) > 0 {
 		return false
 	}
-	return r.ContentLength == 0 || f.buffered != nil && r.ContentLength == int64(len(f.buffered))
+	return r.ContentLength == 0 || body != nil && r.ContentLength == int64(len(body))
 }
 
-// carries reports whether the engine forwards req, the reverse proxy's
-// outbound request, itself (oneExchange).
-func (e *engine) carries(req *http.Request) bool {
-	f, _ := req.Context().Value(forwardKey{}).(*forward)
-	return oneExchange(req, req.URL, f)
+// Carries reports whether RoundTrip forwards req itself rather than through
+// the http.Transport: req carries a fenced write and is one plain exchange
+// (OneExchange).
+func (e *Transport) Carries(req *http.Request) bool {
+	_, ok := e.carried(req)
+	return ok
+}
+
+// carried returns req's write if the engine carries req.
+func (e *Transport) carried(req *http.Request) (Write, bool) {
+	w := e.writeOf(req)
+	return w, w != nil && OneExchange(req, req.URL, w.Body())
 }
 
 // RoundTrip forwards req and returns the upstream's answer.
-func (e *engine) RoundTrip(req *http.Request) (*http.Response, error) {
-	f, _ := req.Context().Value(forwardKey{}).(*forward)
-	if !oneExchange(req, req.URL, f) {
+func (e *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	w, ok := e.carried(req)
+	if !ok {
 		return e.std.RoundTrip(req)
 	}
-	return e.exchange(req.Context(), req, f, time.Time{}, nil)
+	return e.Exchange(req.Context(), req, w, time.Time{}, nil)
 }
 
-// exchangeHooks are the direct forward's (engine_forward.go) ears on an
-// exchange, in place of a ClientTrace in the request's context.
-type exchangeHooks interface {
-	// wroteHeaders: the request's head was written (the moment
+// Hooks are the ears on an exchange of a caller that builds and writes the
+// request itself (the gateway's direct forward), in place of a ClientTrace
+// in the request's context, which would cost a context per request.
+type Hooks interface {
+	// WroteHeaders: the request's head was written (the moment
 	// ClientTrace.WroteHeaders reports).
-	wroteHeaders()
-	// got1xx: an informational answer came before the final one.
-	got1xx(code int, header textproto.MIMEHeader) error
-	// body is the request's body, all of it (req.ContentLength bytes).
-	body() []byte
+	WroteHeaders()
+	// Got1xx: an informational answer came before the final one.
+	Got1xx(code int, header textproto.MIMEHeader) error
 }
 
-// exchange writes req on a connection to its upstream and reads the
-// answer's head; the body is read through the returned response. ctx
-// ending aborts it (at any point until the body is closed), and so does
-// deadline, if set (a deadline on the connection: no timer of its own).
-// With hooks nil, the request's context's ClientTrace hears what they
-// would. Every write of req's bytes is checked against f's fence first
-// (engineConn.Write).
-func (e *engine) exchange(ctx context.Context, req *http.Request, f *forward, deadline time.Time, hooks exchangeHooks) (*http.Response, error) {
+// Exchange writes req, which carries w and is one plain exchange
+// (OneExchange; its body, if any, is w.Body()), on a connection to its
+// upstream, and reads the answer's head; the body is read through the
+// returned response, which must be closed. ctx ending aborts it (at any
+// point until the body is closed), and so does deadline, if set (a
+// deadline on the connection: no timer of its own); the error then says
+// which (context.Cause(ctx), or context.DeadlineExceeded). With hooks nil,
+// the request's context's ClientTrace hears what they would. Every write
+// of req's bytes is checked against w's fence first (w.CheckSend).
+func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, deadline time.Time, hooks Hooks) (*http.Response, error) {
 	c, err := e.get(ctx, req.URL.Host, deadline)
 	if err != nil {
 		if req.Body != nil {
@@ -169,15 +217,15 @@ func (e *engine) exchange(ctx context.Context, req *http.Request, f *forward, de
 	}
 	// A context that ends unblocks the connection's I/O at once.
 	stop := context.AfterFunc(ctx, c.abort)
-	c.fw = f
+	c.fw = w
 	fail := func(err error) (*http.Response, error) { return nil, c.failed(ctx, stop, deadline, err) }
 	var trace *httptrace.ClientTrace
 	switch {
 	case hooks != nil && c.host != nil && req.Host == "":
-		// Request.Write's bytes without its allocations (engine_write.go).
+		// Request.Write's bytes without its allocations (write.go).
 		if err = writeHead(c.bw, req, c.host); err == nil {
-			hooks.wroteHeaders()
-			_, err = c.bw.Write(hooks.body())
+			hooks.WroteHeaders()
+			_, err = c.bw.Write(w.Body())
 		}
 	case hooks != nil:
 		// The connection's own trace tells when the head was written.
@@ -185,7 +233,7 @@ func (e *engine) exchange(ctx context.Context, req *http.Request, f *forward, de
 		err = req.Write(c.bw)
 		if c.wroteHead {
 			c.wroteHead = false
-			hooks.wroteHeaders()
+			hooks.WroteHeaders()
 		}
 	default:
 		// Request.Write reports WroteHeaders to the context's trace once
@@ -201,7 +249,7 @@ func (e *engine) exchange(ctx context.Context, req *http.Request, f *forward, de
 		return fail(err)
 	}
 	c.fw = nil // all of the request has left
-	c.limit = e.maxHead + int64(c.br.Size())
+	c.limit = e.maxHead() + int64(c.br.Size())
 	var resp *http.Response
 	for {
 		resp, err = http.ReadResponse(c.br, req)
@@ -220,7 +268,7 @@ func (e *engine) exchange(ctx context.Context, req *http.Request, f *forward, de
 		var err error
 		switch {
 		case hooks != nil:
-			err = hooks.got1xx(code, textproto.MIMEHeader(resp.Header))
+			err = hooks.Got1xx(code, textproto.MIMEHeader(resp.Header))
 		case trace != nil && trace.Got1xxResponse != nil:
 			err = trace.Got1xxResponse(code, textproto.MIMEHeader(resp.Header))
 		default:
@@ -229,7 +277,7 @@ func (e *engine) exchange(ctx context.Context, req *http.Request, f *forward, de
 		if err != nil {
 			return fail(err)
 		}
-		c.limit = e.maxHead + int64(c.br.Size())
+		c.limit = e.maxHead() + int64(c.br.Size())
 	}
 	c.limit = -1
 	b := &engineBody{e: e, c: c, rc: resp.Body, stop: stop, reuse: !resp.Close && !req.Close}
@@ -259,7 +307,7 @@ var aLongTimeAgo = time.Unix(1, 0)
 
 // get returns a live idle connection to addr, or dials one (by deadline,
 // if set).
-func (e *engine) get(ctx context.Context, addr string, deadline time.Time) (*engineConn, error) {
+func (e *Transport) get(ctx context.Context, addr string, deadline time.Time) (*engineConn, error) {
 	now := time.Now()
 	e.mu.Lock()
 	for list := e.idle[addr]; len(list) > 0; list = e.idle[addr] {
@@ -300,7 +348,7 @@ func (e *engine) get(ctx context.Context, addr string, deadline time.Time) (*eng
 // first in the list), so that they do not linger half-closed while writes
 // keep coming. (With no writes at all they stay until the next one or
 // CloseIdleConnections; their number is bounded by maxIdle.)
-func (e *engine) put(c *engineConn) {
+func (e *Transport) put(c *engineConn) {
 	c.idleAt = time.Now()
 	var stale []*engineConn
 	e.mu.Lock()
@@ -325,8 +373,8 @@ func (e *engine) put(c *engineConn) {
 }
 
 // CloseIdleConnections closes the idle connections of the engine and of
-// the Transport.
-func (e *engine) CloseIdleConnections() {
+// the http.Transport.
+func (e *Transport) CloseIdleConnections() {
 	e.mu.Lock()
 	idle := e.idle
 	e.idle = map[string][]*engineConn{}
@@ -356,11 +404,11 @@ type engineConn struct {
 	trace     context.Context
 	wroteHead bool
 	abort     func() // fails blocked I/O on nc at once (made once)
-	host      []byte // the Host line of its requests (engine_write.go)
+	host      []byte // the Host line of its requests (write.go)
 	// fw is the write whose request is being written, whose fence each
 	// write system call checks first (sendcheck.go); nil between requests.
-	fw *forward
-	// The idle check's (engine_alive.go), made once.
+	fw Write
+	// The idle check's (alive.go), made once.
 	raw     syscall.RawConn
 	peek    func(fd uintptr) bool
 	peekBuf [1]byte
@@ -387,16 +435,16 @@ func (c *engineConn) Read(p []byte) (int, error) {
 // provably held (sendcheck.go); else it resets the connection and sends
 // nothing. The exchange then fails and closes c.
 func (c *engineConn) Write(p []byte) (int, error) {
-	f := c.fw
-	if f == nil {
+	w := c.fw
+	if w == nil {
 		return c.nc.Write(p)
 	}
-	if err := f.sendCheck(); err != nil {
+	if err := w.CheckSend(); err != nil {
 		resetOnClose(c.nc)
 		return 0, err
 	}
 	n, err := c.nc.Write(p)
-	f.sentBytes(n)
+	w.Sent(n)
 	return n, err
 }
 
@@ -405,7 +453,7 @@ func (c *engineConn) Write(p []byte) (int, error) {
 // the end closes the connection (never drains it: the upstream may send
 // forever).
 type engineBody struct {
-	e     *engine
+	e     *Transport
 	c     *engineConn
 	rc    io.ReadCloser // ReadResponse's body, framed by net/http
 	stop  func() bool   // stops the context's abort; false if it ran

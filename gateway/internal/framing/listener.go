@@ -1,8 +1,8 @@
-package gateway
+package framing
 
-// The framing listener: it wraps each accepted connection so that the
-// frame scanner (framing_scan.go) sees the plaintext bytes Go's server
-// reads, and hands each request its scanned head (framing.go).
+// The listener: it wraps each accepted connection so that the scanner
+// (scan.go) sees the plaintext bytes Go's server reads, and hands each
+// request its scanned head (Check, framing.go).
 
 import (
 	"context"
@@ -14,21 +14,21 @@ import (
 	"time"
 )
 
-// Listener returns ln prepared to serve the gateway with srv: pass it to
-// srv.Serve. Each connection's header blocks are scanned, so the gateway
-// can refuse a request that carries both Content-Length and
-// Transfer-Encoding, which Go's server would otherwise frame by the latter
-// without telling it (see the top of this file). srv.Handler must pass
-// every request to the Gateway (it checks one scanned head per request).
+// Listener returns ln prepared to serve srv: pass it to srv.Serve. Each
+// connection's header blocks are scanned, so that a handler can refuse a
+// request that carries both Content-Length and Transfer-Encoding, which
+// Go's server would otherwise frame by the latter without telling it (see
+// the package comment). srv.Handler must call Check once for every request
+// (each call takes one scanned head).
 //
 // With tlsConfig the listener terminates TLS itself (the scanner must see
-// plaintext) and the gateway sets each request's TLS field, so
-// X-Forwarded-Proto stays https. It serves HTTP/1.1 only: ALPN offers
+// plaintext) and Check returns each request's TLS state, so that the
+// handler can set the request's TLS field (X-Forwarded-Proto stays https). It serves HTTP/1.1 only: ALPN offers
 // http/1.1 and srv.Protocols is set to HTTP/1 (also without TLS: no h2c).
 //
 // Listener also sets srv.ConnContext and srv.ConnState (keeping any hooks
 // already there) and srv.DisableGeneralOptionsHandler, so that "OPTIONS *"
-// reaches the gateway like every other request. It reads srv.MaxHeaderBytes,
+// reaches the handler like every other request. It reads srv.MaxHeaderBytes,
 // the header timeouts (which also bound the TLS handshake) and ErrorLog:
 // set them first.
 func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config) net.Listener {
@@ -36,7 +36,7 @@ func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config) net.List
 	if maxHeader <= 0 {
 		maxHeader = http.DefaultMaxHeaderBytes
 	}
-	l := &framingListener{
+	l := &listener{
 		Listener: ln,
 		// Go's server allows MaxHeaderBytes plus 4 KiB of slack, and bytes
 		// already in its 4 KiB read buffer do not count: never stop before
@@ -55,8 +55,8 @@ func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config) net.List
 	srv.DisableGeneralOptionsHandler = true
 	connContext := srv.ConnContext
 	srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
-		if fc, ok := c.(*framingConn); ok {
-			ctx = context.WithValue(ctx, framingKey{}, fc)
+		if fc, ok := c.(*conn); ok {
+			ctx = context.WithValue(ctx, connKey{}, fc)
 		}
 		if connContext != nil {
 			ctx = connContext(ctx, c)
@@ -65,7 +65,7 @@ func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config) net.List
 	}
 	connState := srv.ConnState
 	srv.ConnState = func(c net.Conn, s http.ConnState) {
-		if fc, ok := c.(*framingConn); ok && s == http.StateHijacked {
+		if fc, ok := c.(*conn); ok && s == http.StateHijacked {
 			// What follows is not HTTP/1 (an upgraded connection).
 			fc.hijacked.Store(true)
 			fc.stop()
@@ -89,9 +89,9 @@ func handshakeTimeout(srv *http.Server) time.Duration {
 	return d
 }
 
-type framingKey struct{}
+type connKey struct{}
 
-type framingListener struct {
+type listener struct {
 	net.Listener
 	tls       *tls.Config
 	maxHead   int
@@ -99,12 +99,12 @@ type framingListener struct {
 	errorLog  interface{ Printf(string, ...any) }
 }
 
-func (l *framingListener) Accept() (net.Conn, error) {
+func (l *listener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	fc := &framingConn{Conn: c, tcp: c, l: l}
+	fc := &conn{Conn: c, tcp: c, l: l}
 	fc.scan.init(l.maxHead)
 	if l.tls != nil {
 		fc.tlsConn = tls.Server(c, l.tls)
@@ -113,12 +113,12 @@ func (l *framingListener) Accept() (net.Conn, error) {
 	return fc, nil
 }
 
-// framingConn is one accepted connection as Go's server sees it: the TCP
+// conn is one accepted connection as Go's server sees it: the TCP
 // connection, or the TLS connection over it.
-type framingConn struct {
+type conn struct {
 	net.Conn
 	tcp     net.Conn // the accepted connection, under TLS if any
-	l       *framingListener
+	l       *listener
 	tlsConn *tls.Conn
 	hsTried bool // Read only: Go's server never reads concurrently
 
@@ -127,11 +127,11 @@ type framingConn struct {
 	hijacked   atomic.Bool // its hijacker closes it as it likes
 
 	mu       sync.Mutex
-	scan     frameScanner
+	scan     scanner
 	tlsState *tls.ConnectionState
 }
 
-func (c *framingConn) Read(p []byte) (int, error) {
+func (c *conn) Read(p []byte) (int, error) {
 	if c.tlsConn != nil && !c.hsTried {
 		c.hsTried = true
 		if err := c.handshake(); err != nil {
@@ -149,7 +149,7 @@ func (c *framingConn) Read(p []byte) (int, error) {
 
 // CloseWrite lets Go's server half-close before closing (its
 // "rstAvoidance"), as it does with a bare TCP or TLS connection.
-func (c *framingConn) CloseWrite() error {
+func (c *conn) CloseWrite() error {
 	c.halfClosed.Store(true)
 	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()
@@ -161,7 +161,7 @@ func (c *framingConn) CloseWrite() error {
 // answer: see linger. A lingering close happens in a goroutine of its own,
 // and Close returns at once: Server.Close closes the active connections one
 // after another, and must not wait lingerTime for each.
-func (c *framingConn) Close() error {
+func (c *conn) Close() error {
 	if !c.closed.CompareAndSwap(false, true) {
 		return nil // closed already, or lingering towards it
 	}
@@ -179,7 +179,7 @@ func (c *framingConn) Close() error {
 // the scanner is not between two requests (it is in a head or a body, or
 // stopped following the connection: after a Transfer-Encoding head or a
 // head it refused).
-func (c *framingConn) midRequest() bool {
+func (c *conn) midRequest() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.scan.state != scanStart
@@ -211,7 +211,7 @@ const (
 // A connection closed between requests (keep-alive's end, an idle
 // timeout) costs one non-blocking peek (unreadBytes) and closes at once;
 // a hijacked one is its hijacker's.
-func (c *framingConn) linger() {
+func (c *conn) linger() {
 	// First: it also bounds a Read of Go's server blocked meanwhile (which
 	// holds the read lock; a Server.Close in the middle of a handler).
 	_ = c.tcp.SetReadDeadline(time.Now().Add(lingerTime))
@@ -231,19 +231,21 @@ func (c *framingConn) linger() {
 	}
 }
 
-func (c *framingConn) stop() {
+func (c *conn) stop() {
 	c.mu.Lock()
 	c.scan.state = scanStopped
 	c.mu.Unlock()
 }
 
-// next takes the scanned head of the request being served.
-func (c *framingConn) next() (frameInfo, *tls.ConnectionState, bool) {
+// next takes the scanned head of the request being served: HTTP/1
+// requests on a connection are served one after the other, pipelined ones
+// too, so the first head queued is its own.
+func (c *conn) next() (head, *tls.ConnectionState, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	q := c.scan.queue
 	if len(q) == 0 {
-		return frameInfo{}, c.tlsState, false
+		return head{}, c.tlsState, false
 	}
 	f := q[0]
 	n := copy(q, q[1:])

@@ -1,7 +1,8 @@
 package gateway
 
-// The direct forward: a fenced write the engine carries goes from the
-// handler to the engine without httputil.ReverseProxy.
+// The direct forward: a fenced write the engine (package engine) carries
+// goes from the handler to the engine's Exchange without
+// httputil.ReverseProxy.
 //
 // Under the reverse proxy every write paid for machinery only other writes
 // need: a clone of the request and of its header map, three derived
@@ -37,6 +38,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/fencegw/fencegw/gateway/internal/engine"
 )
 
 // directForwardOK reports whether the reverse proxy passes a query it
@@ -75,11 +78,11 @@ func (probeWriter) Write(b []byte) (int, error) { return len(b), nil }
 func (probeWriter) WriteHeader(int)             {}
 
 // directable reports whether the direct forward carries r (see the top of
-// this file): one plain exchange, as the engine decides it (oneExchange),
-// unkeyed, with a query the reverse proxy would pass unchanged. Its body,
-// if any, is f.buffered.
+// this file): one plain exchange, as the engine decides it
+// (engine.OneExchange), unkeyed, with a query the reverse proxy would pass
+// unchanged. Its body, if any, is f.buffered.
 func (g *Gateway) directable(r *http.Request, f *forward) bool {
-	return g.direct && f.keyed == nil && oneExchange(r, f.upstream, f) && queryUnchanged(r.URL.RawQuery)
+	return g.direct && f.keyed == nil && engine.OneExchange(r, f.upstream, f.buffered) && queryUnchanged(r.URL.RawQuery)
 }
 
 // queryUnchanged reports whether the reverse proxy's cleanQueryParams
@@ -164,7 +167,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	deadline := time.Now().Add(g.cfg.ForwardTimeout)
 	fw := &st.hooks
 	fw.w, fw.f = w, f
-	res, err := g.engine.exchange(r.Context(), out, f, deadline, fw)
+	res, err := g.engine.Exchange(r.Context(), out, f, deadline, fw)
 	if err != nil {
 		g.forwardFailed(w, r, f, err, errors.Is(err, context.DeadlineExceeded) || !time.Now().Before(deadline))
 		return
@@ -266,12 +269,14 @@ type directHooks struct {
 	f *forward
 }
 
-func (d *directHooks) wroteHeaders() { d.f.wroteRequest.Store(true) }
+var _ engine.Hooks = (*directHooks)(nil)
 
-func (d *directHooks) body() []byte { return d.f.buffered }
+// WroteHeaders: the request left, and a failure from now on leaves the
+// outcome unknown.
+func (d *directHooks) WroteHeaders() { d.f.wroteRequest.Store(true) }
 
-// got1xx forwards an informational answer, as the reverse proxy's trace.
-func (d *directHooks) got1xx(code int, header textproto.MIMEHeader) error {
+// Got1xx forwards an informational answer, as the reverse proxy's trace.
+func (d *directHooks) Got1xx(code int, header textproto.MIMEHeader) error {
 	h := d.w.Header()
 	for k, vv := range header {
 		for _, v := range vv {

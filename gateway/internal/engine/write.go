@@ -1,14 +1,15 @@
-package gateway
+package engine
 
-// The direct forward's request writer: the bytes Request.Write would
-// write for the requests the direct forward carries (a method, a URL with
+// The request writer of Exchange with Hooks (the gateway's direct
+// forward): the bytes Request.Write would write for the requests the
+// direct forward carries (a method, a URL with
 // a path and maybe a query, the Host of the URL, a header map, no body or
 // one of known length in memory, no Transfer-Encoding, no trailers, not to
 // a proxy), without its allocations (a transfer writer, a body wrapper,
 // formatted lines) and with the moment the head is complete known to the
 // caller, so that no ClientTrace is needed for the drain rule.
-// TestWriteHeadMatchesRequestWrite holds it to Request.Write byte for
-// byte.
+// TestWriteHeadMatchesRequestWrite and FuzzWriteHead hold it to
+// Request.Write byte for byte.
 //
 // The Host line is Request.Write's own: it is written once per connection
 // by Request.Write itself (hostLine), since every request on a connection

@@ -1,11 +1,8 @@
 //go:build unix
 
-package gateway
+package engine
 
-import (
-	"net"
-	"syscall"
-)
+import "syscall"
 
 // alive reports whether an idle connection may carry the next request: the
 // upstream has not closed it, and it holds no unsolicited bytes. One
@@ -33,27 +30,4 @@ func (c *engineConn) alive() bool {
 	c.peekOK = false
 	err := c.raw.Read(c.peek)
 	return err == nil && c.peekOK
-}
-
-// unreadBytes reports whether bytes the peer sent wait unread in nc's
-// socket (a close now would be a reset: framingConn.linger). One
-// non-blocking peek, through Control, not Read: Read would wait for the
-// read lock that a goroutine blocked in Read holds (Go's server, on a
-// keep-alive connection that Server.Close closes). False if nc cannot be
-// peeked at.
-func unreadBytes(nc net.Conn) bool {
-	sc, ok := nc.(syscall.Conn)
-	if !ok {
-		return false
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	var n int
-	err = rc.Control(func(fd uintptr) {
-		var b [1]byte
-		n, _, _ = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-	})
-	return err == nil && n > 0
 }

@@ -1,0 +1,296 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httptrace"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// testWrite is a Write whose fence the test declares lost (lost), and
+// which counts the checks and the bytes sent.
+type testWrite struct {
+	body   []byte
+	lost   atomic.Bool
+	checks atomic.Int64
+	sent   atomic.Int64
+}
+
+var errLost = errors.New("the fence is lost")
+
+func (w *testWrite) Body() []byte { return w.body }
+
+func (w *testWrite) CheckSend() error {
+	w.checks.Add(1)
+	if w.lost.Load() {
+		return errLost
+	}
+	return nil
+}
+
+func (w *testWrite) Sent(n int) { w.sent.Add(int64(n)) }
+
+type writeKey struct{}
+
+func testWriteOf(r *http.Request) Write {
+	if w, ok := r.Context().Value(writeKey{}).(*testWrite); ok {
+		return w
+	}
+	return nil
+}
+
+// upstream records what each request's body brought, and whether it came
+// to its end.
+type upstream struct {
+	*httptest.Server
+	mu      sync.Mutex
+	got     []string // path: body, "(cut)" if it did not end
+	firstIn chan struct{}
+	once    sync.Once
+}
+
+func newUpstream(t *testing.T) *upstream {
+	u := &upstream{firstIn: make(chan struct{})}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var got []byte
+		buf := make([]byte, 64)
+		var err error
+		for {
+			var n int
+			n, err = r.Body.Read(buf)
+			got = append(got, buf[:n]...)
+			if n > 0 {
+				u.once.Do(func() { close(u.firstIn) })
+			}
+			if err != nil {
+				break
+			}
+		}
+		s := r.URL.Path + ": " + string(got)
+		if err != io.EOF {
+			s += " (cut)"
+		}
+		u.mu.Lock()
+		u.got = append(u.got, s)
+		u.mu.Unlock()
+		_, _ = io.WriteString(w, "ok "+r.URL.Path)
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+func (u *upstream) seen() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.got...)
+}
+
+// waitFor waits until the upstream is done with n requests.
+func (u *upstream) waitFor(t *testing.T, n int) []string {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if s := u.seen(); len(s) >= n {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the upstream finished %d requests, want %d: %q", len(u.seen()), n, u.seen())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// newTestTransport is a Transport as the gateway makes it: over an
+// http.Transport whose dials are fenced, and counted.
+func newTestTransport(t *testing.T) (*Transport, *atomic.Int64) {
+	var dials atomic.Int64
+	var d net.Dialer
+	std := &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: time.Minute}
+	std.DialContext = FencedDial(func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		return d.DialContext(ctx, network, addr)
+	})
+	e := New(std, testWriteOf)
+	t.Cleanup(e.CloseIdleConnections)
+	return e, &dials
+}
+
+func post(t *testing.T, e http.RoundTripper, url string, w *testWrite, body io.Reader, length int64) (*http.Response, error) {
+	t.Helper()
+	ctx := context.WithValue(context.Background(), writeKey{}, w)
+	var at Attachment
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) { at.Attach(w, info) }})
+	req, err := http.NewRequestWithContext(ctx, "POST", url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = length
+	if w.body != nil {
+		req.Body = io.NopCloser(strings.NewReader(string(w.body)))
+	}
+	t.Cleanup(at.Detach)
+	return e.RoundTrip(req)
+}
+
+// readAll returns a reader of an answer's body, that fails t on an error.
+func readAll(t *testing.T) func(*http.Response, error) string {
+	return func(resp *http.Response, err error) string {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+}
+
+// The engine carries a write whose body is in memory itself, checks its
+// fence before sending it, reuses its connection for the next, and hands
+// a streamed body to the http.Transport; a request that carries no write
+// is not the engine's.
+func TestTransportCarriesPlainExchanges(t *testing.T) {
+	up := newUpstream(t)
+	e, dials := newTestTransport(t)
+	for i := range 3 {
+		w := &testWrite{body: []byte("small")}
+		if got := readAll(t)(post(t, e, up.URL+"/small", w, nil, 5)); got != "ok /small" {
+			t.Fatalf("write %d: %q", i, got)
+		}
+		if w.checks.Load() == 0 || w.sent.Load() == 0 {
+			t.Fatalf("write %d: %d checks, %d bytes sent; want the fence checked and the bytes counted", i, w.checks.Load(), w.sent.Load())
+		}
+	}
+	if n := dials.Load(); n != 1 {
+		t.Errorf("3 writes one after the other dialled %d connections, want 1 kept alive", n)
+	}
+	streamed := &testWrite{}
+	req, _ := http.NewRequest("POST", up.URL+"/streamed", strings.NewReader("streamed"))
+	if e.Carries(req.WithContext(context.WithValue(context.Background(), writeKey{}, streamed))) {
+		t.Error("the engine carries a body that is not in memory")
+	}
+	if e.Carries(req) {
+		t.Error("the engine carries a request without a write")
+	}
+	if got := readAll(t)(post(t, e, up.URL+"/streamed", streamed, strings.NewReader("streamed"), 8)); got != "ok /streamed" {
+		t.Fatalf("a streamed write: %q", got)
+	}
+	if streamed.checks.Load() == 0 || streamed.sent.Load() == 0 {
+		t.Errorf("a streamed write through the Transport: %d checks, %d bytes sent; want the fence checked", streamed.checks.Load(), streamed.sent.Load())
+	}
+}
+
+// A write whose fence is lost before it is sent sends nothing, whether the
+// engine carries it (the error is then the proof's) or the http.Transport
+// under it (which turns it into an error of its own: the Write's record of
+// the failed check is what tells), and the next write goes through.
+func TestLostFenceSendsNothing(t *testing.T) {
+	up := newUpstream(t)
+	e, _ := newTestTransport(t)
+	for _, tc := range []struct {
+		name     string
+		body     io.Reader
+		length   int64
+		w        *testWrite
+		proofErr bool
+	}{
+		{"engine", nil, 5, &testWrite{body: []byte("small")}, true},
+		{"transport", strings.NewReader("streamed"), 8, &testWrite{}, false},
+	} {
+		tc.w.lost.Store(true)
+		_, err := post(t, e, up.URL+"/lost-"+tc.name, tc.w, tc.body, tc.length)
+		if err == nil || tc.proofErr && !errors.Is(err, errLost) {
+			t.Errorf("%s: %v, want the write to fail (with the proof's error, from the engine)", tc.name, err)
+		}
+		if tc.w.checks.Load() == 0 || tc.w.sent.Load() != 0 {
+			t.Errorf("%s: %d checks, %d bytes sent; want a check and nothing sent", tc.name, tc.w.checks.Load(), tc.w.sent.Load())
+		}
+	}
+	ok := &testWrite{body: []byte("after")}
+	if got := readAll(t)(post(t, e, up.URL+"/after", ok, nil, 5)); got != "ok /after" {
+		t.Fatalf("the write after: %q", got)
+	}
+	for _, s := range up.waitFor(t, 1) {
+		if strings.HasPrefix(s, "/lost") {
+			t.Errorf("the upstream got %q of a write whose fence was lost before it was sent", s)
+		}
+	}
+}
+
+// A streamed body whose fence is lost midway is cut: the rest is not
+// sent, and the upstream never sees a complete body.
+func TestLostFenceMidBodyCutsIt(t *testing.T) {
+	up := newUpstream(t)
+	e, _ := newTestTransport(t)
+	w := &testWrite{}
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		resp, err := post(t, e, up.URL+"/stream", w, pr, -1)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	if _, err := io.WriteString(pw, strings.Repeat("a", 100)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-up.firstIn:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first part of the body never reached the upstream")
+	}
+	w.lost.Store(true)
+	go func() {
+		_, _ = io.WriteString(pw, strings.Repeat("b", 100))
+		_ = pw.Close()
+	}()
+	if err := <-done; err == nil {
+		t.Fatal("a write cut midway got an answer")
+	}
+	got := up.waitFor(t, 1)[0]
+	if !strings.HasSuffix(got, "(cut)") || strings.Contains(got, "b") {
+		t.Fatalf("the upstream got %q: want the first part only, cut", got)
+	}
+}
+
+// put closes the connections that were idle too long, oldest first, and
+// keeps at most maxIdle.
+func TestEnginePutPrunes(t *testing.T) {
+	e := &Transport{maxIdle: 2, idleTimeout: time.Minute, idle: map[string][]*engineConn{}}
+	conn := func() (*engineConn, net.Conn) {
+		a, b := net.Pipe()
+		t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
+		return &engineConn{nc: a, addr: "up"}, b
+	}
+	closed := func(peer net.Conn) bool {
+		_ = peer.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		_, err := peer.Read(make([]byte, 1))
+		return err == io.EOF
+	}
+	old, oldPeer := conn()
+	e.put(old)
+	old.idleAt = old.idleAt.Add(-2 * time.Minute)
+	fresh, freshPeer := conn()
+	e.put(fresh)
+	if !closed(oldPeer) || closed(freshPeer) || len(e.idle["up"]) != 1 || e.idle["up"][0] != fresh {
+		t.Fatalf("after putting a fresh connection beside one idle for 2 minutes: %d idle", len(e.idle["up"]))
+	}
+	second, _ := conn()
+	e.put(second)
+	extra, extraPeer := conn()
+	e.put(extra)
+	if len(e.idle["up"]) != 2 || !closed(extraPeer) {
+		t.Fatalf("maxIdle 2: %d idle, the third not closed", len(e.idle["up"]))
+	}
+}

@@ -1,0 +1,9 @@
+//go:build !unix
+
+package framing
+
+import "net"
+
+// unreadBytes: without a non-blocking peek, connections close as they did
+// (conn.linger never runs).
+func unreadBytes(net.Conn) bool { return false }
