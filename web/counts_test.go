@@ -3,6 +3,7 @@ package web
 import (
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +22,15 @@ func TestCountsPersist(t *testing.T) {
 	c.Accepted("stmt:1", 1) // before Persist: stored at the first flush
 	stop := c.Persist(store, time.Hour, nil)
 	const writers, each = 4, 3000
+	var flushed atomic.Int64 // flushes done
+	// afterFlushes waits until n more flushes have run: long enough for an
+	// entry nobody writes to retire, however slow the disk makes a flush.
+	afterFlushes := func(n int64) {
+		until, deadline := flushed.Load()+n, time.Now().Add(10*time.Second)
+		for flushed.Load() < until && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+	}
 	var wg sync.WaitGroup
 	for w := range writers {
 		wg.Go(func() {
@@ -32,7 +42,7 @@ func TestCountsPersist(t *testing.T) {
 				if i%300 == 0 {
 					// Token 99 is written rarely: it retires between
 					// writes, and a write may race its retirement.
-					time.Sleep(10 * time.Millisecond)
+					afterFlushes(idleFlushes + 1)
 					c.Accepted(res, 99)
 				}
 			}
@@ -53,6 +63,7 @@ func TestCountsPersist(t *testing.T) {
 				t.Errorf("flush: %v", err)
 				return
 			}
+			flushed.Add(1)
 			if c.nEntries.Load() < n {
 				retired++
 			}
