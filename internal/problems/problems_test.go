@@ -27,6 +27,9 @@ func TestEverySentinelHasARow(t *testing.T) {
 		problems.ErrRateLimited, problems.ErrTooManyLeases, problems.ErrUpstreamUnreachable,
 		problems.ErrUpstreamTimeout, problems.ErrShuttingDown,
 	}
+	if got := auth.ErrUnauthenticated.Code(); got != problems.CodeUnauthorized {
+		t.Errorf("auth.ErrUnauthenticated carries %q, the table's row is %q", got, problems.CodeUnauthorized)
+	}
 	for _, k := range sentinels {
 		p, known := problems.Of(k)
 		if !known || p.Code != k.Code() || p.Status == 0 || p.Title == "" {
