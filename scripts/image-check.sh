@@ -94,6 +94,9 @@ mkdir -p "$(go env GOMODCACHE)" "$(go env GOCACHE)"
 timeout 1200 podman build --isolation chroot --build-arg "GO_IMAGE=$go_image" \
   -v "$(go env GOMODCACHE):/go/pkg/mod" -v "$(go env GOCACHE):/root/.cache/go-build" \
   -f Containerfile -t "$image" . >"$tmp/build.log" 2>&1 || { tail -n 40 "$tmp/build.log" >&2; die "podman build failed"; }
+# The build stage and the image this tag named before are left untagged;
+# without this every run keeps ~300 MB more.
+podman image prune -f >/dev/null 2>&1 || true
 
 say "podman image inspect"
 inspect() { podman image inspect --format "$1" "$image"; }

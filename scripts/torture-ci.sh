@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Short fault-injection torture for CI: about a minute per storage
-# mode against the normal build, then each deliberately broken build, which
-# the checker must catch. Fails if a mode fails or is void, or if a broken
+# Short fault-injection torture for CI: a run per storage mode against the
+# normal build, and one per deliberately broken build, which the checker
+# must catch. Fails if a mode fails or is void, or if a broken
 # build passes.
 #
 #   scripts/torture-ci.sh                     all modes (needs PostgreSQL and Redis: scripts/test-services.sh)
@@ -40,23 +40,29 @@ for b in $BREAKS; do
 done
 
 failed=()
-for m in $MODES; do
-	echo "== $m mode, $DURATION"
-	if ! "$OUT/bin/fencegw-torture" --quiet --mode "$m" --duration "$DURATION" \
-		--gateway-bin "$OUT/bin/fencegw" --json "$OUT/$m.json" --dir "$OUT/run-$m"; then
-		failed+=("$m")
-	fi
-done
-
+# Every run writes its output to $OUT/NAME.log and, if it failed, a line to
+# $OUT/NAME.failed; the logs are printed in order at the end.
+#
+# Two lanes run side by side. The PostgreSQL lane (the postgres and redis
+# modes, their broken builds, the outage run) runs one at a time: those runs
+# share the fencegw_torture database, and their nemesis restarts the shared
+# servers. The embedded lane (the embedded mode and its broken builds) shares
+# nothing (each run its own --dir and ports, no PostgreSQL or Redis), so
+# $EMBEDDED_JOBS of its runs go at once.
+EMBEDDED_JOBS=${EMBEDDED_JOBS:-2}
+run_mode() { # name mode [extra args...]: the good build must pass
+	local name=$1 mode=$2
+	shift 2
+	"$OUT/bin/fencegw-torture" --quiet --mode "$mode" --duration "$DURATION" "$@" \
+		--gateway-bin "$OUT/bin/fencegw" --json "$OUT/$name.json" --dir "$OUT/run-$name" ||
+		echo "$name" >"$OUT/$name.failed"
+}
 # Each broken build runs in the mode whose path holds its failpoint, with the
 # faults that reach it, and must be caught by one of the rules that
 # internal/failpoint says catch it; a mode not in $MODES skips its broken
 # builds (no_replica_drain needs the PostgreSQL modes, where replicas share
-# fences). The embedded ones share nothing (each its own --dir and ports, no
-# PostgreSQL or Redis), so $BREAK_JOBS of them run at once; the others run
-# one at a time, since their nemesis kills sessions on the shared servers.
-BREAK_JOBS=${BREAK_JOBS:-3}
-run_break() { # name mode faults: exit 0 when caught by one of its rules
+# fences).
+run_break() { # name mode faults: caught by one of its rules
 	local b=$1 mode=$2 faults=$3 args=()
 	[[ $faults == - ]] || args=(--faults "$faults")
 	if ! "$OUT/bin/fencegw-torture" --quiet --mode "$mode" --duration "$BREAK_DURATION" --expect-violations "${args[@]}" \
@@ -66,45 +72,46 @@ run_break() { # name mode faults: exit 0 when caught by one of its rules
 		echo "break_$b (caught by another rule)" >"$OUT/break-$b.failed"
 	fi
 }
-started=()
+embedded_lane=() pg_lane=() # "name|command args..." entries
+for m in $MODES; do
+	entry="$m|run_mode $m $m"
+	if [[ $m == embedded ]]; then embedded_lane+=("$entry"); else pg_lane+=("$entry"); fi
+done
 for line in "${BREAK_LIST[@]}"; do
 	read -r b mode faults <<<"$line"
 	[[ " $BREAKS " == *" $b "* && " $MODES " == *" $mode "* ]] || continue
-	started+=("$b")
-	if [[ $mode == embedded ]]; then
-		while (($(jobs -rp | wc -l) >= BREAK_JOBS)); do wait -n || true; done
-		echo "== broken build fencegw_break_$b, $mode mode, $BREAK_DURATION (must be caught; log in $OUT/break-$b.log)"
-		run_break "$b" "$mode" "$faults" >"$OUT/break-$b.log" 2>&1 &
-	else
-		wait
-		echo "== broken build fencegw_break_$b, $mode mode, $BREAK_DURATION (must be caught)"
-		run_break "$b" "$mode" "$faults"
-	fi
+	entry="break-$b|run_break $b $mode $faults"
+	if [[ $mode == embedded ]]; then embedded_lane+=("$entry"); else pg_lane+=("$entry"); fi
 done
-wait
-for b in "${started[@]}"; do
-	if [[ -s $OUT/break-$b.log ]]; then
-		echo "-- fencegw_break_$b"
-		cat "$OUT/break-$b.log"
-	fi
-	if [[ -f $OUT/break-$b.failed ]]; then
-		failed+=("$(cat "$OUT/break-$b.failed")")
-	fi
-done
-
 # A write in flight while PostgreSQL restarts loses its shared lock, and its
 # drain period if it times out during the outage, so grants drain after a
 # server restart (docs/reliability.md). The default 300ms forward timeout is
 # shorter than a restart here, so the runs above do not reach that case;
 # this one does. .ci/run turns it on; PG_OUTAGE_IN_WRITE=1 to run it.
-if [[ ${PG_OUTAGE_IN_WRITE:-0} == 1 ]]; then
-	echo "== postgres mode, writes in flight across a PostgreSQL restart, $DURATION"
-	if ! "$OUT/bin/fencegw-torture" --quiet --mode postgres --duration "$DURATION" \
-		--forward-timeout 5s --drain-period 6s --faults restart-postgres-in-write,pause-worker \
-		--gateway-bin "$OUT/bin/fencegw" --json "$OUT/postgres-outage-in-write.json" --dir "$OUT/run-postgres-outage-in-write"; then
-		failed+=("postgres-outage-in-write")
-	fi
+if [[ ${PG_OUTAGE_IN_WRITE:-0} == 1 && " $MODES " == *" postgres "* ]]; then
+	pg_lane+=("postgres-outage-in-write|run_mode postgres-outage-in-write postgres --forward-timeout 5s --drain-period 6s --faults restart-postgres-in-write,pause-worker")
 fi
+start_run() { # entry
+	local name=${1%%|*} cmd=${1#*|}
+	echo "== $name ($(date -u +%T); log in $OUT/$name.log)"
+	# shellcheck disable=SC2086 # cmd is a function name and its words
+	$cmd >"$OUT/$name.log" 2>&1
+}
+(for e in "${pg_lane[@]}"; do start_run "$e"; done) &
+pg_pid=$!
+for e in "${embedded_lane[@]}"; do
+	while (($(jobs -rp | grep -vcx "$pg_pid") >= EMBEDDED_JOBS)); do wait -n || true; done
+	start_run "$e" &
+done
+wait
+for e in "${pg_lane[@]}" "${embedded_lane[@]}"; do
+	name=${e%%|*}
+	echo "-- $name"
+	cat "$OUT/$name.log"
+	if [[ -f $OUT/$name.failed ]]; then
+		failed+=("$(cat "$OUT/$name.failed")")
+	fi
+done
 
 echo "reports in $OUT"
 if ((${#failed[@]})); then
