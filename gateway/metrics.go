@@ -194,7 +194,7 @@ func (m *metrics) refused(err error) {
 		m.writes[outcomeRejected].Inc()
 		return
 	}
-	if errors.Is(err, tokens.ErrUnavailable) {
+	if errors.Is(err, tokens.ErrStoreUnavailable) {
 		m.writes[outcomeUnavailable].Inc()
 		return
 	}

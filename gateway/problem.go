@@ -93,9 +93,9 @@ func detailOf(e *tokens.Error) string {
 	switch {
 	case e.Field != "" && e.Detail != "":
 		return e.Field + ": " + e.Detail
-	case e.Kind == tokens.ErrUnavailable && e.Busy:
+	case e.Kind == tokens.ErrStoreUnavailable && e.Busy:
 		return "every connection of this gateway to the token store is in use; nothing was forwarded or granted (the gateway's log says which pool)"
-	case e.Kind == tokens.ErrUnavailable:
+	case e.Kind == tokens.ErrStoreUnavailable:
 		return "the token store cannot be reached; nothing was forwarded or granted"
 	case e.Detail != "":
 		return e.Detail

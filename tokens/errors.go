@@ -74,8 +74,8 @@ var (
 	ErrLeaseNotOwned = NewKind(CodeLeaseNotOwned, "lease not owned by the caller")
 	// ErrFenceBusy: a grant waited too long for in-flight writes or a drain period.
 	ErrFenceBusy = NewKind(CodeFenceBusy, "fence busy")
-	// ErrUnavailable: the store that holds tokens cannot be reached; fail closed.
-	ErrUnavailable = NewKind(CodeStoreUnavailable, "store unavailable")
+	// ErrStoreUnavailable: the store that holds tokens cannot be reached; fail closed.
+	ErrStoreUnavailable = NewKind(CodeStoreUnavailable, "store unavailable")
 	// ErrFenceLost: an admitted write can no longer prove that its replica
 	// holds the resource's fence (its lock session died or was not
 	// confirmed alive lately), so no more of it may be sent (Permit.Check).
@@ -94,7 +94,7 @@ type Error struct {
 	Holder       string
 	ExpiresAt    time.Time
 	RetryAfter   time.Duration // when retrying later may succeed
-	// Busy, with ErrUnavailable: the store answers, but every connection
+	// Busy, with ErrStoreUnavailable: the store answers, but every connection
 	// this process may open to it is in use (see Busy).
 	Busy  bool
 	Cause error
@@ -130,17 +130,17 @@ func Invalid(field, detail string) error {
 	return &Error{Kind: ErrInvalid, Field: field, Detail: detail}
 }
 
-// Unavailable wraps a backend failure as ErrUnavailable, so that the gateway
+// Unavailable wraps a backend failure as ErrStoreUnavailable, so that the gateway
 // fails closed (503) instead of guessing.
 func Unavailable(op string, cause error) error {
-	return &Error{Kind: ErrUnavailable, Detail: op, Cause: cause, RetryAfter: time.Second}
+	return &Error{Kind: ErrStoreUnavailable, Detail: op, Cause: cause, RetryAfter: time.Second}
 }
 
 // Busy is Unavailable for a store that is reachable but whose connections
 // from this process are all in use: the answer must not say "cannot be
 // reached", and the operator's fix is a pool size, not the network.
 func Busy(op string, cause error) error {
-	return &Error{Kind: ErrUnavailable, Detail: op, Cause: cause, RetryAfter: time.Second, Busy: true}
+	return &Error{Kind: ErrStoreUnavailable, Detail: op, Cause: cause, RetryAfter: time.Second, Busy: true}
 }
 
 // ErrorOf returns the *Error inside err (errors.As), or nil.

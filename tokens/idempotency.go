@@ -176,7 +176,7 @@ type KeyOutcome struct {
 
 // IdempotencyStore keeps idempotency records. Every method is atomic in
 // the store and durable before it returns; a store that cannot be reached
-// returns ErrUnavailable. Records of one scope never overlap: an expired
+// returns ErrStoreUnavailable. Records of one scope never overlap: an expired
 // record is replaced by the next BeginKey of its scope.
 type IdempotencyStore interface {
 	// BeginKey records b as in progress if b.Scope has no unexpired record
@@ -327,7 +327,7 @@ type Claim struct {
 // (call it only after Service.Admit: the fence comes first). It returns a
 // Claim if this is the key's first attempt (forward it), or the record to
 // replay, or ErrKeyMismatch, ErrKeyInProgress (RetryAfter set),
-// ErrOutcomeUnknown or ErrUnavailable (nothing may be forwarded).
+// ErrOutcomeUnknown or ErrStoreUnavailable (nothing may be forwarded).
 func (x *Idempotency) Begin(ctx context.Context, scope KeyScope, fingerprint string, lease Lease) (*Claim, *KeyRecord, error) {
 	attempt := newAttempt()
 	rec, fresh, err := x.store.BeginKey(ctx, KeyBegin{Scope: scope, Attempt: attempt, Fingerprint: fingerprint,

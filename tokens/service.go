@@ -68,7 +68,7 @@ type Config struct {
 //     becomes current again, released stays released, expired cannot be
 //     renewed. For the same reason a stale_token verdict is cached for a
 //     second (staleCache): only the current token it reports may age.
-//  5. Any store error is ErrUnavailable: nothing is forwarded unchecked.
+//  5. Any store error is ErrStoreUnavailable: nothing is forwarded unchecked.
 //  6. With a Fencer (the PostgreSQL modes), a replica keeps a resource's
 //     shared fence across many writes and admits them on what it read under
 //     it (storage/postgres/fence.go has the argument in full). Points 2 and 4

@@ -20,7 +20,7 @@ type GrantRequest struct {
 // step, never a read, a decision in Go and a write across processes.
 //
 // Errors wrap one of this package's sentinels; a store that cannot be
-// reached returns ErrUnavailable (see Unavailable), never a driver error.
+// reached returns ErrStoreUnavailable (see Unavailable), never a driver error.
 type Store interface {
 	// Grant makes a new lease current for req.Resource with the next token.
 	// If the resource has a live lease it returns ErrLeaseHeld (with the

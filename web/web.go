@@ -263,7 +263,7 @@ func problemOf(err error) (p problems.Problem, msg string) {
 		msg = "Internal error."
 	case errors.Is(err, tokens.ErrNotFound):
 		msg = "No such resource: it was never granted."
-	case errors.Is(err, tokens.ErrUnavailable):
+	case errors.Is(err, tokens.ErrStoreUnavailable):
 		msg = "The store is unavailable; try again in a moment."
 	default:
 		msg = err.Error()

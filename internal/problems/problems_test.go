@@ -19,7 +19,7 @@ func TestEverySentinelHasARow(t *testing.T) {
 	sentinels := []*tokens.Kind{
 		tokens.ErrInvalid, tokens.ErrNotFound, tokens.ErrLeaseHeld, tokens.ErrLeaseLost,
 		tokens.ErrStaleToken, tokens.ErrLeaseExpired, tokens.ErrLeaseReleased, tokens.ErrUnknownLease,
-		tokens.ErrLeaseNotOwned, tokens.ErrResourceMismatch, tokens.ErrFenceBusy, tokens.ErrUnavailable,
+		tokens.ErrLeaseNotOwned, tokens.ErrResourceMismatch, tokens.ErrFenceBusy, tokens.ErrStoreUnavailable,
 		tokens.ErrFenceLost, tokens.ErrKeyMismatch, tokens.ErrKeyInProgress, tokens.ErrOutcomeUnknown,
 		auth.ErrUnauthenticated,
 		problems.ErrMissingLease, problems.ErrRequestTimeout, problems.ErrUnsupportedMediaType,

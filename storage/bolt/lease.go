@@ -141,7 +141,7 @@ func (s *Store) stillHeld(tx *bbolt.Tx, l *tokens.Lease, now time.Time, refused 
 }
 
 // lockLeaseResource takes the per-resource mutation lock of the lease's
-// resource: ErrNotFound for an unknown lease, ErrUnavailable once closed.
+// resource: ErrNotFound for an unknown lease, ErrStoreUnavailable once closed.
 func (s *Store) lockLeaseResource(ctx context.Context, leaseID string) (func(), error) {
 	l, err := s.leaseByID(ctx, leaseID)
 	if err != nil {

@@ -36,7 +36,7 @@ func (s *Store) RecordRejection(ctx context.Context, r tokens.Rejection) (tokens
 	}
 	defer s.leave()
 	out, err := s.recorder.Do(ctx, r)
-	if err != nil && !errors.Is(err, tokens.ErrUnavailable) {
+	if err != nil && !errors.Is(err, tokens.ErrStoreUnavailable) {
 		err = tokens.Unavailable("record rejection", err) // ctx ended, or closed
 	}
 	return out, err

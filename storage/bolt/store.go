@@ -132,7 +132,7 @@ var _ tokens.Store = (*Store)(nil)
 
 // Open opens (or creates) the store file at path, creating its directory if
 // missing. Only one process can have it open; a second Open waits up to a
-// second for the file lock and then fails with ErrUnavailable.
+// second for the file lock and then fails with ErrStoreUnavailable.
 func Open(path string, opts Options) (*Store, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now

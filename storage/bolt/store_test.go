@@ -82,8 +82,8 @@ func TestClosedStoreIsUnavailable(t *testing.T) {
 		"Drain": s.Drain(ctx, "r", time.Second),
 	}
 	for name, err := range checks {
-		if !errors.Is(err, tokens.ErrUnavailable) {
-			t.Errorf("%s after Close: %v, want ErrUnavailable", name, err)
+		if !errors.Is(err, tokens.ErrStoreUnavailable) {
+			t.Errorf("%s after Close: %v, want ErrStoreUnavailable", name, err)
 		}
 	}
 }
@@ -249,7 +249,7 @@ func reopen(t *testing.T, s *Store, opts Options) *Store {
 // TestCorruptValues checks that unreadable records are errors, not panics:
 // the store reads records when they are needed (the cache holds only some),
 // so a corrupt one fails the operation that reads it, closed, with
-// ErrUnavailable.
+// ErrStoreUnavailable.
 func TestCorruptValues(t *testing.T) {
 	ctx := context.Background()
 	readLease := func(s *Store) error {
@@ -311,8 +311,8 @@ func TestCorruptValues(t *testing.T) {
 				t.Fatalf("Open: %v", err)
 			}
 			defer s2.Close()
-			if err := tc.check(s2); !errors.Is(err, tokens.ErrUnavailable) || !errors.Is(err, errCorrupt) {
-				t.Fatalf("reading a corrupt record: %v, want ErrUnavailable caused by a corrupt record", err)
+			if err := tc.check(s2); !errors.Is(err, tokens.ErrStoreUnavailable) || !errors.Is(err, errCorrupt) {
+				t.Fatalf("reading a corrupt record: %v, want ErrStoreUnavailable caused by a corrupt record", err)
 			}
 		})
 	}

@@ -121,10 +121,10 @@ func TestLockerSessionKilled(t *testing.T) {
 	// The database freed the lock with the session (the documented limit)...
 	mustHappen(t, ex, "exclusive after the shared holder's session died")()
 	// ...and the holder learns it at unlock.
-	if err := held.Unlock(); !errors.Is(err, tokens.ErrUnavailable) {
-		t.Fatalf("Unlock of a lost lock: %v, want ErrUnavailable", err)
+	if err := held.Unlock(); !errors.Is(err, tokens.ErrStoreUnavailable) {
+		t.Fatalf("Unlock of a lost lock: %v, want ErrStoreUnavailable", err)
 	}
-	if err := held.Unlock(); !errors.Is(err, tokens.ErrUnavailable) {
+	if err := held.Unlock(); !errors.Is(err, tokens.ErrStoreUnavailable) {
 		t.Fatalf("second Unlock: %v", err)
 	}
 	// The pool is healthy afterwards.

@@ -27,8 +27,8 @@ func TestExhaustedPoolsSaySo(t *testing.T) {
 	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
 	_, err := s.Resource(short, "r")
-	if e := tokens.ErrorOf(err); !errors.Is(err, tokens.ErrUnavailable) || e == nil || !e.Busy {
-		t.Fatalf("query with the pool exhausted: %v; want ErrUnavailable marked busy", err)
+	if e := tokens.ErrorOf(err); !errors.Is(err, tokens.ErrStoreUnavailable) || e == nil || !e.Busy {
+		t.Fatalf("query with the pool exhausted: %v; want ErrStoreUnavailable marked busy", err)
 	}
 	// Every kind of query says so, not only the lease queries: the write
 	// counts and the idempotency records used to report an exhausted pool
@@ -45,8 +45,8 @@ func TestExhaustedPoolsSaySo(t *testing.T) {
 		short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		err := query(short)
 		cancel()
-		if e := tokens.ErrorOf(err); !errors.Is(err, tokens.ErrUnavailable) || e == nil || !e.Busy {
-			t.Fatalf("%s with the pool exhausted: %v; want ErrUnavailable marked busy", what, err)
+		if e := tokens.ErrorOf(err); !errors.Is(err, tokens.ErrStoreUnavailable) || e == nil || !e.Busy {
+			t.Fatalf("%s with the pool exhausted: %v; want ErrStoreUnavailable marked busy", what, err)
 		}
 	}
 
@@ -58,7 +58,7 @@ func TestExhaustedPoolsSaySo(t *testing.T) {
 	short2, cancel2 := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel2()
 	_, err = s.ExclusiveLock(short2, "b")
-	if e := tokens.ErrorOf(err); !errors.Is(err, tokens.ErrUnavailable) || e == nil || !e.Busy {
-		t.Fatalf("lock with the lock pool exhausted: %v; want ErrUnavailable marked busy", err)
+	if e := tokens.ErrorOf(err); !errors.Is(err, tokens.ErrStoreUnavailable) || e == nil || !e.Busy {
+		t.Fatalf("lock with the lock pool exhausted: %v; want ErrStoreUnavailable marked busy", err)
 	}
 }

@@ -117,7 +117,7 @@ var (
 
 // Open connects to url, applies the embedded migrations (serialised across
 // concurrently starting replicas by an advisory lock) and returns a Store.
-// Connection failures are tokens.ErrUnavailable.
+// Connection failures are tokens.ErrStoreUnavailable.
 func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = DefaultMaxConns
@@ -259,7 +259,7 @@ const (
 
 // interpret translates a driver error into a tokens error: pgx.ErrNoRows is
 // ErrNotFound, a tokens error stays as it is, and anything else is
-// ErrUnavailable, except that a wait for a connection cut short while
+// ErrStoreUnavailable, except that a wait for a connection cut short while
 // every connection of the query pool was in use says so (and is logged, at
 // most once a second): the database may be perfectly reachable, and the
 // fix is --pg-max-conns, not the network. Every query of the package goes

@@ -308,7 +308,7 @@ func TestConcurrentRejectionsAreGrouped(t *testing.T) {
 				mu.Lock()
 				if err == nil {
 					ok++
-				} else if errors.Is(err, tokens.ErrUnavailable) {
+				} else if errors.Is(err, tokens.ErrStoreUnavailable) {
 					refused++
 				} else {
 					t.Errorf("RecordRejection during Close: %v", err)
@@ -364,22 +364,22 @@ func TestUnreachableIsUnavailable(t *testing.T) {
 	}
 	ctx := t.Context()
 	_, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", TTL: time.Minute})
-	if !errors.Is(err, tokens.ErrUnavailable) {
+	if !errors.Is(err, tokens.ErrStoreUnavailable) {
 		t.Fatalf("Grant on a closed store: %v", err)
 	}
-	if _, err := s.Resource(ctx, "r"); !errors.Is(err, tokens.ErrUnavailable) {
+	if _, err := s.Resource(ctx, "r"); !errors.Is(err, tokens.ErrStoreUnavailable) {
 		t.Fatalf("Resource on a closed store: %v", err)
 	}
-	if err := s.Ping(ctx); !errors.Is(err, tokens.ErrUnavailable) {
+	if err := s.Ping(ctx); !errors.Is(err, tokens.ErrStoreUnavailable) {
 		t.Fatalf("Ping on a closed store: %v", err)
 	}
-	if _, err := s.Shared(ctx, "r"); !errors.Is(err, tokens.ErrUnavailable) {
+	if _, err := s.Shared(ctx, "r"); !errors.Is(err, tokens.ErrStoreUnavailable) {
 		t.Fatalf("Shared on a closed store: %v", err)
 	}
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	_, err = postgres.Open(cctx, "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=1", postgres.Options{})
-	if !errors.Is(err, tokens.ErrUnavailable) {
+	if !errors.Is(err, tokens.ErrStoreUnavailable) {
 		t.Fatalf("Open of an unreachable database: %v", err)
 	}
 }

@@ -233,10 +233,10 @@ func TestRedisDownIsUnavailable(t *testing.T) {
 	defer dead.Close()
 	s := redis.New(dead, ledger, redis.Options{Prefix: prefix(t)})
 	ctx := t.Context()
-	if _, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", TTL: time.Minute}); !errors.Is(err, tokens.ErrUnavailable) {
+	if _, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", TTL: time.Minute}); !errors.Is(err, tokens.ErrStoreUnavailable) {
 		t.Fatalf("Grant: %v", err)
 	}
-	if err := s.Ping(ctx); !errors.Is(err, tokens.ErrUnavailable) {
+	if err := s.Ping(ctx); !errors.Is(err, tokens.ErrStoreUnavailable) {
 		t.Fatalf("Ping: %v", err)
 	}
 	// A lease granted while Redis was up cannot be judged without it.
@@ -244,10 +244,10 @@ func TestRedisDownIsUnavailable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Resource(ctx, "r"); !errors.Is(err, tokens.ErrUnavailable) {
+	if _, err := s.Resource(ctx, "r"); !errors.Is(err, tokens.ErrStoreUnavailable) {
 		t.Fatalf("Resource: %v", err)
 	}
-	if _, err := s.Renew(ctx, l.ID, 0); !errors.Is(err, tokens.ErrUnavailable) {
+	if _, err := s.Renew(ctx, l.ID, 0); !errors.Is(err, tokens.ErrStoreUnavailable) {
 		t.Fatalf("Renew: %v", err)
 	}
 }

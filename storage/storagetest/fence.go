@@ -569,7 +569,7 @@ func testFenceMaxFences(t *testing.T, h FenceHarness) {
 	defer p1.Done(tokens.OutcomeKnown)
 	defer p2.Done(tokens.OutcomeKnown)
 	_, err := svc.Admit(t.Context(), leases[2].ID, tokens.Write{Method: "POST"})
-	if !errors.Is(err, tokens.ErrUnavailable) {
+	if !errors.Is(err, tokens.ErrStoreUnavailable) {
 		t.Fatalf("a third resource with two fences busy and a limit of two: %v; want unavailable", err)
 	}
 }
