@@ -148,7 +148,12 @@ func startLocal(ctx context.Context, o options, conc int, setups []string) (*env
 		if _, isPeer := peerBinary[s]; !isPeer {
 			continue
 		}
-		p, err := startPeer(ctx, s, up.URL, tt)
+		bin, err := lookPeer(s, o.fasthttp)
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		p, err := startPeer(ctx, s, bin, up.URL, tt)
 		if err != nil {
 			e.close()
 			return nil, err

@@ -51,6 +51,7 @@ type options struct {
 	cpuProfile   string
 	memProfile   string
 	servers      string
+	fasthttp     string // the fasthttp setup's program
 	tls          bool
 	// The hidden serve mode: this program as one setup's server.
 	serveRole, serveListen, serveUpstream, serveDir string
@@ -104,7 +105,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.resources, "resources", 1000, "leases (one per resource) the gateway-spread setup picks from")
 	fs.IntVar(&o.bodySize, "body-size", 256, "write body size in bytes")
 	fs.BoolVar(&o.grants, "grants", false, "measure lease grants per second instead of writes")
-	setups := fs.String("setups", "direct,bare-proxy,gateway,gateway-spread,peers", "setups to drive, comma-separated: direct, bare-proxy, gateway, gateway-spread, net-http (the ceiling: a Go net/http server that answers itself, forwarding nothing), gateway-postgres, gateway-postgres-spread (the --postgres mode on -postgres), nginx, haproxy, caddy; peers: those of nginx, haproxy and caddy that are installed")
+	setups := fs.String("setups", "direct,bare-proxy,gateway,gateway-spread,peers", "setups to drive, comma-separated: direct, bare-proxy, gateway, gateway-spread, net-http (the ceiling: a Go net/http server that answers itself, forwarding nothing), gateway-postgres, gateway-postgres-spread (the --postgres mode on -postgres), nginx, haproxy, caddy, fasthttp (a bare reverse proxy on valyala/fasthttp, the ceiling of a Go proxy: see -fasthttp); peers: those of nginx, haproxy and caddy that are installed")
 	fs.StringVar(&o.gateway, "gateway", "", "base URL of an existing gateway to drive instead of the embedded one")
 	fs.StringVar(&o.upstreamName, "upstream-name", "", "with -gateway: the upstream name writes go to (/v1/proxy/NAME/...)")
 	fs.StringVar(&o.direct, "direct", "", "with -gateway: full URL for the direct setup (POSTed to as is)")
@@ -112,6 +113,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile to this file: with -servers process, of the gateway's process (from its start); inline, of the measured rounds of the whole process (pprof -tagfocus server=gateway)")
 	fs.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile to this file, of the gateway's process or (inline) of the measured rounds")
 	fs.StringVar(&o.servers, "servers", "process", "run the bare proxy and the gateway in processes of their own, as the peers (process), or in this one (inline)")
+	fs.StringVar(&o.fasthttp, "fasthttp", "fasthttp-ceiling", "the fasthttp setup's program, a name on PATH or a path; build it (a module of its own) with: "+fasthttpBuild)
 	fs.BoolVar(&o.tls, "tls", false, "clients speak TLS (HTTP/1.1) to the bare proxy, the gateway and the peers, with a self-signed certificate for 127.0.0.1; the upstream stays plain HTTP")
 	fs.StringVar(&o.serveTLSCert, "serve-tls-cert", "", "internal: with -serve, the certificate file")
 	fs.StringVar(&o.serveTLSKey, "serve-tls-key", "", "internal: with -serve, the key file")
@@ -164,8 +166,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 				return o, fmt.Errorf("-setups: %s runs only with the local setups (not with -gateway)", s)
 			}
 			o.setups = append(o.setups, s)
-		case "nginx", "haproxy", "caddy":
-			if _, err := lookPeer(s); err != nil {
+		case "nginx", "haproxy", "caddy", "fasthttp":
+			if _, err := lookPeer(s, o.fasthttp); err != nil {
 				return o, fmt.Errorf("-setups: %w", err)
 			}
 			if o.gateway != "" {
@@ -178,7 +180,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			}
 		case "":
 		default:
-			return o, fmt.Errorf("-setups: unknown setup %q (direct, bare-proxy, gateway, gateway-spread, net-http, gateway-postgres, gateway-postgres-spread, nginx, haproxy, caddy, peers)", s)
+			return o, fmt.Errorf("-setups: unknown setup %q (direct, bare-proxy, gateway, gateway-spread, net-http, gateway-postgres, gateway-postgres-spread, nginx, haproxy, caddy, peers, fasthttp)", s)
 		}
 	}
 	return o, nil

@@ -3,7 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -38,6 +46,96 @@ func TestParseSetups(t *testing.T) {
 	o, err = parseFlags([]string{"-gateway", "http://127.0.0.1:1", "-upstream-name", "x", "-setups", "gateway,peers"}, &bytes.Buffer{})
 	if err != nil || strings.Join(o.setups, ",") != "gateway" {
 		t.Fatalf("with -gateway, peers should expand to nothing: %v %v", o.setups, err)
+	}
+	// fasthttp is run only when named, and a missing program says how
+	// to build it.
+	_, err = parseFlags([]string{"-setups", "fasthttp", "-fasthttp", filepath.Join(t.TempDir(), "none")}, &bytes.Buffer{})
+	if err == nil || !strings.Contains(err.Error(), fasthttpBuild) || !strings.Contains(err.Error(), "-fasthttp /tmp/fasthttp-ceiling") {
+		t.Fatalf("a missing -fasthttp program: %v", err)
+	}
+	if slices.Contains(installedPeers(), "fasthttp") {
+		t.Fatal("fasthttp is one of peers")
+	}
+}
+
+// buildFasthttp builds tools/fasthttp-ceiling (a module of its own) and
+// returns the program's path.
+func buildFasthttp(t *testing.T) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("no go command to build tools/fasthttp-ceiling: %v", err)
+		}
+		t.Skipf("no go command to build tools/fasthttp-ceiling: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "fasthttp-ceiling")
+	cmd := exec.Command(goBin, "build", "-C", filepath.Join("..", "..", "tools", "fasthttp-ceiling"), "-o", bin, ".")
+	cmd.Env = append(os.Environ(), "GOWORK=off")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", fasthttpBuild, err, out)
+	}
+	return bin
+}
+
+// The fasthttp setup, plain and over TLS, carries a write to the upstream
+// with X-Forwarded-For and -Proto set, reports its CPU, and stop leaves
+// no process of its group; a run measures it beside the bare proxy.
+func TestFasthttpCeiling(t *testing.T) {
+	bin := buildFasthttp(t)
+	type seen struct{ forwardedFor, proto, body string }
+	got := make(chan seen, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		select {
+		case got <- seen{r.Header.Get("X-Forwarded-For"), r.Header.Get("X-Forwarded-Proto"), string(b)}:
+		default:
+		}
+		_, _ = w.Write(bench.UpstreamReply)
+	}))
+	defer up.Close()
+	upURL, _ := url.Parse(up.URL)
+	tt, err := newTestTLS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []*testTLS{nil, tt} {
+		client := bench.NewClient(1)
+		proto := "http"
+		if tt != nil {
+			client.Transport.(*http.Transport).TLSClientConfig = &tls.Config{RootCAs: tt.pool}
+			proto = "https"
+		}
+		p, err := startPeer(context.Background(), "fasthttp", bin, upURL, tt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reply, err := bench.Write(context.Background(), client, bench.Target{URL: p.url.String() + bench.WritePath}, []byte("hello"), 0)
+		client.CloseIdleConnections()
+		if err != nil || !bytes.Equal(reply, bench.UpstreamReply) {
+			p.stop()
+			t.Fatalf("%s: %q %v", proto, reply, err)
+		}
+		if s := <-got; s.forwardedFor != "127.0.0.1" || s.proto != proto || s.body != "hello" {
+			t.Errorf("%s: the upstream got X-Forwarded-For %q, X-Forwarded-Proto %q, body %q", proto, s.forwardedFor, s.proto, s.body)
+		}
+		if p.cpu() <= 0 {
+			t.Errorf("%s: no CPU time read from /proc", proto)
+		}
+		pgid := p.cmd.Process.Pid
+		p.stop()
+		if syscall.Kill(-pgid, 0) == nil {
+			t.Fatalf("%s: processes of group %d are left after stop", proto, pgid)
+		}
+	}
+
+	var out, errOut bytes.Buffer
+	args := []string{"-servers", "inline", "-setups", "direct,bare-proxy,fasthttp", "-fasthttp", bin, "-duration", "300ms", "-rounds", "1", "-warmup", "0", "-concurrency", "2"}
+	if code := run(args, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out.String(), errOut.String())
+	}
+	if !strings.Contains(out.String(), "fasthttp / bare-proxy: throughput") || !strings.Contains(out.String(), ", server CPU per request ") {
+		t.Fatalf("no fasthttp ratio with its server CPU in\n%s", out.String())
 	}
 }
 
@@ -117,7 +215,11 @@ func TestPeerStartStop(t *testing.T) {
 	client := bench.NewClient(1)
 	defer client.CloseIdleConnections()
 	for _, name := range peers {
-		p, err := startPeer(context.Background(), name, up.URL, nil)
+		bin, err := lookPeer(name, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := startPeer(context.Background(), name, bin, up.URL, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

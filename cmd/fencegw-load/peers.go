@@ -6,6 +6,11 @@ package main
 // would deploy: keep-alive to the upstream, X-Forwarded-For and -Proto set,
 // no access log. They are measured in the same rotating slices as the
 // in-process setups, and their own CPU is read from /proc.
+//
+// fasthttp is started as they are, but is not one of "peers": a bare
+// reverse proxy on valyala/fasthttp (tools/fasthttp-ceiling, a module of
+// its own so that fencegw's never depends on fasthttp), the ceiling of a
+// Go gateway built on it, run only when named, from -fasthttp.
 
 import (
 	"context"
@@ -25,22 +30,38 @@ import (
 // peerNames are the peers the tool knows, in the order they are measured.
 var peerNames = []string{"nginx", "haproxy", "caddy"}
 
-// peerBinary is the program each peer runs as.
-var peerBinary = map[string]string{"nginx": "nginx", "haproxy": "haproxy", "caddy": "caddy"}
+// peerBinary is the program each peer runs as (fasthttp's is -fasthttp).
+var peerBinary = map[string]string{"nginx": "nginx", "haproxy": "haproxy", "caddy": "caddy", "fasthttp": "fasthttp-ceiling"}
+
+// fasthttpBuild is how to build fasthttp's program, from the repository's root.
+const fasthttpBuild = "go build -C tools/fasthttp-ceiling -o /tmp/fasthttp-ceiling ."
 
 // installedPeers are the peers whose program is on PATH (or in /usr/sbin,
 // where Debian puts nginx and haproxy).
 func installedPeers() []string {
 	var out []string
 	for _, p := range peerNames {
-		if _, err := lookPeer(p); err == nil {
+		if _, err := lookPeer(p, ""); err == nil {
 			out = append(out, p)
 		}
 	}
 	return out
 }
 
-func lookPeer(name string) (string, error) {
+// lookPeer finds the program of peer name; fasthttpBin is -fasthttp, a
+// name on PATH or a path (made absolute: the peer runs in its own
+// directory).
+func lookPeer(name, fasthttpBin string) (string, error) {
+	if name == "fasthttp" {
+		p, err := exec.LookPath(fasthttpBin)
+		if err == nil {
+			p, err = filepath.Abs(p)
+		}
+		if err != nil {
+			return "", fmt.Errorf("fasthttp: no program %q (%w): build it with `%s` and pass -fasthttp /tmp/fasthttp-ceiling", fasthttpBin, err, fasthttpBuild)
+		}
+		return p, nil
+	}
 	bin := peerBinary[name]
 	if p, err := exec.LookPath(bin); err == nil {
 		return p, nil
@@ -64,21 +85,20 @@ type peer struct {
 }
 
 // startPeer writes name's configuration for a proxy on a free loopback
-// port to upstream and starts it, waiting until it accepts connections.
-func startPeer(ctx context.Context, name string, upstream *url.URL, tt *testTLS) (*peer, error) {
-	bin, err := lookPeer(name)
-	if err != nil {
-		return nil, err
-	}
+// port to upstream and starts program bin (lookPeer's) with it, waiting
+// until it accepts connections.
+func startPeer(ctx context.Context, name, bin string, upstream *url.URL, tt *testTLS) (*peer, error) {
 	listen, dir, err := childPlace(name)
 	if err != nil {
 		return nil, err
 	}
 	conf, args := peerConfig(name, dir, listen, upstream.Host, tt)
 	confPath := filepath.Join(dir, name+".conf")
-	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, err
+	if conf != "" {
+		if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
 	}
 	for i, a := range args {
 		args[i] = strings.ReplaceAll(a, "{conf}", confPath)
@@ -229,9 +249,9 @@ func (p *peer) cpu() time.Duration {
 	return groupCPU(p.cmd.Process.Pid)
 }
 
-// peerConfig returns the configuration text and the arguments ({conf} is
-// the configuration's path) of a peer listening on listen and forwarding
-// to upstream (host:port).
+// peerConfig returns the configuration text (none for fasthttp, which
+// takes flags) and the arguments ({conf} is the configuration's path) of
+// a peer listening on listen and forwarding to upstream (host:port).
 func peerConfig(name, dir, listen, upstream string, tt *testTLS) (conf string, args []string) {
 	nginxListen, haproxyBind, caddySite, caddyTLS := listen, listen, "http://"+listen, ""
 	if tt != nil {
@@ -303,6 +323,15 @@ backend be
     reverse_proxy %s
 }
 `, caddySite, caddyTLS, upstream), []string{"run", "--adapter", "caddyfile", "--config", "{conf}"}
+	case "fasthttp":
+		// tools/fasthttp-ceiling: a fasthttp.Server handing each request
+		// to a HostClient (keep-alive, up to 512 connections), with
+		// X-Forwarded-For and -Proto set.
+		args := []string{"-listen", listen, "-upstream", upstream}
+		if tt != nil {
+			args = append(args, "-tls-cert", tt.certFile, "-tls-key", tt.keyFile)
+		}
+		return "", args
 	}
 	panic("unknown peer " + name)
 }
