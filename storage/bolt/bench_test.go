@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	bbolt "go.etcd.io/bbolt"
+
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -20,6 +22,7 @@ func BenchmarkGrantParallel(b *testing.B) {
 	var n atomic.Int64
 	b.SetParallelism(32)
 	b.ReportAllocs()
+	tx0 := lastCommit(b, s)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -31,6 +34,16 @@ func BenchmarkGrantParallel(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "grants/s")
+	b.ReportMetric(float64(b.N)/float64(lastCommit(b, s)-tx0), "grants/commit")
+}
+
+// lastCommit is the id of s's last committed write transaction.
+func lastCommit(b *testing.B, s *Store) int {
+	var id int
+	if err := s.db.View(func(tx *bbolt.Tx) error { id = tx.ID(); return nil }); err != nil {
+		b.Fatal(err)
+	}
+	return id
 }
 
 // BenchmarkRecordRejectionParallel measures a rejection storm.

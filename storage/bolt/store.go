@@ -2,8 +2,8 @@
 // the rejection log in one bbolt file, for a single gateway process.
 //
 // Every mutation is one bbolt read-write transaction that checks the
-// persisted state and changes it, run through DB.Batch so that concurrent
-// mutations of different resources share one fsync (group commit). A call
+// persisted state and changes it, run through group commit (groupcommit.go)
+// so that concurrent mutations of different resources share one fsync. A call
 // returns only after its transaction was committed and synced: a token is
 // durable before it is handed out. Mutations of the same resource are
 // serialised by a per-resource lock held across the transaction and the
@@ -51,14 +51,6 @@ const (
 	maxLimit     = 1000
 )
 
-// maxBatchDelay bounds how long a mutation waits for others to share its
-// commit. bbolt's default (10 ms) adds that much latency to every grant and,
-// with a fixed number of callers, caps throughput at callers/10 ms; shorter
-// delays split callers into more, smaller commits. Measured on a 2-core VM
-// with 64 acquirers (BenchmarkGrantParallel): 1 ms and 2 ms were best
-// (8,000–11,000 grants/s), 5 ms and 0.5 ms about half of that.
-const maxBatchDelay = time.Millisecond
-
 // Options configure a Store. The zero value is usable.
 type Options struct {
 	// Now is the store's clock, used for lease expiry; nil means time.Now.
@@ -100,6 +92,7 @@ var (
 // Store is a tokens.Store on a bbolt file. It is safe for concurrent use.
 type Store struct {
 	db     *bbolt.DB
+	group  *groupCommit // update's transactions
 	now    func() time.Time
 	log    *slog.Logger
 	opts   Options
@@ -168,9 +161,9 @@ func Open(path string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, tokens.Unavailable("open "+path, err)
 	}
-	db.MaxBatchDelay = maxBatchDelay
 	s := &Store{
 		db:     db,
+		group:  newGroupCommit(db),
 		now:    opts.Now,
 		log:    opts.Logger,
 		opts:   opts,
@@ -269,12 +262,13 @@ func (s *Store) lockResource(ctx context.Context, resource string) (func(), erro
 	return func() { unlock(); s.leave() }, nil
 }
 
-// update runs fn in a batched read-write transaction. fn may run more than
-// once (bbolt re-runs a batch when another call in it fails), so it must
-// reset whatever it reports. Domain refusals are reported through fn's
-// closure, not as fn's error: an error aborts the whole shared batch.
+// update runs fn in a read-write transaction shared with concurrent calls
+// (groupcommit.go). fn may run more than once (a batch is re-run when
+// another call in it fails), so it must reset whatever it reports. Domain
+// refusals are reported through fn's closure, not as fn's error: an error
+// rolls back the whole shared batch.
 func (s *Store) update(op string, fn func(tx *bbolt.Tx) error) error {
-	if err := s.db.Batch(fn); err != nil {
+	if err := s.group.do(fn); err != nil {
 		return tokens.Unavailable(op, err)
 	}
 	return nil
