@@ -11,6 +11,7 @@ import (
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/fencegw/fencegw/tokens"
 )
@@ -292,7 +293,7 @@ func TestGroupCommitAfterCloseFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 { // the first failure leaves nothing behind for the second
-		if err := g.do(put("a")); !errors.Is(err, bbolt.ErrDatabaseNotOpen) {
+		if err := g.do(put("a")); !errors.Is(err, berrors.ErrDatabaseNotOpen) {
 			t.Fatalf("do after close: %v", err)
 		}
 	}
@@ -305,7 +306,7 @@ func TestUpdateAfterCloseFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := s.update("grant", put("a"))
-	if !errors.Is(err, tokens.ErrStoreUnavailable) || !errors.Is(err, bbolt.ErrDatabaseNotOpen) {
+	if !errors.Is(err, tokens.ErrStoreUnavailable) || !errors.Is(err, berrors.ErrDatabaseNotOpen) {
 		t.Fatalf("update after Close: %v", err)
 	}
 }
