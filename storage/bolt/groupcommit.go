@@ -33,6 +33,13 @@ import (
 // There is no goroutine of its own, so none outlives the Store: the caller
 // that finds no commit running commits, and then hands the next batch to
 // the first of its callers.
+//
+// Why not internal/batch, the group commit of the rejection logs and the
+// live feed: its Commit fails every item of a batch with one error, and a
+// mutation here must fail alone (a refusal is a grant's own business, not
+// its neighbours'), which takes the solo re-run above; and its loop
+// goroutine would add a hand-off to every grant, renewal and release and a
+// Close to every way out of the Store.
 type groupCommit struct {
 	db  *bbolt.DB
 	max int // most calls in one transaction
