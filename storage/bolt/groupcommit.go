@@ -36,8 +36,8 @@ import (
 //
 // Why not internal/batch, the group commit of the rejection logs and the
 // live feed: its Commit fails every item of a batch with one error, and a
-// mutation here must fail alone (a refusal is a grant's own business, not
-// its neighbours'), which takes the solo re-run above; and its loop
+// mutation here must fail alone (a corrupt record one grant read is not its
+// neighbours' failure), which takes the solo re-run above; and its loop
 // goroutine would add a hand-off to every grant, renewal and release and a
 // Close to every way out of the Store.
 type groupCommit struct {
