@@ -20,7 +20,7 @@ const (
 
 // spec is api/openapi.yaml converted to JSON, and its info.version, once
 // per process (the YAML is embedded, so this cannot fail in a built
-// binary that passed its tests; TestSpecJSON checks it).
+// binary that passed its tests; TestServesSpec checks it).
 var spec = sync.OnceValues(func() (specDoc, error) {
 	var doc any
 	if err := yaml.Unmarshal(api.Spec, &doc); err != nil {

@@ -1,7 +1,8 @@
 // Package tokens is fencegw's domain: leases, fencing tokens, the rules that
 // decide whether a write may reach an upstream, and the store interfaces
-// those rules need. It imports only the standard library; storage backends
-// implement its interfaces and the HTTP layer translates its errors.
+// those rules need. It imports only the standard library and
+// internal/failpoint's constants (the torture's broken builds); storage
+// backends implement its interfaces and the HTTP layer translates its errors.
 package tokens
 
 import (

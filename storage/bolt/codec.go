@@ -243,7 +243,7 @@ func (d *decoder) finish(what string) error {
 	return d.err
 }
 
-// leaseRecord is a lease without its id, which is the key.
+// encodeLease encodes a lease without its id, which is its key.
 func encodeLease(l *tokens.Lease) []byte {
 	e := newEncoder()
 	e.str(l.Resource)

@@ -205,8 +205,8 @@ func Open(path string, opts Options) (*Store, error) {
 	return s, nil
 }
 
-// recover creates the buckets, applies the crash drain if the previous
-
+// Close stops the garbage collector, waits for the operations in flight and
+// closes the file, marking the shutdown clean.
 func (s *Store) Close() error {
 	// Stop the collector first: it enters like any operation.
 	s.stopOnce.Do(func() { close(s.stopGC) })

@@ -14,7 +14,7 @@ import (
 // Resource states are keyed by resourcePrefix(name): the name after its
 // length. Names that count up (job/1, job/2, ..., job/10, ...) are then in
 // key order as they arrive, whatever their number of digits, so their keys
-// are appended and the pages they fill can be split full (fillOnAppend).
+// are appended and the pages they fill can be split full (fillTracker).
 // Files written before kept the bare name as the key in bucketResourcesByName;
 // Open moves them over (migrateResources).
 var bucketResourcesByName = []byte("resources")
