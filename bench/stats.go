@@ -10,8 +10,8 @@ import (
 
 // Summary describes the latencies of a run.
 type Summary struct {
-	N                  int
-	P50, P90, P99, Max time.Duration
+	N                        int
+	Mean, P50, P90, P99, Max time.Duration
 }
 
 // Summarize sorts lat in place and returns its percentiles (nearest rank).
@@ -24,7 +24,11 @@ func Summarize(lat []time.Duration) Summary {
 		i := int(p*float64(len(lat))+0.999999) - 1
 		return lat[min(max(i, 0), len(lat)-1)]
 	}
-	return Summary{N: len(lat), P50: rank(0.50), P90: rank(0.90), P99: rank(0.99), Max: lat[len(lat)-1]}
+	var sum time.Duration
+	for _, l := range lat {
+		sum += l
+	}
+	return Summary{N: len(lat), Mean: sum / time.Duration(len(lat)), P50: rank(0.50), P90: rank(0.90), P99: rank(0.99), Max: lat[len(lat)-1]}
 }
 
 // Recorder collects per-request latencies from many goroutines. Each

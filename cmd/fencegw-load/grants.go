@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
@@ -64,16 +63,9 @@ func runGrants(ctx context.Context, o options, out io.Writer) error {
 // fresh resources (/proc/PID/status; bbolt's file is mapped, so it shows
 // as RssFile) and the store file's size.
 func memoryReport(p *peer, grants int) string {
-	st, err := os.ReadFile("/proc/" + strconv.Itoa(p.cmd.Process.Pid) + "/status")
+	kb, err := bench.ReadMemory(p.cmd.Process.Pid)
 	if err != nil {
 		return "gateway memory: " + err.Error()
-	}
-	kb := map[string]int64{}
-	for _, line := range strings.Split(string(st), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if f := strings.Fields(v); ok && len(f) == 2 && f[1] == "kB" {
-			kb[k], _ = strconv.ParseInt(f[0], 10, 64)
-		}
 	}
 	var file int64
 	if fi, err := os.Stat(filepath.Join(p.dir, "fencegw.db")); err == nil {

@@ -201,9 +201,13 @@ func TestGrantsMemoryReport(t *testing.T) {
 }
 
 // A started peer answers through the upstream, reports its CPU, and stop
-// leaves no process of its group.
+// leaves no process of its group. Under CI every peer must be installed
+// (.ci/run installs them): a missing one fails rather than goes unmeasured.
 func TestPeerStartStop(t *testing.T) {
 	peers := installedPeers()
+	if os.Getenv("CI") == "true" && len(peers) != 3 {
+		t.Fatalf("CI=true: nginx, haproxy and caddy must all be installed; found %v", peers)
+	}
 	if len(peers) == 0 {
 		t.Skip("none of nginx, haproxy, caddy is installed")
 	}

@@ -25,6 +25,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/fencegw/fencegw/bench"
 )
 
 // peerNames are the peers the tool knows, in the order they are measured.
@@ -246,7 +248,7 @@ func (p *peer) waitFor(deadline time.Time) <-chan struct{} {
 // cpu is the CPU time the peer's processes (the group leader and its
 // children: nginx's workers) have used so far, per thread, in ns.
 func (p *peer) cpu() time.Duration {
-	return groupCPU(p.cmd.Process.Pid)
+	return bench.GroupCPU(p.cmd.Process.Pid)
 }
 
 // peerConfig returns the configuration text (none for fasthttp, which
@@ -345,84 +347,3 @@ func freePort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
-// groupCPU sums the run time (/proc/PID/task/TID/schedstat, ns) of pid's
-// threads and of its children's (one level: nginx's master and workers).
-func groupCPU(pid int) time.Duration {
-	total := taskCPU(pid)
-	for _, child := range children(pid) {
-		total += taskCPU(child)
-	}
-	return total
-}
-
-func taskCPU(pid int) time.Duration {
-	tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
-	if err != nil {
-		return 0
-	}
-	var total time.Duration
-	for _, t := range tasks {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + t.Name() + "/schedstat")
-		if err != nil {
-			continue
-		}
-		f := strings.Fields(string(b))
-		if len(f) == 0 {
-			continue
-		}
-		ns, _ := strconv.ParseInt(f[0], 10, 64)
-		total += time.Duration(ns)
-	}
-	return total
-}
-
-// children lists the processes whose parent is pid.
-func children(pid int) []int {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(pid) + "/children")
-	if err == nil {
-		var out []int
-		for _, f := range strings.Fields(string(b)) {
-			if n, err := strconv.Atoi(f); err == nil {
-				out = append(out, n)
-			}
-		}
-		return out
-	}
-	// Without CONFIG_PROC_CHILDREN: scan /proc.
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var out []int
-	for _, e := range entries {
-		n, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		st, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...: comm may hold spaces, so cut at the last ')'.
-		s := string(st)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
-		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
-			out = append(out, n)
-		}
-	}
-	return out
-}
-
-// selfCPU is the CPU time this process (clients, upstream and the
-// in-process servers) has used so far.
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}

@@ -91,7 +91,7 @@ func runWrites(ctx context.Context, o options, out io.Writer) error {
 				return ctx.Err()
 			}
 			p := e.peers[strings.TrimSuffix(s, "-spread")] // a spread setup is its gateway's
-			self0, peer0 := selfCPU(), time.Duration(0)
+			self0, peer0 := bench.SelfCPU(), time.Duration(0)
 			if p != nil {
 				peer0 = p.cpu()
 			}
@@ -100,7 +100,7 @@ func runWrites(ctx context.Context, o options, out io.Writer) error {
 				results[s] = &merged{}
 			}
 			results[s].add(r)
-			results[s].selfCPU += selfCPU() - self0
+			results[s].selfCPU += bench.SelfCPU() - self0
 			if p != nil {
 				results[s].peerCPU += p.cpu() - peer0
 			}

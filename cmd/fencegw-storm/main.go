@@ -47,6 +47,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/fencegw/fencegw/bench"
 )
 
 const (
@@ -253,43 +255,6 @@ func (g *gateway) stop() {
 	}
 }
 
-// rss is the gateway process's resident memory in MiB (0 if unknown).
-func (g *gateway) rss() float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", g.cmd.Process.Pid))
-	if err != nil {
-		return 0
-	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
-			return kb / 1024
-		}
-	}
-	return 0
-}
-
-// cpu is the gateway process's user+system CPU time so far.
-func (g *gateway) cpu() (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", g.cmd.Process.Pid))
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the command name, which is in parentheses and may
-	// contain spaces: state is field 3, utime 14, stime 15.
-	rest := string(b[bytes.LastIndexByte(b, ')')+2:])
-	f := strings.Fields(rest)
-	if len(f) < 13 {
-		return 0, errors.New("short /proc stat")
-	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, errors.New("bad /proc stat")
-	}
-	const ticks = 100 // USER_HZ on Linux
-	return time.Duration(ut+st) * time.Second / ticks, nil
-}
-
 func startGateway(ctx context.Context, o options, dir, upstream string, stderr io.Writer) (*gateway, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -442,7 +407,7 @@ func (m *meter) phase(ctx context.Context, rate int) (phaseResult, error) {
 			}
 		}
 	})
-	cpu0, _ := m.gw.cpu()
+	cpu0 := bench.GroupCPU(m.gw.cmd.Process.Pid)
 	start := time.Now()
 	var refused0 int64
 	if storm != nil {
@@ -453,8 +418,10 @@ func (m *meter) phase(ctx context.Context, rate int) (phaseResult, error) {
 	if storm != nil {
 		res.StaleRefused = stormCount(m.gw.url) - refused0
 	}
-	cpu1, _ := m.gw.cpu()
-	res.GatewayRSSMB = m.gw.rss()
+	cpu1 := bench.GroupCPU(m.gw.cmd.Process.Pid)
+	if mem, err := bench.ReadMemory(m.gw.cmd.Process.Pid); err == nil {
+		res.GatewayRSSMB = mem.MiB("VmRSS")
+	}
 	stopDash()
 	wg.Wait()
 	if err != nil {
@@ -463,7 +430,9 @@ func (m *meter) phase(ctx context.Context, rate int) (phaseResult, error) {
 	res.StalePerSec = float64(res.StaleRefused) / elapsed.Seconds()
 	res.GatewayCPU = 100 * float64(cpu1-cpu0) / float64(elapsed)
 	res.HolderWrites = len(lat)
-	res.MeanUS, res.P50US, res.P90US, res.P99US = summarize(lat)
+	sum := bench.Summarize(lat)
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	res.MeanUS, res.P50US, res.P90US, res.P99US = us(sum.Mean), us(sum.P50), us(sum.P90), us(sum.P99)
 	res.DashErrors = dashErrors
 	if len(dash) > 0 {
 		slices.Sort(dash)
@@ -516,20 +485,6 @@ func (m *meter) holderPhase(ctx context.Context, d time.Duration) ([]time.Durati
 		lat = append(lat, time.Since(start))
 	}
 	return lat, nil
-}
-
-func summarize(lat []time.Duration) (mean, p50, p90, p99 float64) {
-	if len(lat) == 0 {
-		return
-	}
-	slices.Sort(lat)
-	var sum time.Duration
-	for _, l := range lat {
-		sum += l
-	}
-	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
-	q := func(p float64) float64 { return us(lat[int(p*float64(len(lat)-1))]) }
-	return us(sum / time.Duration(len(lat))), q(.5), q(.9), q(.99)
 }
 
 // printResults prints every phase, then each storm rate's holder latency
