@@ -120,7 +120,5 @@ func TestBrowserOverviewAgreesAfterRefusal(t *testing.T) {
 	if reloaded := !eval[bool](t, ctx, `window.loadedOnce === true`); reloaded {
 		t.Fatal("the overview was reloaded to agree")
 	}
-	if n := dialogs.Load(); n != 0 {
-		t.Fatalf("%d JavaScript dialogs opened", n)
-	}
+	dialogs.none(t, ctx)
 }

@@ -239,9 +239,7 @@ func TestBrowserAcrossReplicas(t *testing.T) {
 				at += i + 1
 			}
 			screenshot(t, ctx, "resource", "")
-			if n := dialogs.Load(); n != 0 {
-				t.Fatalf("%d JavaScript dialogs opened", n)
-			}
+			dialogs.none(t, ctx)
 		})
 	}
 }

@@ -78,10 +78,10 @@ func startDashboard(t testing.TB, ups map[string]string, opts ...func(*gateway.C
 const chromiumPath = "/usr/bin/chromium"
 
 // browser starts headless Chromium and returns a tab's context and a
-// counter of JavaScript dialogs (alert, confirm, prompt) the pages opened.
+// counter of the JavaScript dialogs (alert, confirm, prompt) its pages opened.
 // Without Chromium the test is skipped, except under CI=true, where it
 // fails.
-func browser(t *testing.T) (context.Context, *atomic.Int32) {
+func browser(t *testing.T) (context.Context, *dialogCounter) {
 	t.Helper()
 	path := chromiumPath
 	if _, err := os.Stat(path); err != nil {
@@ -116,18 +116,49 @@ func browser(t *testing.T) (context.Context, *atomic.Int32) {
 	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
 		t.Fatalf("start chromium: %v", err)
 	}
-	var dialogs atomic.Int32
+	dialogs := new(dialogCounter)
 	events := chromedp.Events(ctx, page.JavascriptDialogOpening)
 	go func() {
-		for _, err := range events {
+		for ev, err := range events {
 			if err != nil {
 				return
 			}
-			dialogs.Add(1)
+			if ev.Message == dialogMarker {
+				dialogs.marked.Add(1)
+			} else {
+				dialogs.Add(1)
+			}
 			_, _ = chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: false})
 		}
 	}()
-	return ctx, &dialogs
+	return ctx, dialogs
+}
+
+// dialogCounter counts the dialogs a tab's pages opened, except the markers
+// that settle opens.
+type dialogCounter struct {
+	atomic.Int32
+	marked atomic.Int32
+}
+
+const dialogMarker = "fencegw-test-marker"
+
+// none fails the test if any page of the tab opened a dialog. It opens a
+// marker dialog and waits for it: Chromium reports a tab's dialogs in the
+// order they open, so once the marker is counted, every dialog the pages
+// opened before has been counted too.
+func (d *dialogCounter) none(t *testing.T, ctx context.Context) {
+	t.Helper()
+	want := d.marked.Load() + 1
+	eval[bool](t, ctx, `setTimeout(() => alert("`+dialogMarker+`"), 0), true`)
+	for deadline := time.Now().Add(10 * time.Second); d.marked.Load() < want; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the marker dialog was not reported within 10 s")
+		}
+	}
+	if n := d.Load(); n != 0 {
+		t.Fatalf("%d JavaScript dialogs opened", n)
+	}
 }
 
 // within runs steps with a deadline, failing the test on error.
@@ -323,9 +354,7 @@ func TestBrowserIncidentLiveFeedAndTimeline(t *testing.T) {
 		t.Errorf("%d steps marked as the incident, want 4 (the refusals, the new grant, the expiry, the stale token's grant)", n)
 	}
 	screenshot(t, ctx, "resource", "resource.png")
-	if n := dialogs.Load(); n != 0 {
-		t.Fatalf("%d JavaScript dialogs opened", n)
-	}
+	dialogs.none(t, ctx)
 }
 
 func TestBrowserNamesFromClientsRenderAsText(t *testing.T) {
@@ -369,9 +398,6 @@ func TestBrowserNamesFromClientsRenderAsText(t *testing.T) {
 			t.Errorf("%s does not show the holder as text", path)
 		}
 	}
-	time.Sleep(200 * time.Millisecond) // a dialog would have opened by now
-	if n := dialogs.Load(); n != 0 {
-		t.Fatalf("%d JavaScript dialogs opened", n)
-	}
+	dialogs.none(t, ctx)
 	screenshot(t, ctx, "escaped", "")
 }

@@ -52,10 +52,17 @@ func TestClockSkewOfLyingClients(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(250 * time.Millisecond) // a renewal or two, with the round trip of the last
 	defer l.Close()
 
+	// The SDK reports its clock with each call; wait until the gateway has
+	// an estimate for it rather than for a guessed number of renewals.
 	m := scrape(t, d.URL)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); m = scrape(t, d.URL) {
+		if _, ok := m[`fencegw_holder_clock_offset_seconds{holder="sdk-worker"}`]; ok {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	for holder, want := range map[string]float64{"recon-ahead": 9, "recon-behind": -9, "sdk-worker": 0} {
 		got, ok := m[`fencegw_holder_clock_offset_seconds{holder="`+holder+`"}`]
 		if !ok {
@@ -63,9 +70,11 @@ func TestClockSkewOfLyingClients(t *testing.T) {
 			continue
 		}
 		// The estimate is off by the request's one-way delay at most:
-		// loopback, under a loaded test machine.
-		if math.Abs(got-want) > 0.25 {
-			t.Errorf("%s's clock offset = %.3f s, want %v ± 0.25", holder, got, want)
+		// loopback, under a loaded test machine. The bound is the
+		// behaviour (an offset of 9 s is told from 0 and from -9), so it
+		// is generous.
+		if math.Abs(got-want) > 1 {
+			t.Errorf("%s's clock offset = %.3f s, want %v ± 1", holder, got, want)
 		}
 		t.Logf("%s: estimated offset %+.3f s (lies by %+v s)", holder, got, want)
 	}

@@ -212,7 +212,5 @@ func TestBrowserTimelineShowsReplays(t *testing.T) {
 		t.Errorf("replayed row's write time = %q, want %q", got, rec.StartedAt.UTC().Format(time.RFC3339Nano))
 	}
 	screenshot(t, ctx, "timeline-replays", "")
-	if n := dialogs.Load(); n != 0 {
-		t.Fatalf("%d JavaScript dialogs opened", n)
-	}
+	dialogs.none(t, ctx)
 }
