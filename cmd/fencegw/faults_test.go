@@ -331,6 +331,18 @@ func (c *churn) count(key string) int {
 	return c.outcomes[key]
 }
 
+// waitWrites waits until n writes of phase ("before" or "after" the fault)
+// went through, so that a phase is judged on what happened in it rather
+// than on how much a loaded machine did in a guessed time.
+func (c *churn) waitWrites(t *testing.T, phase string, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); c.count(phase+" write 200") < n; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d writes went through %s the fault in 30 s", c.count(phase+" write 200"), phase)
+		}
+	}
+}
+
 func (c *churn) run(ctx context.Context, wg *sync.WaitGroup, bases []string, workers, resources int, prefix string) {
 	for w := range workers {
 		wg.Add(1)
@@ -427,13 +439,13 @@ func testRedisLoss(t *testing.T, fault func(*testing.T, *redisServer)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	c.run(ctx, &wg, bases, 6, 4, "churn")
-	time.Sleep(time.Second)
+	c.waitWrites(t, "before", 10)
 	faultStart := time.Now()
 	fault(t, rd)
 	faultEnd := time.Now()
 	c.afterFault.Store(true)
 	t.Logf("fault took %v", faultEnd.Sub(faultStart).Round(time.Millisecond))
-	time.Sleep(1500 * time.Millisecond)
+	c.waitWrites(t, "after", 10)
 	cancel()
 	wg.Wait()
 	c.log(t)
@@ -492,7 +504,7 @@ func TestFaultPostgresRestart(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	c.run(ctx, &wg, bases, 4, 2, "churn")
-	time.Sleep(800 * time.Millisecond)
+	c.waitWrites(t, "before", 10)
 
 	stopAt := time.Now()
 	c.afterFault.Store(true)
@@ -512,6 +524,8 @@ func TestFaultPostgresRestart(t *testing.T) {
 			want503(t, what+": grant", g, "store_unavailable")
 			w := fencedWrite(base, a.LeaseID, "/r", "A during outage")
 			want503(t, what+": write", w, "store_unavailable")
+			// The bound is the behaviour (a refused connection is
+			// answered in milliseconds; a hang is not), so it is generous.
 			if g.took > 5*time.Second || w.took > 5*time.Second {
 				t.Errorf("%s: answers took %v and %v; fail closed means fail fast too", what, g.took, w.took)
 			}
