@@ -297,8 +297,14 @@ func TestBrowserIncidentLiveFeedAndTimeline(t *testing.T) {
 	within(t, ctx, 10*time.Second, "counts refresh without reload",
 		chromedp.Poll[chromedp.Void](`document.getElementById('total-range').textContent === '43'`,
 			chromedp.WithPollingInterval(50*time.Millisecond)))
-	if bars := eval[int](t, ctx, `document.querySelectorAll('#live-overview svg rect.bar').length`); bars == 0 {
+	if bars := eval[int](t, ctx, `document.querySelectorAll('#live-overview-more svg rect.bar').length`); bars == 0 {
 		t.Error("no chart bars after the refresh")
+	}
+	// The live feed explains an incident: its newest rows are on screen
+	// without scrolling (the window is 1280×900, smaller than the
+	// 1400×1000 an operator's screen has at least).
+	if bottom := eval[float64](t, ctx, `window.scrollTo(0, 0), document.querySelector('#feed tbody tr').getBoundingClientRect().bottom - window.innerHeight`); bottom > 0 {
+		t.Errorf("the live feed's newest row is %.0f px below the fold", bottom)
 	}
 	if n := eval[int](t, ctx, `document.querySelectorAll('#leases [data-expires]').length`); n != 2 {
 		t.Errorf("leases with a countdown: %d, want 2", n)

@@ -3,6 +3,7 @@ package web
 import (
 	"cmp"
 	"context"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -138,20 +139,18 @@ func overview(ctx context.Context, src Source, counts *Counts, f Filter) (Overvi
 			if !f.match(r) {
 				continue
 			}
-			// An entry counts every refusal it stands for (Repeats), in
-			// the bar of its last one.
-			k := int(max(r.Repeats, 1))
+			// An entry stands for every refusal it counts (Repeats), each in
+			// the bar of the time it happened, as far as the log knows it
+			// (spread): only refusals in the range count.
+			k := ov.spread(r, f.Range.Bucket)
+			if k == 0 {
+				continue
+			}
 			ov.Total += k
-			// Every rejection counted in Total is in a bar, so the chart
-			// and the cards cannot disagree: one stamped by a store clock
-			// slightly ahead of the gateway's goes in the last bar.
-			ov.Buckets[min(max(int(r.At.Sub(ov.From)/f.Range.Bucket), 0), n-1)].Count += k
 			codes[r.Code] += k
 			resources[r.Resource] += k
 			holders[r.Holder] += k
-			if len(ov.Recent) < feedRows {
-				ov.Recent = append(ov.Recent, r)
-			}
+			ov.Recent = append(ov.Recent, r)
 		}
 		if len(page) < q.Limit {
 			break
@@ -167,6 +166,11 @@ func overview(ctx context.Context, src Source, counts *Counts, f Filter) (Overvi
 			ov.Truncated = len(more) > 0
 		}
 	}
+	// The feed lists entries by their latest refusal: a folded entry whose
+	// last repeat is new sits on top, however old its first refusal (the
+	// log's order, by entry).
+	slices.SortStableFunc(ov.Recent, func(a, b tokens.Rejection) int { return cmp.Or(b.At.Compare(a.At), cmp.Compare(b.ID, a.ID)) })
+	ov.Recent = ov.Recent[:min(len(ov.Recent), feedRows)]
 	ov.ResourceCount = len(resources)
 	ov.Codes = top(codes, len(codes))
 	ov.Resources = top(resources, topN)
@@ -182,6 +186,44 @@ func overview(ctx context.Context, src Source, counts *Counts, f Filter) (Overvi
 		ov.Leases = append(ov.Leases, leaseView(l, now))
 	}
 	return ov, nil
+}
+
+// spread adds r's refusals to the bars they happened in and returns how
+// many of them fall in the range. The log keeps a folded entry's first and
+// last refusal times (FirstAt, At), not each repeat's: the repeats between
+// are spread evenly over that span, the first and the last exactly where
+// they were. A refusal stamped by a store clock slightly ahead of the
+// gateway's goes in the last bar, so that the chart and the cards agree.
+func (ov *Overview) spread(r tokens.Rejection, bucket time.Duration) int {
+	k := int(max(r.Repeats, 1))
+	first, last := r.FirstAt, r.At
+	if k == 1 || first.IsZero() || !first.Before(last) {
+		first = last
+	}
+	span := float64(last.Sub(first))
+	// before(x) counts the refusals before x: repeat i of k happened at
+	// first + span*i/(k-1).
+	before := func(x time.Time) int {
+		switch {
+		case !x.After(first):
+			return 0
+		case x.After(last):
+			return k
+		}
+		return min(int(math.Ceil(float64(x.Sub(first))*float64(k-1)/span)), k)
+	}
+	n := len(ov.Buckets)
+	inRange := 0
+	for i := range ov.Buckets {
+		end := ov.Buckets[i].Start.Add(bucket)
+		c := before(end) - before(ov.Buckets[i].Start)
+		if i == n-1 {
+			c = k - before(ov.Buckets[i].Start)
+		}
+		ov.Buckets[i].Count += c
+		inRange += c
+	}
+	return inRange
 }
 
 func top(m map[string]int, n int) []Count {

@@ -73,8 +73,12 @@ func human(d time.Duration) string {
 		return strconv.Itoa(int(d.Seconds())) + " s"
 	case d < time.Minute:
 		return strconv.FormatFloat(d.Seconds(), 'f', 1, 64) + " s"
+	case d < time.Hour && d%time.Minute == 0:
+		return strconv.Itoa(int(d.Minutes())) + " min"
 	case d < time.Hour:
 		return fmt.Sprintf("%d min %d s", int(d.Minutes()), int(d.Seconds())%60)
+	case d%time.Hour == 0:
+		return strconv.Itoa(int(d.Hours())) + " h"
 	}
 	return fmt.Sprintf("%d h %d min", int(d.Hours()), int(d.Minutes())%60)
 }

@@ -73,11 +73,17 @@
       cell(tr, el('span', 'muted', '—'));
     }
     cell(tr, el('code', '', r.method + ' ' + r.upstream + r.path));
-    var tok = cell(tr, el('span', 'stale', String(r.token)));
+    // A refusal without a token (an unknown lease) has nothing to compare.
+    var tok;
+    if (r.token) {
+      tok = cell(tr, el('span', 'stale', String(r.token)));
+      tok.appendChild(document.createTextNode(' '));
+      tok.appendChild(el('span', 'muted', 'vs'));
+      tok.appendChild(document.createTextNode(' ' + r.current_token));
+    } else {
+      tok = cell(tr, el('span', 'muted', '—'));
+    }
     tok.className = 'n';
-    tok.appendChild(document.createTextNode(' '));
-    tok.appendChild(el('span', 'muted', 'vs'));
-    tok.appendChild(document.createTextNode(' ' + r.current_token));
     var who = cell(tr, r.holder);
     if (r.principal) who.appendChild(el('span', 'muted', ' · key ' + r.principal));
     var reason = cell(tr, el('span', 'code ' + r.code, r.code));
@@ -162,7 +168,8 @@
 
   // refresh keeps the counts, the chart, the top lists and the held leases
   // current: it fetches this same page (same filters) and swaps in the
-  // server-rendered part, which the server escaped like any page load.
+  // server-rendered parts (each element marked data-live, by id; the feed
+  // sits between them), which the server escaped like any page load.
   // The server computes that part from one read of the store, so the cards,
   // the chart and the leases table always agree with one another; the feed
   // calls refreshSoon() on every row it adds, so they agree with the feed
@@ -183,9 +190,12 @@
         .then(function (resp) { return resp.ok ? resp.text() : null; })
         .then(function (html) {
           if (!html) return;
-          var fresh = new DOMParser().parseFromString(html, 'text/html').getElementById('live-overview');
-          var current = document.getElementById('live-overview');
-          if (fresh && current) current.replaceWith(document.importNode(fresh, true));
+          var doc = new DOMParser().parseFromString(html, 'text/html');
+          var parts = document.querySelectorAll('[data-live]');
+          for (var i = 0; i < parts.length; i++) {
+            var fresh = doc.getElementById(parts[i].id);
+            if (fresh) parts[i].replaceWith(document.importNode(fresh, true));
+          }
         })
         .catch(function () {})
         .then(function () {
