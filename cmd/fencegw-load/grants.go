@@ -16,6 +16,13 @@ import (
 )
 
 func runGrants(ctx context.Context, o options, out io.Writer) error {
+	var etcdBin, locksBin string
+	if o.etcdLocks != "" {
+		var err error
+		if etcdBin, locksBin, err = lookEtcd(o.etcd, o.etcdLocks); err != nil {
+			return err
+		}
+	}
 	e, err := start(ctx, o, o.acquirers, nil)
 	if err != nil {
 		return err
@@ -46,17 +53,30 @@ func runGrants(ctx context.Context, o options, out io.Writer) error {
 	if gw != nil && r.Requests > 0 {
 		cpu = strconv.FormatFloat(float64(gw.cpu()-cpu0)/float64(time.Microsecond)/float64(r.Requests), 'f', 1, 64)
 	}
+	var etcd etcdResult
+	var etcdErr error
+	if locksBin != "" {
+		etcd, etcdErr = runEtcdLocks(ctx, etcdBin, locksBin, o.acquirers, o.duration, o.warmup)
+	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "setup\tgrants\terrors\tgrants/s\tp50 µs\tp90 µs\tp99 µs\tmax µs\tserver CPU µs/grant\t")
 	fmt.Fprintf(tw, "gateway\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t\n", r.Requests, r.Errors, r.PerSecond(), us(r.Latency.P50), us(r.Latency.P90), us(r.Latency.P99), us(r.Latency.Max), cpu)
+	if locksBin != "" && etcdErr == nil {
+		f := func(v float64) string { return strconv.FormatFloat(v, 'f', 0, 64) }
+		fmt.Fprintf(tw, "etcd (LeaseGrant + put-if-absent)\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t%.1f\t\n", etcd.Acquisitions, etcd.Errors, etcd.PerSecond,
+			f(etcd.P50US), f(etcd.P90US), f(etcd.P99US), f(etcd.MaxUS), float64(etcd.ServerCPU)/float64(time.Microsecond))
+	}
 	_ = tw.Flush()
+	if locksBin != "" && etcdErr == nil && etcd.PerSecond > 0 {
+		fmt.Fprintf(out, "grants ÷ etcd acquisitions: %.2f×\n", r.PerSecond()/etcd.PerSecond)
+	}
 	if p := e.peers["gateway"]; p != nil {
 		fmt.Fprintln(out, memoryReport(p, r.Requests))
 	}
 	if r.Errors > 0 {
 		return fmt.Errorf("%d grants failed; first: %w", r.Errors, r.FirstErr)
 	}
-	return nil
+	return etcdErr
 }
 
 // memoryReport describes the gateway process's memory after grants on

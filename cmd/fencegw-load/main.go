@@ -52,7 +52,9 @@ type options struct {
 	memProfile   string
 	servers      string
 	fasthttp     string // the fasthttp setup's program
-	tls          bool
+	// -grants beside etcd: its server and tools/etcd-locks ("": no etcd).
+	etcd, etcdLocks string
+	tls             bool
 	// The hidden serve mode: this program as one setup's server.
 	serveRole, serveListen, serveUpstream, serveDir string
 	postgres, serveSchema                           string
@@ -114,6 +116,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile to this file, of the gateway's process or (inline) of the measured rounds")
 	fs.StringVar(&o.servers, "servers", "process", "run the bare proxy and the gateway in processes of their own, as the peers (process), or in this one (inline)")
 	fs.StringVar(&o.fasthttp, "fasthttp", "fasthttp-ceiling", "the fasthttp setup's program, a name on PATH or a path; build it (a module of its own) with: "+fasthttpBuild)
+	fs.StringVar(&o.etcdLocks, "etcd-locks", "", "with -grants: also measure lock acquisitions on etcd (a LeaseGrant and a put-if-absent each, as many acquirers, as long) with this program; build it (a module of its own) with: "+etcdLocksBuild)
+	fs.StringVar(&o.etcd, "etcd", "etcd", "with -etcd-locks: etcd's server program (Debian: etcd-server), started on 127.0.0.1 in a temporary directory")
 	fs.BoolVar(&o.tls, "tls", false, "clients speak TLS (HTTP/1.1) to the bare proxy, the gateway and the peers, with a self-signed certificate for 127.0.0.1; the upstream stays plain HTTP")
 	fs.StringVar(&o.serveTLSCert, "serve-tls-cert", "", "internal: with -serve, the certificate file")
 	fs.StringVar(&o.serveTLSKey, "serve-tls-key", "", "internal: with -serve, the key file")
@@ -154,6 +158,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("-servers must be process or inline")
 	case o.gateway != "" && o.upstreamName == "" && !o.grants:
 		return o, errors.New("-gateway needs -upstream-name")
+	case o.etcdLocks != "" && !o.grants:
+		return o, errors.New("-etcd-locks goes with -grants")
 	case o.gateway == "" && (o.direct != "" || o.bare != "" || o.upstreamName != ""):
 		return o, errors.New("-direct, -bare and -upstream-name go with -gateway")
 	}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -60,20 +61,24 @@ func TestParseSetups(t *testing.T) {
 
 // buildFasthttp builds tools/fasthttp-ceiling (a module of its own) and
 // returns the program's path.
-func buildFasthttp(t *testing.T) string {
+func buildFasthttp(t *testing.T) string { return buildTool(t, "fasthttp-ceiling") }
+
+// buildTool builds tools/NAME, a module of its own, and returns the
+// program's path.
+func buildTool(t *testing.T, name string) string {
 	t.Helper()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		if os.Getenv("CI") == "true" {
-			t.Fatalf("no go command to build tools/fasthttp-ceiling: %v", err)
+			t.Fatalf("no go command to build tools/%s: %v", name, err)
 		}
-		t.Skipf("no go command to build tools/fasthttp-ceiling: %v", err)
+		t.Skipf("no go command to build tools/%s: %v", name, err)
 	}
-	bin := filepath.Join(t.TempDir(), "fasthttp-ceiling")
-	cmd := exec.Command(goBin, "build", "-C", filepath.Join("..", "..", "tools", "fasthttp-ceiling"), "-o", bin, ".")
+	bin := filepath.Join(t.TempDir(), name)
+	cmd := exec.Command(goBin, "build", "-C", filepath.Join("..", "..", "tools", name), "-o", bin, ".")
 	cmd.Env = append(os.Environ(), "GOWORK=off")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("%s: %v\n%s", fasthttpBuild, err, out)
+		t.Fatalf("build tools/%s: %v\n%s", name, err, out)
 	}
 	return bin
 }
@@ -186,6 +191,30 @@ func TestTLSRun(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "HTTPS") || !strings.Contains(out.String(), "gateway / bare-proxy: throughput") {
 		t.Fatalf("no TLS run in\n%s", out.String())
+	}
+}
+
+// -grants -etcd-locks measures lock acquisitions on a real etcd beside the
+// gateway's grants and reports the ratio. Under CI etcd must be installed
+// (.ci/run installs Debian's etcd-server).
+func TestGrantsBesideEtcd(t *testing.T) {
+	if _, err := exec.LookPath("etcd"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true: etcd is required (apt-get install etcd-server): %v", err)
+		}
+		t.Skipf("etcd not installed (%v); set CI=true to make this a failure", err)
+	}
+	locks := buildTool(t, "etcd-locks")
+	var out, errOut bytes.Buffer
+	if code := run([]string{"-grants", "-duration", "1s", "-warmup", "200ms", "-acquirers", "4", "-etcd-locks", locks}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out.String(), errOut.String())
+	}
+	row := regexp.MustCompile(`etcd \(LeaseGrant \+ put-if-absent\)\s+([0-9]+)\s+0\s+([0-9]+)`).FindStringSubmatch(out.String())
+	if row == nil || row[1] == "0" {
+		t.Fatalf("no etcd row with acquisitions and no errors in\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "grants ÷ etcd acquisitions: ") {
+		t.Fatalf("no ratio in\n%s", out.String())
 	}
 }
 
