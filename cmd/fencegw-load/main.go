@@ -54,6 +54,8 @@ type options struct {
 	fasthttp     string // the fasthttp setup's program
 	// -grants beside etcd: its server and tools/etcd-locks ("": no etcd).
 	etcd, etcdLocks string
+	figures         string // -figures: the one table's file
+	memResources    int    // with -figures: fresh resources the memory figure is taken over
 	tls             bool
 	// The hidden serve mode: this program as one setup's server.
 	serveRole, serveListen, serveUpstream, serveDir string
@@ -83,9 +85,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if o.grants {
+	switch {
+	case o.figures != "":
+		err = runFigures(ctx, o, args, stdout)
+	case o.grants:
 		err = runGrants(ctx, o, stdout)
-	} else {
+	default:
 		err = runWrites(ctx, o, stdout)
 	}
 	if err != nil {
@@ -117,6 +122,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.servers, "servers", "process", "run the bare proxy and the gateway in processes of their own, as the peers (process), or in this one (inline)")
 	fs.StringVar(&o.fasthttp, "fasthttp", "fasthttp-ceiling", "the fasthttp setup's program, a name on PATH or a path; build it (a module of its own) with: "+fasthttpBuild)
 	fs.StringVar(&o.etcdLocks, "etcd-locks", "", "with -grants: also measure lock acquisitions on etcd (a LeaseGrant and a put-if-absent each, as many acquirers, as long) with this program; build it (a module of its own) with: "+etcdLocksBuild)
+	fs.StringVar(&o.figures, "figures", "", "measure the one table every doc quotes (writes of 32 writers and of 1 on direct, fasthttp, bare-proxy, gateway, nginx, haproxy, caddy; grants beside etcd: needs -fasthttp and -etcd-locks), write its numbers to this file (docs/figures.json) and render them into README.md and docs/benchmarks.md; run from the repository's root")
+	fs.IntVar(&o.memResources, "figures-resources", 200_000, "with -figures: fresh resources granted for the memory figure (its growth per resource)")
 	fs.StringVar(&o.etcd, "etcd", "etcd", "with -etcd-locks: etcd's server program (Debian: etcd-server), started on 127.0.0.1 in a temporary directory")
 	fs.BoolVar(&o.tls, "tls", false, "clients speak TLS (HTTP/1.1) to the bare proxy, the gateway and the peers, with a self-signed certificate for 127.0.0.1; the upstream stays plain HTTP")
 	fs.StringVar(&o.serveTLSCert, "serve-tls-cert", "", "internal: with -serve, the certificate file")
@@ -158,8 +165,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("-servers must be process or inline")
 	case o.gateway != "" && o.upstreamName == "" && !o.grants:
 		return o, errors.New("-gateway needs -upstream-name")
-	case o.etcdLocks != "" && !o.grants:
-		return o, errors.New("-etcd-locks goes with -grants")
+	case o.etcdLocks != "" && !o.grants && o.figures == "":
+		return o, errors.New("-etcd-locks goes with -grants or -figures")
+	case o.figures != "" && (o.grants || o.gateway != ""):
+		return o, errors.New("-figures runs its own writes and grants on the local setups (not with -grants or -gateway)")
 	case o.gateway == "" && (o.direct != "" || o.bare != "" || o.upstreamName != ""):
 		return o, errors.New("-direct, -bare and -upstream-name go with -gateway")
 	}

@@ -17,9 +17,25 @@ import (
 )
 
 func runWrites(ctx context.Context, o options, out io.Writer) error {
-	e, err := start(ctx, o, o.concurrency, o.setups)
+	setups, results, err := measureWrites(ctx, o, out)
 	if err != nil {
 		return err
+	}
+	printWrites(out, setups, results)
+	for _, s := range setups {
+		if m := results[s]; m.errors > 0 {
+			return fmt.Errorf("%s: %d writes failed; first: %w", s, m.errors, m.firstErr)
+		}
+	}
+	return nil
+}
+
+// measureWrites drives o.setups in alternating rounds and returns, for each
+// setup driven, what its rounds measured.
+func measureWrites(ctx context.Context, o options, out io.Writer) ([]string, map[string]*merged, error) {
+	e, err := start(ctx, o, o.concurrency, o.setups)
+	if err != nil {
+		return nil, nil, err
 	}
 	defer e.close()
 
@@ -40,7 +56,7 @@ func runWrites(ctx context.Context, o options, out io.Writer) error {
 			}
 			ids, err := bench.AcquireMany(ctx, e.client, gw, prefix+":"+s, n, 64, ttl)
 			if err != nil {
-				return fmt.Errorf("acquire leases for %s: %w", s, err)
+				return nil, nil, fmt.Errorf("acquire leases for %s: %w", s, err)
 			}
 			e.leases = append(e.leases, ids...)
 			e.targets[s] = bench.GatewayTarget(s, gw, e.upstream, ids)
@@ -50,7 +66,7 @@ func runWrites(ctx context.Context, o options, out io.Writer) error {
 		}
 	}
 	if len(setups) == 0 {
-		return errors.New("no setup to drive")
+		return nil, nil, errors.New("no setup to drive")
 	}
 
 	body := bytes.Repeat([]byte("x"), o.bodySize)
@@ -70,7 +86,7 @@ func runWrites(ctx context.Context, o options, out io.Writer) error {
 		if o.warmup > 0 {
 			r := bench.RunFor(ctx, s, o.warmup, o.concurrency, op(e.targets[s]))
 			if r.Errors > 0 {
-				return fmt.Errorf("%s: warm-up: %d writes failed; first: %w", s, r.Errors, r.FirstErr)
+				return nil, nil, fmt.Errorf("%s: warm-up: %d writes failed; first: %w", s, r.Errors, r.FirstErr)
 			}
 		}
 	}
@@ -81,14 +97,14 @@ func runWrites(ctx context.Context, o options, out io.Writer) error {
 	stopProfiles := func() error { return nil }
 	if o.servers == "inline" || o.gateway != "" {
 		if stopProfiles, err = startProfiles(o); err != nil {
-			return err
+			return nil, nil, err
 		}
 	}
 	results := make(map[string]*merged, len(setups))
 	for round := range o.rounds {
 		for _, s := range rotate(setups, round) {
 			if ctx.Err() != nil {
-				return ctx.Err()
+				return nil, nil, ctx.Err()
 			}
 			p := e.peers[strings.TrimSuffix(s, "-spread")] // a spread setup is its gateway's
 			self0, peer0 := bench.SelfCPU(), time.Duration(0)
@@ -107,7 +123,7 @@ func runWrites(ctx context.Context, o options, out io.Writer) error {
 		}
 	}
 	if err := stopProfiles(); err != nil {
-		return err
+		return nil, nil, err
 	}
 	if e.local != nil {
 		var sent int64
@@ -117,19 +133,13 @@ func runWrites(ctx context.Context, o options, out io.Writer) error {
 			}
 		}
 		if got := e.local.Requests.Load() - delivered; got != sent {
-			return fmt.Errorf("the upstream received %d writes, the clients saw %d answered: the setup is broken", got, sent)
+			return nil, nil, fmt.Errorf("the upstream received %d writes, the clients saw %d answered: the setup is broken", got, sent)
 		}
 		if e.local.Leaked.Load() != 0 {
-			return errors.New("writes reached the upstream with the Fencing-Lease secret")
+			return nil, nil, errors.New("writes reached the upstream with the Fencing-Lease secret")
 		}
 	}
-	printWrites(out, setups, results)
-	for _, s := range setups {
-		if m := results[s]; m.errors > 0 {
-			return fmt.Errorf("%s: %d writes failed; first: %w", s, m.errors, m.firstErr)
-		}
-	}
-	return nil
+	return setups, results, nil
 }
 
 // rotate starts round r at a different setup, so no setup always runs first.
@@ -178,44 +188,31 @@ func us(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e3, 'f'
 func printWrites(out io.Writer, setups []string, results map[string]*merged) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "setup\trequests\terrors\treq/s\tp50 µs\tp90 µs\tp99 µs\tmax µs\tCPU µs/req all\tserver\t")
-	sums := map[string]bench.Summary{}
-	rates := map[string]float64{}
-	server := map[string]float64{}
-	var direct float64
-	if m, ok := results["direct"]; ok {
-		direct = m.perRequest(m.selfCPU)
-	}
-	for _, s := range setups {
-		m := results[s]
-		sum := bench.Summarize(m.samples)
-		sums[s] = sum
-		rates[s] = float64(m.requests) / m.elapsed.Seconds()
+	rows := writeRows(setups, results)
+	bySetup := map[string]writeRow{}
+	for _, r := range rows {
+		bySetup[r.setup] = r
 		cpu := "-"
-		switch {
-		case m.peerCPU > 0:
-			server[s] = m.perRequest(m.peerCPU)
-		case s != "direct" && direct > 0:
-			server[s] = m.perRequest(m.selfCPU) - direct
+		if r.server > 0 {
+			cpu = strconv.FormatFloat(r.server, 'f', 1, 64)
 		}
-		if v, ok := server[s]; ok {
-			cpu = strconv.FormatFloat(v, 'f', 1, 64)
-		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t%.1f\t%s\t\n", s, m.requests, m.errors, rates[s], us(sum.P50), us(sum.P90), us(sum.P99), us(sum.Max),
-			m.perRequest(m.selfCPU+m.peerCPU), cpu)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t%.1f\t%s\t\n", r.setup, r.requests, r.errors, r.rate, us(r.sum.P50), us(r.sum.P90), us(r.sum.P99), us(r.sum.Max),
+			r.all, cpu)
 	}
 	_ = tw.Flush()
 	for _, ref := range []string{"bare-proxy", "nginx"} {
-		if _, ok := sums[ref]; !ok {
+		rr, ok := bySetup[ref]
+		if !ok {
 			continue
 		}
-		for _, s := range setups {
-			if s == ref || s == "direct" {
+		for _, r := range rows {
+			if r.setup == ref || r.setup == "direct" {
 				continue
 			}
-			line := fmt.Sprintf("%s / %s: throughput %.2f, p50 %+.0f µs, p99 %+.0f µs", s, ref,
-				rates[s]/rates[ref], float64(sums[s].P50-sums[ref].P50)/1e3, float64(sums[s].P99-sums[ref].P99)/1e3)
-			if server[s] > 0 && server[ref] > 0 {
-				line += fmt.Sprintf(", server CPU per request %.2f", server[s]/server[ref])
+			line := fmt.Sprintf("%s / %s: throughput %.2f, p50 %+.0f µs, p99 %+.0f µs", r.setup, ref,
+				r.rate/rr.rate, float64(r.sum.P50-rr.sum.P50)/1e3, float64(r.sum.P99-rr.sum.P99)/1e3)
+			if r.server > 0 && rr.server > 0 {
+				line += fmt.Sprintf(", server CPU per request %.2f", r.server/rr.server)
 			}
 			fmt.Fprintln(out, line)
 		}
@@ -223,14 +220,46 @@ func printWrites(out io.Writer, setups []string, results map[string]*merged) {
 	// The PostgreSQL mode against the embedded one, on 1 and on many
 	// resources.
 	for _, pair := range [][2]string{{"gateway-postgres", "gateway"}, {"gateway-postgres-spread", "gateway-spread"}} {
-		s, ref := pair[0], pair[1]
-		if _, ok := sums[s]; !ok {
+		r, ok1 := bySetup[pair[0]]
+		rr, ok2 := bySetup[pair[1]]
+		if !ok1 || !ok2 {
 			continue
 		}
-		if _, ok := sums[ref]; !ok {
-			continue
-		}
-		p50 := 100 * (float64(sums[s].P50)/float64(sums[ref].P50) - 1)
-		fmt.Fprintf(out, "%s / %s: throughput %.2f, p50 %+.0f %%\n", s, ref, rates[s]/rates[ref], p50)
+		p50 := 100 * (float64(r.sum.P50)/float64(rr.sum.P50) - 1)
+		fmt.Fprintf(out, "%s / %s: throughput %.2f, p50 %+.0f %%\n", r.setup, rr.setup, r.rate/rr.rate, p50)
 	}
+}
+
+// writeRow is one setup's measurement. CPU per request, in µs: all is this
+// process's CPU (clients, upstream, in-process servers) plus a peer's own;
+// server is a peer's own, or for an in-process server this process's per
+// request minus the direct setup's (what the clients and the upstream
+// cost); 0 where unknown.
+type writeRow struct {
+	setup            string
+	requests, errors int
+	rate             float64 // req/s
+	sum              bench.Summary
+	all, server      float64
+}
+
+func writeRows(setups []string, results map[string]*merged) []writeRow {
+	var direct float64
+	if m, ok := results["direct"]; ok {
+		direct = m.perRequest(m.selfCPU)
+	}
+	rows := make([]writeRow, 0, len(setups))
+	for _, s := range setups {
+		m := results[s]
+		r := writeRow{setup: s, requests: m.requests, errors: m.errors, rate: float64(m.requests) / m.elapsed.Seconds(),
+			sum: bench.Summarize(m.samples), all: m.perRequest(m.selfCPU + m.peerCPU)}
+		switch {
+		case m.peerCPU > 0:
+			r.server = m.perRequest(m.peerCPU)
+		case s != "direct" && direct > 0:
+			r.server = m.perRequest(m.selfCPU) - direct
+		}
+		rows = append(rows, r)
+	}
+	return rows
 }
