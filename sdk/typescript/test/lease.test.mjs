@@ -25,7 +25,7 @@ function viaProxy(holder, fault = () => "pass") {
 }
 
 test("C01 renewal on a monotonic clock keeps the lease", async () => {
-  const ttlMs = 600;
+  const ttlMs = 900;
   const c = viaProxy("c01");
   const res = resource("c01");
   const realNow = Date.now;
@@ -35,7 +35,7 @@ test("C01 renewal on a monotonic clock keeps the lease", async () => {
   // The wall clock jumps an hour ahead: nothing about the lease may notice.
   Date.now = () => realNow() + 3_600_000;
   try {
-    for (let i = 0; i < 8; i++) {
+    for (let i = 0; i < 6; i++) {
       // Wait for the next renewal, then write.
       const n = proxy.renewals().length;
       await until(() => proxy.renewals().length > n, "a renewal");
@@ -51,9 +51,9 @@ test("C01 renewal on a monotonic clock keeps the lease", async () => {
   }
   // Renewal n was sent no earlier than n TTL/3 after the acquire was sent.
   const renewals = proxy.renewals().slice(renewalsBefore);
-  assert.ok(renewals.length >= 8);
+  assert.ok(renewals.length >= 6);
   renewals.forEach((r, i) => assert.ok(r.at >= sent + ((i + 1) * ttlMs) / 3 - 1, `renewal ${i + 1} at ${r.at - sent} ms`));
-  assert.equal(up.at("/stock/c01").length, 8);
+  assert.equal(up.at("/stock/c01").length, 6);
   assert.ok(up.at("/stock/c01").every((a) => a.token === String(lease.token)));
   await lease.release();
   assert.equal(lease.signal.aborted, false, "a clean release is not a loss");
@@ -61,20 +61,21 @@ test("C01 renewal on a monotonic clock keeps the lease", async () => {
 
 test("C02 lost only after a whole TTL without a successful renewal", async () => {
   const ttlMs = 900;
-  let failing = false;
-  const c = viaProxy("c02", (req) => (failing && req.url.endsWith("/renew") ? (proxy.renewals().length % 2 ? "refuse" : "hang") : "pass"));
-  const lease = await c.acquire(resource("c02"), { ttlMs });
+  // No renewal gets an answer: the first two are refused, the rest hang.
+  let k = 0;
+  const c = viaProxy("c02", (req) => (req.url.endsWith("/renew") ? (k++ < 2 ? "refuse" : "hang") : "pass"));
   const n = proxy.renewals().length;
-  await until(() => proxy.renewals().length > n && proxy.renewals().at(-1).status === 200, "a successful renewal");
-  const last = proxy.renewals().at(-1).at; // arrival: after its send
-  failing = true;
+  const sent = performance.now();
+  const lease = await c.acquire(resource("c02"), { ttlMs });
+  const answered = performance.now();
   const deadline = lease.deadline;
-  assert.ok(deadline <= last + ttlMs, "the deadline is within one TTL of the last successful renewal's send");
+  // The acquire is the last success: its send time plus the TTL, minus the margin.
+  assert.ok(deadline >= sent + ttlMs - ttlMs / 10 && deadline <= answered + ttlMs, "the deadline is within one TTL of the acquire");
   const lostAt = await aborted(lease.signal);
   assert.ok(lostAt >= deadline, `lost ${deadline - lostAt} ms before the deadline`);
   assert.equal(lease.deadline, deadline, "failed renewals never moved the deadline");
-  const failed = proxy.renewals().slice(n + 1);
-  assert.ok(failed.length >= 2, `renewals were retried (${failed.length} attempts after the last success)`);
+  const failed = proxy.renewals().slice(n);
+  assert.ok(failed.length >= 3, `renewals were retried (${failed.length} attempts)`);
   const why = lease.signal.reason;
   assert.ok(why instanceof LeaseLostError && !(why instanceof StaleLeaseError), String(why));
   assert.equal(why.code, "");
