@@ -7,15 +7,16 @@
 // with its event loop blocked (renewals included, as in a long GC pause or
 // a stopped container) until FILE exists. It then writes an old figure
 // over a newer one: the gateway refuses that write, and the pod learns
-// that its lease was lost. Exit status: 0 written, 3 refused as stale.
+// that its lease was lost. Exit status: 0 written, 3 refused as stale,
+// 4 aborted in flight by the lease's loss (its outcome unknown).
 import { existsSync } from "node:fs";
-import { Client, StaleLeaseError } from "@fencegw/client";
+import { Client, LeaseLostError, StaleLeaseError } from "@fencegw/client";
 
 const gateway = process.env.FENCEGW_URL ?? "http://127.0.0.1:8080";
 const pod = process.env.POD ?? "a";
 const delta = Number(process.env.DELTA ?? 1);
 const sku = process.env.SKU ?? "SKU-001";
-const ttlMs = Number(process.env.TTL_MS ?? 1000);
+const ttlMs = Number(process.env.TTL_MS ?? 2000);
 const log = (msg) => console.log(`pod ${pod}: ${msg}`);
 
 const client = new Client(gateway, { holder: `pod-${pod}` });
@@ -44,9 +45,15 @@ const status = await client.using(`inventory/${sku}`, { ttlMs, waitMs: 10_000 },
     log(`wrote ${next}: ${wrote.status}`);
     return 0;
   } catch (err) {
-    if (!(err instanceof StaleLeaseError)) throw err;
-    log(`write of ${next} refused: ${err.code} (token ${err.token}, current ${err.currentToken}); lease lost: ${signal.aborted}`);
-    return 3;
+    if (err instanceof StaleLeaseError) {
+      log(`write of ${next} refused: ${err.code} (token ${err.token}, current ${err.currentToken}); lease lost: ${signal.aborted}`);
+      return 3;
+    }
+    if (err instanceof LeaseLostError) {
+      log(`write of ${next} aborted in flight: ${err.message}`);
+      return 4;
+    }
+    throw err;
   }
 });
 process.exitCode = status;

@@ -4,7 +4,7 @@ import { hostname } from "node:os";
 import type { components } from "./openapi.js";
 import { FencegwError } from "./errors.js";
 import { answerError, clientTime, send, type Gateway } from "./http.js";
-import { Lease } from "./lease.js";
+import { Lease, begin } from "./lease.js";
 
 type AcquireRequest = components["schemas"]["AcquireRequest"];
 type LeaseJSON = components["schemas"]["Lease"];
@@ -100,7 +100,9 @@ export class Client {
     if (a.response.status !== 201) throw answerError("acquire", a);
     const lease = JSON.parse(a.text) as LeaseJSON;
     const marginMs = options.safetyMarginMs ?? options.ttlMs / 10;
-    return new Lease({ gw: this.#gw, lease, ttlMs: body.ttl_ms, marginMs: Math.max(0, marginMs), sent });
+    const l = new Lease({ gw: this.#gw, lease, ttlMs: body.ttl_ms, marginMs: Math.max(0, marginMs), sent });
+    await l[begin](sent);
+    return l;
   }
 
   /**

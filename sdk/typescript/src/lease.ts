@@ -19,6 +19,9 @@ import { answerError, clientTime, maxProblemBody, send, type Gateway } from "./h
 
 type LeaseJSON = components["schemas"]["Lease"];
 
+/** @internal the method that starts a new lease's timers (not exported from the package). */
+export const begin = Symbol("begin");
+
 /** How long release() waits for the gateway. A lease that could not be released expires after its TTL. */
 export const releaseTimeoutMs = 5_000;
 
@@ -118,8 +121,34 @@ export class Lease {
     this.#marginMs = init.marginMs;
     this.#rttMs = performance.now() - init.sent;
     this.#deadline = init.sent + init.lease.ttl_ms - init.marginMs;
+  }
+
+  /**
+   * @internal Client.acquire calls it once, before handing the lease out:
+   * starts the expiry timer and the renewals. If the acquire took longer
+   * than a renewal period (it waited for the resource), the lease is
+   * renewed first: the gateway's count began at the grant, somewhere within
+   * the call, but only the call's send time is a safe local bound for it,
+   * and a lease counted from there could be lost on arrival. Rejects with
+   * the LeaseLostError if the gateway says the lease is gone.
+   */
+  async [begin](sent: number): Promise<void> {
+    let last = sent;
+    if (performance.now() - sent > this.#every()) {
+      const s = performance.now();
+      try {
+        await this.#renew(s, this.ttlMs);
+        last = s;
+      } catch (err) {
+        if (err instanceof LeaseLostError) {
+          this.#lose(err, true);
+          throw err;
+        }
+        this.#lastError = err;
+      }
+    }
     this.#armExpiry();
-    this.#scheduleRenewal(init.sent + this.#every() - performance.now());
+    this.#scheduleRenewal(last + this.#every() - performance.now());
   }
 
   /**
@@ -317,11 +346,11 @@ export class Lease {
 
   /**
    * One renewal, bounded by the local deadline (after it the lease counts as
-   * lost whatever the answer); a success moves the deadline to its send
+   * lost whatever the answer) or by boundMs; a success moves the deadline to its send
    * time plus the TTL the gateway reported, minus the margin.
    */
-  async #renew(sent: number): Promise<void> {
-    const left = this.#deadline - sent;
+  async #renew(sent: number, boundMs?: number): Promise<void> {
+    const left = boundMs ?? this.#deadline - sent;
     if (left <= 0) throw new Error("the deadline passed before the renewal was sent");
     const a = await send(this.#gw, {
       op: "renew",

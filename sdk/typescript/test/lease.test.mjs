@@ -25,7 +25,7 @@ function viaProxy(holder, fault = () => "pass") {
 }
 
 test("C01 renewal on a monotonic clock keeps the lease", async () => {
-  const ttlMs = 900;
+  const ttlMs = 1500;
   const c = viaProxy("c01");
   const res = resource("c01");
   const realNow = Date.now;
@@ -35,7 +35,7 @@ test("C01 renewal on a monotonic clock keeps the lease", async () => {
   // The wall clock jumps an hour ahead: nothing about the lease may notice.
   Date.now = () => realNow() + 3_600_000;
   try {
-    for (let i = 0; i < 6; i++) {
+    for (let i = 0; i < 5; i++) {
       // Wait for the next renewal, then write.
       const n = proxy.renewals().length;
       await until(() => proxy.renewals().length > n, "a renewal");
@@ -51,9 +51,9 @@ test("C01 renewal on a monotonic clock keeps the lease", async () => {
   }
   // Renewal n was sent no earlier than n TTL/3 after the acquire was sent.
   const renewals = proxy.renewals().slice(renewalsBefore);
-  assert.ok(renewals.length >= 6);
+  assert.ok(renewals.length >= 5);
   renewals.forEach((r, i) => assert.ok(r.at >= sent + ((i + 1) * ttlMs) / 3 - 1, `renewal ${i + 1} at ${r.at - sent} ms`));
-  assert.equal(up.at("/stock/c01").length, 6);
+  assert.equal(up.at("/stock/c01").length, 5);
   assert.ok(up.at("/stock/c01").every((a) => a.token === String(lease.token)));
   await lease.release();
   assert.equal(lease.signal.aborted, false, "a clean release is not a loss");

@@ -160,6 +160,24 @@ test("C10 a held resource is LeaseHeld, with who and for how long", async () => 
   await lb.release();
 });
 
+test("C10 a lease acquired after a wait longer than its TTL is not lost on arrival", async () => {
+  const res = resource("c10b");
+  // A holds for 1.5 s and stalls (its renewals hang); B asks for 1 s leases and waits.
+  proxy.fault = (req) => (req.url.endsWith("/renew") ? "hang" : "pass");
+  const a = await new Client(proxy.url, { holder: "pod-a" }).acquire(res, { ttlMs: 1500 });
+  const sent = performance.now();
+  const b = await new Client(gw.url, { holder: "pod-b" }).acquire(res, { ttlMs: 1000, waitMs: 10_000 });
+  assert.ok(performance.now() - sent > 1000, "B waited longer than its TTL");
+  assert.equal(b.token, a.token + 1);
+  assert.equal(b.signal.aborted, false);
+  assert.ok(b.deadline > performance.now());
+  const r = await b.request("PUT", "inventory", "/stock/c10b", { body: "1" });
+  assert.equal(r.status, 201);
+  await r.arrayBuffer();
+  await b.release();
+  assert.equal(b.signal.aborted, false);
+});
+
 test("C11 the upstream's own answers pass through", async () => {
   const lease = await new Client(gw.url, { holder: "c11" }).acquire(resource("c11"), { ttlMs: 5000 });
   const r = await lease.request("POST", "inventory", "/conflict/c11", { body: "x" });
