@@ -202,7 +202,7 @@ export class Lease {
    * write was refused, never reached the upstream, and the lease is now
    * lost), UnavailableError (503, or no answer: whether the write was
    * forwarded is then unknown), UpstreamError (502/504), LeaseLostError if
-   * the lease was lost while the request was in flight (it is aborted; its
+   * the lease was lost while the request awaited its answer (it is aborted; its
    * outcome is unknown), or a FencegwError with the gateway's code.
    *
    * A request made after the lease is known to be lost is still sent: the
