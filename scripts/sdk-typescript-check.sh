@@ -7,7 +7,8 @@
 #  1. npm ci in sdk/typescript (pinned lock file, npm registry only);
 #  2. the committed generated types (src/openapi.ts) equal a fresh
 #     `npm run generate` (openapi-typescript from api/openapi.yaml);
-#  3. tsc compiles src/ to dist/ (dist/ is built here, never committed);
+#  3. tsc compiles src/ to dist/ (dist/ is built here, never committed),
+#     and a TypeScript consumer (test/types) type-checks against it;
 #  4. node --test runs the conformance tests (sdk/CONFORMANCE.md ids in
 #     their names) against the fencegw binary built here;
 #  5. examples/node-inventory-worker replays the inventory story through
@@ -49,6 +50,8 @@ fi
 
 say "tsc ($sdk)"
 (cd "$sdk" && timeout 300 npm run -s build) || die "$sdk does not compile"
+say "a TypeScript consumer type-checks against dist/*.d.ts ($sdk/test/types)"
+(cd "$sdk" && timeout 300 npm run -s typecheck:consumer) || die "$sdk/test/types/consumer.ts does not type-check against the package's declarations"
 
 build_gateway
 

@@ -231,3 +231,14 @@ test("C13 unknown problem codes are carried as data", () => {
   // An upstream's own problem is not the gateway's.
   assert.equal(parseProblem(JSON.stringify({ type: "https://x.example/p", status: 409, code: "stale_token" })), undefined);
 });
+
+test("C08 a gateway's 503 is unavailable, with its Retry-After", () => {
+  // Recorded answers: the embedded store this suite runs on does not fail.
+  for (const code of ["store_unavailable", "fence_busy", "fence_lost"]) {
+    const problem = parseProblem(JSON.stringify({ type: `urn:fencegw:problem:${code}`, title: "Unavailable", status: 503, code }));
+    const err = errorFor("acquire", 503, problem, 1000);
+    assert.ok(err instanceof UnavailableError && !(err instanceof LeaseLostError), code);
+    assert.equal(err.code, code);
+    assert.equal(err.retryAfter, 1);
+  }
+});
