@@ -35,10 +35,13 @@ export async function until(cond, what, limitMs = 20_000) {
   }
 }
 
-/** The first event of the signal's abort, as a promise of the instant it fired (performance.now()). */
-export function aborted(signal) {
+/** The signal's abort, as a promise of the instant it fired (performance.now()); fails after a generous hang limit. */
+export function aborted(signal, limitMs = 20_000) {
   if (signal.aborted) return Promise.resolve(performance.now());
-  return new Promise((resolve) => signal.addEventListener("abort", () => resolve(performance.now()), { once: true }));
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`the signal did not fire within ${limitMs} ms`)), limitMs);
+    signal.addEventListener("abort", () => resolve(performance.now(), clearTimeout(timer)), { once: true });
+  });
 }
 
 /**
