@@ -189,5 +189,5 @@ func (c *Client) Acquire(ctx context.Context, resource string, opts AcquireOptio
 	case margin < 0:
 		margin = 0
 	}
-	return newLease(ctx, c, resp.JSON201, ttl, margin, sent), nil
+	return newLease(ctx, c, resp.JSON201, ttl, margin, sent)
 }

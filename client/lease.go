@@ -76,7 +76,13 @@ func acquireClock() *api.AcquireLeaseParams {
 	return &api.AcquireLeaseParams{FencingClientTime: clientTime(0)}
 }
 
-func newLease(ctx context.Context, c *Client, l *api.Lease, ttl, margin time.Duration, sent time.Time) *Lease {
+// newLease starts the lease's expiry timer and keep-alive. An acquire that
+// took longer than a renewal period (it waited for the resource) is renewed
+// once first: the gateway's count began at the grant, somewhere within the
+// call, but only the call's send time is a safe local bound for it, and a
+// lease counted from there could be lost on arrival. A lease the gateway
+// then says is gone is returned as the renewal's ErrLeaseLost.
+func newLease(ctx context.Context, c *Client, l *api.Lease, ttl, margin time.Duration, sent time.Time) (*Lease, error) {
 	lease := &Lease{
 		c:        c,
 		id:       l.LeaseId,
@@ -95,11 +101,28 @@ func newLease(ctx context.Context, c *Client, l *api.Lease, ttl, margin time.Dur
 
 	lease.mu.Lock()
 	lease.deadline = sent.Add(time.Duration(l.TtlMs)*time.Millisecond - margin)
+	lease.mu.Unlock()
+	if every := max(ttl/3, time.Millisecond); time.Since(sent) > every {
+		// Bounded by a TTL from now, not by the deadline counted from the
+		// send, which may have passed although the gateway's has not.
+		renewed, err := lease.renewBy(time.Now().Add(ttl))
+		switch {
+		case err == nil:
+			sent = renewed
+		case errors.Is(err, ErrLeaseLost):
+			lease.cancel(err)
+			return nil, err
+		default:
+			lease.lastErr = err // the keep-alive retries it at once
+			sent = time.Now().Add(-every)
+		}
+	}
+	lease.mu.Lock()
 	lease.expiry = time.AfterFunc(time.Until(lease.deadline), lease.expire)
 	lease.mu.Unlock()
 
 	go lease.keepAlive(sent)
-	return lease
+	return lease, nil
 }
 
 // ID is the lease's secret id, what proves to the gateway that a write
@@ -259,8 +282,11 @@ func nextBackoff(prev, ttl time.Duration) time.Duration {
 // renew makes one renewal, bounded by the local deadline (after it, the
 // lease counts as lost whatever the answer), and extends the deadline on
 // success.
-func (l *Lease) renew() (sent time.Time, err error) {
-	ctx, cancel := context.WithDeadline(l.loopCtx, l.Deadline())
+func (l *Lease) renew() (sent time.Time, err error) { return l.renewBy(l.Deadline()) }
+
+// renewBy is renew bounded by deadline.
+func (l *Lease) renewBy(deadline time.Time) (sent time.Time, err error) {
+	ctx, cancel := context.WithDeadline(l.loopCtx, deadline)
 	defer cancel()
 	ms := l.ttl.Milliseconds()
 	l.mu.Lock()
@@ -285,7 +311,9 @@ func (l *Lease) renew() (sent time.Time, err error) {
 	l.lastErr = nil
 	if d := sent.Add(time.Duration(resp.JSON200.TtlMs)*time.Millisecond - l.margin); d.After(l.deadline) {
 		l.deadline = d
-		l.expiry.Reset(time.Until(d))
+		if l.expiry != nil { // nil during newLease's first renewal
+			l.expiry.Reset(time.Until(d))
+		}
 	}
 	return sent, nil
 }
