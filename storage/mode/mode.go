@@ -47,8 +47,9 @@ type Config struct {
 	// Replica names this process in the fence's presence rows (host/pid
 	// if empty).
 	Replica string
-	// RedisPrefix starts every Redis key and channel (redis.DefaultPrefix
-	// if empty).
+	// RedisPrefix starts every Redis key and channel (if empty,
+	// redis.SchemaPrefix(Schema): two deployments in two schemas share
+	// nothing in one Redis database).
 	RedisPrefix string
 
 	Logger *slog.Logger
@@ -209,7 +210,11 @@ func OpenPostgres(ctx context.Context, cfg Config) (_ *Mode, err error) {
 		if err := rdb.Ping(openCtx).Err(); err != nil {
 			return nil, fmt.Errorf("connect to Redis: %w", err)
 		}
-		rs := redis.New(rdb, pg, redis.Options{Prefix: cfg.RedisPrefix, Logger: log})
+		prefix := cfg.RedisPrefix
+		if prefix == "" {
+			prefix = redis.SchemaPrefix(cfg.Schema)
+		}
+		rs := redis.New(rdb, pg, redis.Options{Prefix: prefix, Logger: log})
 		m.Name, m.Store, transport, state = "postgres+redis", rs, rs, rs
 	}
 
