@@ -244,6 +244,7 @@ func TestFaultReplicaPartitionedFromRedis(t *testing.T) {
 	if g.took > 15*time.Second {
 		t.Errorf("the cut replica's grant took %v to fail", g.took)
 	}
+	t.Logf("the cut replica's grant failed closed in %v", g.took.Round(time.Millisecond))
 
 	// A's lease expires; B is granted on the other replica, which takes
 	// the fence from the cut one through PostgreSQL.

@@ -205,6 +205,12 @@ func OpenPostgres(ctx context.Context, cfg Config) (_ *Mode, err error) {
 			return nil, &ConfigError{Field: "redis", Err: err}
 		}
 		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = 2*time.Second, 2*time.Second, 2*time.Second
+		// One dial per attempt and one retry (a pooled connection Redis
+		// broke, after a restart): go-redis's defaults (5 dials, 3
+		// retries) kept a grant on a replica cut from Redis (packets
+		// dropped, so every dial waits out DialTimeout) for over 30 s
+		// before its 503 (cmd TestFaultReplicaPartitionedFromRedis).
+		opt.DialerRetries, opt.MaxRetries = 1, 1
 		rdb := goredis.NewClient(opt)
 		m.closers = append(m.closers, func() { _ = rdb.Close() })
 		if err := rdb.Ping(openCtx).Err(); err != nil {
