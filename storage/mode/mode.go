@@ -209,7 +209,8 @@ func OpenPostgres(ctx context.Context, cfg Config) (_ *Mode, err error) {
 		// broke, after a restart): go-redis's defaults (5 dials, 3
 		// retries) kept a grant on a replica cut from Redis (packets
 		// dropped, so every dial waits out DialTimeout) for over 30 s
-		// before its 503 (cmd TestFaultReplicaPartitionedFromRedis).
+		// before its 503; with these it is 4 s, two dial timeouts (cmd
+		// TestFaultReplicaPartitionedFromRedis).
 		opt.DialerRetries, opt.MaxRetries = 1, 1
 		rdb := goredis.NewClient(opt)
 		m.closers = append(m.closers, func() { _ = rdb.Close() })
