@@ -84,7 +84,7 @@ const DefaultPrefix = "fencegw:"
 // before the upgrade would read as expired on the upgraded replicas).
 //
 // Another schema's prefix is "fencegw:<schema>#": resource names cannot
-// hold '#' (tokens.ValidateResource), so no key of one schema, the default's
+// hold '#' (tokens.Limits.ValidateResource), so no key of one schema, the default's
 // included, can be another's, whatever characters the schemas' names
 // hold.
 func SchemaPrefix(schema string) string {
