@@ -222,10 +222,11 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	permit, err := g.svc.Admit(actx, leaseID, write)
 	if err == nil {
 		// The owner acquired it within its prefixes; this catches a key
-		// whose prefixes were narrowed since.
-		if err = mayUse(r.Context(), permit.Lease.Resource); err != nil {
-			permit.Done(tokens.OutcomeKnown)
-		} else if err = g.bindings.check(name, rawPath, permit.Lease.Resource, permit.Lease.Token); err != nil { // routes.go
+		// whose prefixes were narrowed since. Both refusals are recorded.
+		if err = mayUse(r.Context(), permit.Lease.Resource); err == nil {
+			err = g.bindings.check(name, rawPath, permit.Lease.Resource, permit.Lease.Token) // routes.go
+		}
+		if err != nil {
 			err = permit.Refuse(actx, err, write)
 		}
 	}

@@ -2,9 +2,11 @@ package tokens
 
 import "context"
 
-// Route bindings (gateway/routes.go) refuse an admitted write whose lease is
-// for a resource the write's route does not take. The refusal is recorded
-// like every other refused write.
+// The gateway refuses some writes that Admit let through: route bindings
+// (gateway/routes.go) one whose lease is for a resource the write's route
+// does not take, the key's resource prefixes one whose key may no longer
+// use the lease's resource. Each refusal is recorded like every other
+// refused write, through Refuse.
 
 // ErrResourceMismatch: a write under a live lease for another resource than
 // the ones its route binds (a lease on res:b writing to res:a's path).
@@ -14,9 +16,17 @@ var ErrResourceMismatch = NewKind(CodeResourceMismatch, "lease for another resou
 // CodeResourceMismatch is the problem and rejection code of ErrResourceMismatch.
 const CodeResourceMismatch = "resource_mismatch"
 
+// CodeForbidden is the problem code of the gateway's refusal of a call its
+// key's role or resource prefixes do not allow (its kind is the HTTP
+// layer's, internal/problems.ErrForbidden), and a rejection code: a key's
+// prefixes can be narrowed (a new auth file) while a lease it acquired
+// lives, and its writes under that lease are then refused and recorded.
+const CodeForbidden = "forbidden"
+
 // Refuse ends an admitted write without forwarding it (like Done(OutcomeKnown))
 // and records the refusal, which must wrap a sentinel whose code the
-// rejection log knows (ErrResourceMismatch). It returns refusal.
+// rejection log knows (ErrResourceMismatch, the HTTP layer's forbidden).
+// It returns refusal.
 func (p *Permit) Refuse(ctx context.Context, refusal error, w Write) error {
 	p.Done(OutcomeKnown)
 	// The lease was the resource's current one when it was admitted.

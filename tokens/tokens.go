@@ -125,7 +125,7 @@ func (r Rejection) RepeatKey() (string, bool) {
 }
 
 // RejectionCodes lists every code a rejection can have, for filters.
-var RejectionCodes = []string{CodeStaleToken, CodeLeaseExpired, CodeLeaseReleased, CodeUnknownLease, CodeLeaseNotOwned, CodeResourceMismatch}
+var RejectionCodes = []string{CodeStaleToken, CodeLeaseExpired, CodeLeaseReleased, CodeUnknownLease, CodeLeaseNotOwned, CodeResourceMismatch, CodeForbidden}
 
 // RejectionQuery selects rejections, newest first.
 type RejectionQuery struct {

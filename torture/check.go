@@ -296,7 +296,7 @@ func Check(h History) Report {
 		}
 		for _, f := range h.Faults {
 			if !f.DownFrom.IsZero() && a.Arrived.After(f.DownFrom) && a.Arrived.Before(f.DownTo) {
-				if f.Kind == FaultRestartRedis {
+				if f.Kind == FaultRestartRedis || f.Kind == FaultRedisDownInShutdown {
 					// Redis holds the leases, not the tokens: while it is
 					// down no grant, renewal or release can happen, so a
 					// replica that already holds the resource's fence in

@@ -95,6 +95,12 @@ func (n *nemesis) inject(ctx context.Context, f *Fault) error {
 	if ok, err := n.injectSessions(ctx, f, r); ok { // nemesis_sessions.go
 		return err
 	}
+	if ok, err := n.injectPartitionRedis(ctx, f); ok { // nemesis_partition_redis.go
+		return err
+	}
+	if ok, err := n.injectShutdownRedis(ctx, f, r); ok { // nemesis_shutdown_redis.go
+		return err
+	}
 	switch f.Kind {
 	case FaultFailoverPostgres: // nemesis_failover.go
 		return n.failover(ctx, f)

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -34,10 +35,11 @@ type netns struct {
 	ports    []string
 }
 
-// needsPartition reports whether the run injects FaultPartition.
+// needsPartition reports whether the run injects FaultPartition or
+// FaultPartitionRedis (nemesis_partition_redis.go).
 func (c *Config) needsPartition() bool {
 	for _, f := range c.Faults {
-		if f == FaultPartition {
+		if f == FaultPartition || f == FaultPartitionRedis {
 			return true
 		}
 	}
@@ -168,6 +170,9 @@ func partitionReplica(ctx context.Context, cfg *Config, r *Replica, up *Upstream
 	}
 	if cfg.Replicas < 2 {
 		return nil, fmt.Errorf("the %s fault needs two replicas or more", FaultPartition)
+	}
+	if cfg.Mode != ModeRedis && slices.Contains(cfg.Faults, FaultPartitionRedis) {
+		return nil, fmt.Errorf("the %s fault cuts a replica from Redis: use the redis mode", FaultPartitionRedis)
 	}
 	ports := []string{urlPort(cfg.Postgres, "5432")}
 	if cfg.Mode == ModeRedis {

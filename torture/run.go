@@ -272,6 +272,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		// Nothing balances load in front of the replicas: Stop's SIGTERM
 		// should drain at once, not serve on for a load balancer.
 		"--shutdown-delay", "0"}
+	if slices.Contains(cfg.Faults, FaultRedisDownInShutdown) { // nemesis_shutdown_redis.go
+		args = append(args, "--shutdown-delay", shutdownRedisDelay.String())
+	}
 	var dataDisk string
 	switch cfg.Mode {
 	case ModeEmbedded:

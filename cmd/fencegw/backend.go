@@ -43,6 +43,7 @@ func openBackend(ctx context.Context, cfg config, log *slog.Logger) (*backend, e
 		DrainPeriod:           cfg.DrainPeriod,
 		IdempotencyMaxRecords: cfg.IdempotencyMaxRecords,
 		Schema:                cfg.PGSchema,
+		RedisPrefix:           cfg.RedisPrefix,
 		MaxConns:              cfg.PGMaxConns,
 		LockConns:             cfg.PGLockConns,
 		StatementTimeout:      cfg.PGStatementTimeout,

@@ -59,6 +59,7 @@ type config struct {
 	PGLockTimeout      time.Duration
 	PGFenceSessions    int
 	PGSchema           string
+	RedisPrefix        string
 	PGMaxFences        int
 	PGSessionCheck     time.Duration
 
@@ -244,6 +245,7 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 	pgMax := fs.Int("pg-max-conns", 0, "PostgreSQL query pool size (default 16)")
 	pgLock := fs.Int("pg-lock-conns", 0, "PostgreSQL connections for grants, releases and revokes waiting for or holding a resource's exclusive lock (default 8)")
 	fs.StringVar(&cfg.PGSchema, "pg-schema", "", "PostgreSQL schema for fencegw's tables, created if missing; advisory lock keys and notification channels are per schema (default: the URL's search_path)")
+	fs.StringVar(&cfg.RedisPrefix, "redis-prefix", "", "start of every Redis key and channel (default: fencegw: for the default schema, fencegw:<schema># with --pg-schema)")
 	fs.IntVar(&cfg.PGFenceSessions, "pg-fence-sessions", 0, "PostgreSQL sessions holding this replica's shared fences across writes (default 4)")
 	fs.IntVar(&cfg.PGMaxFences, "pg-max-fences", 0, "most resources this replica keeps fenced at once, each one advisory lock in PostgreSQL's shared lock table (default 4096)")
 	fs.DurationVar(&cfg.PGSessionCheck, "pg-session-check", 0, "a replica stops admitting writes when it could not confirm its lock session for this long (default 1s); a dead replica's resources drain for --drain-period plus this")
@@ -341,6 +343,8 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 		return cfg, usageError("--grant-wait must be positive")
 	case cfg.Redis != "" && cfg.Postgres == "":
 		return cfg, usageError("--redis needs --postgres: a Redis counter is not a durable token source (failover and restarts lose recent writes and repeat tokens)")
+	case cfg.RedisPrefix != "" && cfg.Redis == "":
+		return cfg, usageError("--redis-prefix needs --redis")
 	}
 	if _, err := parseLevel(cfg.LogLevel); err != nil {
 		return cfg, usageError("--log-level: %v", err)

@@ -38,13 +38,47 @@ func TestFaultSlowBodyAfterSessionsKilled(t *testing.T) {
 				if mode == "redis" {
 					args = append(args, "--redis", startRedis(t).URL())
 				}
-				testSlowBodySessionsKilled(t, pg, frozen, args...)
+				testSlowBody(t, func(t *testing.T, pid int) {
+					t.Logf("terminated replica 1's %d fence sessions", killFenceSessions(t, pg, pid))
+				}, frozen, args...)
 			})
 		}
 	}
 }
 
-func testSlowBodySessionsKilled(t *testing.T, pg *pgCluster, frozen bool, args ...string) {
+// The same with a failover of PostgreSQL while the body is arriving: the
+// primary is killed (immediate stop, as a crash) and its synchronous
+// standby promoted; the replicas are on a multi-host URL. Replica 1 lost
+// its fence with the old primary; the write must not be sent after B's
+// grant on the new one.
+func TestFaultSlowBodyDuringFailover(t *testing.T) {
+	for _, mode := range []string{"postgres", "redis"} {
+		t.Run(mode, func(t *testing.T) {
+			primary := startPostgres(t)
+			standby := startStandby(t, primary)
+			url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=2&target_session_attrs=read-write",
+				primary.port, standby.port)
+			args := []string{"--postgres", url, "--pg-statement-timeout", "2s"}
+			if mode == "redis" {
+				args = append(args, "--redis", startRedis(t).URL())
+			}
+			testSlowBody(t, func(t *testing.T, _ int) {
+				if err := primary.run("pg_ctl", "-D", primary.dir, "-m", "immediate", "-w", "stop"); err != nil {
+					t.Fatal(err)
+				}
+				if err := standby.run("pg_ctl", "-D", standby.dir, "-w", "promote"); err != nil {
+					t.Fatal(err)
+				}
+				t.Log("primary killed, standby promoted")
+			}, false, args...)
+		})
+	}
+}
+
+// testSlowBody runs fault (given replica 1's pid) while A's write on
+// replica 1 is admitted and its body half arrived; frozen: with replica 1
+// stopped (SIGSTOP) across the fault.
+func testSlowBody(t *testing.T, fault func(t *testing.T, pid int), frozen bool, args ...string) {
 	up := newUpstream(t)
 	ps := startReplicas(t, 2, append(args, "--upstream", "svc="+up.URL,
 		"--forward-timeout", "3s", "--drain-period", "3s", "--grant-wait", "8s")...)
@@ -82,13 +116,22 @@ func testSlowBodySessionsKilled(t *testing.T, pg *pgCluster, frozen bool, args .
 		}
 		t.Cleanup(func() { _ = ps[0].cmd.Process.Signal(syscall.SIGCONT) })
 	}
-	killed := killFenceSessions(t, pg, ps[0].cmd.Process.Pid)
-	t.Logf("terminated replica 1's %d fence sessions", killed)
+	fault(t, ps[0].cmd.Process.Pid)
 
-	// A's lease expires; B is granted on replica 2 after the orphan drain.
-	b, ans := grant(bases[1], "slow", "B", time.Minute, 20*time.Second)
-	if ans.code != http.StatusCreated {
-		t.Fatalf("B: %v", ans)
+	// A's lease expires; B is granted on replica 2 after the orphan drain
+	// (and, after a failover, once replica 2 reaches the new primary: 503
+	// until then).
+	var b lease
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		b, ans = grant(bases[1], "slow", "B", time.Minute, 20*time.Second)
+		if ans.code == http.StatusCreated {
+			break
+		}
+		if ans.code != http.StatusServiceUnavailable || time.Now().After(deadline) {
+			t.Fatalf("B: %v", ans)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	if b.Token <= a.Token {
 		t.Fatalf("B got token %d after A's %d", b.Token, a.Token)
@@ -125,7 +168,7 @@ func testSlowBodySessionsKilled(t *testing.T, pg *pgCluster, frozen bool, args .
 	}
 
 	// Liveness: replica 1 grants and writes again within seconds.
-	deadline := time.Now().Add(15 * time.Second)
+	deadline = time.Now().Add(15 * time.Second)
 	for {
 		w := fencedWrite(bases[0], b.LeaseID, "/slow", "B again")
 		if w.code == http.StatusOK {

@@ -137,6 +137,8 @@ usage:
       --pg-max-conns N         PostgreSQL query pool (16)
       --pg-lock-conns N        PostgreSQL connections for grants, releases, revokes holding or waiting for a lock (8)
       --pg-schema NAME         PostgreSQL schema for fencegw's tables, created if missing (the URL's search_path)
+      --redis-prefix P         start of every Redis key and channel (fencegw: in the default schema,
+                               fencegw:<schema># with --pg-schema: deployments in two schemas share nothing in Redis)
       --pg-fence-sessions N    PostgreSQL sessions holding this replica's shared fences across writes (4)
       --pg-max-fences N        most resources this replica keeps fenced, one advisory lock each (4096)
       --pg-session-check D     stop admitting writes when the lock session was not confirmed for this long;

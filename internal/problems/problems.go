@@ -95,7 +95,7 @@ const (
 	CodeMethodNotAllowed     = "method_not_allowed"
 	CodeUnknownUpstream      = "unknown_upstream"
 	CodeUnauthorized         = "unauthorized"
-	CodeForbidden            = "forbidden"
+	CodeForbidden            = tokens.CodeForbidden
 	CodeRateLimited          = "rate_limited"
 	CodeTooManyLeases        = "too_many_leases"
 	CodeUpstreamUnreachable  = "upstream_unreachable"

@@ -47,8 +47,9 @@ type Config struct {
 	// Replica names this process in the fence's presence rows (host/pid
 	// if empty).
 	Replica string
-	// RedisPrefix starts every Redis key and channel (redis.DefaultPrefix
-	// if empty).
+	// RedisPrefix starts every Redis key and channel (if empty,
+	// redis.SchemaPrefix(Schema): two deployments in two schemas share
+	// nothing in one Redis database).
 	RedisPrefix string
 
 	Logger *slog.Logger
@@ -204,12 +205,23 @@ func OpenPostgres(ctx context.Context, cfg Config) (_ *Mode, err error) {
 			return nil, &ConfigError{Field: "redis", Err: err}
 		}
 		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = 2*time.Second, 2*time.Second, 2*time.Second
+		// One dial per attempt and one retry (a pooled connection Redis
+		// broke, after a restart): go-redis's defaults (5 dials, 3
+		// retries) kept a grant on a replica cut from Redis (packets
+		// dropped, so every dial waits out DialTimeout) for over 30 s
+		// before its 503; with these it is 4 s, two dial timeouts (cmd
+		// TestFaultReplicaPartitionedFromRedis).
+		opt.DialerRetries, opt.MaxRetries = 1, 1
 		rdb := goredis.NewClient(opt)
 		m.closers = append(m.closers, func() { _ = rdb.Close() })
 		if err := rdb.Ping(openCtx).Err(); err != nil {
 			return nil, fmt.Errorf("connect to Redis: %w", err)
 		}
-		rs := redis.New(rdb, pg, redis.Options{Prefix: cfg.RedisPrefix, Logger: log})
+		prefix := cfg.RedisPrefix
+		if prefix == "" {
+			prefix = redis.SchemaPrefix(cfg.Schema)
+		}
+		rs := redis.New(rdb, pg, redis.Options{Prefix: prefix, Logger: log})
 		m.Name, m.Store, transport, state = "postgres+redis", rs, rs, rs
 	}
 

@@ -69,13 +69,37 @@ type Ledger interface {
 	Ping(ctx context.Context) error
 }
 
-// DefaultPrefix starts every key and channel name when Options.Prefix is empty.
+// DefaultPrefix starts every key and channel name when Options.Prefix is
+// empty: the prefix of the default PostgreSQL schema (SchemaPrefix("")).
 const DefaultPrefix = "fencegw:"
+
+// SchemaPrefix is the key and channel prefix of the deployment whose
+// PostgreSQL tables are in schema, so that two deployments that share a
+// Redis database share nothing in it, as their schemas share nothing in
+// PostgreSQL. The default schema ("") keeps DefaultPrefix, the prefix
+// every release before this one used: replicas of an upgraded deployment
+// and replicas not yet upgraded claim the same keys during a rolling
+// upgrade (another prefix would let each side grant a resource the other
+// holds; tokens stay safe, by the package's argument, but leases granted
+// before the upgrade would read as expired on the upgraded replicas).
+//
+// Another schema's prefix is "fencegw:<schema>#": resource names cannot
+// hold '#' (tokens.Limits.ValidateResource), so no key of one schema, the default's
+// included, can be another's, whatever characters the schemas' names
+// hold.
+func SchemaPrefix(schema string) string {
+	if schema == "" {
+		return DefaultPrefix
+	}
+	return DefaultPrefix + schema + "#"
+}
 
 // Options configure a Store.
 type Options struct {
 	// Prefix starts every key and the pub/sub channel (empty:
-	// DefaultPrefix); tests use one per test for isolation.
+	// DefaultPrefix; a deployment's is SchemaPrefix of its PostgreSQL
+	// schema unless its operator names one); tests use one per test for
+	// isolation.
 	Prefix string
 	// Logger receives errors that have no caller (nil: slog.Default()).
 	Logger *slog.Logger
