@@ -46,11 +46,7 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 			return err
 		}
 		if req.MaxLeases > 0 && req.Owner != "" {
-			n, err := countOwner(tx, req.Owner, now, req.MaxLeases)
-			if err != nil {
-				return err
-			}
-			if n >= req.MaxLeases {
+			if n := countOwner(tx, req.Owner, now, req.MaxLeases); n >= req.MaxLeases {
 				m.refusal = tokens.TooManyLeases(req.Resource, req.Owner, n)
 				return nil
 			}

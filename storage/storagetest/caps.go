@@ -94,6 +94,11 @@ func testOwnerCapFrees(t *testing.T, h Harness) {
 		t.Fatalf("first grant under a cap of 1: %v", err)
 	}
 	wantRefused("second grant under a cap of 1", 1)
+	// An owner whose name starts with this one's is another owner.
+	if _, err := s.Grant(ctx, capped(owner+"x", resourceName(t, "longer"), 1, longTTL)); err != nil {
+		t.Fatalf("grant of an owner whose name extends the capped one's: %v", err)
+	}
+	wantRefused("second grant under a cap of 1, beside another owner's", 1)
 	release(t, s, a)
 	b, err := s.Grant(ctx, capped(owner, resourceName(t, "b"), 1, shortTTL))
 	if err != nil {
