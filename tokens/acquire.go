@@ -141,7 +141,11 @@ func (s *Service) validateAcquire(req AcquireRequest) error {
 
 func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil time.Time) (Lease, error) {
 	// Refuse a held resource without touching its lock: waiting for the
-	// exclusive lock would stall the holder's own writes behind us.
+	// exclusive lock would stall the holder's own writes behind us. This
+	// read only answers early what the store's grant would answer, by the
+	// rule the stores apply (Resource.Holder) and with the refusal they
+	// build (LeaseHeld); a resource it finds free is decided by the store,
+	// in the grant's atomic step, with the owner's cap.
 	cur, err := s.store.Resource(ctx, req.Resource)
 	switch {
 	case errors.Is(err, ErrNotFound):
@@ -167,7 +171,7 @@ func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil ti
 	}
 	defer unlock()
 	// Under the exclusive lock no write of an older token is in flight and
-	// none can start. The store re-checks the holder and the drain period
-	// atomically with the token bump.
+	// none can start. The store checks the holder, the drain period and
+	// the owner's cap atomically with the token bump.
 	return s.store.Grant(ctx, req)
 }
