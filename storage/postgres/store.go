@@ -128,7 +128,11 @@ func (s *Store) grant(ctx context.Context, req tokens.GrantRequest, checkHeld bo
 			return &tokens.Error{Kind: tokens.ErrFenceBusy, Resource: req.Resource, CurrentToken: token,
 				Detail: "a forward whose outcome is unknown may still land", RetryAfter: drainUntil.Sub(now)}
 		}
-		if err := s.checkOwnerCap(ctx, tx, req); err != nil {
+		superseded := ""
+		if prevID != nil {
+			superseded = *prevID
+		}
+		if err := s.checkOwnerCap(ctx, tx, req, superseded); err != nil {
 			return err
 		}
 		lease = tokens.Lease{
@@ -188,9 +192,15 @@ const ownerLockClass = 0x6667776f // "fgwo"
 // where losing Redis data is meant to cost efficiency only; and it would
 // put two keys of different hash slots in one script.
 //
+// The lease this grant supersedes is not counted: it ends in this
+// transaction. (In the Redis mode its Redis claim may have expired a
+// little before the expiry the Ledger recorded, or been lost with Redis's
+// data; the owner's next grant of the same resource must not be refused
+// for it.)
+//
 // The fence row is locked before the owner lock in every grant, and
 // nothing else takes the owner lock, so the two never deadlock.
-func (s *Store) checkOwnerCap(ctx context.Context, tx pgx.Tx, req tokens.GrantRequest) error {
+func (s *Store) checkOwnerCap(ctx context.Context, tx pgx.Tx, req tokens.GrantRequest, superseded string) error {
 	if req.MaxLeases <= 0 || req.Owner == "" {
 		return nil
 	}
@@ -200,8 +210,8 @@ func (s *Store) checkOwnerCap(ctx context.Context, tx pgx.Tx, req tokens.GrantRe
 	b.Queue(`SELECT count(*) FROM (
 			SELECT 1 FROM leases
 			WHERE owner = $1 AND owner <> '' AND released_at IS NULL AND superseded_at IS NULL
-				AND expires_at > (SELECT clock_timestamp())
-			LIMIT $2) live`, req.Owner, req.MaxLeases).QueryRow(func(row pgx.Row) error { return row.Scan(&n) })
+				AND expires_at > (SELECT clock_timestamp()) AND id <> $3
+			LIMIT $2) live`, req.Owner, req.MaxLeases, superseded).QueryRow(func(row pgx.Row) error { return row.Scan(&n) })
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return err
 	}
