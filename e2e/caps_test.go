@@ -13,13 +13,15 @@ import (
 	"net/http"
 	"sync"
 	"testing"
+	"time"
 
 	storagemode "github.com/fencegw/fencegw/storage/mode"
 	"github.com/fencegw/fencegw/storage/postgres/pgtest"
 )
 
 // TestLeaseCapAcrossReplicas sends n acquires of n resources at once with
-// the billing key (max_leases: 1), alternately to two gateways on one
+// the capped key (max_leases: 1), for leases that outlast the burst,
+// alternately to two gateways on one
 // PostgreSQL schema (and one Redis prefix): exactly one is granted, every
 // other is 429 too_many_leases with Retry-After. The embedded mode has one
 // gateway, which gets them all.
@@ -74,7 +76,7 @@ func TestLeaseCapAcrossReplicas(t *testing.T) {
 						t.Fatalf("%d concurrent acquires over %d replicas under max_leases 1: %d granted, want exactly 1", n, len(gws), len(granted))
 					}
 					// Its release frees the slot, on either replica.
-					rel := do(t, "DELETE", gws[len(gws)-1].URL+"/v1/leases/"+granted[0], nil, bearer(keyBilling)...)
+					rel := do(t, "DELETE", gws[len(gws)-1].URL+"/v1/leases/"+granted[0], nil, bearer(keyCapped)...)
 					if rel.Status != http.StatusNoContent {
 						t.Fatalf("release: %d %s", rel.Status, rel.Body)
 					}
@@ -92,7 +94,7 @@ type capAnswer struct {
 	err        error
 }
 
-// acquireAtOnce sends n acquires of n resources with the billing key, the
+// acquireAtOnce sends n acquires of n resources with the capped key, the
 // i-th to gws[i%len(gws)], all released at once.
 func acquireAtOnce(t *testing.T, gws []*gw, n int) []capAnswer {
 	t.Helper()
@@ -100,7 +102,7 @@ func acquireAtOnce(t *testing.T, gws []*gw, n int) []capAnswer {
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range n {
-		body, _ := json.Marshal(map[string]any{"resource": fmt.Sprintf("stmt:cap/%s/%d", t.Name(), i), "holder": "h", "ttl_ms": 2000})
+		body, _ := json.Marshal(map[string]any{"resource": fmt.Sprintf("stmt:cap/%s/%d", t.Name(), i), "holder": "h", "ttl_ms": time.Minute.Milliseconds()})
 		wg.Go(func() {
 			<-start
 			out[i] = postLease(t.Context(), gws[i%len(gws)].URL, body)
@@ -117,7 +119,7 @@ func postLease(ctx context.Context, base string, body []byte) capAnswer {
 		return capAnswer{err: err}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+keyBilling)
+	req.Header.Set("Authorization", "Bearer "+keyCapped)
 	resp, err := httpClient.Do(req)
 	if err != nil {
 		return capAnswer{err: err}
