@@ -73,8 +73,9 @@ type Credential struct {
 // Limits on the file's values.
 const (
 	maxNameLen = 128
-	// MaxLeasesCap is the largest max_leases (the gateway counts a key's
-	// live leases among at most this many).
+	// MaxLeasesCap is the largest max_leases: a capped grant counts up to
+	// max_leases of the key's live leases inside its transaction, and this
+	// bounds that work.
 	MaxLeasesCap = 1000
 	maxKeyLen    = 1024
 	// KeyPrefix starts every key GenerateKey makes, so a leaked one is

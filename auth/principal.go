@@ -54,9 +54,10 @@ type Principal struct {
 	// MaxTTL caps the ttl_ms of the key's acquires and renewals (0: only
 	// the gateway's limit).
 	MaxTTL time.Duration
-	// MaxLeases caps the key's live leases at once (0: no cap). Counted
-	// when a lease is acquired, so concurrent acquires of one key may
-	// overshoot it by their number.
+	// MaxLeases caps the key's live leases at once (0: no cap). The store
+	// counts them in the step that writes a lease
+	// (tokens.GrantRequest.MaxLeases), so concurrent acquires, on any
+	// replica, never overshoot it.
 	MaxLeases int
 }
 

@@ -36,6 +36,7 @@ const (
 	keyAdmin   = "fgk_test-admin"
 	keyLimited = "fgk_test-limited"
 	keyBilling = "fgk_test-billing-only"
+	keyCapped  = "fgk_test-capped"
 
 	upstreamSecret = "Bearer upstream-secret-workers-never-see"
 )
@@ -49,11 +50,12 @@ keys:
   - {name: admin, sha256: %s, role: admin}
   - {name: limited, sha256: %s, role: worker, rate: 2, burst: 2}
   - {name: billing, sha256: %s, role: worker, resources: ["stmt:"], max_ttl_ms: 2000, max_leases: 1}
+  - {name: capped, sha256: %s, role: worker, max_leases: 1}
 upstreams:
   - upstream: statements
     headers: {Authorization: "%s"}
 `, auth.Hash(keyWorkerA), auth.Hash(keyWorkerB), auth.Hash(keyViewer), auth.Hash(keyAdmin),
-		auth.Hash(keyLimited), auth.Hash(keyBilling), upstreamSecret)
+		auth.Hash(keyLimited), auth.Hash(keyBilling), auth.Hash(keyCapped), upstreamSecret)
 }
 
 type secureOptions struct {

@@ -41,7 +41,8 @@ type Authenticator interface {
 
 // ErrUnauthenticated: no API key, or not a valid one
 // (auth.ErrUnauthenticated). The security checks' other refusals are
-// internal/problems' ErrForbidden, ErrRateLimited and ErrTooManyLeases.
+// internal/problems' ErrForbidden and ErrRateLimited; a key's lease cap is
+// the store's (tokens.ErrTooManyLeases).
 var ErrUnauthenticated = auth.ErrUnauthenticated
 
 type principalKey struct{}

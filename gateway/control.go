@@ -47,7 +47,7 @@ func (c *control) AcquireLease(ctx context.Context, req server.AcquireLeaseReque
 	}
 	if p := principalFrom(ctx); p != nil {
 		in.Owner = p.Name
-		if err := c.checkAcquire(ctx, p, in); err != nil {
+		if err := c.checkAcquire(ctx, p, &in); err != nil {
 			return nil, err
 		}
 	}
@@ -62,42 +62,13 @@ func (c *control) AcquireLease(ctx context.Context, req server.AcquireLeaseReque
 	return server.AcquireLease201JSONResponse(leaseJSON(lease, tokens.StateCurrent, lease.TTL)), nil
 }
 
-// checkAcquire applies the key's resource prefixes and caps.
-func (c *control) checkAcquire(ctx context.Context, p *Principal, in tokens.AcquireRequest) error {
+// checkAcquire applies the key's resource prefixes and gives the request
+// its caps, which the Service and the store enforce.
+func (c *control) checkAcquire(ctx context.Context, p *Principal, in *tokens.AcquireRequest) error {
 	if err := mayUse(ctx, in.Resource); err != nil {
 		return err
 	}
-	if err := checkTTL(p, in.TTL); err != nil {
-		return err
-	}
-	if p.MaxLeases <= 0 {
-		return nil
-	}
-	live, err := c.svc.CurrentLeases(ctx, maxLeasesCounted)
-	if err != nil {
-		return err
-	}
-	n := 0
-	for _, l := range live {
-		if l.Owner == p.Name {
-			n++
-		}
-	}
-	if n >= p.MaxLeases {
-		return &tokens.Error{Kind: problems.ErrTooManyLeases, RetryAfter: time.Second,
-			Detail: "key " + strconv.Quote(p.Name) + " holds " + strconv.Itoa(n) + " live leases, its cap"}
-	}
-	return nil
-}
-
-// maxLeasesCounted bounds the live leases read to enforce a key's cap; a
-// cap must not exceed it (auth refuses larger ones).
-const maxLeasesCounted = 1000
-
-func checkTTL(p *Principal, ttl time.Duration) error {
-	if p.MaxTTL > 0 && ttl > p.MaxTTL {
-		return tokens.Invalid("ttl_ms", "must be at most "+strconv.FormatInt(p.MaxTTL.Milliseconds(), 10)+" for key "+strconv.Quote(p.Name))
-	}
+	in.MaxTTL, in.MaxLeases = p.MaxTTL, p.MaxLeases
 	return nil
 }
 
@@ -141,13 +112,12 @@ func (c *control) RenewLease(ctx context.Context, req server.RenewLeaseRequestOb
 			ttl = -1 // an explicit 0 is out of range, not "default"
 		}
 	}
+	renew := tokens.RenewRequest{LeaseID: req.LeaseId, TTL: ttl}
 	if p := principalFrom(ctx); p != nil {
-		if err := checkTTL(p, ttl); err != nil {
-			return nil, err
-		}
+		renew.Principal, renew.MaxTTL = p.Name, p.MaxTTL
 	}
 	c.nameSpan(ctx, "renew")
-	lease, err := c.svc.Renew(ctx, req.LeaseId, ttl, principalName(ctx))
+	lease, err := c.svc.Renew(ctx, renew)
 	c.endSpan(ctx, err)
 	if f := tokens.ErrorOf(err); f != nil {
 		c.nameSpan(ctx, "renew", leaseAttrs(f.Resource, f.Token)...)

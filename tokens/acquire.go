@@ -13,7 +13,13 @@ type AcquireRequest struct {
 	// Owner is the authenticated principal asking ("" without
 	// authentication); the lease is bound to it.
 	Owner string
-	TTL   time.Duration
+	// MaxTTL and MaxLeases are Owner's caps (0: none): the longest TTL it
+	// may ask for, and how many live leases it may hold at once. The
+	// lease cap is enforced by the store, in the step that writes the
+	// lease (GrantRequest.MaxLeases).
+	MaxTTL    time.Duration
+	MaxLeases int
+	TTL       time.Duration
 	// Wait is how long to wait for a held lease to become free.
 	Wait time.Duration
 }
@@ -38,7 +44,8 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (Lease, error
 		bound = s.grantWait
 	}
 	fenceUntil := start.Add(bound)
-	grant := GrantRequest{LeaseID: NewLeaseID(), Resource: req.Resource, Holder: req.Holder, Owner: req.Owner, TTL: req.TTL}
+	grant := GrantRequest{LeaseID: NewLeaseID(), Resource: req.Resource, Holder: req.Holder, Owner: req.Owner,
+		MaxLeases: req.MaxLeases, TTL: req.TTL}
 	var queued *waiter
 	defer func() {
 		if queued != nil {
@@ -126,7 +133,7 @@ func (s *Service) validateAcquire(req AcquireRequest) error {
 	if err := s.limits.ValidateHolder(req.Holder); err != nil {
 		return err
 	}
-	if err := s.limits.ValidateTTL(req.TTL); err != nil {
+	if err := s.limits.ValidateTTL(req.TTL, req.MaxTTL, req.Owner); err != nil {
 		return err
 	}
 	return s.limits.ValidateWait(req.Wait)
@@ -134,7 +141,11 @@ func (s *Service) validateAcquire(req AcquireRequest) error {
 
 func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil time.Time) (Lease, error) {
 	// Refuse a held resource without touching its lock: waiting for the
-	// exclusive lock would stall the holder's own writes behind us.
+	// exclusive lock would stall the holder's own writes behind us. This
+	// read only answers early what the store's grant would answer, by the
+	// rule the stores apply (Resource.Holder) and with the refusal they
+	// build (LeaseHeld); a resource it finds free is decided by the store,
+	// in the grant's atomic step, with the owner's cap.
 	cur, err := s.store.Resource(ctx, req.Resource)
 	switch {
 	case errors.Is(err, ErrNotFound):
@@ -142,7 +153,7 @@ func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil ti
 		return Lease{}, err
 	default:
 		if h := cur.Holder(s.Clock(cur)); h != nil {
-			return Lease{}, heldError(*h, s.Clock(cur))
+			return Lease{}, LeaseHeld(*h, h.Remaining(s.Clock(cur)))
 		}
 	}
 
@@ -160,11 +171,7 @@ func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil ti
 	}
 	defer unlock()
 	// Under the exclusive lock no write of an older token is in flight and
-	// none can start. The store re-checks the holder and the drain period
-	// atomically with the token bump.
+	// none can start. The store checks the holder, the drain period and
+	// the owner's cap atomically with the token bump.
 	return s.store.Grant(ctx, req)
-}
-
-func heldError(h Lease, now time.Time) error {
-	return &Error{Kind: ErrLeaseHeld, Resource: h.Resource, Holder: h.Holder, CurrentToken: h.Token, ExpiresAt: h.ExpiresAt, RetryAfter: h.Remaining(now)}
 }

@@ -3,6 +3,7 @@ package tokens
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -49,6 +50,7 @@ const (
 	CodeFenceBusy        = "fence_busy"
 	CodeStoreUnavailable = "store_unavailable"
 	CodeFenceLost        = "fence_lost"
+	CodeTooManyLeases    = "too_many_leases"
 )
 
 // Sentinel errors of the domain.
@@ -76,6 +78,10 @@ var (
 	ErrFenceBusy = NewKind(CodeFenceBusy, "fence busy")
 	// ErrStoreUnavailable: the store that holds tokens cannot be reached; fail closed.
 	ErrStoreUnavailable = NewKind(CodeStoreUnavailable, "store unavailable")
+	// ErrTooManyLeases: a grant that would give the lease's owner more live
+	// leases than its cap (GrantRequest.MaxLeases). The store decides it,
+	// in the step that writes the lease.
+	ErrTooManyLeases = NewKind(CodeTooManyLeases, "too many leases")
 	// ErrFenceLost: an admitted write can no longer prove that its replica
 	// holds the resource's fence (its lock session died or was not
 	// confirmed alive lately), so no more of it may be sent (Permit.Check).
@@ -128,6 +134,23 @@ func (e *Error) Unwrap() []error {
 // Invalid returns an ErrInvalid naming the field and what is wrong with it.
 func Invalid(field, detail string) error {
 	return &Error{Kind: ErrInvalid, Field: field, Detail: detail}
+}
+
+// LeaseHeld is the ErrLeaseHeld that refuses a grant: holder is the live
+// lease in the way (its Resource at least; Holder, Token and ExpiresAt when
+// known), retryAfter its remaining time. Every store and the Service build
+// the refusal here, so that it carries the same facts whoever decides it.
+func LeaseHeld(holder Lease, retryAfter time.Duration) error {
+	return &Error{Kind: ErrLeaseHeld, Resource: holder.Resource, Holder: holder.Holder, CurrentToken: holder.Token,
+		ExpiresAt: holder.ExpiresAt, RetryAfter: retryAfter}
+}
+
+// TooManyLeases is the ErrTooManyLeases that refuses a grant to owner,
+// which holds max live leases already. A slot frees at the latest when one
+// of them expires; Retry-After says a second, the refusal not knowing when.
+func TooManyLeases(resource, owner string, max int) error {
+	return &Error{Kind: ErrTooManyLeases, Resource: resource, RetryAfter: time.Second,
+		Detail: "key " + strconv.Quote(owner) + " holds " + strconv.Itoa(max) + " live leases, its cap"}
 }
 
 // Unavailable wraps a backend failure as ErrStoreUnavailable, so that the gateway

@@ -8,19 +8,29 @@ import (
 	"github.com/fencegw/fencegw/internal/failpoint"
 )
 
-// Renew extends a current lease; ttl 0 reuses the lease's TTL. principal
-// is the authenticated caller ("" without authentication): any other than
-// the lease's owner gets ErrLeaseNotOwned and changes nothing.
-func (s *Service) Renew(ctx context.Context, leaseID string, ttl time.Duration, principal string) (Lease, error) {
-	if ttl != 0 {
-		if err := s.limits.ValidateTTL(ttl); err != nil {
+// RenewRequest asks to extend a lease.
+type RenewRequest struct {
+	LeaseID string
+	// TTL is the new TTL; 0 reuses the lease's.
+	TTL time.Duration
+	// Principal is the authenticated caller ("" without authentication):
+	// any other than the lease's owner gets ErrLeaseNotOwned and changes
+	// nothing. MaxTTL is its cap on TTL (0: none).
+	Principal string
+	MaxTTL    time.Duration
+}
+
+// Renew extends a current lease.
+func (s *Service) Renew(ctx context.Context, req RenewRequest) (Lease, error) {
+	if req.TTL != 0 {
+		if err := s.limits.ValidateTTL(req.TTL, req.MaxTTL, req.Principal); err != nil {
 			return Lease{}, err
 		}
 	}
-	if err := s.checkOwner(ctx, leaseID, principal); err != nil {
+	if err := s.checkOwner(ctx, req.LeaseID, req.Principal); err != nil {
 		return Lease{}, err
 	}
-	return s.store.Renew(ctx, leaseID, ttl)
+	return s.store.Renew(ctx, req.LeaseID, req.TTL)
 }
 
 // Release ends a current lease (idempotent for its holder). principal is

@@ -11,7 +11,14 @@ type GrantRequest struct {
 	Resource string
 	Holder   string
 	Owner    string // the authenticated principal; "" without authentication
-	TTL      time.Duration
+	// MaxLeases caps Owner's live leases, this one included (0: no cap).
+	// The store counts them in the step that writes the lease, atomically
+	// with it across every replica, and refuses with ErrTooManyLeases
+	// (TooManyLeases) once the grant would exceed the cap.
+	MaxLeases int
+	// TTL was validated by the Service (Limits.ValidateTTL): at least a
+	// millisecond, the stores' precision.
+	TTL time.Duration
 }
 
 // Store keeps tokens, leases, lease history and the rejection log. Every
@@ -24,8 +31,15 @@ type GrantRequest struct {
 type Store interface {
 	// Grant makes a new lease current for req.Resource with the next token.
 	// If the resource has a live lease it returns ErrLeaseHeld (with the
-	// holder's facts); if it is draining it returns ErrFenceBusy with
-	// RetryAfter. The new token is durable before Grant returns: a token
+	// holder's facts: LeaseHeld); if it is draining it returns ErrFenceBusy
+	// with RetryAfter; if the grant would give req.Owner more than
+	// req.MaxLeases live leases, ErrTooManyLeases (TooManyLeases). Those
+	// are decided in the one atomic step that writes the lease, and this
+	// is where the holder's liveness and the owner's cap are decided for a
+	// grant. (The Service reads the resource before, by the same rule,
+	// Resource.Holder, only to refuse a held resource without taking its
+	// exclusive lock, which would stall the holder's writes; it grants
+	// nothing on that read.) The new token is durable before Grant returns: a token
 	// handed out and then lost in a crash could be handed out twice.
 	// Expiry is computed with the store's clock.
 	Grant(ctx context.Context, req GrantRequest) (Lease, error)

@@ -200,10 +200,16 @@ func (l Limits) ValidateHolder(holder string) error {
 	return nil
 }
 
-// ValidateTTL checks a lease duration.
-func (l Limits) ValidateTTL(ttl time.Duration) error {
+// ValidateTTL checks a lease duration, of an acquire or a renewal: within
+// the limits, and at most keyMax, the caller's own cap (0: none; auth's
+// max_ttl_ms), which key names. It is the one check of a TTL: the stores
+// take the TTL the Service validated here.
+func (l Limits) ValidateTTL(ttl, keyMax time.Duration, key string) error {
 	if ttl < l.MinTTL || ttl > l.MaxTTL {
 		return Invalid("ttl_ms", "must be between "+strconv.Itoa(int(l.MinTTL.Milliseconds()))+" and "+strconv.Itoa(int(l.MaxTTL.Milliseconds())))
+	}
+	if keyMax > 0 && ttl > keyMax {
+		return Invalid("ttl_ms", "must be at most "+strconv.FormatInt(keyMax.Milliseconds(), 10)+" for key "+strconv.Quote(key))
 	}
 	return nil
 }

@@ -55,7 +55,7 @@ var table = []Problem{
 	{CodeUnauthorized, http.StatusUnauthorized, "Unauthorized", 0},
 	{CodeForbidden, http.StatusForbidden, "Forbidden", 0},
 	{CodeRateLimited, http.StatusTooManyRequests, "Too many requests", retry},
-	{CodeTooManyLeases, http.StatusTooManyRequests, "Too many leases", retry},
+	{tokens.CodeTooManyLeases, http.StatusTooManyRequests, "Too many leases", retry},
 
 	// Leases: acquire, renew, release.
 	{tokens.CodeLeaseHeld, http.StatusConflict, "Lease held", retry},
@@ -97,7 +97,6 @@ const (
 	CodeUnauthorized         = "unauthorized"
 	CodeForbidden            = tokens.CodeForbidden
 	CodeRateLimited          = "rate_limited"
-	CodeTooManyLeases        = "too_many_leases"
 	CodeUpstreamUnreachable  = "upstream_unreachable"
 	CodeUpstreamTimeout      = "upstream_timeout"
 	CodeShuttingDown         = "shutting_down"
@@ -125,8 +124,6 @@ var (
 	ErrForbidden = tokens.NewKind(CodeForbidden, "forbidden")
 	// ErrRateLimited: the caller's request budget is spent.
 	ErrRateLimited = tokens.NewKind(CodeRateLimited, "rate limited")
-	// ErrTooManyLeases: the caller holds as many leases as it may.
-	ErrTooManyLeases = tokens.NewKind(CodeTooManyLeases, "too many leases")
 	// ErrUpstreamUnreachable: the upstream could not be reached, or the
 	// connection broke.
 	ErrUpstreamUnreachable = tokens.NewKind(CodeUpstreamUnreachable, "upstream unreachable")

@@ -24,7 +24,7 @@ func TestEverySentinelHasARow(t *testing.T) {
 		auth.ErrUnauthenticated,
 		problems.ErrMissingLease, problems.ErrRequestTimeout, problems.ErrUnsupportedMediaType,
 		problems.ErrMethodNotAllowed, problems.ErrUnknownUpstream, problems.ErrForbidden,
-		problems.ErrRateLimited, problems.ErrTooManyLeases, problems.ErrUpstreamUnreachable,
+		problems.ErrRateLimited, tokens.ErrTooManyLeases, problems.ErrUpstreamUnreachable,
 		problems.ErrUpstreamTimeout, problems.ErrShuttingDown,
 	}
 	if got := auth.ErrUnauthenticated.Code(); got != problems.CodeUnauthorized {

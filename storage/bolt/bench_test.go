@@ -37,6 +37,31 @@ func BenchmarkGrantParallel(b *testing.B) {
 	b.ReportMetric(float64(b.N)/float64(lastCommit(b, s)-tx0), "grants/commit")
 }
 
+// BenchmarkGrantCappedParallel is BenchmarkGrantParallel with an owner
+// under a cap (tokens.GrantRequest.MaxLeases) on every grant: the owner
+// index's entry and the count in the grant's transaction. Eight owners,
+// each under a cap that its grants never reach.
+func BenchmarkGrantCappedParallel(b *testing.B) {
+	s := openAt(b, filepath.Join(b.TempDir(), "fencegw.db"), Options{})
+	ctx := context.Background()
+	var n atomic.Int64
+	b.SetParallelism(32)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := n.Add(1)
+			req := tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "bench/" + strconv.FormatInt(i, 10), Holder: "bench",
+				Owner: "owner-" + strconv.FormatInt(i%8, 10), MaxLeases: 1 << 30, TTL: time.Millisecond}
+			if _, err := s.Grant(ctx, req); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "grants/s")
+}
+
 // lastCommit is the id of s's last committed write transaction.
 func lastCommit(b *testing.B, s *Store) int {
 	var id int

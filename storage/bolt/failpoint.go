@@ -20,9 +20,8 @@ func (s *Store) grantBeforeDurable(req tokens.GrantRequest) (tokens.Lease, error
 		return tokens.Lease{}, err
 	}
 	cur := e.st
-	if h := e.lease; h != nil && h.Token == cur.token && h.Live(now) {
-		return tokens.Lease{}, &tokens.Error{Kind: tokens.ErrLeaseHeld, Resource: req.Resource, Holder: h.Holder,
-			CurrentToken: cur.token, ExpiresAt: h.ExpiresAt, RetryAfter: h.Remaining(now)}
+	if h := (tokens.Resource{Token: cur.token, Lease: e.lease}).Holder(now); h != nil {
+		return tokens.Lease{}, tokens.LeaseHeld(*h, h.Remaining(now))
 	}
 	if now.Before(cur.drainUntil) {
 		return tokens.Lease{}, &tokens.Error{Kind: tokens.ErrFenceBusy, Resource: req.Resource, CurrentToken: cur.token,

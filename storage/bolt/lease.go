@@ -29,9 +29,8 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 		if err != nil {
 			return err
 		}
-		if holder != nil && holder.Token == cur.token && holder.Live(now) {
-			m.refusal = &tokens.Error{Kind: tokens.ErrLeaseHeld, Resource: req.Resource, Holder: holder.Holder,
-				CurrentToken: cur.token, ExpiresAt: holder.ExpiresAt, RetryAfter: holder.Remaining(now)}
+		if h := (tokens.Resource{Token: cur.token, Lease: holder}).Holder(now); h != nil {
+			m.refusal = tokens.LeaseHeld(*h, h.Remaining(now))
 			return nil
 		}
 		if now.Before(cur.drainUntil) {
@@ -42,6 +41,15 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 		if tx.Bucket(bucketLeases).Get(leaseKey(req.LeaseID)) != nil {
 			m.refusal = tokens.Invalid("lease_id", "already used")
 			return nil
+		}
+		if err := pruneOwner(tx, req.Owner, now); err != nil {
+			return err
+		}
+		if req.MaxLeases > 0 && req.Owner != "" {
+			if n := countOwner(tx, req.Owner, now, req.MaxLeases); n >= req.MaxLeases {
+				m.refusal = tokens.TooManyLeases(req.Resource, req.Owner, n)
+				return nil
+			}
 		}
 		m.lease = tokens.Lease{ID: req.LeaseID, Resource: req.Resource, Holder: req.Holder, Owner: req.Owner, Token: cur.token + 1,
 			TTL: req.TTL, GrantedAt: now, ExpiresAt: now.Add(req.TTL)}

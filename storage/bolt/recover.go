@@ -9,8 +9,8 @@ import (
 	"github.com/fencegw/fencegw/tokens"
 )
 
-// recover creates the buckets (and the live-lease index of a file written
-// before it existed), applies the crash drain if the previous
+// recover creates the buckets (and the live-lease indexes of a file
+// written before they existed), applies the crash drain if the previous
 // process did not close the store, and clears the clean-shutdown marker.
 func (s *Store) recover() error {
 	err := s.db.Update(func(tx *bbolt.Tx) error {
@@ -20,11 +20,22 @@ func (s *Store) recover() error {
 				return err
 			}
 		}
-		if tx.Bucket(bucketLive) == nil {
+		noOwners := tx.Bucket(bucketOwnerLive) == nil
+		if noOwners {
+			if _, err := tx.CreateBucket(bucketOwnerLive); err != nil {
+				return err
+			}
+		}
+		switch {
+		case tx.Bucket(bucketLive) == nil:
 			if _, err := tx.CreateBucket(bucketLive); err != nil {
 				return err
 			}
-			if err := buildLive(tx); err != nil {
+			if err := buildLive(tx); err != nil { // both indexes
+				return err
+			}
+		case noOwners:
+			if err := buildOwners(tx); err != nil {
 				return err
 			}
 		}

@@ -182,19 +182,27 @@ func liveTime(t time.Time) []byte {
 	return binary.BigEndian.AppendUint64(make([]byte, 0, 8+32), uint64(unixNano(t))^(1<<63))
 }
 
+// indexLive indexes l in bucketLive and, if it has an owner, in
+// bucketOwnerLive.
 func indexLive(tx *bbolt.Tx, l *tokens.Lease) error {
 	b := tx.Bucket(bucketLive)
 	// Keys are mostly appended (expiries grow with the clock): pages split
 	// at 90% instead of half full take ~40% less of the file.
 	b.FillPercent = 0.9
-	return b.Put(liveKey(l), nil)
+	if err := b.Put(liveKey(l), nil); err != nil {
+		return err
+	}
+	return indexOwner(tx, l)
 }
 
 func unindexLive(tx *bbolt.Tx, l *tokens.Lease) error {
 	if l == nil {
 		return nil
 	}
-	return tx.Bucket(bucketLive).Delete(liveKey(l))
+	if err := tx.Bucket(bucketLive).Delete(liveKey(l)); err != nil {
+		return err
+	}
+	return unindexOwner(tx, l)
 }
 
 // livePruneLag is how long after its expiry an entry stays in bucketLive: a
@@ -226,19 +234,8 @@ func pruneLive(tx *bbolt.Tx, now time.Time) error {
 	return nil
 }
 
-// buildLive fills bucketLive from the resources, for a file written before
-// it existed.
+// buildLive fills bucketLive (and bucketOwnerLive) from the resources, for
+// a file written before it existed.
 func buildLive(tx *bbolt.Tx) error {
-	res := tx.Bucket(bucketResources)
-	return res.ForEach(func(k, v []byte) error {
-		st, err := decodeResource(v)
-		if err != nil {
-			return fmt.Errorf("resource %q: %w", resourceKeyName(k), err)
-		}
-		l, err := getLease(tx, st.current)
-		if err != nil || l == nil || l.Released() || l.Token != st.token {
-			return err
-		}
-		return indexLive(tx, l)
-	})
+	return forEachLive(tx, indexLive)
 }

@@ -69,9 +69,6 @@ func (s *Store) GrantClaimed(ctx context.Context, req tokens.GrantRequest) (toke
 }
 
 func (s *Store) grant(ctx context.Context, req tokens.GrantRequest, checkHeld bool) (tokens.Lease, error) {
-	if req.TTL.Milliseconds() <= 0 {
-		return tokens.Lease{}, tokens.Invalid("ttl_ms", "must be positive")
-	}
 	if req.LeaseID == "" {
 		return tokens.Lease{}, tokens.Invalid("lease_id", "must not be empty")
 	}
@@ -109,9 +106,14 @@ func (s *Store) grant(ctx context.Context, req tokens.GrantRequest, checkHeld bo
 				return err
 			}
 		}
-		if checkHeld && prevID != nil && prevRel == nil && now.Before(*prevExp) {
-			return &tokens.Error{Kind: tokens.ErrLeaseHeld, Resource: req.Resource, Holder: *prevHolder,
-				CurrentToken: token, ExpiresAt: *prevExp, RetryAfter: prevExp.Sub(now)}
+		if checkHeld && prevID != nil {
+			prev := tokens.Lease{Resource: req.Resource, Holder: *prevHolder, Token: *prevToken, ExpiresAt: *prevExp}
+			if prevRel != nil {
+				prev.ReleasedAt = *prevRel
+			}
+			if h := (tokens.Resource{Token: token, Lease: &prev}).Holder(now); h != nil {
+				return tokens.LeaseHeld(*h, h.Remaining(now))
+			}
 		}
 		// A restart of PostgreSQL ends every session, and with them the
 		// shared locks of writes still in flight on any replica, and it may
@@ -125,6 +127,13 @@ func (s *Store) grant(ctx context.Context, req tokens.GrantRequest, checkHeld bo
 		if drainUntil != nil && now.Before(*drainUntil) {
 			return &tokens.Error{Kind: tokens.ErrFenceBusy, Resource: req.Resource, CurrentToken: token,
 				Detail: "a forward whose outcome is unknown may still land", RetryAfter: drainUntil.Sub(now)}
+		}
+		superseded := ""
+		if prevID != nil {
+			superseded = *prevID
+		}
+		if err := s.checkOwnerCap(ctx, tx, req, superseded); err != nil {
+			return err
 		}
 		lease = tokens.Lease{
 			ID:        req.LeaseID,
@@ -151,6 +160,65 @@ func (s *Store) grant(ctx context.Context, req tokens.GrantRequest, checkHeld bo
 		return tokens.Lease{}, s.interpret("grant", err)
 	}
 	return lease, nil
+}
+
+// ownerLockClass is the first key of the transaction advisory locks that
+// serialize one owner's capped grants across replicas (the two-key form is
+// a key space apart from locker.go's one-key locks; rejections.go's class
+// is another).
+const ownerLockClass = 0x6667776f // "fgwo"
+
+// checkOwnerCap refuses the grant with ErrTooManyLeases if req.Owner holds
+// req.MaxLeases live leases already. It takes the owner's transaction
+// advisory lock first, so that the owner's capped grants, on every
+// replica, count and insert one at a time: the lock is held to COMMIT, and
+// the count, a statement of its own run after the lock was granted, sees
+// every lease a grant before it committed. (Under READ COMMITTED a
+// statement's snapshot is taken when it starts; were the count part of the
+// statement that waits for the lock, it could miss the lease inserted by
+// the grant it waited for.) Liveness is judged by the database clock read
+// after the lock, as everywhere in this file: once, as a scalar subquery,
+// so that it bounds the index scan (leases_current_by_owner, whose
+// predicate the query repeats so that a generic plan may use it too)
+// instead of filtering every current lease of the owner's.
+//
+// This is also the cap's atomic step in the Redis mode (GrantClaimed):
+// there a lease's liveness is Redis's, but the Ledger records every grant,
+// renewal and release, each after (a grant, a renewal) or before (a
+// release) Redis's step, so a lease is live in the Ledger at least as long
+// as in Redis and the count here errs only toward refusing. A per-owner set
+// in the Redis claim script would have been lost with Redis's data (a
+// restart, a failover, a FLUSHALL), letting the cap be overshot silently,
+// where losing Redis data is meant to cost efficiency only; and it would
+// put two keys of different hash slots in one script.
+//
+// The lease this grant supersedes is not counted: it ends in this
+// transaction. (In the Redis mode its Redis claim may have expired a
+// little before the expiry the Ledger recorded, or been lost with Redis's
+// data; the owner's next grant of the same resource must not be refused
+// for it.)
+//
+// The fence row is locked before the owner lock in every grant, and
+// nothing else takes the owner lock, so the two never deadlock.
+func (s *Store) checkOwnerCap(ctx context.Context, tx pgx.Tx, req tokens.GrantRequest, superseded string) error {
+	if req.MaxLeases <= 0 || req.Owner == "" {
+		return nil
+	}
+	b := &pgx.Batch{}
+	b.Queue(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, int32(ownerLockClass), s.keySalt+"/"+req.Owner)
+	var n int
+	b.Queue(`SELECT count(*) FROM (
+			SELECT 1 FROM leases
+			WHERE owner = $1 AND owner <> '' AND released_at IS NULL AND superseded_at IS NULL
+				AND expires_at > (SELECT clock_timestamp()) AND id <> $3
+			LIMIT $2) live`, req.Owner, req.MaxLeases, superseded).QueryRow(func(row pgx.Row) error { return row.Scan(&n) })
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return err
+	}
+	if n >= req.MaxLeases {
+		return tokens.TooManyLeases(req.Resource, req.Owner, n)
+	}
+	return nil
 }
 
 func queueEvent(b *pgx.Batch, at time.Time, l tokens.Lease, kind tokens.EventKind) {
@@ -181,9 +249,6 @@ func (s *Store) renew(ctx context.Context, leaseID string, ttl time.Duration, ch
 	var ttlMS *int64
 	if ttl != 0 {
 		v := ttl.Milliseconds()
-		if v <= 0 {
-			return tokens.Lease{}, tokens.Invalid("ttl_ms", "must be positive")
-		}
 		ttlMS = &v
 	}
 	return s.inLeaseTx(ctx, "renew", func(tx pgx.Tx) (tokens.Lease, *tokens.Error, error) {

@@ -42,8 +42,11 @@ import (
 //
 // The *Claimed operations are the Ledger's Grant, Renew and Release minus
 // the liveness decision, which Redis has already taken: GrantClaimed checks
-// the drain period, bumps the token, records the lease (superseding the
-// previous one) and the history event in one transaction; RenewClaimed and
+// the drain period and the owner's cap (tokens.GrantRequest.MaxLeases; why
+// the cap is counted there and not in Redis is argued at
+// postgres.Store.checkOwnerCap), bumps the token, records the lease
+// (superseding the previous one) and the history event in one
+// transaction; RenewClaimed and
 // ReleaseClaimed succeed only for the current, unreleased lease (any
 // expiry the Ledger recorded is ignored) and record the event or the
 // refusal.
@@ -159,13 +162,10 @@ return 0
 func unavailable(op string, err error) error { return tokens.Unavailable("redis "+op, err) }
 
 // Grant claims the resource in Redis (SET NX PX), then takes the next token
-// from the Ledger. A failed Ledger grant (drain period, database down)
-// gives the claim back, by compare-and-set.
+// from the Ledger. A failed Ledger grant (drain period, the owner's cap,
+// database down) gives the claim back, by compare-and-set.
 func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Lease, error) {
 	ttl := req.TTL.Milliseconds()
-	if ttl <= 0 {
-		return tokens.Lease{}, tokens.Invalid("ttl_ms", "must be positive")
-	}
 	key := s.leaseKey(req.Resource)
 	res, err := claimScript.Run(ctx, s.rdb, []string{key}, req.LeaseID, ttl).Slice()
 	if err != nil {
@@ -193,18 +193,18 @@ func (s *Store) heldError(ctx context.Context, resource, holderID string, pttl i
 	if retry <= 0 {
 		retry = time.Millisecond // expired between SET and PTTL: retry at once
 	}
-	e := &tokens.Error{Kind: tokens.ErrLeaseHeld, Resource: resource, RetryAfter: retry}
+	holder := tokens.Lease{Resource: resource}
 	if holderID != "" {
 		// Facts only: the claim may belong to a grant still in progress,
 		// which the Ledger does not know yet.
 		if l, now, err := s.ledger.LeaseAt(ctx, holderID); err == nil {
-			e.Holder, e.CurrentToken, e.ExpiresAt = l.Holder, l.Token, l.ExpiresAt
-			if e.ExpiresAt.IsZero() {
-				e.ExpiresAt = now.Add(retry)
+			holder.Holder, holder.Token, holder.ExpiresAt = l.Holder, l.Token, l.ExpiresAt
+			if holder.ExpiresAt.IsZero() {
+				holder.ExpiresAt = now.Add(retry)
 			}
 		}
 	}
-	return e
+	return tokens.LeaseHeld(holder, retry)
 }
 
 // unclaim gives a claim back, with a context that outlives the caller's
@@ -226,9 +226,6 @@ func (s *Store) Renew(ctx context.Context, leaseID string, ttl time.Duration) (t
 	}
 	if ttl == 0 {
 		ttl = l.TTL
-	}
-	if ttl.Milliseconds() <= 0 {
-		return tokens.Lease{}, tokens.Invalid("ttl_ms", "must be positive")
 	}
 	key := s.leaseKey(l.Resource)
 	n, err := renewScript.Run(ctx, s.rdb, []string{key}, leaseID, ttl.Milliseconds()).Int64()

@@ -251,3 +251,35 @@ func TestRedisDownIsUnavailable(t *testing.T) {
 		t.Fatalf("Renew: %v", err)
 	}
 }
+
+// A lease whose Redis claim is gone before the expiry the Ledger recorded
+// does not hold its owner's slot against the grant that supersedes it: the
+// owner takes the resource again under a cap of 1. (The Ledger counts the
+// owner's leases, and leaves the superseded one out.)
+func TestCapFreedByLostClaim(t *testing.T) {
+	t.Parallel()
+	e := open(t, -1)
+	ctx := t.Context()
+	req := func() tokens.GrantRequest {
+		return tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "acct:cap", Holder: "h", Owner: "o", MaxLeases: 1, TTL: time.Minute}
+	}
+	old, err := e.store.Grant(ctx, req())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rdb.Del(ctx, e.store.LeaseKey("acct:cap")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	next, err := e.store.Grant(ctx, req())
+	if err != nil {
+		t.Fatalf("grant after the claim was lost, under a cap of 1: %v", err)
+	}
+	if next.Token <= old.Token {
+		t.Fatalf("token %d after %d", next.Token, old.Token)
+	}
+	other := req()
+	other.Resource = "acct:cap2"
+	if _, err := e.store.Grant(ctx, other); !errors.Is(err, tokens.ErrTooManyLeases) {
+		t.Fatalf("a second resource under a cap of 1: %v, want ErrTooManyLeases", err)
+	}
+}

@@ -181,7 +181,7 @@ func testFenceRenewElsewhere(t *testing.T, h FenceHarness) {
 	a, b := rs[0].Service(fenceOpts), rs[1].Service(fenceOpts)
 	l := acquireOn(t, a, "renew", "w", fenceTTL)
 	admit(t, a, l).Done(tokens.OutcomeKnown) // a remembers the first expiry
-	if _, err := b.Renew(t.Context(), l.ID, 10*time.Second, ""); err != nil {
+	if _, err := b.Renew(t.Context(), tokens.RenewRequest{LeaseID: l.ID, TTL: 10 * time.Second}); err != nil {
 		t.Fatalf("renew through b: %v", err)
 	}
 	pastFenceTTL()

@@ -9,6 +9,7 @@
 // and most run in parallel. The suites are split by concern, one file each:
 // leases.go (grant, renew, release, drain), rejections.go, history.go,
 // concurrency.go (concurrency, restart, ping), owner.go (owner, revoke),
+// caps.go (the owner's lease cap, under concurrency),
 // and the other seams' suites (locker.go, feed.go, fence.go,
 // idempotency.go).
 package storagetest
@@ -80,6 +81,8 @@ func Run(t *testing.T, h Harness) {
 		{"WriteCounts", testWriteCounts},
 		{"LeaseState", testLeaseState},
 		{"LeaseIDFormats", testLeaseIDFormats},
+		{"OwnerCapConcurrent", testOwnerCapConcurrent},
+		{"OwnerCapFrees", testOwnerCapFrees},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
