@@ -40,9 +40,9 @@ var notRecorded = map[string]string{
 		"who reaches the gateway fill the bounded log",
 	problems.CodeRateLimited: "the key's request budget is spent, checked before the lease is read; recording each " +
 		"would flood the bounded log with what the limit exists to shed (counted in metrics by principal)",
-	problems.CodeTooManyLeases: "an acquire's refusal, not a write's",
-	tokens.CodeLeaseHeld:       "an acquire's refusal, not a write's",
-	tokens.CodeLeaseLost:       "a renewal's or release's refusal: recorded in the lease history, not this log",
+	tokens.CodeTooManyLeases: "an acquire's refusal, not a write's",
+	tokens.CodeLeaseHeld:     "an acquire's refusal, not a write's",
+	tokens.CodeLeaseLost:     "a renewal's or release's refusal: recorded in the lease history, not this log",
 	tokens.CodeKeyMismatch: "the Idempotency-Key's record refuses a reuse of the key for another request; " +
 		"the lease is not judged (a client bug, not a fencing incident)",
 	tokens.CodeKeyInProgress: "a retry of an admitted write whose first attempt is still in flight: " +
