@@ -27,7 +27,6 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
-	"github.com/fencegw/fencegw/internal/batch"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -93,6 +92,7 @@ var (
 type Store struct {
 	db     *bbolt.DB
 	group  *groupCommit // update's transactions
+	slow   *slowLog     // commit durations, and the log of a slow disk (slow.go)
 	now    func() time.Time
 	log    *slog.Logger
 	opts   Options
@@ -113,8 +113,6 @@ type Store struct {
 	stopGC   chan struct{}
 	stopOnce sync.Once
 	gcDone   chan struct{}
-
-	recorder *batch.Batcher[tokens.Rejection, tokens.Rejection] // log.go
 
 	keys *keyLog // idempotency records (keys.go)
 
@@ -164,6 +162,7 @@ func Open(path string, opts Options) (*Store, error) {
 	s := &Store{
 		db:     db,
 		group:  newGroupCommit(db),
+		slow:   newSlowLog(),
 		now:    opts.Now,
 		log:    opts.Logger,
 		opts:   opts,
@@ -172,6 +171,8 @@ func Open(path string, opts Options) (*Store, error) {
 		stopGC: make(chan struct{}),
 		gcDone: make(chan struct{}),
 	}
+	s.group.gap = rejectionGap
+	s.group.observe = func(d time.Duration, calls int, err error) { s.slow.committed(s.log, d, calls, err) }
 	// The guard goes in first, in a commit of its own: a migration cut off
 	// midway (a crash, a kill) leaves some records moved, and a version
 	// older than the compact layout must refuse that file, not serve it
@@ -201,12 +202,11 @@ func Open(path string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	go s.gcLoop()
-	s.recorder = s.newRecorder()
 	return s, nil
 }
 
-// recover creates the buckets, applies the crash drain if the previous
-
+// Close waits for every call in flight (and every commit a caller gave up
+// waiting for), marks the file as closed cleanly and closes it.
 func (s *Store) Close() error {
 	// Stop the collector first: it enters like any operation.
 	s.stopOnce.Do(func() { close(s.stopGC) })
@@ -216,10 +216,8 @@ func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
-	// No caller is left (they hold life while they wait); the recorder
-	// commits what a caller that gave up waiting left queued, then stops.
-	s.recorder.Close()
-	s.closeKeys()
+	// No call is left: a caller holds life until its commit has ended,
+	// also one that gave up waiting for it (update).
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		return tx.Bucket(bucketMeta).Put(keyClean, []byte{1})
 	})
@@ -237,7 +235,7 @@ var errClosed = errors.New("store closed")
 // enter starts an operation that uses the file; leave must be called after.
 func (s *Store) enter(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
-		return err
+		return tokens.Unavailable("bolt: "+errGaveUp.Error(), err)
 	}
 	s.life.RLock()
 	if s.closed.Load() {
@@ -257,21 +255,49 @@ func (s *Store) lockResource(ctx context.Context, resource string) (func(), erro
 	unlock, err := s.locks.Exclusive(ctx, resource)
 	if err != nil {
 		s.leave()
-		return nil, err
+		// The lock is held until the resource's previous change is in the
+		// file (update), so a stalled disk shows here too.
+		return nil, tokens.Unavailable("wait for the resource's previous commit", err)
 	}
 	return func() { unlock(); s.leave() }, nil
 }
 
-// update runs fn in a read-write transaction shared with concurrent calls
-// (groupcommit.go). fn may run more than once (a batch is re-run when
-// another call in it fails), so it must reset whatever it reports. Domain
-// refusals are reported through fn's closure, not as fn's error: an error
-// rolls back the whole shared batch.
-func (s *Store) update(op string, fn func(tx *bbolt.Tx) error) error {
-	if err := s.group.do(fn); err != nil {
-		return tokens.Unavailable(op, err)
+// update runs fn in the group commit (groupcommit.go) with c's options
+// and waits for its commit until ctx ends. fn may run more than once (a
+// batch is re-run when another call in it fails), so it must reset
+// whatever it reports. Domain refusals are reported through fn's closure,
+// not as fn's error: an error rolls back the whole shared batch.
+//
+// then, if set, runs once with the commit's result: before update returns
+// if the caller waited for it; else, once the commit (which goes on
+// without its caller) has ended, on a goroutine of its own. It gives back
+// what must stay held until the change is in the file: the resource's
+// lock (so that the next change of the resource, and the cache, follow
+// this one), the caller's share of life (so that Close waits for it).
+//
+// A caller whose ctx ends first gets ErrStoreUnavailable wrapping ctx's
+// error: its change may still be committed (a grant then exists that
+// nobody heard of, like a grant whose answer was lost), unless c.gone
+// dropped it before it ran. Nothing that gave up is reported as done.
+func (s *Store) update(ctx context.Context, op string, c *call, then func(error)) error {
+	s.group.submit(c)
+	select {
+	case err := <-c.done:
+		if then != nil {
+			then(err)
+		}
+		if err != nil {
+			return tokens.Unavailable(op, err)
+		}
+		return nil
+	case <-ctx.Done():
+		running := s.group.runningFor()
+		if then != nil {
+			go func() { then(<-c.done) }()
+		}
+		s.slow.gaveUp(s.log, op, running)
+		return tokens.Unavailable(op+": "+errGaveUp.Error(), ctx.Err())
 	}
-	return nil
 }
 
 func clampLimit(limit int) int {
