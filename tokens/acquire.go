@@ -133,6 +133,17 @@ func (s *Service) validateAcquire(req AcquireRequest) error {
 }
 
 func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil time.Time) (Lease, error) {
+	// The store calls of a try end by the acquire's bound (the client's
+	// wait, else the grant wait): a stalled store answers store_unavailable
+	// then, not when it recovers. A last try made at the bound gets
+	// lastTryBound, within which a store that is not stalled answers.
+	bound := fenceUntil
+	if least := time.Now().Add(lastTryBound); bound.Before(least) {
+		bound = least
+	}
+	caller := ctx
+	ctx, cancelStore := context.WithDeadline(ctx, bound)
+	defer cancelStore()
 	// Refuse a held resource without touching its lock: waiting for the
 	// exclusive lock would stall the holder's own writes behind us.
 	cur, err := s.store.Resource(ctx, req.Resource)
@@ -150,8 +161,8 @@ func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil ti
 	unlock, err := s.locker.Exclusive(lockCtx, req.Resource)
 	cancel()
 	if err != nil {
-		if ctx.Err() != nil {
-			return Lease{}, ctx.Err()
+		if caller.Err() != nil {
+			return Lease{}, caller.Err()
 		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			return Lease{}, &Error{Kind: ErrFenceBusy, Resource: req.Resource, Detail: "in-flight writes of the previous token are still running", RetryAfter: time.Second}
@@ -164,6 +175,9 @@ func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil ti
 	// atomically with the token bump.
 	return s.store.Grant(ctx, req)
 }
+
+// lastTryBound is the least time the store calls of one try may take.
+const lastTryBound = 500 * time.Millisecond
 
 func heldError(h Lease, now time.Time) error {
 	return &Error{Kind: ErrLeaseHeld, Resource: h.Resource, Holder: h.Holder, CurrentToken: h.Token, ExpiresAt: h.ExpiresAt, RetryAfter: h.Remaining(now)}

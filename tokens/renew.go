@@ -12,6 +12,8 @@ import (
 // is the authenticated caller ("" without authentication): any other than
 // the lease's owner gets ErrLeaseNotOwned and changes nothing.
 func (s *Service) Renew(ctx context.Context, leaseID string, ttl time.Duration, principal string) (Lease, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.grantWait) // see storeBound
+	defer cancel()
 	if ttl != 0 {
 		if err := s.limits.ValidateTTL(ttl); err != nil {
 			return Lease{}, err
@@ -26,6 +28,8 @@ func (s *Service) Renew(ctx context.Context, leaseID string, ttl time.Duration, 
 // Release ends a current lease (idempotent for its holder). principal is
 // checked as in Renew.
 func (s *Service) Release(ctx context.Context, leaseID string, principal string) (Lease, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.grantWait) // see storeBound
+	defer cancel()
 	if err := s.checkOwner(ctx, leaseID, principal); err != nil {
 		return Lease{}, err
 	}
@@ -40,6 +44,13 @@ func (s *Service) Release(ctx context.Context, leaseID string, principal string)
 	}
 	return lease, err
 }
+
+// storeBound: a renewal, release or revocation waits for the store at
+// most the grant wait (--grant-wait), the gateway's bound on a change a
+// client waits for: a stalled store (a disk whose fsync hangs) answers 503
+// store_unavailable then. A release or revocation that gave up is reported
+// as failed even if the store applies it later; its holder may send it
+// again (both are idempotent).
 
 // forget makes every replica forget leaseID's resource before a release or
 // revoke changes it (with a Fencer: see Fencer): it returns with the
@@ -64,11 +75,13 @@ func (s *Service) forget(ctx context.Context, leaseID string) (func(), error) {
 	defer cancel()
 	unlock, err := s.locker.Exclusive(lockCtx, lease.Resource)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
+		// The lock's bound and the call's (storeBound) are one: its end
+		// is the writes', not the caller's.
 		if errors.Is(err, context.DeadlineExceeded) {
 			return nil, &Error{Kind: ErrFenceBusy, Resource: lease.Resource, Detail: "writes in flight under the lease are still running", RetryAfter: time.Second}
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
 		}
 		return nil, err
 	}
@@ -84,6 +97,8 @@ func (s *Service) Revoke(ctx context.Context, leaseID, by string) (Lease, error)
 	if by == "" {
 		return Lease{}, Invalid("by", "a revocation names who ordered it")
 	}
+	ctx, cancel := context.WithTimeout(ctx, s.grantWait) // see storeBound
+	defer cancel()
 	unlock, err := s.forget(ctx, leaseID)
 	if err != nil {
 		return Lease{}, err
