@@ -135,11 +135,12 @@ func (s *Service) validateAcquire(req AcquireRequest) error {
 func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil time.Time) (Lease, error) {
 	// The store calls of a try end by the acquire's bound (the client's
 	// wait, else the grant wait): a stalled store answers store_unavailable
-	// then, not when it recovers. A last try made at the bound gets
-	// lastTryBound, within which a store that is not stalled answers.
+	// then, not when it recovers. The last try, made once the bound has
+	// passed, gets lastTryBound, within which a store that is not stalled
+	// answers.
 	bound := fenceUntil
-	if least := time.Now().Add(lastTryBound); bound.Before(least) {
-		bound = least
+	if now := time.Now(); !now.Before(bound) {
+		bound = now.Add(lastTryBound)
 	}
 	caller := ctx
 	ctx, cancelStore := context.WithDeadline(ctx, bound)
@@ -176,7 +177,8 @@ func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil ti
 	return s.store.Grant(ctx, req)
 }
 
-// lastTryBound is the least time the store calls of one try may take.
+// lastTryBound is how long the store calls of a try made at the
+// acquire's bound may take.
 const lastTryBound = 500 * time.Millisecond
 
 func heldError(h Lease, now time.Time) error {
