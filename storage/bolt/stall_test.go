@@ -47,7 +47,7 @@ func expired(t *testing.T) context.Context {
 	return ctx
 }
 
-func gaveUp(t *testing.T, what string, err error) {
+func wantGaveUp(t *testing.T, what string, err error) {
 	t.Helper()
 	if !errors.Is(err, tokens.ErrStoreUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("%s during a stalled commit: %v; want ErrStoreUnavailable wrapping DeadlineExceeded", what, err)
@@ -70,7 +70,7 @@ func TestStalledCommitGrantGivesUpAndIsNotMade(t *testing.T) {
 	s := openAt(t, filepath.Join(t.TempDir(), "fencegw.db"), Options{})
 	resume := stallCommits(t, s)
 	_, err := grant(t, s, expired(t), "r")
-	gaveUp(t, "grant", err)
+	wantGaveUp(t, "grant", err)
 	resume()
 	l, err := grant(t, s, t.Context(), "r")
 	if err != nil || l.Token != 1 {
@@ -90,13 +90,13 @@ func TestStalledCommitReleaseAndDrainGiveUpButHoldTheirResource(t *testing.T) {
 	}
 	resume := stallCommits(t, s)
 	_, err = s.Release(expired(t), l.ID)
-	gaveUp(t, "release", err)
-	gaveUp(t, "drain", s.Drain(expired(t), "drained", time.Hour))
+	wantGaveUp(t, "release", err)
+	wantGaveUp(t, "drain", s.Drain(expired(t), "drained", time.Hour))
 
 	// While the stall lasts, the next change of either resource waits for
 	// the lock the abandoned commits hold, and gives up in turn.
 	_, err = grant(t, s, expired(t), "drained")
-	gaveUp(t, "grant behind an abandoned drain", err)
+	wantGaveUp(t, "grant behind an abandoned drain", err)
 
 	resume()
 	if _, err := s.Renew(t.Context(), l.ID, 0); !errors.Is(err, tokens.ErrLeaseLost) {
@@ -118,9 +118,9 @@ func TestStalledCommitRecordsGiveUpButLand(t *testing.T) {
 	s := openAt(t, path, Options{})
 	resume := stallCommits(t, s)
 	_, err := s.RecordRejection(expired(t), tokens.Rejection{Resource: "r", Code: tokens.CodeStaleToken, Token: 1, Holder: "h"})
-	gaveUp(t, "record rejection", err)
+	wantGaveUp(t, "record rejection", err)
 	scope := tokens.KeyScope{Resource: "r", Upstream: "u", Key: "k"}
-	gaveUp(t, "finish key", s.FinishKey(expired(t), scope, "a", tokens.KeyOutcome{State: tokens.KeyCompleted, Window: time.Hour}))
+	wantGaveUp(t, "finish key", s.FinishKey(expired(t), scope, "a", tokens.KeyOutcome{State: tokens.KeyCompleted, Window: time.Hour}))
 	resume()
 	if err := s.Close(); err != nil {
 		t.Fatal(err)

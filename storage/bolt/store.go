@@ -234,8 +234,8 @@ var errClosed = errors.New("store closed")
 
 // enter starts an operation that uses the file; leave must be called after.
 func (s *Store) enter(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return tokens.Unavailable("bolt: "+errGaveUp.Error(), err)
+	if ctx.Err() != nil {
+		return gaveUp("bolt", ctx)
 	}
 	s.life.RLock()
 	if s.closed.Load() {
@@ -257,7 +257,10 @@ func (s *Store) lockResource(ctx context.Context, resource string) (func(), erro
 		s.leave()
 		// The lock is held until the resource's previous change is in the
 		// file (update), so a stalled disk shows here too.
-		return nil, tokens.Unavailable("wait for the resource's previous commit", err)
+		if ctx.Err() != nil {
+			return nil, gaveUp("wait for the resource's previous commit", ctx)
+		}
+		return nil, err
 	}
 	return func() { unlock(); s.leave() }, nil
 }
@@ -275,8 +278,7 @@ func (s *Store) lockResource(ctx context.Context, resource string) (func(), erro
 // lock (so that the next change of the resource, and the cache, follow
 // this one), the caller's share of life (so that Close waits for it).
 //
-// A caller whose ctx ends first gets ErrStoreUnavailable wrapping ctx's
-// error: its change may still be committed (a grant then exists that
+// A caller whose ctx ends first gets gaveUp's error: its change may still be committed (a grant then exists that
 // nobody heard of, like a grant whose answer was lost), unless c.gone
 // dropped it before it ran. Nothing that gave up is reported as done.
 func (s *Store) update(ctx context.Context, op string, c *call, then func(error)) error {
@@ -296,8 +298,19 @@ func (s *Store) update(ctx context.Context, op string, c *call, then func(error)
 			go func() { then(<-c.done) }()
 		}
 		s.slow.gaveUp(s.log, op, running)
+		return gaveUp(op, ctx)
+	}
+}
+
+// gaveUp is the error of a call whose ctx ended before its answer: past
+// its bound, ErrStoreUnavailable wrapping ctx's error (503 with
+// Retry-After); its caller gone, ctx's error as it is (nobody reads the
+// answer, and the gateway logs an abandoned request as such).
+func gaveUp(op string, ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return tokens.Unavailable(op+": "+errGaveUp.Error(), ctx.Err())
 	}
+	return ctx.Err()
 }
 
 func clampLimit(limit int) int {
