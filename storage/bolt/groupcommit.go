@@ -130,7 +130,11 @@ func (g *groupCommit) run() {
 	for {
 		g.mu.Lock()
 		if wait := time.Until(g.last.Add(g.gap)); wait > 0 && allLazy(g.pending) {
-			g.waiting = true
+			select { // a nudge left over from an earlier wait
+			case <-g.wake:
+			default:
+			}
+			g.waiting = true // submit nudges from now on (it reads this under mu)
 			g.mu.Unlock()
 			t := time.NewTimer(wait)
 			select {

@@ -310,3 +310,48 @@ func TestUpdateAfterCloseFails(t *testing.T) {
 		t.Fatalf("update after Close: %v", err)
 	}
 }
+
+// Lazy calls (the rejection log) wait out the gap after the last commit;
+// an eager call does not, and takes the waiting lazy ones along in its
+// commit.
+func TestGroupCommitEagerCallSkipsTheGap(t *testing.T) {
+	db, g := openGroupCommit(t)
+	g.gap = time.Hour // a call that waited it out would never return
+	lazy := func(key string) error {
+		c := &call{fn: put(key), lazy: true}
+		g.submit(c)
+		return <-c.done
+	}
+	if err := lazy("first"); err != nil { // no commit before it: at once
+		t.Fatal(err)
+	}
+	before := lastTxID(t, db)
+	waited := make(chan error, 1)
+	go func() { waited <- lazy("second") }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Microsecond) {
+		g.mu.Lock()
+		w := g.waiting
+		g.mu.Unlock()
+		if w {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the lazy call did not wait out the gap")
+		}
+	}
+	if err := g.do(t.Context(), put("eager")); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatal(err)
+	}
+	if n := lastTxID(t, db) - before; n != 1 {
+		t.Errorf("%d commits for the eager call and the waiting lazy one, want 1", n)
+	}
+	for k, ok := range keysPresent(t, db, "first", "second", "eager") {
+		if !ok {
+			t.Errorf("%s not committed", k)
+		}
+	}
+	assertIdle(t, g)
+}
