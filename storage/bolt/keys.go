@@ -67,6 +67,8 @@ type keyLog struct {
 	count   int       // records in the file as last committed
 	tx      *bbolt.Tx // the transaction txCount counts for
 	txCount int       // records as tx sees them
+	// prunedIn is the transaction that last looked for expired records.
+	prunedIn *bbolt.Tx
 	commits atomic.Int64
 }
 
@@ -76,7 +78,7 @@ func (k *keyLog) inTx(tx *bbolt.Tx) *int {
 	if k.tx != tx {
 		k.tx, k.txCount = tx, k.count
 		tx.OnCommit(func() {
-			k.count, k.tx = k.txCount, nil
+			k.count, k.tx, k.prunedIn = k.txCount, nil, nil
 			k.commits.Add(1)
 		})
 	}
@@ -247,9 +249,15 @@ func (s *Store) keyDo(ctx context.Context, op keyOp) keyResult {
 		if err != nil {
 			return err
 		}
-		n, err := s.pruneKeys(b, order, *count+delta, now)
-		if err != nil {
-			return err
+		// Expired records are looked for once a transaction (as many
+		// changes share it as share its fsync); surplus ones at every
+		// change past the cap, so that the cap holds at every commit.
+		n := 0
+		if s.keys.prunedIn != tx || *count+delta > s.opts.MaxIdempotencyRecords {
+			s.keys.prunedIn = tx
+			if n, err = s.pruneKeys(b, order, *count+delta, now); err != nil {
+				return err
+			}
 		}
 		*count += delta - n
 		res = r
