@@ -1,13 +1,15 @@
 // Package bolt is fencegw's embedded store: tokens, leases, lease history and
 // the rejection log in one bbolt file, for a single gateway process.
 //
-// Every mutation is one bbolt read-write transaction that checks the
-// persisted state and changes it, run through group commit (groupcommit.go)
-// so that concurrent mutations of different resources share one fsync. A call
-// returns only after its transaction was committed and synced: a token is
-// durable before it is handed out. Mutations of the same resource are
-// serialised by a per-resource lock held across the transaction and the
-// cache update, so the in-memory cache changes in commit order.
+// Every change is one bbolt read-write transaction that checks the
+// persisted state and changes it, run through the store's one group commit
+// (groupcommit.go) so that concurrent changes share one fsync. A call
+// returns only after its transaction was committed and synced (a token is
+// durable before it is handed out), or with an error once its context ends
+// (update: the commit goes on without it). Mutations of the same resource
+// are serialised by a per-resource lock held across the transaction and the
+// cache update, also after a caller gave up, so the in-memory cache changes
+// in commit order.
 //
 // The hot read path of the gateway, Lease and Resource, is served from that
 // cache without opening a transaction. The cache is bounded (cache.go):
