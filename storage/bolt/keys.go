@@ -69,7 +69,7 @@ type keyLog struct {
 	txCount int       // records as tx sees them
 	// prunedIn is the transaction that last looked for expired records.
 	prunedIn *bbolt.Tx
-	commits atomic.Int64
+	commits  atomic.Int64
 }
 
 // inTx is the record count as tx sees it, to be changed with tx's
