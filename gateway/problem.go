@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -95,6 +96,8 @@ func detailOf(e *tokens.Error) string {
 		return e.Field + ": " + e.Detail
 	case e.Kind == tokens.ErrStoreUnavailable && e.Busy:
 		return "every connection of this gateway to the token store is in use; nothing was forwarded or granted (the gateway's log says which pool)"
+	case e.Kind == tokens.ErrStoreUnavailable && errors.Is(e.Cause, context.DeadlineExceeded):
+		return "the token store did not answer within this request's bound (the wait, or the gateway's --grant-wait): a slow disk or database; the change may still be made, unseen (the gateway's log names the slow commit)"
 	case e.Kind == tokens.ErrStoreUnavailable:
 		return "the token store cannot be reached; nothing was forwarded or granted"
 	case e.Detail != "":

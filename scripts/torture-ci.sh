@@ -91,6 +91,12 @@ done
 if [[ ${PG_OUTAGE_IN_WRITE:-0} == 1 && " $MODES " == *" postgres "* ]]; then
 	pg_lane+=("postgres-outage-in-write|run_mode postgres-outage-in-write postgres --forward-timeout 5s --drain-period 6s --faults restart-postgres-in-write,pause-worker")
 fi
+# The embedded store on a disk whose writes stall (stall-disk: a loop
+# device held by the blkio throttle) needs root, as CI has; beside the kills
+# and slow answers, so that abandoned commits meet restarts and drains.
+if [[ $(id -u) == 0 && " $MODES " == *" embedded "* ]]; then
+	embedded_lane+=("embedded-stall-disk|run_mode embedded-stall-disk embedded --faults stall-disk,kill-gateway,slow-upstream,kill-in-write")
+fi
 start_run() { # entry
 	local name=${1%%|*} cmd=${1#*|}
 	echo "== $name ($(date -u +%T); log in $OUT/$name.log)"

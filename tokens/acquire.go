@@ -140,6 +140,18 @@ func (s *Service) validateAcquire(req AcquireRequest) error {
 }
 
 func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil time.Time) (Lease, error) {
+	// The store calls of a try end by the acquire's bound (the client's
+	// wait, else the grant wait): a stalled store answers store_unavailable
+	// then, not when it recovers. The last try, made once the bound has
+	// passed, gets lastTryBound, within which a store that is not stalled
+	// answers.
+	bound := fenceUntil
+	if now := time.Now(); !now.Before(bound) {
+		bound = now.Add(lastTryBound)
+	}
+	caller := ctx
+	ctx, cancelStore := context.WithDeadline(ctx, bound)
+	defer cancelStore()
 	// Refuse a held resource without touching its lock: waiting for the
 	// exclusive lock would stall the holder's own writes behind us. This
 	// read only answers early what the store's grant would answer, by the
@@ -161,8 +173,8 @@ func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil ti
 	unlock, err := s.locker.Exclusive(lockCtx, req.Resource)
 	cancel()
 	if err != nil {
-		if ctx.Err() != nil {
-			return Lease{}, ctx.Err()
+		if caller.Err() != nil {
+			return Lease{}, caller.Err()
 		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			return Lease{}, &Error{Kind: ErrFenceBusy, Resource: req.Resource, Detail: "in-flight writes of the previous token are still running", RetryAfter: time.Second}
@@ -175,3 +187,8 @@ func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil ti
 	// the owner's cap atomically with the token bump.
 	return s.store.Grant(ctx, req)
 }
+
+// lastTryBound is how long the store calls of a try made at the
+// acquire's bound may take.
+const lastTryBound = 500 * time.Millisecond
+

@@ -22,6 +22,8 @@ type RenewRequest struct {
 
 // Renew extends a current lease.
 func (s *Service) Renew(ctx context.Context, req RenewRequest) (Lease, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.grantWait) // see storeBound
+	defer cancel()
 	if req.TTL != 0 {
 		if err := s.limits.ValidateTTL(req.TTL, req.MaxTTL, req.Principal); err != nil {
 			return Lease{}, err
@@ -36,6 +38,8 @@ func (s *Service) Renew(ctx context.Context, req RenewRequest) (Lease, error) {
 // Release ends a current lease (idempotent for its holder). principal is
 // checked as in Renew.
 func (s *Service) Release(ctx context.Context, leaseID string, principal string) (Lease, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.grantWait) // see storeBound
+	defer cancel()
 	if err := s.checkOwner(ctx, leaseID, principal); err != nil {
 		return Lease{}, err
 	}
@@ -50,6 +54,13 @@ func (s *Service) Release(ctx context.Context, leaseID string, principal string)
 	}
 	return lease, err
 }
+
+// storeBound: a renewal, release or revocation waits for the store at
+// most the grant wait (--grant-wait), the gateway's bound on a change a
+// client waits for: a stalled store (a disk whose fsync hangs) answers 503
+// store_unavailable then. A release or revocation that gave up is reported
+// as failed even if the store applies it later; its holder may send it
+// again (both are idempotent).
 
 // forget makes every replica forget leaseID's resource before a release or
 // revoke changes it (with a Fencer: see Fencer): it returns with the
@@ -74,11 +85,13 @@ func (s *Service) forget(ctx context.Context, leaseID string) (func(), error) {
 	defer cancel()
 	unlock, err := s.locker.Exclusive(lockCtx, lease.Resource)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
+		// The lock's bound and the call's (storeBound) are one: its end
+		// is the writes', not the caller's.
 		if errors.Is(err, context.DeadlineExceeded) {
 			return nil, &Error{Kind: ErrFenceBusy, Resource: lease.Resource, Detail: "writes in flight under the lease are still running", RetryAfter: time.Second}
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
 		}
 		return nil, err
 	}
@@ -94,6 +107,8 @@ func (s *Service) Revoke(ctx context.Context, leaseID, by string) (Lease, error)
 	if by == "" {
 		return Lease{}, Invalid("by", "a revocation names who ordered it")
 	}
+	ctx, cancel := context.WithTimeout(ctx, s.grantWait) // see storeBound
+	defer cancel()
 	unlock, err := s.forget(ctx, leaseID)
 	if err != nil {
 		return Lease{}, err

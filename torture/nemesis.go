@@ -19,8 +19,9 @@ type nemesis struct {
 	workers  []*workerProc
 	pg       *Postgres
 	rd       *Redis
-	dataDisk string // the embedded store's small disk (disk-full), if mounted
-	netns    *netns // the partitioned replica's, nil without FaultPartition
+	dataDisk string    // the embedded store's small disk (disk-full), if mounted
+	slowDisk *SlowDisk // the embedded store's stallable disk (stall-disk), if mounted
+	netns    *netns    // the partitioned replica's, nil without FaultPartition
 	logf     func(format string, args ...any)
 	rng      *rand.Rand
 	faults   []Fault
@@ -71,6 +72,11 @@ func (n *nemesis) run(ctx context.Context) {
 func (n *nemesis) heal() {
 	n.up.Misbehave(Misbehaviour{})
 	n.up.StopInWrite(nil)
+	if n.slowDisk != nil {
+		if err := n.slowDisk.Resume(); err != nil {
+			n.logf("resume the stalled disk: %v", err)
+		}
+	}
 	for _, w := range n.workers {
 		w.resume()
 	}
@@ -106,6 +112,8 @@ func (n *nemesis) inject(ctx context.Context, f *Fault) error {
 		return n.failover(ctx, f)
 	case FaultDiskFull: // nemesis_disk.go
 		return n.diskFull(ctx)
+	case FaultStallDisk: // nemesis_disk.go
+		return n.stallDisk(ctx)
 	case FaultKillGateway:
 		r.Kill()
 		sleep(ctx, n.between(100*time.Millisecond, 500*time.Millisecond))

@@ -76,3 +76,28 @@ func (n *nemesis) diskFull(ctx context.Context) error {
 	sleep(ctx, n.between(2*n.cfg.TTL, 2*n.cfg.TTL+time.Second))
 	return os.Remove(filler)
 }
+
+// FaultStallDisk stalls every write of the embedded store's disk (a
+// SlowDisk, slowdisk.go, that the torture mounts on --dir/data, as root)
+// for longer than the grant wait, then lets the held writes go: while it
+// lasts, grants, renewals and releases answer 503 store_unavailable by
+// their bounds (a commit the disk holds does not hold its callers), and a
+// grant whose caller gave up is not made behind its back; afterwards the
+// same process serves again.
+const FaultStallDisk = "stall-disk"
+
+// slowDiskSize is the stalled disk's size in MiB: room for ext4's journal
+// and the store file.
+const slowDiskSize = 64
+
+// stallDisk stalls the store's disk past the grant wait and resumes it.
+func (n *nemesis) stallDisk(ctx context.Context) error {
+	if n.slowDisk == nil {
+		return errNotApplicable
+	}
+	if err := n.slowDisk.Stall(); err != nil {
+		return err
+	}
+	sleep(ctx, n.between(n.cfg.GrantWait+500*time.Millisecond, n.cfg.GrantWait+2*time.Second))
+	return n.slowDisk.Resume()
+}

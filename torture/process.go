@@ -26,6 +26,9 @@ type Replica struct {
 	// netns, if set, is the network namespace the replica runs in (the
 	// partition fault); args then name the host by its veth address.
 	netns *netns
+	// joinDisk, if set, is called with each started process's id (the
+	// stall-disk fault's SlowDisk.Join).
+	joinDisk func(pid int) error
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -65,6 +68,13 @@ func (r *Replica) Start() error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start gateway %d: %w", r.Index, err)
 	}
+	if r.joinDisk != nil {
+		if err := r.joinDisk(cmd.Process.Pid); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return fmt.Errorf("gateway %d on the slow disk: %w", r.Index, err)
+		}
+	}
 	ready := make(chan struct{})
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -89,6 +99,16 @@ func (r *Replica) Start() error {
 	}
 	r.cmd, r.exited, r.paused = cmd, exited, false
 	return nil
+}
+
+// PID is the running process's id (0 if none).
+func (r *Replica) PID() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd == nil {
+		return 0
+	}
+	return r.cmd.Process.Pid
 }
 
 // Kill sends SIGKILL and waits for the process to die.

@@ -276,6 +276,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		args = append(args, "--shutdown-delay", shutdownRedisDelay.String())
 	}
 	var dataDisk string
+	var slowDisk *SlowDisk
 	switch cfg.Mode {
 	case ModeEmbedded:
 		data := filepath.Join(cfg.Dir, "data")
@@ -291,6 +292,21 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 				}
 			}()
 			dataDisk = data
+		}
+		if slices.Contains(cfg.Faults, FaultStallDisk) { // nemesis_disk.go, slowdisk.go
+			if dataDisk != "" {
+				return nil, errors.New("disk-full and stall-disk each mount the store's disk: run them apart")
+			}
+			d, err := MountSlowDisk(cfg.Dir, data, slowDiskSize)
+			if err != nil {
+				return nil, err
+			}
+			defer func() {
+				if err := d.Close(); err != nil {
+					logf("remove the slow disk: %v", err)
+				}
+			}()
+			slowDisk = d
 		}
 		if cfg.TokenBase > 0 {
 			if err := SeedBolt(data, resources, cfg.TokenBase); err != nil {
@@ -310,6 +326,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			return nil, err
 		}
 		replicas[i] = &Replica{Index: i, Addr: addr, bin: cfg.Binary, args: args, log: lw}
+		if slowDisk != nil {
+			replicas[i].joinDisk = slowDisk.Join
+		}
 	}
 	var ns *netns
 	if cfg.needsPartition() { // netns.go
@@ -381,7 +400,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	// Nemesis, until the end of the run; then let the writes settle.
-	n := &nemesis{cfg: cfg, up: up, replicas: replicas, workers: procs, pg: pg, rd: rd, dataDisk: dataDisk, netns: ns, logf: logf,
+	n := &nemesis{cfg: cfg, up: up, replicas: replicas, workers: procs, pg: pg, rd: rd, dataDisk: dataDisk, slowDisk: slowDisk, netns: ns, logf: logf,
 		rng: rand.New(rand.NewPCG(cfg.Seed, 7))}
 	runCtx, endRun := context.WithTimeout(ctx, cfg.Duration)
 	defer endRun()
@@ -403,6 +422,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			if d, ok := firstGrantAfter(res.History.Grants, f.DownTo); ok {
 				logf("failover at %s: first grant %v after the promotion began", f.DownTo.Format("15:04:05.000"), d.Round(time.Millisecond))
 			}
+		}
+		if f.Kind == FaultStallDisk {
+			d, _ := firstGrantAfter(res.History.Grants, f.End)
+			logf("disk stalled from %s for %v: first grant %v after it resumed", f.Start.Format("15:04:05.000"),
+				f.End.Sub(f.Start).Round(time.Millisecond), d.Round(time.Millisecond))
 		}
 		if f.Kind == FaultDiskFull {
 			during := 0

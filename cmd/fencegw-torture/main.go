@@ -9,6 +9,7 @@
 //	fencegw-torture --build-tags fencegw_break_highest_seen --expect-violations
 //	fencegw-torture --mode postgres --faults failover-postgres   (its own primary + standby on 5445/5446)
 //	fencegw-torture --mode embedded --faults disk-full           (root: --data on a small tmpfs)
+//	fencegw-torture --mode embedded --faults stall-disk          (root: --data on a loop device whose writes stall)
 //	fencegw-torture check [--drain-period D] DIR/history.json   (check a saved history again)
 //
 // Exit status: 0 the run passed (or, with --expect-violations, the checker

@@ -59,10 +59,11 @@ func openBackend(ctx context.Context, cfg config, log *slog.Logger) (*backend, e
 	if err != nil {
 		return nil, err
 	}
-	b := &backend{mode: m.Name, store: m.Store, locker: m.Locker, fencer: m.Fencer, keys: m.Keys, feed: m.Feed, close: m.Close}
+	b := &backend{mode: m.Name, store: m.Store, locker: m.Locker, fencer: m.Fencer, keys: m.Keys, feed: m.Feed, close: m.Close,
+		collectors: m.Collectors}
 	if m.Fence != nil {
 		b.onFree = m.OnFree
-		b.collectors = fenceMetrics(m.Fence)
+		b.collectors = append(b.collectors, fenceMetrics(m.Fence)...)
 	}
 	return b, nil
 }

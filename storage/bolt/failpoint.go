@@ -33,12 +33,12 @@ func (s *Store) grantBeforeDurable(req tokens.GrantRequest) (tokens.Lease, error
 	s.cache.set(req.Resource, st, &lease)
 	go func() {
 		time.Sleep(100 * time.Millisecond)
-		_ = s.update("grant", func(tx *bbolt.Tx) error {
+		_ = s.update(context.Background(), "grant", &call{fn: func(tx *bbolt.Tx) error {
 			if err := putLease(tx, &lease); err != nil {
 				return err
 			}
 			return s.putResource(tx, req.Resource, &st)
-		})
+		}}, nil)
 	}()
 	return lease, nil
 }

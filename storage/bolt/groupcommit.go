@@ -1,15 +1,20 @@
 package bolt
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	bbolt "go.etcd.io/bbolt"
 )
 
-// groupCommit runs the store's mutations in shared read-write transactions,
-// in place of bbolt's DB.Batch.
+// groupCommit is the store's one group commit: every change to the file
+// after Open (grants, renewals, releases, drains, write counts, the
+// rejection log and the idempotency records) runs through it, in shared
+// read-write transactions, in place of bbolt's DB.Batch.
 //
 // DB.Batch waits MaxBatchDelay for company and then queues its batch behind
 // the commit in flight. When a commit (a pwrite and two fdatasyncs) takes
@@ -24,121 +29,207 @@ import (
 // 5,300–5,600 grants/s at 165–175 µs.
 //
 // As with DB.Batch, the calls of a batch run in one db.Update. If one
-// returns an error or panics, the transaction is rolled back, that call is
-// run again alone in a transaction of its own (its caller gets that result)
-// and the others are retried together: a call's fn may run more than once.
-// A panic is its caller's error, in the solo run too (where DB.Batch lets it
-// through): the caller returns through its own unlocks.
+// returns an error or panics, the transaction is rolled back, the others
+// are retried together, and the failing call is then run again alone in a
+// transaction of its own (its caller gets that result): a call's fn may
+// run more than once, and one call's failure is never its neighbours'.
+// A panic is its caller's error.
 //
-// There is no goroutine of its own, so none outlives the Store: the caller
-// that finds no commit running commits, and then hands the next batch to
-// the first of its callers.
+// Commits run on a goroutine of their own, started by the first call that
+// finds none running and ended when nothing is pending, so a caller waits
+// for its result only as long as its context allows (Store.update): a
+// disk whose fsync stalls holds the committer, not the callers, who answer
+// store_unavailable at their deadline. A call whose caller gave up before
+// its fn ran is dropped if it was submitted with skipIfGone (a grant
+// nobody will hear of); any other runs all the same.
 //
-// Why not internal/batch, the group commit of the rejection logs and the
-// live feed: its Commit fails every item of a batch with one error, and a
-// mutation here must fail alone (a corrupt record one grant read is not its
-// neighbours' failure), which takes the solo re-run above; and its loop
-// goroutine would add a hand-off to every grant, renewal and release and a
-// Close to every way out of the Store.
+// Lazy calls (the rejection log) do not start a commit of their own until
+// gap has passed since the last one began: a storm of refused writes would
+// otherwise commit and fsync back to back, taking the writer and a quarter
+// of the gateway's CPU per refusal. They ride along in any commit that an
+// eager call starts meanwhile.
 type groupCommit struct {
 	db  *bbolt.DB
-	max int // most calls in one transaction
+	max int           // most calls in one transaction
+	gap time.Duration // least time from one commit's start to a lazy-only one's
+
+	// observe, if set, is told each commit's duration (metrics, the slow
+	// commit log); it runs on the committer.
+	observe func(d time.Duration, calls int, err error)
 
 	mu      sync.Mutex
 	pending []*call
-	busy    bool // a caller commits, or has been told to; false only with nothing pending
+	busy    bool          // a committer runs; false only with nothing pending
+	waiting bool          // the committer waits out gap for lazy calls
+	last    time.Time     // the last commit's start
+	wake    chan struct{} // an eager call arrived while the committer waits
+
+	running atomic.Int64 // start of the commit in flight (unix ns); 0: none
 }
 
 // maxBatch is bbolt's default MaxBatchSize. It bounds a transaction's dirty
-// pages and the wait of the batch's first caller.
+// pages and the wait of the batch's last caller.
 const maxBatch = 1000
 
 type call struct {
-	fn   func(*bbolt.Tx) error
-	done chan error // buffered: never more than one message unread
+	fn func(*bbolt.Tx) error
+	// gone, if set, drops the call without running fn once it is done.
+	gone context.Context
+	lazy bool
+	done chan error // buffered: one result
 }
 
-// Messages to a call in place of its result.
-var (
-	errLead = errors.New("commit the next batch")
-	errSolo = errors.New("run alone")
-)
-
 func newGroupCommit(db *bbolt.DB) *groupCommit {
-	return &groupCommit{db: db, max: maxBatch}
+	return &groupCommit{db: db, max: maxBatch, wake: make(chan struct{}, 1)}
+}
+
+// submit queues c and starts the committer if none runs.
+func (g *groupCommit) submit(c *call) {
+	c.done = make(chan error, 1)
+	g.mu.Lock()
+	g.pending = append(g.pending, c)
+	start := !g.busy
+	g.busy = true
+	nudge := g.waiting && !c.lazy
+	g.mu.Unlock()
+	if start {
+		go g.run()
+	}
+	if nudge {
+		select {
+		case g.wake <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // do runs fn in a read-write transaction, shared with the calls pending
-// alongside, and returns once that transaction is committed.
-func (g *groupCommit) do(fn func(*bbolt.Tx) error) error {
-	c := &call{fn: fn, done: make(chan error, 1)}
-	g.mu.Lock()
-	g.pending = append(g.pending, c)
-	lead := !g.busy
-	g.busy = true
-	g.mu.Unlock()
-
-	var err error
-	if !lead {
-		err = <-c.done
+// alongside, and returns once that transaction is committed or ctx ends;
+// the commit goes on without a caller that gave up.
+func (g *groupCommit) do(ctx context.Context, fn func(*bbolt.Tx) error) error {
+	c := &call{fn: fn}
+	g.submit(c)
+	select {
+	case err := <-c.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	if lead || err == errLead {
-		g.commitNext()
-		err = <-c.done
-	}
-	if err == errSolo {
-		err = safely(func() error { return g.db.Update(fn) })
-	}
-	return err
 }
 
-// commitNext commits the oldest pending calls (the caller's is the first of
-// them), then makes the next pending call the committer, if there is one.
-func (g *groupCommit) commitNext() {
-	g.mu.Lock()
-	n := min(len(g.pending), g.max)
-	batch := g.pending[:n:n]
-	g.pending = append([]*call(nil), g.pending[n:]...)
-	g.mu.Unlock()
-
-	g.commit(batch)
-
-	g.mu.Lock()
-	if len(g.pending) > 0 {
-		g.pending[0].done <- errLead
-	} else {
-		g.busy = false
+// runningFor is how long the commit in flight has been running (0: none).
+func (g *groupCommit) runningFor() time.Duration {
+	if start := g.running.Load(); start != 0 {
+		return time.Since(time.Unix(0, start))
 	}
-	g.mu.Unlock()
+	return 0
 }
 
-// commit runs calls in one transaction and answers each, as DB.Batch's
-// batch.run does.
-func (g *groupCommit) commit(calls []*call) {
-	for len(calls) > 0 {
-		failed := -1
-		// A panic in bbolt's commit would otherwise leave the batch's
-		// callers, and every later one, waiting on a committer gone.
-		err := safely(func() error {
-			return g.db.Update(func(tx *bbolt.Tx) error {
-				for i, c := range calls {
-					if err := safely(func() error { return c.fn(tx) }); err != nil {
-						failed = i
-						return err
-					}
-				}
-				return nil
-			})
-		})
-		if failed < 0 {
-			for _, c := range calls {
-				c.done <- err
+// run commits pending calls in batches until none is left.
+func (g *groupCommit) run() {
+	for {
+		g.mu.Lock()
+		if wait := time.Until(g.last.Add(g.gap)); wait > 0 && allLazy(g.pending) {
+			select { // a nudge left over from an earlier wait
+			case <-g.wake:
+			default:
 			}
+			g.waiting = true // submit nudges from now on (it reads this under mu)
+			g.mu.Unlock()
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-g.wake:
+			}
+			t.Stop()
+			g.mu.Lock()
+			g.waiting = false
+		}
+		n := min(len(g.pending), g.max)
+		batch := g.pending[:n:n]
+		g.pending = append([]*call(nil), g.pending[n:]...)
+		g.last = time.Now()
+		g.mu.Unlock()
+
+		results := g.commit(batch)
+
+		// Idle before the answers go out: a caller that has its answer
+		// finds the group as it left it, and a call made meanwhile starts
+		// a committer of its own.
+		g.mu.Lock()
+		idle := len(g.pending) == 0
+		if idle {
+			g.busy = false
+		}
+		g.mu.Unlock()
+		for i, c := range batch {
+			c.done <- results[i]
+		}
+		if idle {
 			return
 		}
-		calls[failed].done <- errSolo
-		calls = append(calls[:failed], calls[failed+1:]...)
 	}
+}
+
+func allLazy(calls []*call) bool {
+	for _, c := range calls {
+		if !c.lazy {
+			return false
+		}
+	}
+	return true
+}
+
+// commit runs calls in one transaction and returns each one's result, as
+// DB.Batch's batch.run does, the failing ones re-run alone afterwards.
+func (g *groupCommit) commit(calls []*call) []error {
+	results := make([]error, len(calls))
+	left := make([]int, 0, len(calls)) // indexes into calls still to commit
+	for i, c := range calls {
+		if c.gone != nil && c.gone.Err() != nil {
+			results[i] = c.gone.Err()
+			continue
+		}
+		left = append(left, i)
+	}
+	var solo []int
+	for len(left) > 0 {
+		failed := -1
+		err := g.update(len(left), func(tx *bbolt.Tx) error {
+			for j, i := range left {
+				if err := safely(func() error { return calls[i].fn(tx) }); err != nil {
+					failed = j
+					return err
+				}
+			}
+			return nil
+		})
+		if failed < 0 {
+			for _, i := range left {
+				results[i] = err
+			}
+			break
+		}
+		solo = append(solo, left[failed])
+		left = append(left[:failed], left[failed+1:]...)
+	}
+	for _, i := range solo {
+		results[i] = g.update(1, calls[i].fn)
+	}
+	return results
+}
+
+// update is db.Update with a panic as its error (a panic in bbolt's commit
+// would otherwise leave every caller waiting on a committer gone), timed.
+func (g *groupCommit) update(calls int, fn func(*bbolt.Tx) error) error {
+	start := time.Now()
+	g.running.Store(start.UnixNano())
+	err := safely(func() error { return g.db.Update(fn) })
+	g.running.Store(0)
+	if g.observe != nil {
+		g.observe(time.Since(start), calls, err)
+	}
+	return err
 }
 
 // safely returns a panic in f as an error.
@@ -154,3 +245,7 @@ func safely(f func() error) (err error) {
 	}()
 	return f()
 }
+
+// errGaveUp is the cause of a store call that stopped waiting for its
+// commit: its caller's deadline passed, or it went away.
+var errGaveUp = errors.New("gave up waiting for the commit")

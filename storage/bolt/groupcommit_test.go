@@ -80,7 +80,7 @@ func holdCommit(t *testing.T, g *groupCommit) (release func()) {
 	done := make(chan error, 1)
 	var once sync.Once
 	go func() {
-		done <- g.do(func(tx *bbolt.Tx) error {
+		done <- g.do(t.Context(), func(tx *bbolt.Tx) error {
 			once.Do(func() { close(started); <-unblock })
 			return put("held")(tx)
 		})
@@ -120,7 +120,7 @@ func runDuringCommit(t *testing.T, g *groupCommit, fns ...func(*bbolt.Tx) error)
 	errs := make([]error, len(fns))
 	var wg sync.WaitGroup
 	for i, fn := range fns {
-		wg.Go(func() { errs[i] = g.do(fn) })
+		wg.Go(func() { errs[i] = g.do(t.Context(), fn) })
 	}
 	waitPending(t, g, len(fns))
 	release()
@@ -133,7 +133,7 @@ func TestGroupCommitLoneCallCommitsAtOnce(t *testing.T) {
 	before := lastTxID(t, db)
 	// Nothing else is pending or will be: a call that waited for company
 	// would never return.
-	if err := g.do(put("a")); err != nil {
+	if err := g.do(t.Context(), put("a")); err != nil {
 		t.Fatal(err)
 	}
 	if n := lastTxID(t, db) - before; n != 1 {
@@ -200,7 +200,7 @@ func TestGroupCommitConcurrentCallsShareCommits(t *testing.T) {
 		wg.Go(func() {
 			<-start
 			for i := range each {
-				if err := g.do(put(fmt.Sprint(w, "/", i))); err != nil {
+				if err := g.do(t.Context(), put(fmt.Sprint(w, "/", i))); err != nil {
 					failed.Add(1)
 				}
 			}
@@ -293,7 +293,7 @@ func TestGroupCommitAfterCloseFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 { // the first failure leaves nothing behind for the second
-		if err := g.do(put("a")); !errors.Is(err, berrors.ErrDatabaseNotOpen) {
+		if err := g.do(t.Context(), put("a")); !errors.Is(err, berrors.ErrDatabaseNotOpen) {
 			t.Fatalf("do after close: %v", err)
 		}
 	}
@@ -305,8 +305,53 @@ func TestUpdateAfterCloseFails(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	err := s.update("grant", put("a"))
+	err := s.update(t.Context(), "grant", &call{fn: put("a")}, nil)
 	if !errors.Is(err, tokens.ErrStoreUnavailable) || !errors.Is(err, berrors.ErrDatabaseNotOpen) {
 		t.Fatalf("update after Close: %v", err)
 	}
+}
+
+// Lazy calls (the rejection log) wait out the gap after the last commit;
+// an eager call does not, and takes the waiting lazy ones along in its
+// commit.
+func TestGroupCommitEagerCallSkipsTheGap(t *testing.T) {
+	db, g := openGroupCommit(t)
+	g.gap = time.Hour // a call that waited it out would never return
+	lazy := func(key string) error {
+		c := &call{fn: put(key), lazy: true}
+		g.submit(c)
+		return <-c.done
+	}
+	if err := lazy("first"); err != nil { // no commit before it: at once
+		t.Fatal(err)
+	}
+	before := lastTxID(t, db)
+	waited := make(chan error, 1)
+	go func() { waited <- lazy("second") }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Microsecond) {
+		g.mu.Lock()
+		w := g.waiting
+		g.mu.Unlock()
+		if w {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the lazy call did not wait out the gap")
+		}
+	}
+	if err := g.do(t.Context(), put("eager")); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatal(err)
+	}
+	if n := lastTxID(t, db) - before; n != 1 {
+		t.Errorf("%d commits for the eager call and the waiting lazy one, want 1", n)
+	}
+	for k, ok := range keysPresent(t, db, "first", "second", "eager") {
+		if !ok {
+			t.Errorf("%s not committed", k)
+		}
+	}
+	assertIdle(t, g)
 }

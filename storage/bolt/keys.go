@@ -18,11 +18,11 @@ import (
 // Records are keyed by their scope in bucketKeys; bucketKeyOrder maps an
 // insertion sequence to the scope, so that the oldest records (the first to
 // expire, and the first to go when the store holds MaxIdempotencyRecords)
-// are found by a cursor at the front. Every change is committed by one
-// goroutine (keyLoop) in groups, like the rejection log: a keyed write
-// costs two durable changes (begin, finish), and under load many writes
-// share each commit and its fsync. A lone change after a quiet spell is
-// committed at once.
+// are found by a cursor at the front. Every change runs through the
+// store's group commit, like the leases and the rejection log: a keyed
+// write costs two durable changes (begin, finish), and under load many
+// writes share each commit and its fsync. A lone change after a quiet
+// spell is committed at once.
 //
 // Only one process opens the file, so at Open no write can be in flight:
 // every record still in progress is turned into an unknown outcome then.
@@ -30,12 +30,9 @@ import (
 // DefaultMaxIdempotencyRecords bounds the idempotency records kept.
 const DefaultMaxIdempotencyRecords = 100_000
 
-// maxKeyBatch bounds the changes one commit takes; keyPrunePerCommit the
-// expired or surplus records one commit deletes.
-const (
-	maxKeyBatch       = 1000
-	keyPrunePerCommit = 256
-)
+// keyPrunePerCommit bounds the expired or surplus records one change
+// deletes.
+const keyPrunePerCommit = 256
 
 var (
 	bucketKeys     = []byte("idempotency")       // scope -> record
@@ -56,7 +53,6 @@ type keyOp struct {
 	scope   tokens.KeyScope
 	attempt string
 	outcome tokens.KeyOutcome
-	done    chan keyResult // buffered
 }
 
 type keyResult struct {
@@ -65,13 +61,28 @@ type keyResult struct {
 	err   error
 }
 
-// keyLog is the store's idempotency state.
+// keyLog is the store's count of idempotency records, kept by the group
+// commit's transactions (only one runs at a time).
 type keyLog struct {
-	ops     chan keyOp
-	stop    chan struct{}
-	ended   chan struct{}
-	count   int // records in the file; only keyLoop touches it after open
-	commits atomic.Int64
+	count   int       // records in the file as last committed
+	tx      *bbolt.Tx // the transaction txCount counts for
+	txCount int       // records as tx sees them
+	// prunedIn is the transaction that last looked for expired records.
+	prunedIn *bbolt.Tx
+	commits  atomic.Int64
+}
+
+// inTx is the record count as tx sees it, to be changed with tx's
+// changes; it becomes the committed count if tx commits.
+func (k *keyLog) inTx(tx *bbolt.Tx) *int {
+	if k.tx != tx {
+		k.tx, k.txCount = tx, k.count
+		tx.OnCommit(func() {
+			k.count, k.tx, k.prunedIn = k.txCount, nil, nil
+			k.commits.Add(1)
+		})
+	}
+	return &k.txCount
 }
 
 // KeyCommits is how many transactions (each one fsync) have committed
@@ -81,10 +92,10 @@ func (s *Store) KeyCommits() int64 { return s.keys.commits.Load() }
 
 var _ tokens.IdempotencyStore = (*Store)(nil)
 
-// openKeys creates the buckets, turns records left in progress into
-// unknown outcomes and starts the committer.
+// openKeys creates the buckets and turns records left in progress into
+// unknown outcomes.
 func (s *Store) openKeys() error {
-	s.keys = &keyLog{ops: make(chan keyOp, maxKeyBatch), stop: make(chan struct{}), ended: make(chan struct{})}
+	s.keys = &keyLog{}
 	turned := 0
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(bucketKeys)
@@ -132,14 +143,7 @@ func (s *Store) openKeys() error {
 	if turned > 0 {
 		s.log.Warn("idempotency keys that were in flight when the gateway stopped now answer outcome unknown", "keys", turned)
 	}
-	go s.keyLoop()
 	return nil
-}
-
-// closeKeys stops the committer once no caller is left.
-func (s *Store) closeKeys() {
-	close(s.keys.stop)
-	<-s.keys.ended
 }
 
 // BeginKey implements tokens.IdempotencyStore. A retry of a key whose
@@ -228,76 +232,44 @@ func (s *Store) LookupKey(ctx context.Context, scope tokens.KeyScope) (tokens.Ke
 	return rec, nil
 }
 
-// keyDo queues op for the committer and waits for its commit.
+// keyDo commits op (in the group commit) and waits for it until ctx ends.
+// A begin whose caller is gone before it runs is dropped: a record in
+// progress that no write follows would answer its retries "in progress"
+// until its deadline. A finish or drop runs all the same.
 func (s *Store) keyDo(ctx context.Context, op keyOp) keyResult {
 	if err := s.enter(ctx); err != nil {
 		return keyResult{err: err}
 	}
-	defer s.leave() // Close waits for us: the committer answers first
-	op.done = make(chan keyResult, 1)
-	select {
-	case s.keys.ops <- op:
-	case <-ctx.Done():
-		return keyResult{err: tokens.Unavailable("idempotency key", ctx.Err())}
-	}
-	return <-op.done
-}
-
-// keyLoop commits queued changes in groups until closeKeys.
-func (s *Store) keyLoop() {
-	defer close(s.keys.ended)
-	batch := make([]keyOp, 0, maxKeyBatch)
-	for {
-		select {
-		case op := <-s.keys.ops:
-			batch = append(batch[:0], op)
-		case <-s.keys.stop:
-			return
-		}
-	gather:
-		for len(batch) < maxKeyBatch {
-			select {
-			case op := <-s.keys.ops:
-				batch = append(batch, op)
-			default:
-				break gather
-			}
-		}
-		s.commitKeys(batch)
-	}
-}
-
-func (s *Store) commitKeys(batch []keyOp) {
-	out := make([]keyResult, len(batch))
-	var count int
-	now := s.now()
-	err := s.db.Update(func(tx *bbolt.Tx) error {
-		count = s.keys.count
+	var res keyResult
+	c := &call{fn: func(tx *bbolt.Tx) error {
+		now := s.now()
 		b, order := tx.Bucket(bucketKeys), tx.Bucket(bucketKeyOrder)
-		for i, op := range batch {
-			res, delta, err := s.applyKeyOp(tx, b, order, op, now)
-			if err != nil {
+		count := s.keys.inTx(tx)
+		r, delta, err := s.applyKeyOp(tx, b, order, op, now)
+		if err != nil {
+			return err
+		}
+		// Expired records are looked for once a transaction (as many
+		// changes share it as share its fsync); surplus ones at every
+		// change past the cap, so that the cap holds at every commit.
+		n := 0
+		if s.keys.prunedIn != tx || *count+delta > s.opts.MaxIdempotencyRecords {
+			s.keys.prunedIn = tx
+			if n, err = s.pruneKeys(b, order, *count+delta, now); err != nil {
 				return err
 			}
-			out[i] = res
-			count += delta
 		}
-		n, err := s.pruneKeys(b, order, count, now)
-		count -= n
-		return err
-	})
-	if err != nil {
-		err = tokens.Unavailable("idempotency key", err)
-		for i := range out {
-			out[i] = keyResult{err: err}
-		}
-	} else {
-		s.keys.count = count
-		s.keys.commits.Add(1)
+		*count += delta - n
+		res = r
+		return nil
+	}}
+	if op.kind == keyBegin {
+		c.gone = ctx
 	}
-	for i, op := range batch {
-		op.done <- out[i]
+	if err := s.update(ctx, "idempotency key", c, func(error) { s.leave() }); err != nil {
+		return keyResult{err: err}
 	}
+	return res
 }
 
 // applyKeyOp applies one change in tx and returns how the record count

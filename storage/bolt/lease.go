@@ -19,8 +19,9 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 	if err != nil {
 		return tokens.Lease{}, err
 	}
-	defer unlock()
-	return s.mutate("grant", func(tx *bbolt.Tx, now time.Time, m *mutation) error {
+	// A grant whose caller is gone before it runs is not made: nobody
+	// would hear of its lease, which would hold the resource for its TTL.
+	return s.mutate(ctx, "grant", true, unlock, func(tx *bbolt.Tx, now time.Time, m *mutation) error {
 		cur, err := getResource(tx, req.Resource)
 		if err != nil {
 			return err
@@ -84,25 +85,34 @@ type mutation struct {
 	refusal error
 }
 
-// mutate runs fn in a batched update (update) and returns what it decided.
-// bbolt may run fn more than once: each run starts from an empty mutation
-// and its own now. The cache takes the lease only once the transaction has
-// committed.
-func (s *Store) mutate(op string, fn func(tx *bbolt.Tx, now time.Time, m *mutation) error) (tokens.Lease, error) {
+// mutate runs fn in a batched update (update) under ctx and returns what
+// it decided; unlock (the resource's lock, taken by lockResource) is given
+// back once the transaction has ended, also when the caller gave up before
+// (skipIfGone: then it is dropped if it has not run yet). bbolt may run fn
+// more than once: each run starts from an empty mutation and its own now.
+// The cache takes the lease only once the transaction has committed, under
+// the lock, whether or not the caller still waits.
+func (s *Store) mutate(ctx context.Context, op string, skipIfGone bool, unlock func(), fn func(tx *bbolt.Tx, now time.Time, m *mutation) error) (tokens.Lease, error) {
 	var m mutation
-	err := s.update(op, func(tx *bbolt.Tx) error {
+	c := &call{fn: func(tx *bbolt.Tx) error {
 		m = mutation{}
 		return fn(tx, s.now(), &m)
+	}}
+	if skipIfGone {
+		c.gone = ctx
+	}
+	err := s.update(ctx, op, c, func(err error) {
+		if err == nil && m.refusal == nil && m.cached {
+			l := m.lease
+			s.cache.set(l.Resource, m.st, &l)
+		}
+		unlock()
 	})
 	if err != nil {
 		return tokens.Lease{}, err
 	}
 	if m.refusal != nil {
 		return tokens.Lease{}, m.refusal
-	}
-	if m.cached {
-		l := m.lease
-		s.cache.set(l.Resource, m.st, &l)
 	}
 	return m.lease, nil
 }
@@ -164,8 +174,9 @@ func (s *Store) Renew(ctx context.Context, leaseID string, ttl time.Duration) (t
 	if err != nil {
 		return tokens.Lease{}, err
 	}
-	defer unlock()
-	return s.mutate("renew", func(tx *bbolt.Tx, now time.Time, m *mutation) error {
+	// A renewal whose caller is gone before it runs is not made: its
+	// holder was told it failed.
+	return s.mutate(ctx, "renew", true, unlock, func(tx *bbolt.Tx, now time.Time, m *mutation) error {
 		l, err := knownLease(tx, leaseID, m)
 		if l == nil {
 			return err
@@ -211,8 +222,9 @@ func (s *Store) release(ctx context.Context, leaseID, revokedBy string) (tokens.
 	if err != nil {
 		return tokens.Lease{}, err
 	}
-	defer unlock()
-	return s.mutate("release", func(tx *bbolt.Tx, now time.Time, m *mutation) error {
+	// A release whose caller gave up still runs (it only ends a lease
+	// early), but is reported as failed: its holder may release again.
+	return s.mutate(ctx, "release", false, unlock, func(tx *bbolt.Tx, now time.Time, m *mutation) error {
 		l, err := knownLease(tx, leaseID, m)
 		if l == nil {
 			return err
@@ -240,18 +252,20 @@ func (s *Store) release(ctx context.Context, leaseID, revokedBy string) (tokens.
 	})
 }
 
-// Drain implements tokens.Store.
+// Drain implements tokens.Store. A drain whose caller gave up still runs
+// (a drain recorded late only fences longer) but is reported as failed,
+// with the error update gives; the resource's lock is held until it has
+// committed, so no grant of the resource can be decided before it.
 func (s *Store) Drain(ctx context.Context, resource string, d time.Duration) error {
 	unlock, err := s.lockResource(ctx, resource)
 	if err != nil {
 		return err
 	}
-	defer unlock()
 	var (
 		st  resState
 		cur *tokens.Lease
 	)
-	err = s.update("drain", func(tx *bbolt.Tx) error {
+	c := &call{fn: func(tx *bbolt.Tx) error {
 		var err error
 		if st, err = getResource(tx, resource); err != nil {
 			return err
@@ -265,10 +279,11 @@ func (s *Store) Drain(ctx context.Context, resource string, d time.Duration) err
 		}
 		st.drainUntil = until
 		return s.putResource(tx, resource, &st)
+	}}
+	return s.update(ctx, "drain", c, func(err error) {
+		if err == nil {
+			s.cache.set(resource, st, cur)
+		}
+		unlock()
 	})
-	if err != nil {
-		return err
-	}
-	s.cache.set(resource, st, cur)
-	return nil
 }

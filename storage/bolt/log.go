@@ -3,63 +3,43 @@ package bolt
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
 
-	"github.com/fencegw/fencegw/internal/batch"
 	"github.com/fencegw/fencegw/tokens"
 )
 
-// rejectionGap is the shortest time between two commits of the rejection
-// log. A storm of refused writes would otherwise commit (and fsync) every
-// few milliseconds, taking the single bbolt writer from grants and a
-// quarter of the gateway's CPU per refusal; with the gap it commits at
-// most ~50 times a second whatever the rate. A lone rejection after a
-// quiet spell is committed at once.
+// rejectionGap is the shortest time from the start of one commit to that
+// of a commit of rejections alone (groupCommit's lazy calls). A storm of
+// refused writes would otherwise commit (and fsync) every few
+// milliseconds, taking the single bbolt writer from grants and a quarter
+// of the gateway's CPU per refusal; with the gap it commits at most ~50
+// times a second whatever the rate. A lone rejection after a quiet spell
+// is committed at once, and rejections share any commit a grant starts.
 const rejectionGap = 20 * time.Millisecond
 
-// maxRejectionBatch bounds the entries one commit takes.
-const maxRejectionBatch = 2000
-
 // RecordRejection implements tokens.Store. Rejections are committed in
-// groups (s.recorder, internal/batch: one bbolt transaction and one fsync
+// groups (the store's group commit: one bbolt transaction and one fsync
 // per batch); the caller returns once its entry is durable, or when ctx
 // ends (a queued entry is committed all the same).
 func (s *Store) RecordRejection(ctx context.Context, r tokens.Rejection) (tokens.Rejection, error) {
-	// Entered for the whole wait, so that Close finds no caller waiting
-	// when it stops the recorder (which commits what is queued first).
+	// Entered until the entry's commit has ended, so that Close finds
+	// none left to write.
 	if err := s.enter(ctx); err != nil {
 		return tokens.Rejection{}, err
 	}
-	defer s.leave()
-	out, err := s.recorder.Do(ctx, r)
-	if err != nil && !errors.Is(err, tokens.ErrStoreUnavailable) {
-		err = tokens.Unavailable("record rejection", err) // ctx ended, or closed
+	var out tokens.Rejection
+	c := &call{lazy: true, fn: func(tx *bbolt.Tx) error {
+		var err error
+		out, err = s.insertRejection(tx, r)
+		return err
+	}}
+	if err := s.update(ctx, "record rejection", c, func(error) { s.leave() }); err != nil {
+		return tokens.Rejection{}, err
 	}
-	return out, err
-}
-
-// newRecorder starts the group commit of the rejection log.
-func (s *Store) newRecorder() *batch.Batcher[tokens.Rejection, tokens.Rejection] {
-	opts := batch.Options{Max: maxRejectionBatch, Queue: maxRejectionBatch, Gap: rejectionGap}
-	return batch.New(opts, func(rs, out []tokens.Rejection) error {
-		err := s.db.Update(func(tx *bbolt.Tx) error {
-			for i, r := range rs {
-				var err error
-				if out[i], err = s.insertRejection(tx, r); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return tokens.Unavailable("record rejection", err)
-		}
-		return nil
-	})
+	return out, nil
 }
 
 // insertRejection appends r to the log in tx and keeps the log bounded, or

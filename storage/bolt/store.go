@@ -1,13 +1,15 @@
 // Package bolt is fencegw's embedded store: tokens, leases, lease history and
 // the rejection log in one bbolt file, for a single gateway process.
 //
-// Every mutation is one bbolt read-write transaction that checks the
-// persisted state and changes it, run through group commit (groupcommit.go)
-// so that concurrent mutations of different resources share one fsync. A call
-// returns only after its transaction was committed and synced: a token is
-// durable before it is handed out. Mutations of the same resource are
-// serialised by a per-resource lock held across the transaction and the
-// cache update, so the in-memory cache changes in commit order.
+// Every change is one bbolt read-write transaction that checks the
+// persisted state and changes it, run through the store's one group commit
+// (groupcommit.go) so that concurrent changes share one fsync. A call
+// returns only after its transaction was committed and synced (a token is
+// durable before it is handed out), or with an error once its context ends
+// (update: the commit goes on without it). Mutations of the same resource
+// are serialised by a per-resource lock held across the transaction and the
+// cache update, also after a caller gave up, so the in-memory cache changes
+// in commit order.
 //
 // The hot read path of the gateway, Lease and Resource, is served from that
 // cache without opening a transaction. The cache is bounded (cache.go):
@@ -27,7 +29,6 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 
-	"github.com/fencegw/fencegw/internal/batch"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -93,6 +94,7 @@ var (
 type Store struct {
 	db     *bbolt.DB
 	group  *groupCommit // update's transactions
+	slow   *slowLog     // commit durations, and the log of a slow disk (slow.go)
 	now    func() time.Time
 	log    *slog.Logger
 	opts   Options
@@ -113,8 +115,6 @@ type Store struct {
 	stopGC   chan struct{}
 	stopOnce sync.Once
 	gcDone   chan struct{}
-
-	recorder *batch.Batcher[tokens.Rejection, tokens.Rejection] // log.go
 
 	keys *keyLog // idempotency records (keys.go)
 
@@ -164,6 +164,7 @@ func Open(path string, opts Options) (*Store, error) {
 	s := &Store{
 		db:     db,
 		group:  newGroupCommit(db),
+		slow:   newSlowLog(),
 		now:    opts.Now,
 		log:    opts.Logger,
 		opts:   opts,
@@ -172,6 +173,8 @@ func Open(path string, opts Options) (*Store, error) {
 		stopGC: make(chan struct{}),
 		gcDone: make(chan struct{}),
 	}
+	s.group.gap = rejectionGap
+	s.group.observe = func(d time.Duration, calls int, err error) { s.slow.committed(s.log, d, calls, err) }
 	// The guard goes in first, in a commit of its own: a migration cut off
 	// midway (a crash, a kill) leaves some records moved, and a version
 	// older than the compact layout must refuse that file, not serve it
@@ -201,12 +204,11 @@ func Open(path string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	go s.gcLoop()
-	s.recorder = s.newRecorder()
 	return s, nil
 }
 
-// Close stops the garbage collector, waits for the operations in flight and
-// closes the file, marking the shutdown clean.
+// Close waits for every call in flight (and every commit a caller gave up
+// waiting for), marks the file as closed cleanly and closes it.
 func (s *Store) Close() error {
 	// Stop the collector first: it enters like any operation.
 	s.stopOnce.Do(func() { close(s.stopGC) })
@@ -216,10 +218,8 @@ func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
-	// No caller is left (they hold life while they wait); the recorder
-	// commits what a caller that gave up waiting left queued, then stops.
-	s.recorder.Close()
-	s.closeKeys()
+	// No call is left: a caller holds life until its commit has ended,
+	// also one that gave up waiting for it (update).
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		return tx.Bucket(bucketMeta).Put(keyClean, []byte{1})
 	})
@@ -236,8 +236,8 @@ var errClosed = errors.New("store closed")
 
 // enter starts an operation that uses the file; leave must be called after.
 func (s *Store) enter(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
+	if ctx.Err() != nil {
+		return gaveUp("bolt", ctx)
 	}
 	s.life.RLock()
 	if s.closed.Load() {
@@ -257,21 +257,62 @@ func (s *Store) lockResource(ctx context.Context, resource string) (func(), erro
 	unlock, err := s.locks.Exclusive(ctx, resource)
 	if err != nil {
 		s.leave()
+		// The lock is held until the resource's previous change is in the
+		// file (update), so a stalled disk shows here too.
+		if ctx.Err() != nil {
+			return nil, gaveUp("wait for the resource's previous commit", ctx)
+		}
 		return nil, err
 	}
 	return func() { unlock(); s.leave() }, nil
 }
 
-// update runs fn in a read-write transaction shared with concurrent calls
-// (groupcommit.go). fn may run more than once (a batch is re-run when
-// another call in it fails), so it must reset whatever it reports. Domain
-// refusals are reported through fn's closure, not as fn's error: an error
-// rolls back the whole shared batch.
-func (s *Store) update(op string, fn func(tx *bbolt.Tx) error) error {
-	if err := s.group.do(fn); err != nil {
-		return tokens.Unavailable(op, err)
+// update runs fn in the group commit (groupcommit.go) with c's options
+// and waits for its commit until ctx ends. fn may run more than once (a
+// batch is re-run when another call in it fails), so it must reset
+// whatever it reports. Domain refusals are reported through fn's closure,
+// not as fn's error: an error rolls back the whole shared batch.
+//
+// then, if set, runs once with the commit's result: before update returns
+// if the caller waited for it; else, once the commit (which goes on
+// without its caller) has ended, on a goroutine of its own. It gives back
+// what must stay held until the change is in the file: the resource's
+// lock (so that the next change of the resource, and the cache, follow
+// this one), the caller's share of life (so that Close waits for it).
+//
+// A caller whose ctx ends first gets gaveUp's error: its change may still be committed (a grant then exists that
+// nobody heard of, like a grant whose answer was lost), unless c.gone
+// dropped it before it ran. Nothing that gave up is reported as done.
+func (s *Store) update(ctx context.Context, op string, c *call, then func(error)) error {
+	s.group.submit(c)
+	select {
+	case err := <-c.done:
+		if then != nil {
+			then(err)
+		}
+		if err != nil {
+			return tokens.Unavailable(op, err)
+		}
+		return nil
+	case <-ctx.Done():
+		running := s.group.runningFor()
+		if then != nil {
+			go func() { then(<-c.done) }()
+		}
+		s.slow.gaveUp(s.log, op, running)
+		return gaveUp(op, ctx)
 	}
-	return nil
+}
+
+// gaveUp is the error of a call whose ctx ended before its answer: past
+// its bound, ErrStoreUnavailable wrapping ctx's error (503 with
+// Retry-After); its caller gone, ctx's error as it is (nobody reads the
+// answer, and the gateway logs an abandoned request as such).
+func gaveUp(op string, ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return tokens.Unavailable(op+": "+errGaveUp.Error(), ctx.Err())
+	}
+	return ctx.Err()
 }
 
 func clampLimit(limit int) int {

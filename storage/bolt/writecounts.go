@@ -34,8 +34,7 @@ func (s *Store) AddWrites(ctx context.Context, batch []tokens.TokenWrites) error
 	if err := s.enter(ctx); err != nil {
 		return err
 	}
-	defer s.leave()
-	return s.update("add writes", func(tx *bbolt.Tx) error {
+	c := &call{fn: func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketWriteCounts)
 		for _, w := range batch {
 			key := resourceKey(w.Resource, uint64(w.Token))
@@ -63,7 +62,8 @@ func (s *Store) AddWrites(ctx context.Context, batch []tokens.TokenWrites) error
 			}
 		}
 		return nil
-	})
+	}}
+	return s.update(ctx, "add writes", c, func(error) { s.leave() })
 }
 
 // Writes implements tokens.WriteCounter.

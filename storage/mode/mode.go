@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/fencegw/fencegw/storage/bolt"
@@ -74,6 +75,9 @@ type Mode struct {
 	Keys tokens.IdempotencyStore
 	// Feed carries each recorded rejection to every replica's live stream.
 	Feed feed.Feed
+	// Collectors are the store's own metrics (the embedded store's commit
+	// durations), for the gateway's registry.
+	Collectors []prometheus.Collector
 
 	closers []func()
 }
@@ -147,11 +151,12 @@ func OpenEmbedded(cfg Config) (*Mode, error) {
 	f := feed.NewLocal()
 	log := cfg.Logger
 	return &Mode{
-		Name:   "embedded (" + path + ")",
-		Store:  store,
-		Keys:   store,
-		Locker: tokens.NewLocalLocker(),
-		Feed:   f,
+		Name:       "embedded (" + path + ")",
+		Store:      store,
+		Keys:       store,
+		Locker:     tokens.NewLocalLocker(),
+		Feed:       f,
+		Collectors: store.Collectors(),
 		closers: []func(){func() {
 			if err := store.Close(); err != nil {
 				log.Error("close store", "err", err)
