@@ -66,7 +66,7 @@ func TestStoreCallsEndByTheClientsBound(t *testing.T) {
 		t.Fatalf("acquire of a locked resource: %v after %v; want store_unavailable by its wait %v", err, took, wait)
 	}
 	start = time.Now()
-	_, err = svc.Renew(ctx, held.ID, 0, "")
+	_, err = svc.Renew(ctx, tokens.RenewRequest{LeaseID: held.ID})
 	took = time.Since(start)
 	if !errors.Is(err, tokens.ErrStoreUnavailable) || !errors.Is(err, context.DeadlineExceeded) || took > grantWait+margin {
 		t.Fatalf("renewal of a locked lease: %v after %v; want store_unavailable by the grant wait %v", err, took, grantWait)
@@ -74,7 +74,7 @@ func TestStoreCallsEndByTheClientsBound(t *testing.T) {
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := svc.Renew(ctx, held.ID, 0, ""); err != nil {
+	if _, err := svc.Renew(ctx, tokens.RenewRequest{LeaseID: held.ID}); err != nil {
 		t.Fatalf("renewal once the rows are free: %v", err)
 	}
 }
