@@ -89,6 +89,7 @@ class Lease:
         self._last_renewed = sent
         self._rtt = rtt
         self._error: Optional[LeaseLost] = None
+        self._lost_at: Optional[float] = None
         self._last_failure: Optional[FencegwError] = None
         self._released = False
         self._stopping = False
@@ -125,6 +126,14 @@ class Lease:
         TTL running out locally (``code`` None)."""
         with self._cond:
             return self._error
+
+    @property
+    def lost_at(self) -> Optional[float]:
+        """The ``time.monotonic()`` instant the lease was found lost (None
+        while it is not). A loss by the TTL running out is never before
+        ``deadline``."""
+        with self._cond:
+            return self._lost_at
 
     @property
     def released(self) -> bool:
@@ -237,6 +246,7 @@ class Lease:
         if self._error is not None or self._released:
             return
         self._error = err
+        self._lost_at = time.monotonic()
         self.lost.set()
         self._cond.notify_all()
 
