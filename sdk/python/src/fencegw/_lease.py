@@ -82,7 +82,11 @@ class Lease:
         self.margin: float = margin
         """Subtracted from the TTL when the SDK decides the lease ran out."""
         self.lost = threading.Event()
-        """Set, once and for good, when the lease is lost (not on a clean release)."""
+        """Set, once and for good, when the lease is lost (not on a clean
+        release): by a background thread at the deadline, on a ``lease_lost``
+        answer to a renewal, or on a stale write. After the whole process was
+        frozen past the deadline it is set moments after it resumes;
+        ``check()`` and ``error`` decide on the spot."""
 
         self._cond = threading.Condition()
         self._deadline = sent + doc["ttl_ms"] / 1000.0 - margin
@@ -125,6 +129,7 @@ class Lease:
         gateway's answer (``code`` ``lease_lost``, or a StaleLease), or the
         TTL running out locally (``code`` None)."""
         with self._cond:
+            self._due_locked()
             return self._error
 
     @property
@@ -146,7 +151,8 @@ class Lease:
         be lost, or a LeaseLost saying so if it was released. Passing says
         nothing about the next write: only the gateway's fence does."""
         with self._cond:
-            if self._error is not None:
+            if self._due_locked():
+                assert self._error is not None
                 raise self._error
             if self._released:
                 raise LeaseLost(f"fencegw: the lease on {self.resource!r} (token {self.token}) was released", op=OP_RELEASE)
@@ -209,7 +215,9 @@ class Lease:
             raise answer_error(OP_RENEW, resp.status, resp.headers, resp.body)
         doc = self._client._json(resp)
         with self._cond:
-            if self._error is None and not self._stopping:
+            # An answer that came after the deadline does not count: the
+            # lease was lost then, whatever the gateway says now.
+            if not self._due_locked() and not self._stopping:
                 self._last_failure = None
                 self._last_renewed = sent
                 d = sent + doc["ttl_ms"] / 1000.0 - self.margin
@@ -224,18 +232,30 @@ class Lease:
             while self._error is None and not self._released:
                 remaining = self._deadline - time.monotonic()
                 if remaining <= 0:
-                    msg = (
-                        f"fencegw: the lease on {self.resource!r} (token {self.token}) is lost: "
-                        "its TTL ran out without a successful renewal"
-                    )
-                    if self._last_failure is not None:
-                        msg += f"; last attempt: {self._last_failure}"
-                    err = LeaseLost(msg, op=OP_RENEW)
-                    if self._last_failure is not None:
-                        err.__cause__ = self._last_failure
-                    self._lose_locked(err)
+                    self._expire_locked()
                     return
                 self._cond.wait(remaining)
+
+    def _expire_locked(self) -> None:
+        """Marks the lease lost because its deadline passed."""
+        msg = (
+            f"fencegw: the lease on {self.resource!r} (token {self.token}) is lost: "
+            "its TTL ran out without a successful renewal"
+        )
+        if self._last_failure is not None:
+            msg += f"; last attempt: {self._last_failure}"
+        err = LeaseLost(msg, op=OP_RENEW)
+        if self._last_failure is not None:
+            err.__cause__ = self._last_failure
+        self._lose_locked(err)
+
+    def _due_locked(self) -> bool:
+        """Whether the deadline has passed; if so the lease is lost now (the
+        watcher thread may not have run yet, say right after the process
+        was resumed from a freeze)."""
+        if self._error is None and not self._released and time.monotonic() >= self._deadline:
+            self._expire_locked()
+        return self._error is not None
 
     def _lose(self, err: LeaseLost) -> None:
         with self._cond:
