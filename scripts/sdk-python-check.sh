@@ -3,6 +3,8 @@
 #
 #   bash scripts/sdk-python-check.sh
 #
+# 0. type-checks the SDK with mypy --strict (Debian's; under CI=true it and
+#    python3-setuptools/python3-wheel are installed with apt-get if missing);
 # 1. builds fencegw (go build) once, for all that follows;
 # 2. runs the SDK's unittest suite (sdk/python/tests: the conformance list
 #    of sdk/CONFORMANCE.md, C01-C13), which starts its own gateways from
@@ -29,6 +31,23 @@ py=${PYTHON:-python3}
 command -v "$py" >/dev/null || die "$py is not installed"
 "$py" -c 'import sys; assert sys.version_info >= (3, 9), sys.version' || die "the SDK needs Python 3.9 or later"
 say "$("$py" --version)"
+
+if [ "${CI:-}" = true ] && { ! command -v mypy >/dev/null || ! /usr/bin/python3 -c 'import setuptools, wheel' 2>/dev/null; }; then
+  # Debian's mypy (type check) and setuptools+wheel (the offline wheel build).
+  say "apt-get install mypy python3-setuptools python3-wheel"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mypy python3-setuptools python3-wheel >/dev/null
+fi
+
+say "mypy --strict (Python 3.9 rules): sdk/python/src"
+if command -v mypy >/dev/null; then
+  (cd sdk/python && mypy --strict --python-version 3.9 src/fencegw &&
+    mypy --python-version 3.9 --ignore-missing-imports tests ../../examples/py-worker) || die "mypy found type errors"
+elif [ "${CI:-}" = true ]; then
+  die "mypy is not installed"
+else
+  say "mypy NOT run: not installed (CI=true installs Debian's)"
+fi
 
 build_gateway
 export FENCEGW_BIN=$tmp/fencegw

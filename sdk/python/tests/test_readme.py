@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 import unittest
+from typing import Any, List
 
 from env import HERE, Gateway, Upstream
 
@@ -21,12 +22,15 @@ SRC = os.path.join(HERE, "..", "src")
 README = os.path.join(HERE, "..", "README.md")
 
 
-def python_blocks(path: str) -> list:
+def python_blocks(path: str) -> List[str]:
     with open(path, encoding="utf-8") as f:
         return re.findall(r"```python\n(.*?)```", f.read(), re.S)
 
 
 class TestReadme(unittest.TestCase):
+    up: Upstream
+    gw: Gateway
+
     @classmethod
     def setUpClass(cls) -> None:
         cls.up = Upstream()
@@ -37,7 +41,7 @@ class TestReadme(unittest.TestCase):
         cls.gw.close()
         cls.up.close()
 
-    def run_worker(self, code: str, **kw: object) -> subprocess.Popen:
+    def run_worker(self, code: str, **kw: Any) -> "subprocess.Popen[str]":
         env = dict(os.environ, PYTHONPATH=SRC)
         return subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)

@@ -11,9 +11,13 @@ by string.
 from __future__ import annotations
 
 import email.utils
+import http.client
 import json
 import time
-from typing import Any, Dict, Mapping, Optional, Type
+from typing import Any, Dict, Mapping, Optional, Type, Union
+
+#: Headers as a mapping, or http.client's message (case-insensitive).
+Headers = Union[Mapping[str, str], http.client.HTTPMessage]
 
 # Operations named in FencegwError.op.
 OP_ACQUIRE = "acquire"
@@ -224,7 +228,7 @@ def is_problem_content_type(content_type: Optional[str]) -> bool:
 
 
 def gateway_problem(
-    op: str, status: int, headers: Mapping[str, str], body: bytes
+    op: str, status: int, headers: Headers, body: bytes
 ) -> Optional[FencegwError]:
     """The exception for an answer if it is a problem document the gateway
     itself wrote (problem+json whose type starts urn:fencegw:problem:); None
@@ -271,7 +275,7 @@ def problem_error(
     return cls("".join(parts), code=code, status=status, op=op, problem=doc, retry_after=retry_after)
 
 
-def answer_error(op: str, status: int, headers: Mapping[str, str], body: bytes) -> FencegwError:
+def answer_error(op: str, status: int, headers: Headers, body: bytes) -> FencegwError:
     """The exception for a control call's unexpected answer: the gateway's
     problem if it is one, else a bare status (a 502/503/504 from something in
     front of the gateway is Unavailable)."""

@@ -29,7 +29,7 @@ class Response(NamedTuple):
         """Whether the gateway answered from its record of an earlier attempt
         with the same idempotency key, without reaching the upstream (the
         write was applied once, by that attempt)."""
-        return self.headers.get("Idempotent-Replayed") == "true"
+        return bool(self.headers.get("Idempotent-Replayed") == "true")
 
 
 class Endpoint:

@@ -89,7 +89,7 @@ class Lease:
         ``check()`` and ``error`` decide on the spot."""
 
         self._cond = threading.Condition()
-        self._deadline = sent + doc["ttl_ms"] / 1000.0 - margin
+        self._deadline: float = sent + doc["ttl_ms"] / 1000.0 - margin
         self._last_renewed = sent
         self._rtt = rtt
         self._error: Optional[LeaseLost] = None
@@ -176,7 +176,9 @@ class Lease:
             try:
                 sent = self._renew()
             except LeaseLost as err:
-                self._lose(err)
+                with self._cond:
+                    if not self._stopping:  # else a release or orphan raced the answer: not a loss
+                        self._lose_locked(err)
                 return
             except FencegwError as err:
                 with self._cond:
@@ -416,6 +418,9 @@ class Lease:
         yourself to see its outcome."""
         try:
             self.release(timeout=self._client.close_timeout)
+        except LeaseLost as err:
+            # Already signalled through lost (or now, by the release's answer).
+            log.debug("fencegw: release of %r (token %d) on exit: %s", self.resource, self.token, err)
         except FencegwError as err:
             log.warning("fencegw: release of %r (token %d) on exit: %s", self.resource, self.token, err)
 
