@@ -46,6 +46,19 @@ class TestReadme(unittest.TestCase):
         return subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
 
+    def test_worked_example_runs_as_written(self) -> None:
+        blocks = [b for b in python_blocks(README) if "build_statement()" in b]
+        self.assertEqual(len(blocks), 1, "the README's worked example is gone")
+        code = "def build_statement():\n    return 'acct,amount\\n88213,5\\n'\n" + blocks[0]
+        code = code.replace("http://127.0.0.1:8080", self.gw.url).replace("stmt:acct:88213", "stmt:acct:readme-0")
+        p = self.run_worker(code)
+        out, _ = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 0, out)
+        self.assertIn("201 text/plain b'line added'", out)
+        last = [a for a in self.up.seen() if a["path"] == "/accounts/88213/lines"][-1]
+        self.assertEqual((last["body"], last["content_type"]), (b"acct,amount\n88213,5\n", "text/csv"))
+        self.assertTrue(last["key"])
+
     def test_stall_example_runs_as_written(self) -> None:
         blocks = [b for b in python_blocks(README) if "lease.orphan()" in b]
         self.assertEqual(len(blocks), 1, "the README's stall example is gone")

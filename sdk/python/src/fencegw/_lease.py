@@ -205,7 +205,7 @@ class Lease:
             resp = self._client._call(
                 "POST",
                 f"/v1/leases/{urllib.parse.quote(self.id, safe='')}/renew",
-                {"ttl_ms": int(self.ttl * 1000)},
+                {"ttl_ms": int(round(self.ttl * 1000))},
                 timeout=remaining,
                 client_time=_client_time(rtt),
             )
