@@ -58,7 +58,7 @@ rc=0
 (cd sdk/python && PYTHONPATH=src:tests timeout --kill-after=10 600 "$py" -m unittest discover -s tests -v) \
   >"$tmp/unittest.log" 2>&1 || rc=$?
 grep -E '^(test_|Ran |OK|FAILED)' "$tmp/unittest.log" | grep -v '^test_.* ok$' || true
-grep -cE '^test_C[0-9]+.* ok$' "$tmp/unittest.log" | sed "s/^/$name: conformance tests passed: /"
+say "conformance tests passed: $(grep -cE '^test_C[0-9]+.* ok$' "$tmp/unittest.log" || true) (sdk/CONFORMANCE.md)"
 [ "$rc" -eq 0 ] || { tail -n 80 "$tmp/unittest.log" >&2; die "the SDK's tests failed"; }
 summary=$(grep -E '^Ran [0-9]+ tests' "$tmp/unittest.log" | tail -n 1)
 
