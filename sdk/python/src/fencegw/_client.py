@@ -10,7 +10,7 @@ import urllib.parse
 from typing import Any, Dict, Mapping, Optional
 
 from ._errors import OP_ACQUIRE, FencegwError, answer_error, transport_error
-from ._http import Endpoint, Response
+from ._http import TRANSPORT_ERRORS, Endpoint, Response
 from ._lease import Lease, _client_time
 
 #: The lease TTL when none is given, in seconds: a renewal every 5 s survives
@@ -96,7 +96,7 @@ class Client:
         sent = time.monotonic()
         try:
             resp = self._call("POST", "/v1/leases", body, timeout=self.timeout + wait, client_time=_client_time(0))
-        except Exception as exc:  # noqa: BLE001 - any transport failure is "no answer"
+        except TRANSPORT_ERRORS as exc:  # no answer from the gateway
             raise transport_error(OP_ACQUIRE, exc) from exc
         rtt = time.monotonic() - sent
         if resp.status != 201:
@@ -113,7 +113,7 @@ class Client:
         percent-encoded (``inventory%2FSKU-001``)."""
         try:
             resp = self._call("GET", "/v1/resources/" + urllib.parse.quote(name, safe=""), None)
-        except Exception as exc:  # noqa: BLE001
+        except TRANSPORT_ERRORS as exc:  # no answer from the gateway
             raise transport_error("resource", exc) from exc
         if resp.status != 200:
             raise answer_error("resource", resp.status, resp.headers, resp.body)

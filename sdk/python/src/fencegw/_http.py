@@ -7,7 +7,13 @@ from __future__ import annotations
 import http.client
 import ssl
 import urllib.parse
-from typing import Dict, NamedTuple, Optional
+from typing import Dict, NamedTuple, Optional, Tuple, Type
+
+#: What a call raises when no answer came from the gateway (refused, cut,
+#: timed out, TLS failure, a malformed answer). Anything else, such as a
+#: path with a space (http.client's InvalidURL, a ValueError), is the
+#: caller's mistake and propagates as it is.
+TRANSPORT_ERRORS: Tuple[Type[BaseException], ...] = (OSError, http.client.HTTPException)
 
 
 class Response(NamedTuple):

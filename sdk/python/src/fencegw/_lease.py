@@ -25,7 +25,7 @@ from ._errors import (
     gateway_problem,
     transport_error,
 )
-from ._http import Response
+from ._http import TRANSPORT_ERRORS, Response
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -180,11 +180,12 @@ class Lease:
                     if not self._stopping:  # else a release or orphan raced the answer: not a loss
                         self._lose_locked(err)
                 return
-            except FencegwError as err:
+            except Exception as exc:  # noqa: BLE001 - a failed renewal, whatever broke, is retried until the deadline
+                failure = exc if isinstance(exc, FencegwError) else FencegwError(f"fencegw: renew: {exc!r}", op=OP_RENEW)
                 with self._cond:
                     if self._stopping:
                         return
-                    self._last_failure = err
+                    self._last_failure = failure
                 backoff = _next_backoff(backoff, self.ttl)
                 wait = backoff
                 continue
@@ -209,7 +210,7 @@ class Lease:
                 timeout=remaining,
                 client_time=_client_time(rtt),
             )
-        except Exception as exc:  # noqa: BLE001 - any transport failure is "no answer"
+        except TRANSPORT_ERRORS as exc:  # no answer from the gateway
             raise transport_error(OP_RENEW, exc) from exc
         with self._cond:
             self._rtt = time.monotonic() - sent
@@ -356,7 +357,7 @@ class Lease:
     ) -> Response:
         try:
             resp = self._client._exchange(method, target, data, headers, timeout)
-        except Exception as exc:  # noqa: BLE001 - any transport failure is "no answer"
+        except TRANSPORT_ERRORS as exc:  # no answer from the gateway
             raise transport_error(OP_WRITE, exc) from exc
         err = gateway_problem(OP_WRITE, resp.status, resp.headers, resp.body)
         if err is None:
@@ -385,7 +386,7 @@ class Lease:
                 resp = self._client._call(
                     "DELETE", f"/v1/leases/{urllib.parse.quote(self.id, safe='')}", None, timeout=timeout
                 )
-            except Exception as exc:  # noqa: BLE001
+            except TRANSPORT_ERRORS as exc:  # no answer from the gateway
                 raise transport_error(OP_RELEASE, exc) from exc
             if resp.status == 204:
                 with self._cond:
