@@ -5,6 +5,7 @@ connections. Nothing here fakes the gateway."""
 
 from __future__ import annotations
 
+import atexit
 import http.server
 import json
 import os
@@ -42,7 +43,9 @@ def gateway_binary() -> str:
             return path
         if shutil.which("go") is None:
             raise RuntimeError("the tests need the fencegw binary: set FENCEGW_BIN or install Go to build it")
-        out = os.path.join(tempfile.mkdtemp(prefix="fencegw-pysdk-bin-"), "fencegw")
+        bindir = tempfile.mkdtemp(prefix="fencegw-pysdk-bin-")
+        atexit.register(shutil.rmtree, bindir, True)
+        out = os.path.join(bindir, "fencegw")
         subprocess.run(["go", "build", "-o", out, "./cmd/fencegw"], cwd=REPO, check=True, timeout=600)
         _binary = out
         return out
