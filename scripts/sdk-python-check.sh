@@ -80,7 +80,8 @@ if [ -n "$wheel_py" ]; then
   timeout 300 "$wheel_py" -m pip wheel --no-deps --no-build-isolation --no-index -q -w "$tmp/dist" "$tmp/src" ||
     die "the wheel did not build"
   whl=$(ls "$tmp"/dist/fencegw-*.whl)
-  "$py" -m zipfile -l "$whl" | grep -q 'fencegw/py.typed' || die "$whl lacks py.typed"
+  listing=$("$py" -m zipfile -l "$whl") || die "$whl is not a zip file"
+  case $listing in *fencegw/py.typed*) ;; *) die "$whl lacks py.typed" ;; esac
   (cd "$tmp" && PYTHONPATH=$whl "$py" -c 'import fencegw; print("imported fencegw", fencegw.__version__, "from the wheel")') ||
     die "the wheel does not import"
   say "built $(basename "$whl") with $("$wheel_py" --version) (setuptools $("$wheel_py" -c 'import setuptools; print(setuptools.__version__)'))"
