@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -27,7 +28,13 @@ import (
 	"github.com/fencegw/fencegw/tokens"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if upstream := os.Getenv(childGatewayEnv); upstream != "" {
+		runChildGateway(upstream, os.Getenv(childGatewayEnv+"_DIR")) // TestC09: this process is the gateway
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // arrival is one request as the upstream saw it.
 type arrival struct {
@@ -238,7 +245,7 @@ func asError(t *testing.T, err error) *client.Error {
 
 const shortTTL = 600 * time.Millisecond
 
-func TestAutoRenewKeepsLeaseAlive(t *testing.T) {
+func TestC01AutoRenewKeepsLeaseAlive(t *testing.T) {
 	// Longer than shortTTL: the lease must survive a loaded CI machine
 	// pausing the renewer for a few hundred milliseconds.
 	const renewTTL = time.Second
@@ -291,7 +298,7 @@ func TestAutoRenewKeepsLeaseAlive(t *testing.T) {
 	}
 }
 
-func TestDoneWhenGatewayStops(t *testing.T) {
+func TestC08DoneWhenGatewayStops(t *testing.T) {
 	e := newEnv(t)
 	c := e.client("w1", nil)
 	l := e.acquire(c, "stmt:acct:1", client.AcquireOptions{TTL: shortTTL})
@@ -333,7 +340,7 @@ func TestDoneWhenGatewayStops(t *testing.T) {
 // The classic incident: A stalls past its TTL (its renewals too), B takes
 // the lease, A wakes and writes. A learns from Done, and its write is
 // refused by the gateway, never reaching the upstream.
-func TestStalledWorkerIsFenced(t *testing.T) {
+func TestC05StalledWorkerIsFenced(t *testing.T) {
 	e := newEnv(t)
 	stall := &stallingTransport{base: e.tr}
 	a := e.acquire(e.client("worker-a", stall), "stmt:acct:88213", client.AcquireOptions{TTL: shortTTL})
@@ -396,7 +403,7 @@ func TestStalledWorkerIsFenced(t *testing.T) {
 }
 
 // A stale answer marks the lease lost at once, before any renewal could.
-func TestStaleAnswerMarksLeaseLost(t *testing.T) {
+func TestC04StaleAnswerMarksLeaseLost(t *testing.T) {
 	e := newEnv(t)
 	l := e.acquire(e.client("w1", nil), "stmt:acct:1", client.AcquireOptions{TTL: time.Minute})
 	rel, err := e.api.ReleaseLeaseWithResponse(context.Background(), l.ID()) // released behind its back
@@ -416,7 +423,7 @@ func TestStaleAnswerMarksLeaseLost(t *testing.T) {
 }
 
 // A renewal answered lease_lost ends the lease within one renewal period.
-func TestRenewLeaseLost(t *testing.T) {
+func TestC03RenewLeaseLost(t *testing.T) {
 	e := newEnv(t)
 	// A renewal every second, the local deadline 2.7 s after the last good
 	// one: the renewal after the release answers long before it, even on a
@@ -474,7 +481,7 @@ func TestOrphan(t *testing.T) {
 	}
 }
 
-func TestUpstreamAnswersPassThrough(t *testing.T) {
+func TestC11C12UpstreamAnswersPassThrough(t *testing.T) {
 	e := newEnv(t)
 	l := e.acquire(e.client("w1", nil), "stmt:acct:1", client.AcquireOptions{TTL: time.Minute})
 	resp, err := write(t, l, "/conflict", "x")
@@ -504,7 +511,7 @@ func TestUpstreamAnswersPassThrough(t *testing.T) {
 	}
 }
 
-func TestTypedErrors(t *testing.T) {
+func TestC10C11C08TypedErrors(t *testing.T) {
 	e := newEnv(t)
 	a := e.acquire(e.client("worker-a", nil), "stmt:acct:1", client.AcquireOptions{TTL: time.Minute})
 	b := e.client("worker-b", nil)

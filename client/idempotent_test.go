@@ -89,7 +89,7 @@ func (l *losingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-func TestDoIdempotentRetriesALostAnswerOnce(t *testing.T) {
+func TestC06DoIdempotentRetriesALostAnswerOnce(t *testing.T) {
 	e := newKeyedEnv(t)
 	lt := &losingTransport{base: &http.Transport{}}
 	lt.n.Store(1)
