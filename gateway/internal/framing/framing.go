@@ -85,8 +85,13 @@ func Check(r *http.Request) (v Verdict, scanned bool) {
 	if c == nil {
 		return Verdict{}, false
 	}
-	h, tlsState, ok := c.next()
+	h, tlsState, badBody, ok := c.next()
 	v = judge(h, ok, r)
+	if v.Field == "" && badBody != "" {
+		// Go's reader will refuse the body: refuse the request before
+		// anything of it is forwarded.
+		v.Field, v.Reason = "body", badBody
+	}
 	v.TLS = tlsState
 	return v, true
 }

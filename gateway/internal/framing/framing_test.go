@@ -41,7 +41,7 @@ func serveChecks(t *testing.T, tlsConfig *tls.Config) (addr string, seen func() 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln = Listener(srv, ln, tlsConfig)
+	ln = Listener(srv, ln, tlsConfig, nil)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return ln.Addr().String(), func() []checked {
