@@ -165,7 +165,7 @@ func (c *conn) Read(p []byte) (int, error) {
 // goes out in its place. Every other write (the handlers' answers) only
 // pays for a comparison of its first bytes.
 func (c *conn) Write(p []byte) (int, error) {
-	if status, text, ok := ownAnswer(p); ok && status >= 500 {
+	if status, text, ok := ownAnswer(p); ok {
 		field, reason := c.refusal(status, text)
 		if _, err := c.Conn.Write(c.l.refuse(field, reason)); err != nil {
 			return 0, err
@@ -200,25 +200,24 @@ func (c *conn) refusal(status int, text string) (field, reason string) {
 // answers of handlers always carry a Date, so they never look like this.
 const goErrorHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 
-// ownAnswer reports whether p is a whole answer Go's server wrote itself
-// for a request it could not read, and its status and text.
+// ownAnswer reports whether p is a whole 5xx answer Go's server wrote
+// itself for a request it would not take, and its status and text. A
+// handler's answer is told apart by its first ten bytes unless it is a 5xx
+// too, and then by the header that follows its status line.
 func ownAnswer(p []byte) (status int, text string, ok bool) {
-	const prefix = "HTTP/1.1 "
-	if len(p) < len(prefix)+3 || string(p[:len(prefix)]) != prefix {
+	const prefix = "HTTP/1.1 5"
+	if len(p) < len(prefix)+2 || string(p[:len(prefix)]) != prefix {
 		return 0, "", false
 	}
 	end := bytes.Index(p, []byte("\r\n"))
 	if end < 0 || !bytes.HasPrefix(p[end:], []byte(goErrorHeaders)) {
 		return 0, "", false
 	}
-	code := p[len(prefix) : len(prefix)+3]
-	for _, d := range code {
-		if d < '0' || d > '9' {
-			return 0, "", false
-		}
+	d1, d2 := p[len(prefix)], p[len(prefix)+1]
+	if d1 < '0' || d1 > '9' || d2 < '0' || d2 > '9' {
+		return 0, "", false
 	}
-	status = int(code[0]-'0')*100 + int(code[1]-'0')*10 + int(code[2]-'0')
-	return status, string(p[end+len(goErrorHeaders):]), true
+	return 500 + int(d1-'0')*10 + int(d2-'0'), string(p[end+len(goErrorHeaders):]), true
 }
 
 // bareRefusal is a 400 problem without the gateway's type URIs, for a
