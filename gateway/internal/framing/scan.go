@@ -73,8 +73,9 @@ var priHash = func() uint64 {
 // scanner follows the requests in an HTTP/1 byte stream the way Go's
 // server parses them (net/http readRequest, net/textproto), without
 // buffering: lines end at LF, a CR right before it is dropped; after a POST
-// up to 4 leading CR or LF bytes are skipped; a body is only ever framed by
-// Content-Length here (a Transfer-Encoding head is the connection's last).
+// up to 4 leading CR or LF bytes are skipped. A Content-Length body is
+// skipped; a Transfer-Encoding head is the connection's last, and its
+// chunked body is followed only to judge it (chunk.go).
 type scanner struct {
 	state    uint8
 	cr       bool  // the previous byte was a CR not yet known to end a line
