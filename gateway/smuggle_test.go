@@ -12,6 +12,7 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -162,10 +163,12 @@ type smuggleDiff struct {
 	idleWait time.Duration // how long an open connection may stay silent before its answers are taken as all
 }
 
-func newSmuggleDiff(t testing.TB, idleWait time.Duration) *smuggleDiff {
+// newSmuggleDiff starts the three; tlsOn: clients speak TLS to the gateway
+// (its listener terminates it; Go's server is still sent plaintext).
+func newSmuggleDiff(t testing.TB, idleWait time.Duration, tlsOn bool) *smuggleDiff {
 	t.Helper()
 	d := &smuggleDiff{up: newSmuggleSink(t, ""), plain: newSmuggleSink(t, "/v1/proxy/svc"), idleWait: idleWait}
-	d.tg = startFraming(t, "http://"+d.up.addr, Config{}, false)
+	d.tg = startFraming(t, "http://"+d.up.addr, Config{}, tlsOn)
 	return d
 }
 
@@ -199,8 +202,8 @@ func (d *smuggleDiff) run(t testing.TB, raw string, wantUp int) smuggleResult {
 	in := expand(raw, lease)
 	var r smuggleResult
 	var client string
-	r.gw, r.gwClosed, _ = d.send(t, d.tg.addr, in)
-	r.plain, _, client = d.send(t, d.plain.addr, in)
+	r.gw, r.gwClosed, _ = d.send(t, d.tg.addr, d.tg.tls, in)
+	r.plain, _, client = d.send(t, d.plain.addr, nil, in)
 	ours := func(x smuggleSeen) bool { return x.Header.Get(HeaderResource) == resource }
 	d.up.waitFor(wantUp, 5*time.Second, ours)
 	r.up, r.upRaw = d.up.take(ours)
@@ -211,9 +214,17 @@ func (d *smuggleDiff) run(t testing.TB, raw string, wantUp int) smuggleResult {
 // send writes in on a fresh connection and reads answers until the server
 // closes it, or stays silent for idleWait (the corpus's inputs close their
 // connections; only fuzzed ones may leave one open).
-func (d *smuggleDiff) send(t testing.TB, addr, in string) (statuses []int, closed bool, client string) {
+func (d *smuggleDiff) send(t testing.TB, addr string, tlsConfig *tls.Config, in string) (statuses []int, closed bool, client string) {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
+	var c net.Conn
+	var err error
+	if tlsConfig != nil {
+		cfg := tlsConfig.Clone()
+		cfg.NextProtos = []string{"http/1.1"}
+		c, err = tls.Dial("tcp", addr, cfg)
+	} else {
+		c, err = net.Dial("tcp", addr)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -427,7 +438,13 @@ func readSmuggling(t testing.TB) []smuggleCase {
 // Every input of the corpus, on its own connection, does at the gateway
 // what the corpus says, against Go's own server.
 func TestSmugglingCorpus(t *testing.T) {
-	d := newSmuggleDiff(t, 5*time.Second)
+	for _, tlsOn := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "TLS"}[tlsOn], func(t *testing.T) { testSmugglingCorpus(t, tlsOn) })
+	}
+}
+
+func testSmugglingCorpus(t *testing.T, tlsOn bool) {
+	d := newSmuggleDiff(t, 5*time.Second, tlsOn)
 	for _, c := range readSmuggling(t) {
 		start := time.Now()
 		wantUp := 0
@@ -454,7 +471,7 @@ func FuzzSmuggling(f *testing.F) {
 	// A fuzzed input may leave a connection open: its answers are taken
 	// as all after a short silence (a late request is told apart by its
 	// resource or connection, so it cannot be blamed on the next input).
-	d := newSmuggleDiff(f, 200*time.Millisecond)
+	d := newSmuggleDiff(f, 200*time.Millisecond, false)
 	f.Fuzz(func(t *testing.T, raw string) {
 		if len(raw) > 8<<10 {
 			return
