@@ -9,8 +9,10 @@ package gateway
 
 import (
 	"crypto/tls"
+	"encoding/json"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -35,8 +37,30 @@ import (
 // reaches the gateway like every other request. It reads srv.MaxHeaderBytes,
 // the header timeouts (which also bound the TLS handshake) and ErrorLog:
 // set them first.
+//
+// A request Go's server refuses itself with a 5xx before any handler runs
+// (a Transfer-Encoding other than one "chunked", an HTTP version it does
+// not speak) is answered with the gateway's 400 problem instead: it is the
+// client's fault, never the gateway's.
 func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config) net.Listener {
-	return framing.Listener(srv, ln, tlsConfig)
+	return framing.Listener(srv, ln, tlsConfig, framingRefusal)
+}
+
+// framingRefusal renders the 400 invalid_request that the listener sends in
+// place of an answer Go's server would have written itself: the problem
+// refuseFraming writes, as bytes on the wire.
+func framingRefusal(field, reason string) []byte {
+	p, _ := problemFor(&tokens.Error{Kind: tokens.ErrInvalid, Field: field,
+		Detail: reason + "; nothing was forwarded and the connection is closed"})
+	p.Type = problemTypePrefix + p.Code
+	body, err := json.Marshal(p)
+	if err != nil { // a problem always encodes; never answer nothing
+		body = []byte(`{"status":400}`)
+	}
+	body = append(body, '\n')
+	return []byte("HTTP/1.1 400 Bad Request\r\nContent-Type: " + problemContentType +
+		"\r\nCache-Control: no-store\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) +
+		"\r\n\r\n" + string(body))
 }
 
 // framing is the outermost middleware: it takes the scanned head of each

@@ -282,8 +282,10 @@ func TestFrameRefusesContentLengthWithTransferEncoding(t *testing.T) {
 	}
 }
 
-// Odd framing is refused by Go itself (501, 400) or by the gateway (400);
-// nothing reaches the upstream either way, and the connection is closed.
+// Odd framing is refused by Go itself (400) or by the gateway (400, also in
+// place of the 501 Go's server writes itself for a Transfer-Encoding other
+// than one "chunked"); nothing reaches the upstream either way, and the
+// connection is closed.
 func TestFrameOddities(t *testing.T) {
 	up := newRecorder(t)
 	tg := startFraming(t, up.URL, Config{}, false)
@@ -294,9 +296,9 @@ func TestFrameOddities(t *testing.T) {
 		raw    string
 		status int
 	}{
-		"chunked, identity":         {head + "Transfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n" + smuggled, 501},
-		"identity and length":       {head + "Transfer-Encoding: identity\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + smuggled, 501},
-		"two TE fields":             {head + "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, 501},
+		"chunked, identity":         {head + "Transfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n" + smuggled, 400},
+		"identity and length":       {head + "Transfer-Encoding: identity\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + smuggled, 400},
+		"two TE fields":             {head + "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, 400},
 		"CHUNKED and length":        {head + "Transfer-Encoding: CHUNKED\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + smuggled, 400},
 		"lower case both":           {head + "content-length: 5\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, 400},
 		"length after chunked":      {head + "Transfer-Encoding: chunked\r\nContent-Length: 0\r\n\r\n0\r\n\r\n" + smuggled, 400},

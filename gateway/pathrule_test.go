@@ -229,36 +229,48 @@ func TestProxyRefusesAmbiguousRequests(t *testing.T) {
 	}
 }
 
-// A client's malformed chunked body is its fault: 400
-// invalid_request naming the body, not 502 upstream_unreachable. The head
-// had left for the upstream, so the resource drains, and the answer says
-// so.
+// A client's malformed chunked body is its fault: 400 invalid_request
+// naming the body, not 502 upstream_unreachable. A fault among the bytes
+// read with the head is refused before anything is forwarded (the framing
+// scanner follows the chunks); one further on is found once the head had
+// left for the upstream, so the resource drains, and the answer says so.
 func TestBrokenChunkedBodyIsTheClientsFault(t *testing.T) {
 	up := newRecorder(t)
 	tg := startFraming(t, up.URL, Config{}, false)
-	for i, body := range []string{
-		"5\r\nhello\r\nzz\r\nxx\r\n0\r\n\r\n", // a chunk size that is not hex
-		"5\r\nhello\r\n3\nabc\r\n0\r\n\r\n",   // a chunk line ending in a bare LF
+	for i, tc := range []struct {
+		body    string
+		forward bool // the head leaves before the fault is read
+	}{
+		{"5\r\nhello\r\nzz\r\nxx\r\n0\r\n\r\n", false}, // a chunk size that is not hex
+		{"5\r\nhello\r\n3\nabc\r\n0\r\n\r\n", false},   // a chunk line ending in a bare LF
+		{"1388\r\n" + strings.Repeat("x", 5000) + "\r\n3\nabc\r\n0\r\n\r\n", true},
 	} {
 		res := "broken" + strconv.Itoa(i)
 		lease := tg.lease(t, res)
 		resp, p, raw := tg.rawAnswer(t, "POST /v1/proxy/svc/chunks HTTP/1.1\r\nHost: gw\r\nFencing-Lease: "+lease+
-			"\r\nTransfer-Encoding: chunked\r\n\r\n"+body)
-		if resp.StatusCode != http.StatusBadRequest || p.Code != tokens.CodeInvalidRequest || p.Field != "body" || p.Resource != res {
-			t.Fatalf("%q: %d %s; want 400 invalid_request naming the body", body, resp.StatusCode, raw)
+			"\r\nTransfer-Encoding: chunked\r\n\r\n"+tc.body)
+		if resp.StatusCode != http.StatusBadRequest || p.Code != tokens.CodeInvalidRequest || p.Field != "body" {
+			t.Fatalf("%.40q: %d %s; want 400 invalid_request naming the body", tc.body, resp.StatusCode, raw)
+		}
+		if tc.forward && p.Resource != res {
+			t.Fatalf("%.40q: the problem names resource %q, want %q", tc.body, p.Resource, res)
 		}
 		st, err := tg.svc.Resource(t.Context(), res)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if draining := st.DrainUntil.After(time.Now()); draining != strings.Contains(p.Detail, "closed to grants for the drain period") {
-			t.Fatalf("draining %v, but the answer says %q", draining, p.Detail)
+		draining := st.DrainUntil.After(time.Now())
+		if draining != strings.Contains(p.Detail, "closed to grants for the drain period") || draining != tc.forward {
+			t.Fatalf("%.40q: draining %v, but the answer says %q", tc.body, draining, p.Detail)
+		}
+		if !tc.forward && !strings.Contains(p.Detail, "nothing was forwarded") {
+			t.Fatalf("%.40q: %q does not say nothing was forwarded", tc.body, p.Detail)
 		}
 		t.Logf("%s", p.Detail)
 	}
 	rec := httptest.NewRecorder()
 	tg.g.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	if !strings.Contains(rec.Body.String(), `fencegw_writes_total{outcome="bad_request"} 2`) ||
+	if !strings.Contains(rec.Body.String(), `fencegw_writes_total{outcome="bad_request"} 3`) ||
 		!strings.Contains(rec.Body.String(), `fencegw_writes_total{outcome="upstream_error"} 0`) {
 		t.Fatalf("metrics:\n%s", rec.Body.String())
 	}

@@ -106,7 +106,16 @@ func measureGrants(ctx context.Context, o options, out io.Writer) (grantsRun, er
 	g.gateway = bench.RunFor(ctx, "grants", o.duration, o.acquirers, op)
 	if gw != nil && g.gateway.Requests > 0 {
 		g.gatewayCPU = (gw.cpu() - cpu0) / time.Duration(g.gateway.Requests)
-		g.memory, g.anonPerResource = memoryReport(gw, g.gateway.Requests)
+		g.memory, _ = memoryReport(gw, g.gateway.Requests)
+		// The quotient of the whole by the grants falls as a run grows
+		// longer (the process holds its bounded cache and the heap's
+		// headroom anyway); the growth since the warm-up per resource
+		// granted does not.
+		if m, err := bench.ReadMemory(gw.cmd.Process.Pid); err == nil {
+			n := seq.Load() - seq0
+			g.anonPerResource = float64(m["RssAnon"]-anon0) * 1024 / float64(n)
+			g.memory += fmt.Sprintf("; anonymous growth since the warm-up: %+.0f B per resource (%d KiB over %d grants)", g.anonPerResource, m["RssAnon"]-anon0, n)
+		}
 	}
 	if gw != nil && o.figures != "" && o.memResources > 0 {
 		// What a resource ever granted costs the gateway: grant fresh
@@ -153,7 +162,7 @@ func memoryReport(p *peer, grants int) (report string, anonPerResource float64) 
 	per := ""
 	if grants > 0 {
 		anonPerResource = float64(kb["RssAnon"]) * 1024 / float64(grants)
-		per = fmt.Sprintf(" (%.0f B anonymous per resource granted)", anonPerResource)
+		per = fmt.Sprintf(" (%.0f B anonymous per resource granted, the process's fixed part included)", anonPerResource)
 	}
 	return fmt.Sprintf("gateway process after %d grants on fresh resources: RSS %s (anonymous %s, file-mapped %s), peak %s; store file %s%s",
 		grants, mib(kb["VmRSS"]), mib(kb["RssAnon"]), mib(kb["RssFile"]), mib(kb["VmHWM"]), mib(file/1024), per), anonPerResource

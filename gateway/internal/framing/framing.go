@@ -19,12 +19,18 @@
 // called by the outermost handler, takes one entry per request (HTTP/1
 // requests on a connection are served one after the other, pipelined ones
 // too) and judges it. The scanner never buffers or changes bytes, costs a
-// few nanoseconds per head byte and nothing per body byte.
+// few nanoseconds per head byte and nothing per Content-Length body byte;
+// it follows the chunk lines of a chunked body (a few nanoseconds per
+// chunk-line byte, nothing per data byte), so that a malformed one read
+// with the head is refused before anything is forwarded. A Transfer-Encoding
+// other than one "chunked", which Go's server would answer with its own
+// 501, gets the gateway's 400 in its place (the connection's Write).
 //
 // Fail closed: the entry must describe the request Go parsed (the same
 // request line, byte for byte, and the same framing) or the request is
-// refused. The scanner stops following a connection after a request with
-// Transfer-Encoding (the gateway closes the connection after answering it),
+// refused. The scanner stops following a connection after the body of a
+// request with Transfer-Encoding (the gateway closes the connection after
+// answering it),
 // after anything it refuses, after a hijack and when its queue is full;
 // every later request on that connection, if Go read one, would find no
 // entry and be refused.
@@ -32,7 +38,7 @@
 // The package knows nothing of the gateway: it says why a request must be
 // refused, and the gateway answers. The parts, one job to a file: the
 // listener and its connections (listener.go), TLS termination (tls.go), the
-// scanner (scan.go), the peek at unread bytes that decides how a connection
+// scanner (scan.go) and its part for chunked bodies (chunk.go), the peek at unread bytes that decides how a connection
 // is closed (unread.go), and here the check of each request against its
 // scanned head.
 package framing
@@ -85,8 +91,13 @@ func Check(r *http.Request) (v Verdict, scanned bool) {
 	if c == nil {
 		return Verdict{}, false
 	}
-	h, tlsState, ok := c.next()
+	h, tlsState, badBody, ok := c.next()
 	v = judge(h, ok, r)
+	if v.Field == "" && badBody != "" {
+		// Go's reader will refuse the body: refuse the request before
+		// anything of it is forwarded.
+		v.Field, v.Reason = "body", badBody
+	}
 	v.TLS = tlsState
 	return v, true
 }

@@ -41,7 +41,7 @@ func serveChecks(t *testing.T, tlsConfig *tls.Config) (addr string, seen func() 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln = Listener(srv, ln, tlsConfig)
+	ln = Listener(srv, ln, tlsConfig, nil)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return ln.Addr().String(), func() []checked {
@@ -132,5 +132,27 @@ func TestCheckGivesTheTLSState(t *testing.T) {
 	}
 	if p := got[0].v.TLS.NegotiatedProtocol; p != "" && p != "http/1.1" {
 		t.Errorf("ALPN negotiated %q; the listener serves HTTP/1.1 only", p)
+	}
+}
+
+// Go's own 5xx answers are recognised, a handler's never (it carries a
+// Date, and its header is written in another order).
+func TestOwnAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		p      string
+		status int
+	}{
+		{"HTTP/1.1 501 Not Implemented" + goErrorHeaders + "Unsupported transfer encoding", 501},
+		{"HTTP/1.1 505 HTTP Version Not Supported: unsupported protocol version" + goErrorHeaders + "505 HTTP Version Not Supported: unsupported protocol version", 505},
+		{"HTTP/1.1 400 Bad Request" + goErrorHeaders + "400 Bad Request", 0},
+		{"HTTP/1.1 501 Not Implemented\r\nContent-Type: text/plain; charset=utf-8\r\nDate: Thu, 03 Dec 2026 10:00:00 GMT\r\nConnection: close\r\n\r\nx", 0},
+		{"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n", 0},
+		{"HTTP/1.1 200 OK\r\n\r\n", 0},
+		{"HTTP/1.1 5", 0},
+	} {
+		status, _, ok := ownAnswer([]byte(tc.p))
+		if ok != (tc.status != 0) || status != tc.status {
+			t.Errorf("%q: %d %v, want %d", tc.p, status, ok, tc.status)
+		}
 	}
 }

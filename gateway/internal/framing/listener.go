@@ -5,10 +5,13 @@ package framing
 // request its scanned head (Check, framing.go).
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,7 +34,12 @@ import (
 // reaches the handler like every other request. It reads srv.MaxHeaderBytes,
 // the header timeouts (which also bound the TLS handshake) and ErrorLog:
 // set them first.
-func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config) net.Listener {
+//
+// refuse renders the whole HTTP/1.1 answer (status line, header, body) that
+// replaces the 5xx Go's server writes itself, before any handler, for a
+// request it cannot take (an unsupported Transfer-Encoding, an HTTP version
+// it does not speak: see ownAnswer); nil: a bare 400 problem.
+func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config, refuse func(field, reason string) []byte) net.Listener {
 	maxHeader := srv.MaxHeaderBytes
 	if maxHeader <= 0 {
 		maxHeader = http.DefaultMaxHeaderBytes
@@ -44,6 +52,10 @@ func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config) net.List
 		maxHead:   maxHeader + 16<<10,
 		hsTimeout: handshakeTimeout(srv),
 		errorLog:  srv.ErrorLog,
+		refuse:    refuse,
+	}
+	if l.refuse == nil {
+		l.refuse = bareRefusal
 	}
 	if tlsConfig != nil {
 		l.tls = tlsConfig.Clone()
@@ -97,6 +109,7 @@ type listener struct {
 	maxHead   int
 	hsTimeout time.Duration
 	errorLog  interface{ Printf(string, ...any) }
+	refuse    func(field, reason string) []byte
 }
 
 func (l *listener) Accept() (net.Conn, error) {
@@ -145,6 +158,74 @@ func (c *conn) Read(p []byte) (int, error) {
 		c.mu.Unlock()
 	}
 	return n, err
+}
+
+// Write writes p, unless p is an answer Go's server wrote itself, before
+// any handler, with a 5xx status (ownAnswer): then the gateway's 400
+// goes out in its place. Every other write (the handlers' answers) only
+// pays for a comparison of its first bytes.
+func (c *conn) Write(p []byte) (int, error) {
+	if status, text, ok := ownAnswer(p); ok {
+		field, reason := c.refusal(status, text)
+		if _, err := c.Conn.Write(c.l.refuse(field, reason)); err != nil {
+			return 0, err
+		}
+		return len(p), nil
+	}
+	return c.Conn.Write(p)
+}
+
+// refusal says what is wrong with the request Go's server refused with
+// status: what the scanner found, if it refused the head Go parsed next,
+// else Go's own words.
+func (c *conn) refusal(status int, text string) (field, reason string) {
+	c.mu.Lock()
+	if q := c.scan.queue; len(q) > 0 && q[0].bad != "" {
+		field, reason = q[0].badField, q[0].bad
+	}
+	c.mu.Unlock()
+	switch {
+	case reason != "":
+		return field, reason
+	case status == http.StatusNotImplemented:
+		return "Transfer-Encoding", "only a single \"chunked\" is accepted (RFC 9112 6.1)"
+	case status == http.StatusHTTPVersionNotSupported:
+		return "HTTP-version", "not one this server speaks (HTTP/1.0 or HTTP/1.1)"
+	}
+	return fieldHeaders, text
+}
+
+// goErrorHeaders is the header every answer that Go's server writes itself
+// carries after its status line (net/http server.go, errorHeaders); the
+// answers of handlers always carry a Date, so they never look like this.
+const goErrorHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
+
+// ownAnswer reports whether p is a whole 5xx answer Go's server wrote
+// itself for a request it would not take, and its status and text. A
+// handler's answer is told apart by its first ten bytes unless it is a 5xx
+// too, and then by the header that follows its status line.
+func ownAnswer(p []byte) (status int, text string, ok bool) {
+	const prefix = "HTTP/1.1 5"
+	if len(p) < len(prefix)+2 || string(p[:len(prefix)]) != prefix {
+		return 0, "", false
+	}
+	end := bytes.Index(p, []byte("\r\n"))
+	if end < 0 || !bytes.HasPrefix(p[end:], []byte(goErrorHeaders)) {
+		return 0, "", false
+	}
+	d1, d2 := p[len(prefix)], p[len(prefix)+1]
+	if d1 < '0' || d1 > '9' || d2 < '0' || d2 > '9' {
+		return 0, "", false
+	}
+	return 500 + int(d1-'0')*10 + int(d2-'0'), string(p[end+len(goErrorHeaders):]), true
+}
+
+// bareRefusal is a 400 problem without the gateway's type URIs, for a
+// Listener given none.
+func bareRefusal(field, reason string) []byte {
+	body, _ := json.Marshal(map[string]any{"title": "Bad Request", "status": http.StatusBadRequest, "detail": field + ": " + reason})
+	return []byte("HTTP/1.1 400 Bad Request\r\nContent-Type: application/problem+json\r\nConnection: close\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + string(body))
 }
 
 // CloseWrite lets Go's server half-close before closing (its
@@ -239,16 +320,21 @@ func (c *conn) stop() {
 
 // next takes the scanned head of the request being served: HTTP/1
 // requests on a connection are served one after the other, pipelined ones
-// too, so the first head queued is its own.
-func (c *conn) next() (head, *tls.ConnectionState, bool) {
+// too, so the first head queued is its own. For a head with
+// Transfer-Encoding (always the last the scanner queues) it also returns
+// why its chunked body is malformed, if the bytes read so far show it.
+func (c *conn) next() (h head, tlsState *tls.ConnectionState, badBody string, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	q := c.scan.queue
 	if len(q) == 0 {
-		return head{}, c.tlsState, false
+		return head{}, c.tlsState, "", false
 	}
 	f := q[0]
 	n := copy(q, q[1:])
 	c.scan.queue = q[:n]
-	return f, c.tlsState, true
+	if f.flags&hasTE != 0 && n == 0 {
+		badBody = c.scan.chunk.bad
+	}
+	return f, c.tlsState, badBody, true
 }

@@ -28,15 +28,25 @@ const (
 
 // Scanner states.
 const (
-	scanStart      uint8 = iota // before a request line
-	scanLine                    // in the request line
-	scanFieldStart              // at the start of a field line or of the empty line ending the head
-	scanFieldCR                 // after a CR that starts a line
-	scanName                    // in a field name
-	scanLength                  // in a Content-Length value
-	scanValue                   // in another field's value
-	scanBody                    // in a Content-Length body
-	scanStopped                 // not following the connection any more
+	scanStart       uint8 = iota // before a request line
+	scanLine                     // in the request line
+	scanFieldStart               // at the start of a field line or of the empty line ending the head
+	scanFieldCR                  // after a CR that starts a line
+	scanName                     // in a field name
+	scanLength                   // in a Content-Length value
+	scanValue                    // in another field's value
+	scanBody                     // in a Content-Length body
+	scanTE                       // in a Transfer-Encoding value
+	scanChunkSize                // in a chunk-size line's hex digits (chunk.go)
+	scanChunkOWS                 // after them: whitespace before the CRLF
+	scanChunkExt                 // in a chunk extension
+	scanChunkLF                  // after the CR that ends a chunk-size line
+	scanChunkData                // in a chunk's data
+	scanChunkDataCR              // after it: its CR
+	scanChunkDataLF              // its LF
+	scanLastCRLF                 // after the last chunk: "\r\n" or a trailer
+	scanLastLF                   // the LF of that "\r\n"
+	scanStopped                  // not following the connection any more
 )
 
 // maxQueued bounds the heads scanned ahead of the handlers (pipelining):
@@ -63,8 +73,9 @@ var priHash = func() uint64 {
 // scanner follows the requests in an HTTP/1 byte stream the way Go's
 // server parses them (net/http readRequest, net/textproto), without
 // buffering: lines end at LF, a CR right before it is dropped; after a POST
-// up to 4 leading CR or LF bytes are skipped; a body is only ever framed by
-// Content-Length here (a Transfer-Encoding head is the connection's last).
+// up to 4 leading CR or LF bytes are skipped. A Content-Length body is
+// skipped; a Transfer-Encoding head is the connection's last, and its
+// chunked body is followed only to judge it (chunk.go).
 type scanner struct {
 	state    uint8
 	cr       bool  // the previous byte was a CR not yet known to end a line
@@ -84,6 +95,11 @@ type scanner struct {
 	underscore   bool // the name has a '_' where those have '-'
 	digits       int  // digits of a Content-Length value so far
 	trailing     bool // whitespace after them
+	teMatched    int  // bytes of "chunked" matched in a Transfer-Encoding value
+	teState      uint8
+
+	// The chunked body after a Transfer-Encoding head (chunk.go).
+	chunk chunkScan
 
 	queue []head // heads scanned, not yet taken by a handler
 }
@@ -105,6 +121,9 @@ func (s *scanner) feed(p []byte) {
 		switch s.state {
 		case scanStopped:
 			return
+		case scanChunkSize, scanChunkOWS, scanChunkExt, scanChunkLF, scanChunkData,
+			scanChunkDataCR, scanChunkDataLF, scanLastCRLF, scanLastLF:
+			i += s.chunkBytes(p[i:])
 		case scanBody:
 			n := min(int64(len(p)-i), s.bodyLeft)
 			s.bodyLeft -= n
@@ -200,6 +219,8 @@ func (s *scanner) feed(p []byte) {
 				s.endHead()
 			case scanLength:
 				s.lengthByte(b)
+			case scanTE:
+				s.teByte(b)
 			}
 		}
 	}
@@ -279,9 +300,15 @@ func (s *scanner) endName() {
 		s.cur.flags |= hasCL
 		s.digits, s.trailing, s.cr = 0, false, false
 		s.state = scanLength
+	case isTE && s.cur.flags&hasTE != 0:
+		// Go's server answers these itself, 501 before any handler
+		// (listener.go turns that into the gateway's 400).
+		s.cur.flags |= hasTE
+		s.fail("Transfer-Encoding", "more than one such field; only a single \"chunked\" is accepted (RFC 9112 6.1)")
 	case isTE:
 		s.cur.flags |= hasTE
-		s.state = scanValue
+		s.teMatched, s.teState, s.cr = 0, teLeading, false
+		s.state = scanTE
 	default:
 		s.state = scanValue
 	}
@@ -319,6 +346,48 @@ func (s *scanner) lengthByte(b byte) {
 	}
 }
 
+// States of a Transfer-Encoding value.
+const (
+	teLeading  uint8 = iota // whitespace before the coding
+	teCoding                // in it
+	teTrailing              // whitespace after it
+)
+
+// teByte follows a Transfer-Encoding value: the only one Go's server takes
+// is "chunked" (any case) with optional whitespace around it; for anything
+// else ("chunked, identity", "xchunked", "gzip, chunked", empty) it
+// answers 501 before any handler runs. Such a value is refused here, so
+// that the answer is the gateway's 400: a client's unsupported or
+// obfuscated framing is its fault, and a front proxy that took the value
+// for chunked (or not) would see other request boundaries.
+func (s *scanner) teByte(b byte) {
+	const chunked = "chunked"
+	if s.cr && b != '\n' {
+		s.fail("Transfer-Encoding", "a CR inside the value")
+		return
+	}
+	switch {
+	case b == '\r':
+		s.cr = true
+	case b == '\n':
+		s.cr = false
+		if s.teMatched != len(chunked) {
+			s.fail("Transfer-Encoding", "only a single \"chunked\" is accepted (RFC 9112 6.1)")
+			return
+		}
+		s.state = scanFieldStart
+	case b == ' ' || b == '\t':
+		if s.teState == teCoding {
+			s.teState = teTrailing
+		}
+	case s.teState != teTrailing && s.teMatched < len(chunked) && b|0x20 == chunked[s.teMatched]:
+		s.teState = teCoding
+		s.teMatched++
+	default:
+		s.fail("Transfer-Encoding", "only a single \"chunked\" is accepted (RFC 9112 6.1)")
+	}
+}
+
 func (s *scanner) endHead() {
 	if !s.push(s.cur) {
 		return
@@ -326,8 +395,10 @@ func (s *scanner) endHead() {
 	switch {
 	case s.cur.flags&hasTE != 0:
 		// The gateway closes the connection after this request (or refuses
-		// it): nothing after it is read as a request.
-		s.state = scanStopped
+		// it): nothing after it is read as a request. Its chunked body is
+		// followed as far as it goes (chunk.go).
+		s.chunk = chunkScan{}
+		s.state = scanChunkSize
 	case s.cur.lineHash == priHash && s.cur.lineLen == len(priLine):
 		// The HTTP/2 preface: net/http reads no request after it.
 		s.state = scanStopped

@@ -73,6 +73,10 @@ func TestFrameScanner(t *testing.T) {
 		{"two numbers", "POST / HTTP/1.1\r\nContent-Length: 3 3\r\n\r\nabc", []wantHead{{line: "POST / HTTP/1.1", flags: hasCL, length: 3, bad: true}}},
 		{"empty length", "POST / HTTP/1.1\r\nContent-Length: \r\n\r\n", []wantHead{{line: "POST / HTTP/1.1", flags: hasCL, bad: true}}},
 		{"huge length", "POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n", []wantHead{{line: "POST / HTTP/1.1", flags: hasCL, length: 999999999999999999, bad: true}}},
+		{"TE chunked, identity", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked, identity\r\n\r\n", []wantHead{{line: "POST / HTTP/1.1", flags: hasTE, bad: true}}},
+		{"TE xchunked", "POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: xchunked\r\n\r\n", []wantHead{{line: "POST / HTTP/1.1", flags: hasCL | hasTE, length: 5, bad: true}}},
+		{"two TE lines", "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", []wantHead{{line: "POST / HTTP/1.1", flags: hasTE, bad: true}}},
+		{"TE chunked with whitespace", "POST / HTTP/1.1\r\nTransfer-Encoding: \tChunked \r\n\r\n0\r\n\r\n", []wantHead{{line: "POST / HTTP/1.1", flags: hasTE}}},
 		{"CR inside the length", "POST / HTTP/1.1\r\nContent-Length: 3\r4\r\n\r\n", []wantHead{{line: "POST / HTTP/1.1", flags: hasCL, length: 3, bad: true}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
