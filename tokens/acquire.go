@@ -191,4 +191,3 @@ func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil ti
 // lastTryBound is how long the store calls of a try made at the
 // acquire's bound may take.
 const lastTryBound = 500 * time.Millisecond
-
