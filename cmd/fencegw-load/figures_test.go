@@ -9,8 +9,9 @@ import (
 	"testing"
 )
 
-// quotedFigure is a figure as docs quote one: a rate, or a ratio.
-var quotedFigure = regexp.MustCompile(`([0-9][0-9,]*(?:\.[0-9]+)?)\s?(?:req/s|grants/s|acquisitions/s|×)`)
+// quotedFigure is a figure as docs quote one: a rate, or a ratio ("0.84×";
+// "5 × the session check" is arithmetic, not a figure).
+var quotedFigure = regexp.MustCompile(`([0-9][0-9,]*(?:\.[0-9]+)?)(?:\s?(?:req/s|grants/s|acquisitions/s)|×)`)
 
 // Every doc quotes its figures from the one table (docs/figures.json, one
 // run of fencegw-load -figures on one commit): README.md and
@@ -122,6 +123,9 @@ func TestFiguresBlockRoundTrip(t *testing.T) {
 		if !known[q[1]] {
 			missing = append(missing, q[0])
 		}
+	}
+	if q := quotedFigures("5 × the session check, 64 × 100\n"); len(q) != 0 {
+		t.Fatalf("arithmetic is not a quoted figure: %v", q)
 	}
 	if len(missing) != 0 || len(quotedFigures(text)) != 2 {
 		t.Fatalf("quoted figures outside the block: %v missing; %v found", missing, quotedFigures(text))
