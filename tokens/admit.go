@@ -214,22 +214,20 @@ const (
 	OutcomeUnknown
 )
 
-// Done ends the write. OutcomeUnknown starts the drain period before the
-// shared lock is released, so that no grant can slip in between.
+// Done ends the write. It never waits for the store. OutcomeUnknown puts
+// the resource in a drain period and keeps the write's fence (shared lock)
+// until the store has recorded it or it has passed (drain.go), so that no
+// grant can slip in between, whatever the store does meanwhile.
 func (p *Permit) Done(outcome Outcome) {
-	if outcome == OutcomeUnknown && p.WouldRefuse == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := p.svc.store.Drain(ctx, p.Lease.Resource, p.svc.drainPeriod); err != nil {
-			// The store is unreachable, so grants fail closed anyway.
-			p.svc.log.Error("could not start drain period", "resource", p.Lease.Resource, "err", err)
-		}
-		cancel()
-	}
+	release := p.unlock
 	if p.held != nil {
-		p.held.Release()
+		release = p.held.Release
+	}
+	if outcome == OutcomeUnknown && p.WouldRefuse == nil {
+		p.svc.drain(p.Lease.Resource, release)
 		return
 	}
-	p.unlock()
+	release()
 }
 
 func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state Resource, w Write) error {
