@@ -91,6 +91,12 @@ done
 if [[ ${PG_OUTAGE_IN_WRITE:-0} == 1 && " $MODES " == *" postgres "* ]]; then
 	pg_lane+=("postgres-outage-in-write|run_mode postgres-outage-in-write postgres --forward-timeout 5s --drain-period 6s --faults restart-postgres-in-write,pause-worker")
 fi
+# The embedded mode's store-refuses-drain mounts the data directory (an
+# ext4 image whose store file is made immutable), so it has a run of its
+# own, beside the default one.
+if [[ " $MODES " == *" embedded "* ]]; then
+	embedded_lane+=("embedded-store-refuses-drain|run_mode embedded-store-refuses-drain embedded --faults store-refuses-drain,slow-upstream")
+fi
 start_run() { # entry
 	local name=${1%%|*} cmd=${1#*|}
 	echo "== $name ($(date -u +%T); log in $OUT/$name.log)"

@@ -20,6 +20,9 @@ type nemesis struct {
 	pg       *Postgres
 	rd       *Redis
 	dataDisk string // the embedded store's small disk (disk-full), if mounted
+	// refusing is the embedded store's file on a disk that can refuse its
+	// writes (store-refuses-drain), if mounted.
+	refusing string
 	netns    *netns // the partitioned replica's, nil without FaultPartition
 	logf     func(format string, args ...any)
 	rng      *rand.Rand
@@ -71,6 +74,7 @@ func (n *nemesis) run(ctx context.Context) {
 func (n *nemesis) heal() {
 	n.up.Misbehave(Misbehaviour{})
 	n.up.StopInWrite(nil)
+	n.up.DelayNext(nil)
 	for _, w := range n.workers {
 		w.resume()
 	}
@@ -94,6 +98,9 @@ func (n *nemesis) inject(ctx context.Context, f *Fault) error {
 	r := n.replicas[n.rng.IntN(len(n.replicas))]
 	if ok, err := n.injectSessions(ctx, f, r); ok { // nemesis_sessions.go
 		return err
+	}
+	if f.Kind == FaultStoreRefusesDrain { // nemesis_drain.go
+		return n.storeRefusesDrain(ctx)
 	}
 	switch f.Kind {
 	case FaultFailoverPostgres: // nemesis_failover.go

@@ -53,8 +53,8 @@ const (
 // DefaultFaults are the fault kinds used in each mode.
 var DefaultFaults = map[string][]string{
 	ModeEmbedded: {FaultKillGateway, FaultKillInWrite, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream},
-	ModePostgres: append([]string{FaultKillGateway, FaultKillInWrite, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres, FaultRestartPostgresInWrite}, sessionFaults...),
-	ModeRedis:    append([]string{FaultKillGateway, FaultKillInWrite, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres, FaultRestartPostgresInWrite, FaultRestartRedis}, sessionFaults...),
+	ModePostgres: append([]string{FaultKillGateway, FaultKillInWrite, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres, FaultRestartPostgresInWrite, FaultStoreRefusesDrain}, sessionFaults...),
+	ModeRedis:    append([]string{FaultKillGateway, FaultKillInWrite, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres, FaultRestartPostgresInWrite, FaultRestartRedis, FaultStoreRefusesDrain}, sessionFaults...),
 }
 
 // DefaultTokenBase puts every resource's tokens just above 2^53, where a
@@ -272,7 +272,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		// Nothing balances load in front of the replicas: Stop's SIGTERM
 		// should drain at once, not serve on for a load balancer.
 		"--shutdown-delay", "0"}
-	var dataDisk string
+	var dataDisk, refusing string
 	switch cfg.Mode {
 	case ModeEmbedded:
 		data := filepath.Join(cfg.Dir, "data")
@@ -288,6 +288,21 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 				}
 			}()
 			dataDisk = data
+		}
+		if slices.Contains(cfg.Faults, FaultStoreRefusesDrain) { // nemesis_drain.go
+			if dataDisk != "" {
+				return nil, errors.New("the disk-full and store-refuses-drain faults each mount the data directory: run them apart")
+			}
+			umount, err := mountRefusingDisk(ctx, data)
+			if err != nil {
+				return nil, err
+			}
+			defer func() {
+				if err := umount(); err != nil {
+					logf("%v", err)
+				}
+			}()
+			refusing = filepath.Join(data, "fencegw.db")
 		}
 		if cfg.TokenBase > 0 {
 			if err := SeedBolt(data, resources, cfg.TokenBase); err != nil {
@@ -378,7 +393,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	// Nemesis, until the end of the run; then let the writes settle.
-	n := &nemesis{cfg: cfg, up: up, replicas: replicas, workers: procs, pg: pg, rd: rd, dataDisk: dataDisk, netns: ns, logf: logf,
+	n := &nemesis{cfg: cfg, up: up, replicas: replicas, workers: procs, pg: pg, rd: rd, dataDisk: dataDisk, refusing: refusing, netns: ns, logf: logf,
 		rng: rand.New(rand.NewPCG(cfg.Seed, 7))}
 	runCtx, endRun := context.WithTimeout(ctx, cfg.Duration)
 	defer endRun()
