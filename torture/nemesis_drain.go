@@ -150,7 +150,7 @@ func (n *nemesis) holdFencesRow(ctx context.Context, resource string) (func(), e
 			qctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			_, err := tx.Exec(qctx, `SELECT pg_cancel_backend(pid) FROM pg_stat_activity
 				WHERE datname = current_database() AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'
-				AND ltrim(query) LIKE 'UPDATE fences%drain_until%'`)
+				AND ltrim(query, E' \t\n') LIKE 'UPDATE fences%drain_until%'`)
 			cancel()
 			if err != nil {
 				n.logf("store-refuses-drain: cancel the waiting drains: %v", err)
