@@ -247,6 +247,9 @@ func TestBrokenChunkedBodyIsTheClientsFault(t *testing.T) {
 		if resp.StatusCode != http.StatusBadRequest || p.Code != tokens.CodeInvalidRequest || p.Field != "body" || p.Resource != res {
 			t.Fatalf("%q: %d %s; want 400 invalid_request naming the body", body, resp.StatusCode, raw)
 		}
+		if err := tg.svc.WaitDrains(t.Context()); err != nil { // recorded in the background
+			t.Fatal(err)
+		}
 		st, err := tg.svc.Resource(t.Context(), res)
 		if err != nil {
 			t.Fatal(err)

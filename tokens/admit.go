@@ -42,17 +42,18 @@ type Permit struct {
 }
 
 // Check returns nil if the write may send bytes to the upstream now, or an
-// error wrapping ErrFenceLost if its fence can no longer be proven held
-// (see Held.Check): nothing more of the write may then be sent, and what
-// was sent is an unknown outcome. Without a Fencer (the embedded mode) it
+// error wrapping ErrFenceLost if its fence cannot be proven held by
+// deadline (see Held.Check, which may wait that long for a slow session
+// check, and no longer): nothing more of the write may then be sent, and
+// what was sent is an unknown outcome. Without a Fencer (the embedded mode) it
 // is always nil: the lock lives in the process, and cannot be lost unless
 // the process dies, and a dead process sends nothing. An observed write
 // holds no fence, and is not checked.
-func (p *Permit) Check() error {
+func (p *Permit) Check(deadline time.Time) error {
 	if p.held == nil || failpoint.NoSendCheck {
 		return nil
 	}
-	return p.held.Check()
+	return p.held.Check(deadline)
 }
 
 // Admit checks that leaseID is its resource's current live lease and holds

@@ -57,6 +57,15 @@ var DefaultFaults = map[string][]string{
 	ModeRedis:    append([]string{FaultKillGateway, FaultKillInWrite, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres, FaultRestartPostgresInWrite, FaultRestartRedis, FaultStoreRefusesDrain}, sessionFaults...),
 }
 
+// OptInFaults are the fault kinds a mode knows beyond its defaults, which
+// --faults must name: each needs what a plain run lacks (root and a mount,
+// a cluster or a network namespace of its own).
+var OptInFaults = map[string][]string{
+	ModeEmbedded: {FaultDiskFull, FaultStoreRefusesDrain},
+	ModePostgres: {FaultFailoverPostgres, FaultPartition},
+	ModeRedis:    {FaultFailoverPostgres, FaultPartition},
+}
+
 // DefaultTokenBase puts every resource's tokens just above 2^53, where a
 // token that passes through a float64 loses its last bit.
 const DefaultTokenBase = 1<<53 + 1

@@ -243,6 +243,7 @@ func (s *Store) NewFence(ctx context.Context, opts FenceOptions) (*Fence, error)
 	}
 	for i := range opts.Sessions {
 		ls := &lockSession{f: f, idx: i}
+		ls.settled.Store(new(make(chan struct{})))
 		if err := ls.connect(ctx); err != nil {
 			f.closeSessions()
 			return nil, err
@@ -330,44 +331,75 @@ func (h *heldRef) Release() {
 // point 4 at the top of this file): the fence was not dropped, and the
 // session that took its lock is still the connected one and was confirmed
 // alive by a check sent less than SessionCheck ago. Two atomic loads and a
-// monotonic clock read; no lock, no allocation.
+// monotonic clock read; no lock, no allocation, no I/O.
 //
 // A session that is neither confirmed lately nor known lost (its check is
 // only slow: a CPU-starved replica, a busy database, a replica that was
-// just stopped and continued) is waited for, not given up: the next check
-// confirms it, and the bytes leave on that fresh proof, or fails (or times
-// out after sessionPingTimeout) and destroys it, and nothing more leaves.
-// Failing at once would turn every load spike into writes cut short.
-func (h *heldRef) Check() error {
+// just stopped and continued) is waited for, not given up, until deadline
+// at the latest: the health check in progress settles it (it confirms the
+// session, and the bytes leave on that fresh proof, or it fails or times
+// out after sessionPingTimeout and destroys it, and nothing more leaves).
+// The wait is on the session's settle signal, not a poll, and only this
+// slow path allocates (a timer). Failing at once would turn every load
+// spike into writes cut short; a zero deadline does, for callers that must
+// not wait.
+func (h *heldRef) Check(deadline time.Time) error {
 	hf := h.hf
-	var waitUntil time.Time
+	ls := hf.sess
+	var until time.Time
+	var timer *time.Timer
 	for {
-		if hf.dropped.Load() || hf.sess.gen.Load() != hf.gen {
+		if hf.dropped.Load() || ls.gen.Load() != hf.gen {
 			return errFenceLost
 		}
+		// Taken before the test: a check that settles in between closes
+		// this very channel, so the wait below cannot miss it.
+		settled := ls.settled.Load()
 		now := time.Now()
-		if hf.sess.confirmed(now, hf.gen) {
+		if ls.confirmed(now, hf.gen) {
 			return nil
 		}
-		if waitUntil.IsZero() {
-			waitUntil = now.Add(sessionPingTimeout(h.f.opts.SessionCheck) + h.f.opts.SessionCheck)
-		} else if now.After(waitUntil) {
-			return errFenceLost // the health loop has stopped: closing
+		if until.IsZero() {
+			// Past this the health loop has stopped (closing): a check
+			// settles within sessionPingTimeout of being sent.
+			until = now.Add(sessionPingTimeout(h.f.opts.SessionCheck) + h.f.opts.SessionCheck)
+			if deadline.Before(until) {
+				until = deadline
+			}
 		}
-		time.Sleep(time.Millisecond)
+		left := until.Sub(now)
+		if left <= 0 {
+			return errFenceUnconfirmed
+		}
+		if timer == nil {
+			timer = time.NewTimer(left)
+			defer timer.Stop()
+		} else {
+			timer.Reset(left)
+		}
+		select {
+		case <-*settled:
+		case <-timer.C:
+			return errFenceUnconfirmed
+		}
 	}
 }
 
-// errFenceLost is Check's answer, made once: the hot path allocates nothing.
-var errFenceLost = &tokens.Error{Kind: tokens.ErrFenceLost,
-	Detail: "this replica's lock session for the resource was lost or not confirmed alive lately"}
+// errFenceLost and errFenceUnconfirmed are Check's answers, made once: the
+// hot path allocates nothing.
+var (
+	errFenceLost = &tokens.Error{Kind: tokens.ErrFenceLost,
+		Detail: "this replica's lock session for the resource was lost or not confirmed alive lately"}
+	errFenceUnconfirmed = &tokens.Error{Kind: tokens.ErrFenceLost,
+		Detail: "this replica's lock session for the resource was not confirmed alive before the write's deadline"}
+)
 
 // noHold is the hold of a write refused without a fence: nothing to
 // release, nothing to prove.
 type noHold struct{}
 
-func (noHold) Release()     {}
-func (noHold) Check() error { return errFenceLost }
+func (noHold) Release()              {}
+func (noHold) Check(time.Time) error { return errFenceLost }
 
 // remember keeps state, read under hf's lock, for local checks.
 func (f *Fence) remember(hf *heldFence, state tokens.Resource, readStart time.Time) {
