@@ -345,16 +345,34 @@ func (h *heldRef) Release() {
 // not wait.
 func (h *heldRef) Check(deadline time.Time) error {
 	hf := h.hf
+	if hf.dropped.Load() || hf.sess.gen.Load() != hf.gen {
+		return errFenceLost
+	}
+	if hf.sess.confirmed(time.Now(), hf.gen) {
+		return nil
+	}
+	return h.waitConfirmed(deadline)
+}
+
+// waitConfirmed is Check's slow path: it waits for the session's health
+// check in progress to settle, until deadline at the latest.
+func (h *heldRef) waitConfirmed(deadline time.Time) error {
+	hf := h.hf
 	ls := hf.sess
 	var until time.Time
 	var timer *time.Timer
-	for {
-		if hf.dropped.Load() || ls.gen.Load() != hf.gen {
-			return errFenceLost
+	defer func() {
+		if timer != nil {
+			timer.Stop()
 		}
+	}()
+	for {
 		// Taken before the test: a check that settles in between closes
 		// this very channel, so the wait below cannot miss it.
 		settled := ls.settled.Load()
+		if hf.dropped.Load() || ls.gen.Load() != hf.gen {
+			return errFenceLost
+		}
 		now := time.Now()
 		if ls.confirmed(now, hf.gen) {
 			return nil
@@ -373,7 +391,6 @@ func (h *heldRef) Check(deadline time.Time) error {
 		}
 		if timer == nil {
 			timer = time.NewTimer(left)
-			defer timer.Stop()
 		} else {
 			timer.Reset(left)
 		}
