@@ -6,17 +6,15 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fencegw/fencegw/internal/refusingdisk"
 	storagemode "github.com/fencegw/fencegw/storage/mode"
 	"github.com/fencegw/fencegw/storage/postgres"
 	"github.com/fencegw/fencegw/storage/postgres/pgtest"
@@ -75,21 +73,13 @@ func TestStoreRefusesDrain(t *testing.T) {
 	// them again.
 	t.Run("embedded", func(t *testing.T) {
 		t.Parallel()
-		dir := refusingDisk(t)
-		file := filepath.Join(dir, "fencegw.db")
+		dir := refusingdisk.Mount(t)
 		s := refusedDrain{
 			forward: 300 * time.Millisecond,
 			drain:   3 * time.Second,
 			refused: 800 * time.Millisecond,
 			refuse: func(t *testing.T, _ string) (func(), error) {
-				if out, err := exec.Command("chattr", "+i", file).CombinedOutput(); err != nil {
-					return nil, fmt.Errorf("chattr +i: %w: %s", err, out)
-				}
-				return func() {
-					if out, err := exec.Command("chattr", "-i", file).CombinedOutput(); err != nil {
-						t.Errorf("chattr -i: %v: %s", err, out)
-					}
-				}, nil
+				return refusingdisk.Refuse(t, filepath.Join(dir, "fencegw.db"))
 			},
 			start: func(t *testing.T, ups map[string]string, o options) []*gw {
 				o.dir = dir
@@ -213,50 +203,4 @@ func holdFenceRow(schema, resource string) (func(), error) {
 		_ = tx.Rollback(ctx)
 		_ = conn.Close(ctx)
 	}, nil
-}
-
-// refusingDisk mounts an ext4 file system of the test's own (a loop device
-// on an image; root only, as CI runs) whose files chattr +i makes refuse
-// every write, and unmounts it when the test ends.
-func refusingDisk(t *testing.T) string {
-	t.Helper()
-	need := func(msg string) {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("a disk that refuses writes: " + msg)
-		}
-		t.Skip("a disk that refuses writes: " + msg)
-	}
-	if os.Geteuid() != 0 {
-		need("mounting an ext4 image needs root")
-	}
-	for _, bin := range []string{"mkfs.ext4", "mount", "umount", "chattr"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			need(err.Error())
-		}
-	}
-	base := t.TempDir()
-	img, dir := filepath.Join(base, "disk.ext4"), filepath.Join(base, "mnt")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(img, 32<<20); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("mkfs.ext4", "-q", "-F", img).CombinedOutput(); err != nil {
-		t.Fatalf("mkfs.ext4: %v: %s", err, out)
-	}
-	if out, err := exec.Command("mount", "-o", "loop", img, dir).CombinedOutput(); err != nil {
-		need(fmt.Sprintf("mount -o loop: %v: %s", err, out))
-	}
-	t.Cleanup(func() {
-		// chattr -i first: a file left immutable cannot be removed.
-		_ = exec.Command("chattr", "-i", filepath.Join(dir, "fencegw.db")).Run()
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v: %s", dir, err, errors.New(string(out)))
-		}
-	})
-	return dir
 }
