@@ -49,7 +49,12 @@ import (
 //     frees its locks with its session but leaves the row: the next
 //     exclusive taker finds a row whose session no longer exists and starts
 //     a drain period of OrphanDrain, because a write that replica forwarded
-//     may still land. Resources it never fenced are not held up.
+//     may still land. Resources it never fenced are not held up. A write
+//     whose outcome is unknown and whose drain the store could not record
+//     keeps its hold (tokens/drain.go), so the fence and its row outlive
+//     the write until the drain is recorded or has passed: a replica that
+//     dies meanwhile leaves the row, and the orphan drain, which starts no
+//     earlier than its death, covers the rest.
 //  4. Each lock session is pinged every SessionCheck/10; a replica admits
 //     locally only while its session was confirmed alive less than
 //     SessionCheck ago, and destroys a session that fails a ping (or does
@@ -59,7 +64,8 @@ import (
 //     which the gateway calls before each write system call to the
 //     upstream): the fence was not dropped, the session that took its lock
 //     is still the connected one, and a ping *sent* at S succeeded less
-//     than SessionCheck ago. A ping sent at S that succeeded means the
+//     than SessionCheck ago (while a ping is only slow, the proof waits
+//     for it, up to the forward's deadline). A ping sent at S that succeeded means the
 //     session was alive after S, so it died at D > S, and every byte that
 //     passes the proof leaves before S + SessionCheck < D + SessionCheck.
 //     The next exclusive taker finds the orphan row no earlier than D and
