@@ -26,7 +26,7 @@ func (h *heldRef) Release() {
 }
 
 // Check is the proof taken before each byte of the write is sent (see
-// point 4 at the top of this file): the fence was not dropped, and the
+// point 4 at the top of fence.go): the fence was not dropped, and the
 // session that took its lock is still the connected one and was confirmed
 // alive by a check sent less than SessionCheck ago. Two atomic loads and a
 // monotonic clock read; no lock, no allocation, no I/O.
