@@ -56,7 +56,7 @@ func TestSignalsLeaseLostRefusalsDrainsInflightStore(t *testing.T) {
 	m := scrape(t, g.URL)
 	for _, s := range []string{
 		`fencegw_lease_refusals_total{cause="expired",op="renew"}`, `fencegw_lease_refusals_total{cause="superseded",op="release"}`,
-		`fencegw_leases_expired_while_held_total`, `fencegw_drains_total`, `fencegw_inflight_oldest_seconds`,
+		`fencegw_leases_expired_while_held_total`, `fencegw_drains_total`, `fencegw_inflight_oldest_seconds`, `fencegw_drains_pending`,
 	} {
 		wantSeries(t, m, s, 0)
 	}

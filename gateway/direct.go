@@ -165,6 +165,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 		h["User-Agent"] = noUserAgent[:1:1]
 	}
 	deadline := time.Now().Add(g.cfg.ForwardTimeout)
+	f.deadline = deadline
 	fw := &st.hooks
 	fw.w, fw.f = w, f
 	res, err := g.engine.Exchange(r.Context(), out, f, deadline, fw)

@@ -503,6 +503,10 @@ func TestEngineFailures(t *testing.T) {
 		return resp.StatusCode
 	}
 	draining := func(resource string) bool {
+		// The drain is recorded in the background, after the answer.
+		if err := tg.svc.WaitDrains(t.Context()); err != nil {
+			t.Fatal(err)
+		}
 		res, err := tg.svc.Resource(context.Background(), resource)
 		if err != nil {
 			t.Fatal(err)

@@ -144,7 +144,16 @@ func newMetrics(reg prometheus.Registerer, svc *tokens.Service, ages *inflightAg
 		Name: "fencegw_inflight_oldest_seconds",
 		Help: "Age of the oldest write admitted and not yet answered, to the second (0: none in flight). A grant of its resource waits for it.",
 	}, func() float64 { return ages.oldest(time.Now()).Seconds() })
-	reg.MustRegister(leaseRefusals, lostLive, drains, storeUp, oldest)
+	pending := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "fencegw_drains_pending",
+		Help: "Drain periods of unknown outcomes this replica is still keeping: each holds its resource's fence until the store has recorded it or it has passed. Above 0 for more than a moment: the store refuses to record drains.",
+	}, func() float64 {
+		if svc == nil {
+			return 0
+		}
+		return float64(svc.Draining())
+	})
+	reg.MustRegister(leaseRefusals, lostLive, drains, storeUp, oldest, pending)
 
 	m := &metrics{
 		writes:        map[string]prometheus.Counter{},

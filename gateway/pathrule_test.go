@@ -255,6 +255,9 @@ func TestBrokenChunkedBodyIsTheClientsFault(t *testing.T) {
 		if tc.forward && p.Resource != res {
 			t.Fatalf("%.40q: the problem names resource %q, want %q", tc.body, p.Resource, res)
 		}
+		if err := tg.svc.WaitDrains(t.Context()); err != nil { // recorded in the background
+			t.Fatal(err)
+		}
 		st, err := tg.svc.Resource(t.Context(), res)
 		if err != nil {
 			t.Fatal(err)

@@ -57,6 +57,9 @@ type forward struct {
 	keyed      *keyed      // nil without an Idempotency-Key (idempotency.go)
 	trace      *writeTrace // nil without tracing (tracing.go)
 	status     int         // the upstream's answer, once it came
+	// deadline is the forward's (its timeout from the start of the
+	// forward): a proof of the fence waits no longer (sendcheck.go).
+	deadline time.Time
 }
 
 type forwardKey struct{}
@@ -292,7 +295,8 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		g.forwardDirect(w, rc, r, f) // direct.go
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.ForwardTimeout)
+	f.deadline = time.Now().Add(g.cfg.ForwardTimeout)
+	ctx, cancel := context.WithDeadline(r.Context(), f.deadline)
 	defer cancel()
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		WroteHeaders: func() { f.wroteRequest.Store(true) },

@@ -30,10 +30,11 @@ func writeOf(r *http.Request) engine.Write {
 func (f *forward) Body() []byte { return f.buffered }
 
 // CheckSend is taken before each write system call that carries bytes of
-// f's request: nil if the fence is still provably held. On a lost fence it
-// marks f.
+// f's request: nil if the fence is still provably held. The proof may wait
+// for a slow session check, up to the forward's deadline and no longer
+// (tokens.Held.Check). On a lost fence it marks f.
 func (f *forward) CheckSend() error {
-	if err := f.permit.Check(); err != nil {
+	if err := f.permit.Check(f.deadline); err != nil {
 		f.fenceLost.Store(true)
 		return err
 	}

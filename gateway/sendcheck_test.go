@@ -54,7 +54,7 @@ type switchHeld struct {
 
 func (h *switchHeld) Release() { h.unlock() }
 
-func (h *switchHeld) Check() error {
+func (h *switchHeld) Check(time.Time) error {
 	h.s.checks.Add(1)
 	if h.s.lost.Load() {
 		return &tokens.Error{Kind: tokens.ErrFenceLost}
@@ -287,6 +287,9 @@ func TestFenceLostMidBodyNeverCompletesIt(t *testing.T) {
 			if got.complete || strings.Contains(got.body, "b") {
 				t.Fatalf("the upstream got %d bytes (complete: %v), %d of them after the fence was lost",
 					len(got.body), got.complete, strings.Count(got.body, "b"))
+			}
+			if err := svc.WaitDrains(t.Context()); err != nil { // recorded in the background
+				t.Fatal(err)
 			}
 			state, err := svc.Resource(t.Context(), "r")
 			if err != nil || state.DrainUntil.IsZero() {

@@ -97,6 +97,12 @@ fi
 if [[ $(id -u) == 0 && " $MODES " == *" embedded "* ]]; then
 	embedded_lane+=("embedded-stall-disk|run_mode embedded-stall-disk embedded --faults stall-disk,kill-gateway,slow-upstream,kill-in-write")
 fi
+# The embedded mode's store-refuses-drain mounts the data directory (an
+# ext4 image whose store file is made immutable), so it has a run of its
+# own, beside the default one.
+if [[ " $MODES " == *" embedded "* ]]; then
+	embedded_lane+=("embedded-store-refuses-drain|run_mode embedded-store-refuses-drain embedded --faults store-refuses-drain,slow-upstream")
+fi
 start_run() { # entry
 	local name=${1%%|*} cmd=${1#*|}
 	echo "== $name ($(date -u +%T); log in $OUT/$name.log)"

@@ -42,17 +42,18 @@ type Permit struct {
 }
 
 // Check returns nil if the write may send bytes to the upstream now, or an
-// error wrapping ErrFenceLost if its fence can no longer be proven held
-// (see Held.Check): nothing more of the write may then be sent, and what
-// was sent is an unknown outcome. Without a Fencer (the embedded mode) it
+// error wrapping ErrFenceLost if its fence cannot be proven held by
+// deadline (see Held.Check, which may wait that long for a slow session
+// check, and no longer): nothing more of the write may then be sent, and
+// what was sent is an unknown outcome. Without a Fencer (the embedded mode) it
 // is always nil: the lock lives in the process, and cannot be lost unless
 // the process dies, and a dead process sends nothing. An observed write
 // holds no fence, and is not checked.
-func (p *Permit) Check() error {
+func (p *Permit) Check(deadline time.Time) error {
 	if p.held == nil || failpoint.NoSendCheck {
 		return nil
 	}
-	return p.held.Check()
+	return p.held.Check(deadline)
 }
 
 // Admit checks that leaseID is its resource's current live lease and holds
@@ -214,22 +215,20 @@ const (
 	OutcomeUnknown
 )
 
-// Done ends the write. OutcomeUnknown starts the drain period before the
-// shared lock is released, so that no grant can slip in between.
+// Done ends the write. It never waits for the store. OutcomeUnknown puts
+// the resource in a drain period and keeps the write's fence (shared lock)
+// until the store has recorded it or it has passed (drain.go), so that no
+// grant can slip in between, whatever the store does meanwhile.
 func (p *Permit) Done(outcome Outcome) {
-	if outcome == OutcomeUnknown && p.WouldRefuse == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := p.svc.store.Drain(ctx, p.Lease.Resource, p.svc.drainPeriod); err != nil {
-			// The store is unreachable, so grants fail closed anyway.
-			p.svc.log.Error("could not start drain period", "resource", p.Lease.Resource, "err", err)
-		}
-		cancel()
-	}
+	release := p.unlock
 	if p.held != nil {
-		p.held.Release()
+		release = p.held.Release
+	}
+	if outcome == OutcomeUnknown && p.WouldRefuse == nil {
+		p.svc.drain(p.Lease.Resource, release)
 		return
 	}
-	p.unlock()
+	release()
 }
 
 func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state Resource, w Write) error {

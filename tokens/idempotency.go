@@ -398,7 +398,10 @@ func (c *Claim) Complete(ctx context.Context, status int, header map[string][]st
 
 // Unknown records that the first attempt was forwarded and its outcome is
 // unknown. If it fails, the in-progress record turns unknown at its
-// deadline anyway.
+// deadline anyway: until then a retry is refused as in progress, never
+// forwarded. The record guards no grant, so its failure gives nothing up
+// early; the write's drain, which does, is kept by Permit.Done whatever
+// the store does (drain.go).
 func (c *Claim) Unknown(ctx context.Context) error {
 	if c.done {
 		return nil

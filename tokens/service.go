@@ -59,7 +59,19 @@ type Config struct {
 //     still land later even though the gateway stopped waiting. Before its
 //     shared lock is released the resource is put in a drain period, and
 //     grants wait it out: the next holder cannot write until the old write
-//     can no longer arrive.
+//     can no longer arrive. The lock is never given up earlier than a
+//     recorded drain would have allowed: if the store cannot record the
+//     drain (down, or its row held by another session), the write keeps
+//     its lock (with a Fencer: its shared fence and presence row) and the
+//     drain is asked of the store again until it is recorded, for what is
+//     left of the period, or the period has passed (drain.go). The client's
+//     answer does not wait for any of it. A replica that dies meanwhile is
+//     covered as any replica that dies with a write in flight: its presence
+//     rows in the PostgreSQL modes (point 6), the crash drain in the
+//     embedded one. The other records a forward leaves (the idempotency
+//     key's outcome, write counts) guard no grant: a key whose outcome
+//     could not be recorded stays in progress and then unknown, never
+//     forwarded again, and a lost count is a dashboard's figure.
 //  4. A write is admitted only on the state read under the shared lock and
 //     the store's (or gateway's) clock; the worker's clock and any token the
 //     client sends play no part. A write may be *refused* on a state read
@@ -104,6 +116,7 @@ type Service struct {
 	stale       *staleCache
 	waiters     *waiters
 	flood       floodGate // flood.go
+	drains      drains    // drain.go
 }
 
 // New returns a Service; Store and Locker are required.

@@ -152,14 +152,21 @@ type Fencer interface {
 type Held interface {
 	// Release ends the hold; later calls do nothing.
 	Release()
-	// Check returns nil only if the fence is provably still held at this
-	// moment: the lock session that holds it is the one that took it, it
-	// was confirmed alive (by a check sent) less than the session check
-	// ago, and the fence was not dropped since. Otherwise it returns an
-	// error wrapping ErrFenceLost. It is called before every byte of the
-	// write is sent, so it must be cheap: no I/O, no allocation, no lock
-	// shared with other resources' writes.
-	Check() error
+	// Check returns nil only if the fence is provably held at this moment:
+	// the lock session that holds it is the one that took it, it was
+	// confirmed alive (by a check sent) less than the session check ago,
+	// and the fence was not dropped since. Otherwise it returns an error
+	// wrapping ErrFenceLost. It is called before every write system call
+	// of the write, on the goroutine that writes it, so when the proof is
+	// at hand it is cheap: no I/O, no allocation, no lock shared with
+	// other resources' writes. It may wait, and only then: when the
+	// session is neither confirmed lately nor known lost (its health check
+	// is slow to answer), it waits for that check to settle, without I/O
+	// of its own, and returns nil if the check confirmed the session, or
+	// ErrFenceLost if it failed, or once deadline has passed (a zero or
+	// past deadline: no wait). The gateway passes the forward's deadline,
+	// so a proof never holds a write past its forward timeout.
+	Check(deadline time.Time) error
 }
 
 // EventKind names what happened to a lease.

@@ -21,7 +21,10 @@ type nemesis struct {
 	rd       *Redis
 	dataDisk string    // the embedded store's small disk (disk-full), if mounted
 	slowDisk *SlowDisk // the embedded store's stallable disk (stall-disk), if mounted
-	netns    *netns    // the partitioned replica's, nil without FaultPartition
+	// refusing is the embedded store's file on a disk that can refuse its
+	// writes (store-refuses-drain), if mounted.
+	refusing string
+	netns    *netns // the partitioned replica's, nil without FaultPartition
 	logf     func(format string, args ...any)
 	rng      *rand.Rand
 	faults   []Fault
@@ -72,6 +75,7 @@ func (n *nemesis) run(ctx context.Context) {
 func (n *nemesis) heal() {
 	n.up.Misbehave(Misbehaviour{})
 	n.up.StopInWrite(nil)
+	n.up.DelayNext(nil)
 	if n.slowDisk != nil {
 		if err := n.slowDisk.Resume(); err != nil {
 			n.logf("resume the stalled disk: %v", err)
@@ -106,6 +110,9 @@ func (n *nemesis) inject(ctx context.Context, f *Fault) error {
 	}
 	if ok, err := n.injectShutdownRedis(ctx, f, r); ok { // nemesis_shutdown_redis.go
 		return err
+	}
+	if f.Kind == FaultStoreRefusesDrain { // nemesis_drain.go
+		return n.storeRefusesDrain(ctx)
 	}
 	switch f.Kind {
 	case FaultFailoverPostgres: // nemesis_failover.go

@@ -53,8 +53,17 @@ const (
 // DefaultFaults are the fault kinds used in each mode.
 var DefaultFaults = map[string][]string{
 	ModeEmbedded: {FaultKillGateway, FaultKillInWrite, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream},
-	ModePostgres: append([]string{FaultKillGateway, FaultKillInWrite, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres, FaultRestartPostgresInWrite}, sessionFaults...),
-	ModeRedis:    append([]string{FaultKillGateway, FaultKillInWrite, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres, FaultRestartPostgresInWrite, FaultRestartRedis}, sessionFaults...),
+	ModePostgres: append([]string{FaultKillGateway, FaultKillInWrite, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres, FaultRestartPostgresInWrite, FaultStoreRefusesDrain}, sessionFaults...),
+	ModeRedis:    append([]string{FaultKillGateway, FaultKillInWrite, FaultPauseGateway, FaultStopInWrite, FaultPauseWorker, FaultSlowUpstream, FaultDropUpstream, FaultRestartPostgres, FaultRestartPostgresInWrite, FaultRestartRedis, FaultStoreRefusesDrain}, sessionFaults...),
+}
+
+// OptInFaults are the fault kinds a mode knows beyond its defaults, which
+// --faults must name: each needs what a plain run lacks (root and a mount,
+// a cluster or a network namespace of its own).
+var OptInFaults = map[string][]string{
+	ModeEmbedded: {FaultDiskFull, FaultStoreRefusesDrain},
+	ModePostgres: {FaultFailoverPostgres, FaultPartition},
+	ModeRedis:    {FaultFailoverPostgres, FaultPartition},
 }
 
 // DefaultTokenBase puts every resource's tokens just above 2^53, where a
@@ -275,7 +284,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if slices.Contains(cfg.Faults, FaultRedisDownInShutdown) { // nemesis_shutdown_redis.go
 		args = append(args, "--shutdown-delay", shutdownRedisDelay.String())
 	}
-	var dataDisk string
+	var dataDisk, refusing string
 	var slowDisk *SlowDisk
 	switch cfg.Mode {
 	case ModeEmbedded:
@@ -307,6 +316,21 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 				}
 			}()
 			slowDisk = d
+		}
+		if slices.Contains(cfg.Faults, FaultStoreRefusesDrain) { // nemesis_drain.go
+			if dataDisk != "" || slowDisk != nil {
+				return nil, errors.New("disk-full, stall-disk and store-refuses-drain each mount the data directory: run them apart")
+			}
+			umount, err := mountRefusingDisk(ctx, data)
+			if err != nil {
+				return nil, err
+			}
+			defer func() {
+				if err := umount(); err != nil {
+					logf("%v", err)
+				}
+			}()
+			refusing = filepath.Join(data, "fencegw.db")
 		}
 		if cfg.TokenBase > 0 {
 			if err := SeedBolt(data, resources, cfg.TokenBase); err != nil {
@@ -400,7 +424,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	// Nemesis, until the end of the run; then let the writes settle.
-	n := &nemesis{cfg: cfg, up: up, replicas: replicas, workers: procs, pg: pg, rd: rd, dataDisk: dataDisk, slowDisk: slowDisk, netns: ns, logf: logf,
+	n := &nemesis{cfg: cfg, up: up, replicas: replicas, workers: procs, pg: pg, rd: rd, dataDisk: dataDisk, slowDisk: slowDisk, refusing: refusing, netns: ns, logf: logf,
 		rng: rand.New(rand.NewPCG(cfg.Seed, 7))}
 	runCtx, endRun := context.WithTimeout(ctx, cfg.Duration)
 	defer endRun()

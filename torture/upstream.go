@@ -42,6 +42,9 @@ type Upstream struct {
 	// inWrite, if set, is called once with the next write's replica index
 	// before it is applied (the nemesis stops that replica).
 	inWrite atomic.Pointer[func(replica int)]
+	// delayNext, if set, is called once with the next write as it arrives
+	// and returns how long to hold it before applying it (DelayNext).
+	delayNext atomic.Pointer[func(Arrival) time.Duration]
 
 	mu       sync.Mutex
 	seq      int64
@@ -88,6 +91,17 @@ func (u *Upstream) StopInWrite(fn func(replica int)) {
 	u.inWrite.Store(&fn)
 }
 
+// DelayNext arms fn to be called with the next write as it arrives (not
+// yet applied); the write is applied and answered after the delay fn
+// returns. DelayNext(nil) disarms it.
+func (u *Upstream) DelayNext(fn func(Arrival) time.Duration) {
+	if fn == nil {
+		u.delayNext.Store(nil)
+		return
+	}
+	u.delayNext.Store(&fn)
+}
+
 func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
 	u.inflight.Add(1)
 	defer u.inflight.Add(-1)
@@ -105,6 +119,12 @@ func (u *Upstream) serve(w http.ResponseWriter, r *http.Request) {
 	if fn := u.inWrite.Swap(nil); fn != nil {
 		replica, _ := strconv.Atoi(r.Header.Get(HeaderReplica))
 		(*fn)(replica)
+	}
+	if fn := u.delayNext.Swap(nil); fn != nil {
+		u.mu.Lock()
+		a := u.arrivals[i]
+		u.mu.Unlock()
+		time.Sleep((*fn)(a))
 	}
 	m := u.mis.Load()
 	dice := rand.IntN(1000)

@@ -374,6 +374,18 @@ func serve(ctx context.Context, hurry <-chan struct{}, cfg config, stdout io.Wri
 	if err := srv.Shutdown(shutdownCtx); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
+	// Drains the store could not record yet hold their fences until it
+	// does or they pass; each passes within a drain period, so this wait
+	// never gives one up early (tokens.Service.WaitDrains).
+	if n := svc.Draining(); n > 0 {
+		logger.Warn("shutting down: waiting for drain periods the store has not recorded yet", "drains", n)
+		drainCtx, cancel := context.WithTimeout(context.Background(), cfg.DrainPeriod+time.Second)
+		err := svc.WaitDrains(drainCtx)
+		cancel()
+		if err != nil {
+			logger.Error("shutting down with drains unrecorded", "drains", svc.Draining(), "err", err)
+		}
+	}
 	logger.Info("stopped")
 	return nil
 }

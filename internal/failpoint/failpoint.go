@@ -75,6 +75,16 @@ const (
 	// orphan and granted a newer token. Run in postgres mode with the
 	// faults kill-pg-sessions,slow-body. Caught by stale-applied.
 	NoSendCheck = active == "no_send_check"
+
+	// DropFailedDrain (tokens.Service.drain): a drain period the store
+	// could not record is given up, and the write's fence released at
+	// once, although the write may still land: once the store takes
+	// writes again a grant goes through and the new holder writes before
+	// the old write arrives. Run with the faults
+	// store-refuses-drain,slow-upstream (embedded mode: the store's file
+	// refuses writes around a timed-out forward; the PostgreSQL modes: a
+	// session holds the resource's fences row). Caught by stale-applied.
+	DropFailedDrain = active == "drop_failed_drain"
 )
 
 // Break describes one broken build for the torture's runner.
@@ -104,6 +114,7 @@ var Breaks = []Break{
 	{Name: "forget_idempotency", On: ForgetIdempotency, Mode: "embedded", CaughtBy: []string{"idempotency-key-once"}},
 	{Name: "no_replica_drain", On: NoReplicaDrain, Mode: "postgres", Faults: "kill-in-write,pause-worker", CaughtBy: []string{"stale-applied"}},
 	{Name: "no_send_check", On: NoSendCheck, Mode: "postgres", Faults: "kill-pg-sessions,slow-body", CaughtBy: []string{"stale-applied"}},
+	{Name: "drop_failed_drain", On: DropFailedDrain, Mode: "embedded", Faults: "store-refuses-drain,slow-upstream", CaughtBy: []string{"stale-applied"}},
 }
 
 // Active returns the name of the failpoint this binary was built with, or

@@ -23,6 +23,7 @@ var guards = map[string]struct{ pkg, run string }{
 	"unlock_on_timeout":  {"./gateway", "^TestIdempotentTimeoutIsNeverForwardedTwice$"},
 	"no_replica_drain":   {"./storage/postgres", "^TestFenceConformance$/^CrashedReplicaDrainsOnlyItsResources$"},
 	"no_send_check":      {"./gateway", "^TestFenceLost(BeforeSendSendsNothing|MidBodyNeverCompletesIt)$"},
+	"drop_failed_drain":  {"./e2e", "^TestStoreRefusesDrain$"},
 }
 
 // Each guard passes in the normal build (elsewhere: the package's own

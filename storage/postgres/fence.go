@@ -49,7 +49,12 @@ import (
 //     frees its locks with its session but leaves the row: the next
 //     exclusive taker finds a row whose session no longer exists and starts
 //     a drain period of OrphanDrain, because a write that replica forwarded
-//     may still land. Resources it never fenced are not held up.
+//     may still land. Resources it never fenced are not held up. A write
+//     whose outcome is unknown and whose drain the store could not record
+//     keeps its hold (tokens/drain.go), so the fence and its row outlive
+//     the write until the drain is recorded or has passed: a replica that
+//     dies meanwhile leaves the row, and the orphan drain, which starts no
+//     earlier than its death, covers the rest.
 //  4. Each lock session is pinged every SessionCheck/10; a replica admits
 //     locally only while its session was confirmed alive less than
 //     SessionCheck ago, and destroys a session that fails a ping (or does
@@ -59,7 +64,8 @@ import (
 //     which the gateway calls before each write system call to the
 //     upstream): the fence was not dropped, the session that took its lock
 //     is still the connected one, and a ping *sent* at S succeeded less
-//     than SessionCheck ago. A ping sent at S that succeeded means the
+//     than SessionCheck ago (while a ping is only slow, the proof waits
+//     for it, up to the forward's deadline). A ping sent at S that succeeded means the
 //     session was alive after S, so it died at D > S, and every byte that
 //     passes the proof leaves before S + SessionCheck < D + SessionCheck.
 //     The next exclusive taker finds the orphan row no earlier than D and
@@ -243,6 +249,7 @@ func (s *Store) NewFence(ctx context.Context, opts FenceOptions) (*Fence, error)
 	}
 	for i := range opts.Sessions {
 		ls := &lockSession{f: f, idx: i}
+		ls.settled.Store(new(make(chan struct{})))
 		if err := ls.connect(ctx); err != nil {
 			f.closeSessions()
 			return nil, err
@@ -311,63 +318,6 @@ func (f *Fence) holdSlow(ctx context.Context, leaseID string) (tokens.Lease, tok
 	f.remember(hf, state, readStart)
 	return lease, state, &heldRef{f: f, hf: hf}, nil
 }
-
-// heldRef is one admitted write's hold on a fence (tokens.Held).
-type heldRef struct {
-	f    *Fence
-	hf   *heldFence
-	done atomic.Bool
-}
-
-// Release ends the write's hold on the fence.
-func (h *heldRef) Release() {
-	if !h.done.Swap(true) {
-		h.f.release(h.hf)
-	}
-}
-
-// Check is the proof taken before each byte of the write is sent (see
-// point 4 at the top of this file): the fence was not dropped, and the
-// session that took its lock is still the connected one and was confirmed
-// alive by a check sent less than SessionCheck ago. Two atomic loads and a
-// monotonic clock read; no lock, no allocation.
-//
-// A session that is neither confirmed lately nor known lost (its check is
-// only slow: a CPU-starved replica, a busy database, a replica that was
-// just stopped and continued) is waited for, not given up: the next check
-// confirms it, and the bytes leave on that fresh proof, or fails (or times
-// out after sessionPingTimeout) and destroys it, and nothing more leaves.
-// Failing at once would turn every load spike into writes cut short.
-func (h *heldRef) Check() error {
-	hf := h.hf
-	var waitUntil time.Time
-	for {
-		if hf.dropped.Load() || hf.sess.gen.Load() != hf.gen {
-			return errFenceLost
-		}
-		now := time.Now()
-		if hf.sess.confirmed(now, hf.gen) {
-			return nil
-		}
-		if waitUntil.IsZero() {
-			waitUntil = now.Add(sessionPingTimeout(h.f.opts.SessionCheck) + h.f.opts.SessionCheck)
-		} else if now.After(waitUntil) {
-			return errFenceLost // the health loop has stopped: closing
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
-// errFenceLost is Check's answer, made once: the hot path allocates nothing.
-var errFenceLost = &tokens.Error{Kind: tokens.ErrFenceLost,
-	Detail: "this replica's lock session for the resource was lost or not confirmed alive lately"}
-
-// noHold is the hold of a write refused without a fence: nothing to
-// release, nothing to prove.
-type noHold struct{}
-
-func (noHold) Release()     {}
-func (noHold) Check() error { return errFenceLost }
 
 // remember keeps state, read under hf's lock, for local checks.
 func (f *Fence) remember(hf *heldFence, state tokens.Resource, readStart time.Time) {

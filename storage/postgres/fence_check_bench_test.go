@@ -35,7 +35,7 @@ func BenchmarkHeldCheck(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
-		if err := held.Check(); err != nil {
+		if err := held.Check(time.Time{}); err != nil {
 			b.Fatal(err)
 		}
 	}

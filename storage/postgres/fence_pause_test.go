@@ -25,7 +25,8 @@ import (
 // used to be destroyed after SessionCheck, dropping every fence on it, so
 // each of their resources drained for the orphan period before its next
 // grant. A dead session is still dropped at once (the fence suite's
-// SessionKilled rules).
+// SessionKilled rules). A proof of a write in flight waits for the slow
+// check, up to its deadline and no longer.
 func TestSlowSessionKeepsItsFences(t *testing.T) {
 	pgtest.Require(t)
 	const check = 200 * time.Millisecond
@@ -88,8 +89,18 @@ func TestSlowSessionKeepsItsFences(t *testing.T) {
 			t.Fatal("writes were still admitted on a session not confirmed for 30 SessionChecks")
 		}
 	}
+	// A proof that must not wait answers at once; one whose deadline
+	// passes before the session's check settles gives up at the deadline
+	// (the gateway's forward timeout): neither sends on an unconfirmed
+	// session. The backends stay paused until both have answered.
+	if err := inflight.Check(time.Time{}); !errors.Is(err, tokens.ErrFenceLost) {
+		t.Errorf("a proof without a deadline on an unconfirmed session: %v, want ErrFenceLost at once", err)
+	}
+	if err := inflight.Check(time.Now().Add(check)); !errors.Is(err, tokens.ErrFenceLost) {
+		t.Errorf("a proof whose deadline passed while the session was unconfirmed: %v, want ErrFenceLost", err)
+	}
 	proof := make(chan error, 1)
-	go func() { proof <- inflight.Check() }()
+	go func() { proof <- inflight.Check(time.Now().Add(time.Minute)) }()
 	// The pause lasts five SessionChecks in all (the old ping timeout was
 	// one): the length of the stall is this test's input, not a wait.
 	time.Sleep(time.Until(pausedAt.Add(5 * check)))

@@ -29,6 +29,16 @@ type lockSession struct {
 	gen atomic.Uint64 // changes on each reconnect; 0 while disconnected
 	// okAt: epoch offset (ns) at which the last successful check was sent.
 	okAt atomic.Int64
+	// settled is closed (and replaced) each time a health check settles,
+	// confirming the session or destroying it: the proofs waiting on a
+	// session not confirmed lately (heldRef.Check) look again then.
+	settled atomic.Pointer[chan struct{}]
+}
+
+// settle wakes the proofs waiting for the session's next health check.
+func (ls *lockSession) settle() {
+	ch := make(chan struct{})
+	close(*ls.settled.Swap(&ch))
 }
 
 // confirmed reports whether the session that took a fence of generation gen
@@ -94,6 +104,7 @@ func (ls *lockSession) fail(gen uint64, err error) {
 		}
 	}
 	f.mu.Unlock()
+	ls.settle()
 }
 
 func (ls *lockSession) healthLoop() {
@@ -133,6 +144,7 @@ func (ls *lockSession) healthLoop() {
 			continue
 		}
 		ls.okAt.Store(int64(sent.Sub(ls.f.epoch)))
+		ls.settle()
 	}
 }
 

@@ -20,13 +20,13 @@ func testFenceSessionKilledLosesProof(t *testing.T, h FenceHarness) {
 	old := acquireOn(t, a, "proof", "old", fenceTTL)
 	p := admit(t, a, old) // admitted; its body has not been sent yet
 	defer p.Done(tokens.OutcomeKnown)
-	if err := p.Check(); err != nil {
+	if err := p.Check(proofDeadline()); err != nil {
 		t.Fatalf("a write just admitted cannot prove its fence: %v", err)
 	}
 	// Health checks renew the proof: a live session never loses it. The
 	// lease expiring does not matter either: the fence is still held.
 	time.Sleep(3 * fenceOpts.SessionCheck)
-	if err := p.Check(); err != nil {
+	if err := p.Check(proofDeadline()); err != nil {
 		t.Fatalf("a write on a live session lost its proof after three session checks: %v", err)
 	}
 
@@ -36,7 +36,7 @@ func testFenceSessionKilledLosesProof(t *testing.T, h FenceHarness) {
 	if err != nil {
 		t.Fatalf("grant after the old replica's session died: %v", err)
 	}
-	if err := p.Check(); !errors.Is(err, tokens.ErrFenceLost) {
+	if err := p.Check(proofDeadline()); !errors.Is(err, tokens.ErrFenceLost) {
 		t.Fatalf("token %d was granted on another replica, and token %d's write on the replica whose session died could still send: Check = %v, want ErrFenceLost",
 			l.Token, old.Token, err)
 	}
@@ -49,6 +49,12 @@ func testFenceSessionKilledLosesProof(t *testing.T, h FenceHarness) {
 			return err
 		}
 		defer q.Done(tokens.OutcomeKnown)
-		return q.Check()
+		return q.Check(proofDeadline())
 	})
 }
+
+// proofDeadline is the deadline the suite's proofs are taken with: as long
+// as any health check takes to settle (a write's forward timeout in the
+// gateway), so that a proof answers on the session's state, never on the
+// deadline.
+func proofDeadline() time.Time { return time.Now().Add(time.Minute) }

@@ -80,7 +80,12 @@ type Write interface {
 	// CheckSend is called before each write system call that carries bytes
 	// of the request: nil if the write's fence is still provably held. An
 	// error stops the send: nothing more of the request is written, the
-	// connection is reset (see sendcheck.go) and the exchange fails.
+	// connection is reset (see sendcheck.go) and the exchange fails. It may
+	// block, up to the write's own deadline (tokens.Held.Check waits for a
+	// slow session check): the engine calls it from the Write of a
+	// connection that carries this exchange alone, on the goroutine that
+	// writes the request, with no lock held, so a proof that waits holds
+	// up no other write.
 	CheckSend() error
 	// Sent tells that n bytes of the request went to the kernel (n may
 	// be 0): from then on, a failure leaves the outcome unknown.
