@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	bbolt "go.etcd.io/bbolt"
+
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -20,7 +22,7 @@ const crashChildEnv = "FENCEGW_BOLT_CRASH_CHILD"
 type crashReport struct {
 	Held     tokens.Lease // live for an hour
 	Recent   tokens.Lease // expires at once, within the crash drain
-	Released tokens.Lease // released before the crash: no write can be in flight
+	Released tokens.Lease // released just before the crash: a write may still be in flight
 	Cycled   int64        // the last token of a resource granted and released many times
 }
 
@@ -147,11 +149,12 @@ func TestCrash(t *testing.T) {
 		t.Fatalf("Grant(recent) after the crash: %v, want ErrFenceBusy with RetryAfter in (0, %v]", err, crashDrain)
 	}
 
-	if l, err := newGrant("released"); err != nil || l.Token != rep.Released.Token+1 {
-		t.Fatalf("Grant(released) after the crash = %+v, %v; want token %d at once (nothing in flight)", l, err, rep.Released.Token+1)
-	}
-	if l, err := newGrant("cycled"); err != nil || l.Token != rep.Cycled+1 {
-		t.Fatalf("Grant(cycled) after the crash = %+v, %v; want token %d (none reissued)", l, err, rep.Cycled+1)
+	// A release does not wait for the writes in flight under the lease:
+	// one sent just before the release may still land.
+	for _, res := range []string{"released", "cycled"} {
+		if _, err := newGrant(res); !errors.Is(err, tokens.ErrFenceBusy) {
+			t.Fatalf("Grant(%s) after the crash: %v, want ErrFenceBusy (released just before the crash)", res, err)
+		}
 	}
 
 	// The drain ends, and the next token follows the child's.
@@ -159,10 +162,74 @@ func TestCrash(t *testing.T) {
 	if l, err := newGrant("recent"); err != nil || l.Token != rep.Recent.Token+1 {
 		t.Fatalf("Grant(recent) after the drain = %+v, %v; want token %d", l, err, rep.Recent.Token+1)
 	}
+	if l, err := newGrant("released"); err != nil || l.Token != rep.Released.Token+1 {
+		t.Fatalf("Grant(released) after the drain = %+v, %v; want token %d", l, err, rep.Released.Token+1)
+	}
+	if l, err := newGrant("cycled"); err != nil || l.Token != rep.Cycled+1 {
+		t.Fatalf("Grant(cycled) after the drain = %+v, %v; want token %d (none reissued)", l, err, rep.Cycled+1)
+	}
 
 	// A clean restart drains nothing.
 	s = reopen(t, s, Options{CrashDrain: time.Hour})
 	if r, err := s.Resource(ctx, "held"); err != nil || !r.DrainUntil.Equal(held.DrainUntil) {
 		t.Fatalf("after a clean restart DrainUntil = %v, %v; want unchanged %v", r.DrainUntil, err, held.DrainUntil)
+	}
+}
+
+// After a crash, only leases that ended within twice the crash drain (a
+// write's forward timeout and its drain) are drained: one released or
+// expired long before is granted at once, one released recently is not.
+func TestCrashDrainHorizon(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fencegw.db")
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	now := t0
+	clock := func() time.Time { return now }
+	const crashDrain = 10 * time.Second
+	s := openAt(t, path, Options{Now: clock, CrashDrain: crashDrain})
+	ctx := t.Context()
+	grant := func(resource string, ttl time.Duration) tokens.Lease {
+		t.Helper()
+		l, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: resource, Holder: "h", TTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	release := func(l tokens.Lease) {
+		t.Helper()
+		if _, err := s.Release(ctx, l.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	release(grant("released-long-ago", time.Hour))
+	grant("expired-long-ago", time.Second)
+	now = t0.Add(100 * time.Second)
+	release(grant("released-recently", time.Hour))
+	grant("expired-recently", time.Second)
+	now = now.Add(15 * time.Second) // past one crash drain, within two
+
+	// A crash: the file is closed without the clean-shutdown marker.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := bbolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bbolt.Tx) error { return tx.Bucket(bucketMeta).Delete(keyClean) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openAt(t, path, Options{Now: clock, CrashDrain: crashDrain})
+	for res, drained := range map[string]bool{"released-long-ago": false, "expired-long-ago": false, "released-recently": true, "expired-recently": true} {
+		r, err := s.Resource(ctx, res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.DrainUntil.After(now); got != drained {
+			t.Errorf("%s: drained after the crash = %v (until %v), want %v", res, got, r.DrainUntil, drained)
+		}
 	}
 }

@@ -54,12 +54,20 @@ func (s *Store) recover() error {
 		// has them and may still apply them. Their shared locks died with
 		// the process, so nothing would stop a new grant from fencing the
 		// old holder while its write is still on the way. Every resource
-		// whose lease was live, or ended so recently that a write admitted
-		// just before the end may still be in flight (within CrashDrain,
-		// the forward timeout), is closed to grants until now+CrashDrain,
-		// exactly as a forward with an unknown outcome would have done.
+		// whose lease was live, or ended (expired, or released: a release
+		// does not wait for the writes in flight) so recently that a write
+		// admitted just before the end may still be in flight or in its
+		// drain, is closed to grants until now+CrashDrain, exactly as a
+		// forward with an unknown outcome would have done. A write admitted
+		// before the end is in flight for at most the forward timeout after
+		// it, and a drain its store could not record holds its fence for a
+		// drain period after that (tokens/drain.go): the horizon is both,
+		// twice CrashDrain (the drain period, which is at least the forward
+		// timeout unless the operator was warned otherwise). A lease that
+		// ended before the horizon had its last write's drain end before
+		// the restart, whenever the process died.
 		now := s.now()
-		horizon := now.Add(-s.opts.CrashDrain)
+		horizon := now.Add(-2 * s.opts.CrashDrain)
 		until := now.Add(s.opts.CrashDrain)
 		res, leases := tx.Bucket(bucketResources), tx.Bucket(bucketLeases)
 		type update struct {
@@ -83,7 +91,11 @@ func (s *Store) recover() error {
 			if err != nil {
 				return fmt.Errorf("lease %s: %w", tokens.LeaseHint(st.current), err)
 			}
-			if l.Released() || !l.ExpiresAt.After(horizon) || !st.drainUntil.Before(until) {
+			ended := l.ExpiresAt
+			if l.Released() && l.ReleasedAt.Before(ended) {
+				ended = l.ReleasedAt
+			}
+			if !ended.After(horizon) || !st.drainUntil.Before(until) {
 				return nil
 			}
 			st.drainUntil = until
