@@ -12,7 +12,7 @@ import (
 // out a live lease: the SDK counts a lease's time from the acquire's send
 // (the only safe local bound for the grant), so it renews once before
 // returning instead of counting the lease lost on arrival.
-func TestAcquireThatWaitedLongerThanTheTTL(t *testing.T) {
+func TestC14AcquireThatWaitedLongerThanTheTTL(t *testing.T) {
 	e := newEnv(t)
 	a := e.acquire(e.client("A", nil), "stmt:acct:9", client.AcquireOptions{TTL: 2 * time.Second})
 	released := make(chan error, 1)

@@ -7,7 +7,7 @@
 #    python3-setuptools/python3-wheel are installed with apt-get if missing);
 # 1. builds fencegw (go build) once, for all that follows;
 # 2. runs the SDK's unittest suite (sdk/python/tests: the conformance list
-#    of sdk/CONFORMANCE.md, C01-C13), which starts its own gateways from
+#    of sdk/CONFORMANCE.md, C01-C14), which starts its own gateways from
 #    that binary, its own upstream, and stops and SIGSTOPs them;
 # 3. runs examples/py-worker/broken_lock.py (the stale-write incident on
 #    the SDK) against a gateway in front of examples/py-worker/upstream.py;

@@ -1,4 +1,4 @@
-"""The shared conformance list (sdk/CONFORMANCE.md), C01-C13, for the Python
+"""The shared conformance list (sdk/CONFORMANCE.md), C01-C14, for the Python
 SDK, against a real fencegw binary and a real upstream. Each test's name
 carries its id. Tests wait on events (the loss signal, an answer); the
 timeouts given to those waits only bound a hang."""
@@ -289,6 +289,43 @@ class TestConformance(Base):
         self.assertEqual((err.code, err.retry_after), ("brand_new_503", 2.0))
         # An upstream's own problem document is not the gateway's.
         self.assertIsNone(_errors.gateway_problem("write", 409, {"Content-Type": "application/problem+json"}, Upstream.PROBLEM))
+
+    def test_C14_acquire_that_waited_longer_than_its_ttl_hands_out_a_live_lease(self) -> None:
+        name = resource()
+        ttl = 0.6
+        a = self.lease(self.client("worker-a"), name, ttl=60)
+        released: List[BaseException] = []
+
+        def release_later() -> None:
+            time.sleep(3 * ttl)  # B waits this long: several of its TTLs
+            try:
+                a.release()
+            except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+                released.append(exc)
+
+        t = threading.Thread(target=release_later)
+        before = time.monotonic()
+        t.start()
+        b = self.lease(self.client("worker-b"), name, ttl=ttl, wait=10)
+        t.join(HANG)
+        self.assertEqual(released, [])
+        self.assertGreater(time.monotonic() - before, ttl, "B's acquire did not wait past its TTL: the test proves nothing")
+        self.assertEqual(b.token, a.token + 1)
+        # Counted from a renewal made after the wait, not from the acquire's send.
+        self.assertFalse(b.lost.is_set(), f"B's lease, just granted, counted as lost: {b.error}")
+        b.check()
+        self.assertGreater(b.last_renewed, before + ttl)
+        r = b.request("POST", "statements", "/c14", body=b"B")
+        self.assertEqual(r.status, 201)
+        # And it is renewed from there on: two TTLs' worth of renewals.
+        until = b.last_renewed + 2 * ttl
+        while b.last_renewed < until:
+            self.assertFalse(b.lost.wait(ttl / 10), f"B's lease lost while renewing: {b.error}")
+            self.assertLess(time.monotonic(), until + HANG, "B's lease was not renewed")
+        b.check()
+        r = b.request("POST", "statements", "/c14", body=b"B again")
+        self.assertEqual(r.status, 201)
+        self.assertEqual([x["token"] for x in self.up.seen() if x["path"] == "/c14"], [b.token, b.token])
 
 
 class TestGatewayDown(Base):

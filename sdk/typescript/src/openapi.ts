@@ -756,7 +756,10 @@ export interface components {
          *     - `unknown_lease`: no such lease was ever granted;
          *     - `lease_not_owned`: the lease was acquired with another key;
          *     - `resource_mismatch`: the lease is for another resource than the
-         *       upstream's route binds to the path.
+         *       upstream's route binds to the path;
+         *     - `forbidden`: the key that presented the lease may no longer use
+         *       its resource (its resource prefixes were narrowed since the
+         *       lease was granted).
          * @example stale_token
          */
         RejectionCode: string;

@@ -1,7 +1,7 @@
 // Conformance (sdk/CONFORMANCE.md) of fenced writes and scopes against the
 // real gateway: stale writes (C05), idempotent retries (C06), release on
 // exit (C07), held resources (C10), the upstream's answers (C11), paths
-// (C12), unknown codes (C13).
+// (C12), unknown codes (C13), an acquire that waited past its TTL (C14).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import {
@@ -160,7 +160,7 @@ test("C10 a held resource is LeaseHeld, with who and for how long", async () => 
   await lb.release();
 });
 
-test("C10 a lease acquired after a wait longer than its TTL is not lost on arrival", async () => {
+test("C14 an acquire that waited longer than its TTL hands out a live lease", async () => {
   const res = resource("c10b");
   // A holds for 1.5 s and stalls (its renewals hang); B asks for 1 s leases and waits.
   proxy.fault = (req) => (req.url.endsWith("/renew") ? "hang" : "pass");

@@ -87,6 +87,9 @@ class Client:
                 writes under the previous token were still in flight), or no
                 answer from the gateway.
             InvalidRequest: bad input (``field`` names it).
+            LeaseLost: the acquire waited longer than a renewal period, and
+                the renewal made before handing the lease out (its time is
+                counted from the acquire's send) was answered ``lease_lost``.
         """
         body: Dict[str, Any] = {"resource": resource, "holder": holder or self.holder, "ttl_ms": int(round(ttl * 1000))}
         if wait > 0:
@@ -102,7 +105,9 @@ class Client:
         if resp.status != 201:
             raise answer_error(OP_ACQUIRE, resp.status, resp.headers, resp.body)
         margin = ttl / 10 if safety_margin is None else max(safety_margin, 0.0)
-        return Lease(self, self._json(resp), ttl, margin, sent, rtt)
+        lease = Lease(self, self._json(resp), ttl, margin, sent, rtt)
+        lease._begin(sent)
+        return lease
 
     acquire = lease
     """Another name for ``lease``, for callers that release it themselves."""

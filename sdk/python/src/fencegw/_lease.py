@@ -99,7 +99,35 @@ class Lease:
         self._stopping = False
         self._release_lock = threading.Lock()
 
-        self._renewer = threading.Thread(target=self._keep_alive, name=f"fencegw-renew-{self.resource}", daemon=True)
+    def _begin(self, sent: float) -> None:
+        """Starts the renewals and the deadline's watch; the Client calls it
+        once, before handing the lease out. An acquire that took longer than
+        a renewal period (it waited for the resource) is renewed first: the
+        gateway's count began at the grant, somewhere within the call, but
+        only the call's send time is a safe local bound for it, and a lease
+        counted from there could be lost on arrival. Raises the renewal's
+        LeaseLost if the gateway says the lease is gone; any other failure is
+        left to the keep-alive, which retries it at once."""
+        every = max(self.ttl / 3.0, 0.001)
+        first = sent + every
+        if time.monotonic() - sent > every:
+            try:
+                # Bounded by a TTL from now, not by the deadline counted from
+                # the acquire's send, which may have passed although the
+                # gateway's has not.
+                first = self._renew(bound=self.ttl) + every
+            except LeaseLost as err:
+                with self._cond:
+                    self._stopping = True
+                    self._lose_locked(err)
+                raise
+            except Exception as exc:  # noqa: BLE001 - as in _keep_alive: retried until the deadline
+                with self._cond:
+                    self._last_failure = _renew_failure(exc)
+                first = time.monotonic()
+        self._renewer = threading.Thread(
+            target=self._keep_alive, args=(first,), name=f"fencegw-renew-{self.resource}", daemon=True
+        )
         self._watcher = threading.Thread(target=self._watch_deadline, name=f"fencegw-expiry-{self.resource}", daemon=True)
         self._renewer.start()
         self._watcher.start()
@@ -159,13 +187,12 @@ class Lease:
 
     # --- the background ----------------------------------------------------
 
-    def _keep_alive(self) -> None:
-        """Renews every TTL/3 and retries failures with backoff, until
-        stopped or lost. Renewals do not honour Retry-After: waiting a whole
-        second could cost a short lease."""
+    def _keep_alive(self, first: float) -> None:
+        """Renews every TTL/3, the first time at ``first`` (monotonic), and
+        retries failures with backoff, until stopped or lost. Renewals do not
+        honour Retry-After: waiting a whole second could cost a short lease."""
         every = max(self.ttl / 3.0, 0.001)
-        with self._cond:
-            wait = self._last_renewed + every - time.monotonic()
+        wait = first - time.monotonic()
         backoff = 0.0
         while True:
             with self._cond:
@@ -181,7 +208,7 @@ class Lease:
                         self._lose_locked(err)
                 return
             except Exception as exc:  # noqa: BLE001 - a failed renewal, whatever broke, is retried until the deadline
-                failure = exc if isinstance(exc, FencegwError) else FencegwError(f"fencegw: renew: {exc!r}", op=OP_RENEW)
+                failure = _renew_failure(exc)
                 with self._cond:
                     if self._stopping:
                         return
@@ -192,13 +219,13 @@ class Lease:
             backoff = 0.0
             wait = sent + every - time.monotonic()
 
-    def _renew(self) -> float:
+    def _renew(self, bound: Optional[float] = None) -> float:
         """One renewal, its wait bounded by the local deadline (after it the
-        lease counts as lost whatever the answer); moves the deadline on
-        success. Returns the renewal's send time."""
+        lease counts as lost whatever the answer), or by ``bound`` seconds;
+        moves the deadline on success. Returns the renewal's send time."""
         with self._cond:
             rtt = self._rtt
-            remaining = self._deadline - time.monotonic()
+            remaining = self._deadline - time.monotonic() if bound is None else bound
         if remaining <= 0:
             raise FencegwError("fencegw: renew: the deadline passed", op=OP_RENEW)
         sent = time.monotonic()
@@ -219,8 +246,12 @@ class Lease:
         doc = self._client._json(resp)
         with self._cond:
             # An answer that came after the deadline does not count: the
-            # lease was lost then, whatever the gateway says now.
-            if not self._due_locked() and not self._stopping:
+            # lease was lost then, whatever the gateway says now. Except for
+            # the renewal before the lease is handed out (``bound``): its
+            # deadline, counted from the acquire's send, may have passed
+            # while the gateway's had not.
+            live = self._error is None and not self._released if bound is not None else not self._due_locked()
+            if live and not self._stopping:
                 self._last_failure = None
                 self._last_renewed = sent
                 d = sent + doc["ttl_ms"] / 1000.0 - self.margin
@@ -428,6 +459,11 @@ class Lease:
     def __repr__(self) -> str:
         state = "lost" if self.lost.is_set() else ("released" if self.released else "held")
         return f"<fencegw.Lease resource={self.resource!r} token={self.token} ttl={self.ttl}s {state}>"
+
+
+def _renew_failure(exc: Exception) -> FencegwError:
+    """A failed renewal as the error recorded for the loss's message."""
+    return exc if isinstance(exc, FencegwError) else FencegwError(f"fencegw: renew: {exc!r}", op=OP_RENEW)
 
 
 def _retryable(err: FencegwError) -> bool:
