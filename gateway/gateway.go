@@ -140,10 +140,10 @@ type Gateway struct {
 	handler  http.Handler
 	// live is what Reload replaces: upstreams, credentials, keys, hosts,
 	// routes, observation (live.go). Requests load it once, in dispatch.
-	live     atomic.Pointer[live]
-	streams  *streamSlots
-	keys     *keys    // nil without Config.Idempotency
-	tr       *tracing // nil without Config.TracerProvider
+	live    atomic.Pointer[live]
+	streams *streamSlots
+	keys    *keys    // nil without Config.Idempotency
+	tr      *tracing // nil without Config.TracerProvider
 	// stopping: the process is shutting down, and /readyz says so, so that
 	// a load balancer takes the replica out before it stops serving.
 	stopping atomic.Bool
