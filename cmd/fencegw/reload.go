@@ -88,6 +88,9 @@ func (rl *reloader) reload(why string) {
 		err = fmt.Errorf("--tls-cert: TLS cannot be turned on in place")
 	}
 	if err == nil {
+		if next.Auth != nil && rl.cur.Auth != nil {
+			next.Auth.Keys.KeepBudgets(rl.cur.Auth.Keys)
+		}
 		err = rl.gw.Reload(liveOf(next)) // checked as a whole, then swapped
 	} else {
 		rl.gw.ReloadRefused()
