@@ -76,6 +76,9 @@ type config struct {
 	// (tracing.go); the SDK reads the rest of them itself.
 	Tracing bool
 
+	// src says where each flag's value came from, for messages.
+	src sources
+
 	// reparse reads the configuration again as it was read at start (the
 	// same flags and environment, the files as they are now): a reload.
 	reparse func() (config, error)
@@ -376,6 +379,7 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 	if err := parseSecurity(&cfg, src); err != nil {
 		return cfg, err
 	}
+	cfg.src = src
 	return cfg, nil
 }
 
@@ -417,7 +421,7 @@ func flagError(err error) error {
 	return usageError("%s; %v", msg, errSeeHelp)
 }
 
-var flagValueError = regexp.MustCompile(`^invalid (?:boolean )?value ".*" for flag -([\w-]+): (.*)$`)
+var flagValueError = regexp.MustCompile(`^invalid (?:boolean )?value ".*" for (?:flag )?-([\w-]+): (.*)$`)
 
 // parseSecurity loads --auth-file, checks TLS files, and refuses to serve
 // without authentication anywhere but on loopback unless told to.
