@@ -25,7 +25,7 @@ func TestStartupErrorsNameTheirCause(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { silent.Close() }) // after the parallel cases
-	go func() { // accepts connections and never answers them
+	go func() {                          // accepts connections and never answers them
 		var held []net.Conn
 		for {
 			c, err := silent.Accept()
