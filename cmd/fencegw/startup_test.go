@@ -25,7 +25,8 @@ func TestStartupErrorsNameTheirCause(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { silent.Close() }) // after the parallel cases
-	go func() {                          // accepts connections and never answers them
+	// silent accepts connections and never answers them.
+	go func() {
 		var held []net.Conn
 		for {
 			c, err := silent.Accept()
