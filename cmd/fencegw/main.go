@@ -111,7 +111,7 @@ const usage = `fencegw — an HTTP fencing gateway
 
 usage:
   fencegw                      serve on 127.0.0.1:8080 with the embedded store in ./fencegw-data
-  fencegw demo [--exit]        replay the stale-write incident without and with the gateway
+  fencegw demo [--listen ADDR] [--exit]  replay the stale-write incident without and with the gateway
   fencegw gen-key              print a new API key and its sha256 for --auth-file
   fencegw hash-key < KEY       print the sha256 of a key read on stdin
   fencegw config check FILE    read a --config file (and the files it names) as serve would, without serving
