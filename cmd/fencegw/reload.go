@@ -87,6 +87,11 @@ func (rl *reloader) reload(why string) {
 	if err == nil && rl.cert == nil && next.Cert != nil {
 		err = fmt.Errorf("--tls-cert: TLS cannot be turned on in place")
 	}
+	if err == nil && next.Listen != rl.cur.Listen && len(next.HostsFlag) == 0 {
+		// The default Host list follows the address in use, which a
+		// reload does not change.
+		next.AllowedHosts = gateway.DefaultAllowedHosts(rl.cur.Listen)
+	}
 	if err == nil {
 		if next.Auth != nil && rl.cur.Auth != nil {
 			next.Auth.Keys.KeepBudgets(rl.cur.Auth.Keys)
