@@ -39,7 +39,9 @@ const (
 	DefaultWriteTimeout   = 30 * time.Second
 )
 
-// Config configures a Gateway. Zero fields take the defaults.
+// Config configures a Gateway. Zero fields take the defaults. Upstreams,
+// UpstreamHeaders, Auth, AllowedHosts, Routes and Observe are the live
+// configuration's first value: Reload replaces them as one (live.go).
 type Config struct {
 	// Upstreams maps names to base URLs. The gateway forwards only there,
 	// never to an address a client names.
