@@ -118,3 +118,61 @@ func pgReachable() bool {
 	c.Close()
 	return true
 }
+
+// fencegw config check reads a file as serve would, and serves nothing:
+// exit 0 and a summary for a good one, 2 and one line for a bad one.
+func TestConfigCheck(t *testing.T) {
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good.yaml"), filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(good, []byte("upstream: [a=http://127.0.0.1:1]\nroute: [a/**=r*]\nforward-timeout: 5s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, []byte("upstream: [a=http://127.0.0.1:1]\nwaitms: 3\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		file string
+		code int
+		want string
+	}{
+		{good, 0, good + ": ok (1 upstreams, 1 routes)"},
+		{bad, 2, bad + ": line 2: waitms is not a setting"},
+	} {
+		cmd := exec.Command(binary, "config", "check", c.file)
+		out, err := cmd.CombinedOutput()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+		if code != c.code || !strings.Contains(string(out), c.want) || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 {
+			t.Errorf("config check %s: exit %d, %q; want %d and one line with %q", c.file, code, out, c.code, c.want)
+		}
+	}
+}
+
+// Flags win over FENCEGW_* variables, which win over the --config file;
+// the file fills in the rest, lists for repeatable flags.
+func TestConfigFilePrecedence(t *testing.T) {
+	conf := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(conf, []byte(`listen: 127.0.0.1:1111
+forward-timeout: 7s
+grant-wait: 3s
+max-body: 1MiB
+upstream: [a=http://127.0.0.1:1, b=http://127.0.0.1:2]
+observe: b
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"FENCEGW_FORWARD_TIMEOUT": "8s", "FENCEGW_GRANT_WAIT": "4s"}
+	cfg, err := parseServe([]string{"--config", conf, "--grant-wait", "5s"}, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Listen != "127.0.0.1:1111" || cfg.ForwardTimeout != 8*time.Second || cfg.GrantWait != 5*time.Second ||
+		cfg.MaxBody != 1<<20 || len(cfg.Upstreams) != 2 || !cfg.Observe["b"] {
+		t.Fatalf("config: %+v", cfg)
+	}
+	if cfg.src.of("listen") != conf+": listen" || cfg.src.of("forward-timeout") != "FENCEGW_FORWARD_TIMEOUT" || cfg.src.of("grant-wait") != "--grant-wait" {
+		t.Fatalf("sources: %v", cfg.src)
+	}
+}
