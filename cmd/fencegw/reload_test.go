@@ -379,3 +379,46 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// A configuration file replaced under the gateway (a Kubernetes ConfigMap's
+// symlink swap), with no signal, is reloaded; what cannot change in place
+// is named in one line and kept.
+func TestReloadOnReplacedFile(t *testing.T) {
+	dir := t.TempDir()
+	confA, confB := filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.yaml")
+	if err := os.WriteFile(confA, []byte("upstream: [a=http://127.0.0.1:1]\nforward-timeout: 30s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(confB, []byte("upstream: [b=http://127.0.0.1:1]\nforward-timeout: 20s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "config.yaml")
+	point(t, link, confA)
+	p := startProc(t, "--config", link, "--data", t.TempDir())
+	status := func(upstream string) int {
+		resp, err := http.Post(p.url()+"/v1/proxy/"+upstream+"/x", "text/plain", strings.NewReader("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if status("b") != http.StatusNotFound || status("a") == http.StatusNotFound {
+		t.Fatal("at start upstream a is not the only one")
+	}
+	point(t, link, confB)
+	deadline := time.Now().Add(10 * time.Second)
+	for status("b") == http.StatusNotFound {
+		if time.Now().After(deadline) {
+			t.Fatalf("the replaced file was not reloaded within 10s\n%s", p.output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if status("a") != http.StatusNotFound {
+		t.Fatal("upstream a is still configured after the reload")
+	}
+	waitOutput(t, p, `settings="forward-timeout, drain-period"`) // the drain period follows the forward timeout
+	if !strings.Contains(p.output(), `why="a file was replaced"`) {
+		t.Fatalf("the reload does not say why:\n%s", p.output())
+	}
+}
