@@ -144,6 +144,12 @@ var fixedSettings = []struct{ field, flag string }{
 	{"IdempotencyMaxRecords", "idempotency-max-records"}, {"Tracing", "OTEL_*"},
 }
 
+// reloadedFields are the config fields a reload applies (or that only say
+// where the configuration came from); every other field is in
+// fixedSettings (TestEveryConfigFieldIsClassified).
+var reloadedFields = []string{"ConfigFile", "Upstreams", "AuthFile", "Auth", "TLSCert", "TLSKey", "Cert",
+	"AllowedHosts", "HostsFlag", "Routes", "Observe", "src", "reparse"}
+
 // fixedChanges names the settings that differ between a and b and cannot
 // change in place (by name only: a store URL may hold a password).
 func fixedChanges(a, b config) []string {

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -420,5 +421,30 @@ func TestReloadOnReplacedFile(t *testing.T) {
 	waitOutput(t, p, `settings="forward-timeout, drain-period"`) // the drain period follows the forward timeout
 	if !strings.Contains(p.output(), `why="a file was replaced"`) {
 		t.Fatalf("the reload does not say why:\n%s", p.output())
+	}
+}
+
+// Every field of config is either applied by a reload or named as one
+// that cannot change in place: a new flag must be classified.
+func TestEveryConfigFieldIsClassified(t *testing.T) {
+	known := map[string]bool{}
+	for _, f := range reloadedFields {
+		known[f] = true
+	}
+	for _, s := range fixedSettings {
+		if known[s.field] {
+			t.Errorf("%s is both reloaded and fixed", s.field)
+		}
+		known[s.field] = true
+	}
+	typ := reflect.TypeOf(config{})
+	for i := range typ.NumField() {
+		if name := typ.Field(i).Name; !known[name] {
+			t.Errorf("config.%s is neither in reloadedFields nor in fixedSettings (reload.go)", name)
+		}
+		delete(known, typ.Field(i).Name)
+	}
+	for name := range known {
+		t.Errorf("%s is classified but is not a field of config", name)
 	}
 }
