@@ -285,7 +285,7 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 			return
 		}
 		key := "FENCEGW_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if repeatable[f.Name] {
+		if repeatable[f.Name] && f.Name != "allowed-hosts" { // that one is a list already
 			list := "FENCEGW_" + strings.ToUpper(f.Name) + "S"
 			v := getenv(list)
 			if v == "" {
@@ -384,7 +384,8 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 }
 
 // repeatable are the flags given once per value; FENCEGW_<FLAG>S (or
-// FENCEGW_<FLAG>) takes them comma-separated, the file as a list.
+// FENCEGW_<FLAG>) takes them comma-separated, the file as a list
+// (--allowed-hosts is comma-separated itself: FENCEGW_ALLOWED_HOSTS).
 var repeatable = map[string]bool{"upstream": true, "route": true, "observe": true, "allowed-hosts": true}
 
 // sources says where each flag's value came from, as the user wrote it:
