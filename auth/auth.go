@@ -244,6 +244,21 @@ type entry struct {
 	bucket    *bucket // nil: unlimited
 }
 
+// KeepBudgets carries the rate budgets of old's keys over to the keys of k
+// with the same name, rate and burst, so that a configuration reload does
+// not refill every key's burst. Call it before k is in use.
+func (k *Keys) KeepBudgets(old *Keys) {
+	if old == nil {
+		return
+	}
+	for name, e := range k.byName {
+		if o := old.byName[name]; o != nil && e.bucket != nil && o.bucket != nil &&
+			e.bucket.rate == o.bucket.rate && e.bucket.burst == o.bucket.burst {
+			e.bucket = o.bucket
+		}
+	}
+}
+
 // Len is the number of keys.
 func (k *Keys) Len() int { return len(k.all) }
 

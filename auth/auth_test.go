@@ -2,6 +2,7 @@ package auth
 
 import (
 	"encoding/base64"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -205,5 +206,31 @@ func TestGenerateKey(t *testing.T) {
 	keys := mustParse(t, "keys:\n  - {name: n, sha256: "+Hash(a)+", role: viewer}\n").Keys
 	if p, err := keys.Authenticate(request("Bearer " + a)); err != nil || p.Name != "n" {
 		t.Fatalf("Authenticate(generated) = %+v, %v", p, err)
+	}
+}
+
+// A reload keeps the rate budget of a key whose name, rate and burst are
+// unchanged: its burst is not refilled by reloading.
+func TestKeepBudgets(t *testing.T) {
+	file := func(rate int) []byte {
+		return []byte(fmt.Sprintf("keys:\n  - {name: k, sha256: %s, role: worker, rate: %d, burst: 1}\n", Hash("secret"), rate))
+	}
+	old, err := Parse(file(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Principal{Name: "k"}
+	if ok, _ := old.Keys.Allow(p); !ok {
+		t.Fatal("the first request is refused")
+	}
+	same, _ := Parse(file(1))
+	same.Keys.KeepBudgets(old.Keys)
+	if ok, _ := same.Keys.Allow(p); ok {
+		t.Fatal("the reloaded key's burst was refilled")
+	}
+	changed, _ := Parse(file(2))
+	changed.Keys.KeepBudgets(old.Keys)
+	if ok, _ := changed.Keys.Allow(p); !ok {
+		t.Fatal("a key whose rate changed does not start with its new budget")
 	}
 }

@@ -45,13 +45,13 @@ type Authenticator interface {
 // the store's (tokens.ErrTooManyLeases).
 var ErrUnauthenticated = auth.ErrUnauthenticated
 
-type principalKey struct{}
-
 // principalFrom returns the authenticated caller, or nil without
-// authentication.
+// authentication (the request's scope holds it: live.go).
 func principalFrom(ctx context.Context) *Principal {
-	p, _ := ctx.Value(principalKey{}).(*Principal)
-	return p
+	if s, ok := ctx.Value(scopeKey{}).(*scope); ok {
+		return s.principal
+	}
+	return nil
 }
 
 // principalName is the caller's name, "" without authentication (which
@@ -100,19 +100,22 @@ func keyless(path string) bool {
 	return openPath(path) || path == "/v1/openapi.yaml" || path == "/v1/openapi.json"
 }
 
-// authenticate is the security middleware when Config.Auth is set: it
-// identifies the caller (401), meters it (429), checks the route's role
-// (403) and puts the Principal in the request's context.
+// authenticate is the security middleware: when the live configuration
+// the request is judged under has keys, it identifies the caller (401),
+// meters it (429), checks the route's role (403) and puts the Principal in
+// the request's scope.
 func (g *Gateway) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if keyless(r.URL.Path) {
+		r, s := g.withScope(r)
+		keys := s.live.auth
+		if keys == nil || keyless(r.URL.Path) {
 			next.ServeHTTP(w, r)
 			return
 		}
 		// HTTP Basic, which browsers cache and send on their own, only
 		// where the dashboard needs it (hosts.go).
 		basicOK := basicAllowed(r)
-		p, err := g.cfg.Auth.Authenticate(r)
+		p, err := keys.Authenticate(r)
 		if err == nil && !basicOK && isBasic(r) {
 			p, err = nil, &tokens.Error{Kind: ErrUnauthenticated,
 				Detail: "HTTP Basic is accepted only by the dashboard (reads under /ui/ and its live feed); this call takes Authorization: Bearer <key>"}
@@ -132,7 +135,7 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 			writeProblem(w, r, g.log, err)
 			return
 		}
-		if ok, wait := g.cfg.Auth.Allow(p); !ok {
+		if ok, wait := keys.Allow(p); !ok {
 			writeProblem(w, r, g.log, &tokens.Error{Kind: problems.ErrRateLimited, RetryAfter: wait,
 				Detail: "key " + strconv.Quote(p.Name) + " is over its request rate"})
 			return
@@ -142,6 +145,7 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 				Detail: "key " + strconv.Quote(p.Name) + " has role " + p.Role.String() + "; this call needs " + need.String()})
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
+		s.principal = p
+		next.ServeHTTP(w, r)
 	})
 }

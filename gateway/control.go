@@ -423,6 +423,10 @@ func (g *Gateway) controlBody(next http.Handler) http.Handler {
 					writeProblem(w, r, g.log, err)
 					return
 				}
+				if err := checkFields(data, fieldsFor(r)); err != nil { // strictjson.go
+					writeProblem(w, r, g.log, err)
+					return
+				}
 				r.Body = &readBody{Reader: bytes.NewReader(data), data: data}
 			}
 		}

@@ -39,7 +39,9 @@ const (
 	DefaultWriteTimeout   = 30 * time.Second
 )
 
-// Config configures a Gateway. Zero fields take the defaults.
+// Config configures a Gateway. Zero fields take the defaults. Upstreams,
+// UpstreamHeaders, Auth, AllowedHosts, Routes and Observe are the live
+// configuration's first value: Reload replaces them as one (live.go).
 type Config struct {
 	// Upstreams maps names to base URLs. The gateway forwards only there,
 	// never to an address a client names.
@@ -138,11 +140,12 @@ type Gateway struct {
 	inflight atomic.Int64
 	ages     *inflightAges
 	handler  http.Handler
-	hosts    hostList
-	bindings routeTable
-	streams  *streamSlots
-	keys     *keys    // nil without Config.Idempotency
-	tr       *tracing // nil without Config.TracerProvider
+	// live is what Reload replaces: upstreams, credentials, keys, hosts,
+	// routes, observation (live.go). Requests load it once, in dispatch.
+	live    atomic.Pointer[live]
+	streams *streamSlots
+	keys    *keys    // nil without Config.Idempotency
+	tr      *tracing // nil without Config.TracerProvider
 	// stopping: the process is shutting down, and /readyz says so, so that
 	// a load balancer takes the replica out before it stops serving.
 	stopping atomic.Bool
@@ -174,8 +177,10 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	if cfg.Clocks == nil {
 		cfg.Clocks = tokens.NewClocks()
 	}
-	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport(), hosts: newHostList(cfg.AllowedHosts), bindings: newRouteTable(cfg.Routes),
+	g := &Gateway{cfg: cfg, svc: svc, log: cfg.Logger, feed: newFeed(), transport: newTransport(),
 		tr: newTracing(cfg.TracerProvider)}
+	g.live.Store(buildLive(Live{Upstreams: cfg.Upstreams, UpstreamHeaders: cfg.UpstreamHeaders, Auth: cfg.Auth,
+		AllowedHosts: cfg.AllowedHosts, Routes: cfg.Routes, Observe: cfg.Observe}))
 	g.engine = engine.New(g.transport, writeOf)
 	g.transport.DialContext = engine.FencedDial(g.transport.DialContext) // sendcheck.go
 	g.ages = newInflightAges(cfg.ForwardTimeout + cfg.BodyTimeout)
@@ -236,6 +241,7 @@ func (g *Gateway) dispatch(router, acquire http.Handler) http.Handler {
 		proxy = mw[i](proxy)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r, _ = g.withScope(r) // the live configuration this request is judged under (live.go)
 		path := r.URL.RawPath
 		if path == "" {
 			path = r.URL.Path
@@ -274,10 +280,8 @@ func (g *Gateway) middleware() []func(http.Handler) http.Handler {
 	if g.tr != nil {
 		mw = append([]func(http.Handler) http.Handler{g.traceServer}, mw...) // tracing.go
 	}
-	if g.cfg.Auth != nil {
-		mw = append(mw, g.authenticate)
-	}
-	return mw
+	// Always in the chain: a reload may turn authentication on or off.
+	return append(mw, g.authenticate)
 }
 
 // routes is the router over every endpoint, the control calls served by

@@ -107,7 +107,7 @@ func DefaultAllowedHosts(listen string) []string {
 func (g *Gateway) browserGuard(next http.Handler) http.Handler {
 	cop := http.NewCrossOriginProtection()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !g.hosts.allows(r.Host) && !openPath(r.URL.Path) {
+		if !g.liveOf(r).hosts.allows(r.Host) && !openPath(r.URL.Path) {
 			g.refuseBrowser(w, r, &tokens.Error{Kind: problems.ErrForbidden, Field: "Host",
 				Detail: strconv.Quote(truncateUTF8(r.Host, 128)) + " is not one of this gateway's names (--allowed-hosts); nothing was done"})
 			return

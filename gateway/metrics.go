@@ -9,7 +9,8 @@ package gateway
 //     holder was still working, refused renewals and releases, drains, the
 //     store's reachability, the oldest write in flight;
 //   - the attribution of refused writes to the principal (API key) that
-//     presented the lease.
+//     presented the lease;
+//   - configuration reloads, applied or refused (live.go).
 //
 // Their names, labels and help text are an interface: the alert rules and
 // their tests in deploy/prometheus, the Grafana dashboard and the docs
@@ -75,6 +76,8 @@ type metrics struct {
 	seen          map[string]struct{} // leases already counted in lostLive
 
 	byPrincipal *principalCounts
+
+	reloads map[bool]prometheus.Counter // applied (true) or refused
 }
 
 // maxSeenLeases bounds the leases remembered so that one that is refused
@@ -153,7 +156,11 @@ func newMetrics(reg prometheus.Registerer, svc *tokens.Service, ages *inflightAg
 		}
 		return float64(svc.Draining())
 	})
-	reg.MustRegister(leaseRefusals, lostLive, drains, storeUp, oldest, pending)
+	reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fencegw_config_reloads_total",
+		Help: "Configuration reloads (SIGHUP, or a configuration, auth, certificate or key file replaced) by result: ok (applied as a whole) or error (refused: the configuration before it stays).",
+	}, []string{"result"})
+	reg.MustRegister(leaseRefusals, lostLive, drains, storeUp, oldest, pending, reloads)
 
 	m := &metrics{
 		writes:        map[string]prometheus.Counter{},
@@ -167,6 +174,7 @@ func newMetrics(reg prometheus.Registerer, svc *tokens.Service, ages *inflightAg
 		drains:        drains,
 		seen:          map[string]struct{}{},
 		byPrincipal:   newPrincipalCounts(reg),
+		reloads:       map[bool]prometheus.Counter{true: reloads.WithLabelValues("ok"), false: reloads.WithLabelValues("error")},
 	}
 	for _, o := range []string{outcomeForwarded, outcomeRejected, outcomeUpstreamError, outcomeUnknownUpstream, outcomeBadRequest, outcomeUnavailable, outcomeFenceLost} {
 		m.writes[o] = writes.WithLabelValues(o)

@@ -32,6 +32,7 @@ const proxyPrefix = "/v1/proxy/"
 // forward is the state one fenced write shares between the handler and the
 // reverse proxy's hooks.
 type forward struct {
+	live     *live // the configuration that admitted it (live.go)
 	permit   *tokens.Permit
 	name     string // the upstream's name
 	upstream *url.URL
@@ -110,7 +111,7 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward) {
 	}
 	// The client's Host is the gateway's word only when the Host
 	// check vouched for it (hosts.go); otherwise it is dropped.
-	if !g.hosts.any {
+	if !f.live.hosts.any {
 		vals[1] = pr.In.Host
 		h["X-Forwarded-Host"] = vals[1:2:2]
 	}
@@ -129,10 +130,10 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward) {
 	h[HeaderResource] = vals[3:4:4]
 	// With authentication the client's Authorization is its key at
 	// the gateway, not a credential for the upstream.
-	if g.cfg.Auth != nil {
+	if f.live.auth != nil {
 		h.Del("Authorization")
 	}
-	for k, v := range g.cfg.UpstreamHeaders[f.name] {
+	for k, v := range f.live.headers[f.name] {
 		h[k] = v
 	}
 	f.trace.inject(g.tr, h)
@@ -166,7 +167,8 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		rawPath = "/"
 	}
-	base, found := g.cfg.Upstreams[name]
+	lc := g.liveOf(r) // one configuration judges the whole write (live.go)
+	base, found := lc.upstreams[name]
 	if !found {
 		g.metrics.write(outcomeUnknownUpstream)
 		p := problemOf(problems.ErrUnknownUpstream)
@@ -174,7 +176,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		sendProblem(w, r, p)
 		return
 	}
-	if k := upstreamLookalike(r.Header, g.cfg.UpstreamHeaders[name]); k != "" {
+	if k := upstreamLookalike(r.Header, lc.headers[name]); k != "" {
 		g.metrics.write(outcomeBadRequest)
 		writeProblem(w, r, g.log, lookalikeError(k))
 		return
@@ -215,8 +217,8 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	_ = rc.SetWriteDeadline(time.Now().Add(g.cfg.ForwardTimeout + g.cfg.BodyTimeout))
 
 	write := tokens.Write{Method: r.Method, Upstream: name, Path: truncateUTF8(path, 512), Principal: principalName(r.Context())}
-	if len(g.cfg.Observe) > 0 {
-		write.Observe = g.cfg.Observe[name]
+	if len(lc.observe) > 0 {
+		write.Observe = lc.observe[name]
 	}
 	wt, actx := g.beginWrite(r.Context(), name) // tracing.go; actx is r's context without tracing
 	if wt != nil {
@@ -227,7 +229,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		// The owner acquired it within its prefixes; this catches a key
 		// whose prefixes were narrowed since. Both refusals are recorded.
 		if err = mayUse(r.Context(), permit.Lease.Resource); err == nil {
-			err = g.bindings.check(name, rawPath, permit.Lease.Resource, permit.Lease.Token) // routes.go
+			err = lc.bindings.check(name, rawPath, permit.Lease.Resource, permit.Lease.Token) // routes.go
 		}
 		if err != nil {
 			err = permit.Refuse(actx, err, write)
@@ -255,7 +257,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ownBody(w) // admitted: the forward's answer is the body's (early.go)
-	f := &forward{permit: permit, name: name, upstream: base, path: path, rawPath: rawPath, token: strconv.FormatInt(permit.Lease.Token, 10), instance: r.URL.Path, body: guard, keyed: kw}
+	f := &forward{live: lc, permit: permit, name: name, upstream: base, path: path, rawPath: rawPath, token: strconv.FormatInt(permit.Lease.Token, 10), instance: r.URL.Path, body: guard, keyed: kw}
 	if f.rawPath == path {
 		f.rawPath = ""
 	}

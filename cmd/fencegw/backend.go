@@ -54,10 +54,10 @@ func openBackend(ctx context.Context, cfg config, log *slog.Logger) (*backend, e
 		Logger:                log,
 	})
 	if ce := (*mode.ConfigError)(nil); errors.As(err, &ce) {
-		return nil, usageError("--%s: %v", ce.Field, ce.Err)
+		return nil, cfg.src.bad(ce.Field, "%v", ce.Err)
 	}
 	if err != nil {
-		return nil, err
+		return nil, storeError(err, cfg) // storeerrors.go
 	}
 	b := &backend{mode: m.Name, store: m.Store, locker: m.Locker, fencer: m.Fencer, keys: m.Keys, feed: m.Feed, close: m.Close,
 		collectors: m.Collectors}

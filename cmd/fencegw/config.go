@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,6 +21,8 @@ import (
 
 // config is everything `fencegw serve` can be told.
 type config struct {
+	// ConfigFile is --config: YAML, every flag a key (configfile.go).
+	ConfigFile     string
 	Listen         string
 	Data           string
 	Upstreams      map[string]*url.URL
@@ -43,6 +46,8 @@ type config struct {
 	InsecureNoAuth bool
 	TLSCert        string
 	TLSKey         string
+	// Cert is the loaded --tls-cert and --tls-key (nil without TLS).
+	Cert *tls.Certificate
 	// AllowedHosts is the Host allow-list handed to the gateway (nil: no
 	// check, said at start); HostsFlag is --allowed-hosts as given.
 	AllowedHosts []string
@@ -71,6 +76,13 @@ type config struct {
 	// Tracing: the OTEL_* variables ask for OpenTelemetry traces
 	// (tracing.go); the SDK reads the rest of them itself.
 	Tracing bool
+
+	// src says where each flag's value came from, for messages.
+	src sources
+
+	// reparse reads the configuration again as it was read at start (the
+	// same flags and environment, the files as they are now): a reload.
+	reparse func() (config, error)
 }
 
 // defaultShutdownDelay covers a few health-check intervals of a load
@@ -222,87 +234,97 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 	ups := &upstreamList{m: map[string]*url.URL{}}
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "address to serve on")
+	fs.StringVar(&cfg.ConfigFile, "config", "", "YAML configuration file: every flag a key of the same name, repeatable flags as lists; flags and FENCEGW_* override it; reread on SIGHUP and when replaced")
+	fs.Var(address{&cfg.Listen}, "listen", "address to serve on")
 	fs.StringVar(&cfg.Data, "data", cfg.Data, "directory of the embedded store")
 	fs.Var(ups, "upstream", "a protected upstream, NAME=URL (repeatable)")
-	fs.StringVar(&cfg.Postgres, "postgres", "", "PostgreSQL URL: tokens, fences, leases and rejections in PostgreSQL")
-	fs.StringVar(&cfg.Redis, "redis", "", "Redis URL: leases in Redis (needs --postgres)")
-	fs.DurationVar(&cfg.ForwardTimeout, "forward-timeout", cfg.ForwardTimeout, "bound on one forward; then 504 and the drain period")
-	fs.DurationVar(&cfg.DrainPeriod, "drain-period", 0, "how long a resource stays closed to grants after a forward with unknown outcome (default: the forward timeout)")
-	fs.DurationVar(&cfg.GrantWait, "grant-wait", cfg.GrantWait, "how long a grant waits for in-flight writes before 503 fence_busy")
+	fs.Var(storeURL{&cfg.Postgres, []string{"postgres", "postgresql"}, "user:password@127.0.0.1:5432/fencegw"}, "postgres", "PostgreSQL URL: tokens, fences, leases and rejections in PostgreSQL")
+	fs.Var(storeURL{&cfg.Redis, []string{"redis", "rediss", "unix"}, "127.0.0.1:6379/0"}, "redis", "Redis URL: leases in Redis (needs --postgres)")
+	fs.Var(duration{&cfg.ForwardTimeout}, "forward-timeout", "bound on one forward; then 504 and the drain period")
+	fs.Var(duration{&cfg.DrainPeriod}, "drain-period", "how long a resource stays closed to grants after a forward with unknown outcome (default: the forward timeout)")
+	fs.Var(duration{&cfg.GrantWait}, "grant-wait", "how long a grant waits for in-flight writes before 503 fence_busy")
 	fs.Var(byteSize{&cfg.MaxBody}, "max-body", "largest fenced write body (like 10MiB)")
-	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
-	fs.DurationVar(&cfg.BodyTimeout, "body-timeout", cfg.BodyTimeout, "bound on reading one request body (slow clients are cut off)")
-	fs.DurationVar(&cfg.ShutdownDelay, "shutdown-delay", cfg.ShutdownDelay, "on SIGTERM, /readyz fails at once and the replica goes on serving this long before it stops accepting (load balancer check interval x fall count + margin; 0: stop at once)")
+	fs.Var(logLevel{&cfg.LogLevel}, "log-level", logLevels)
+	fs.Var(duration{&cfg.BodyTimeout}, "body-timeout", "bound on reading one request body (slow clients are cut off)")
+	fs.Var(duration{&cfg.ShutdownDelay}, "shutdown-delay", "on SIGTERM, /readyz fails at once and the replica goes on serving this long before it stops accepting (load balancer check interval x fall count + margin; 0: stop at once)")
 	fs.StringVar(&cfg.AuthFile, "auth-file", "", "API keys (hashed, with roles and resource prefixes) and upstream credentials, YAML or JSON")
-	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow listening on a non-loopback address without --auth-file")
+	fs.Var(boolean{&cfg.InsecureNoAuth}, "insecure-no-auth", "allow listening on a non-loopback address without --auth-file")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "serve HTTPS with this certificate (PEM; needs --tls-key)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "the private key of --tls-cert (PEM)")
 	observe := &observeList{}
 	fs.Var(observe, "observe", "an upstream that only observes while workers move to the gateway, NAME (repeatable): writes under stale, expired or released leases are forwarded and recorded as would_refuse; it is NOT fenced")
 	fs.Var(routeList{&cfg.Routes}, "route", "bind a path pattern under an upstream to the resources whose leases may write there, UPSTREAM/PATTERN=RESOURCE (repeatable)")
 	fs.Var(hostNames{&cfg.HostsFlag}, "allowed-hosts", "the names clients reach the gateway by (comma-separated; '*': any); other Host headers are refused")
-	pgMax := fs.Int("pg-max-conns", 0, "PostgreSQL query pool size (default 16)")
-	pgLock := fs.Int("pg-lock-conns", 0, "PostgreSQL connections for grants, releases and revokes waiting for or holding a resource's exclusive lock (default 8)")
+	var pgMax, pgLock int
+	fs.Var(integer{&pgMax}, "pg-max-conns", "PostgreSQL query pool size (default 16)")
+	fs.Var(integer{&pgLock}, "pg-lock-conns", "PostgreSQL connections for grants, releases and revokes waiting for or holding a resource's exclusive lock (default 8)")
 	fs.StringVar(&cfg.PGSchema, "pg-schema", "", "PostgreSQL schema for fencegw's tables, created if missing; advisory lock keys and notification channels are per schema (default: the URL's search_path)")
 	fs.StringVar(&cfg.RedisPrefix, "redis-prefix", "", "start of every Redis key and channel (default: fencegw: for the default schema, fencegw:<schema># with --pg-schema)")
-	fs.IntVar(&cfg.PGFenceSessions, "pg-fence-sessions", 0, "PostgreSQL sessions holding this replica's shared fences across writes (default 4)")
-	fs.IntVar(&cfg.PGMaxFences, "pg-max-fences", 0, "most resources this replica keeps fenced at once, each one advisory lock in PostgreSQL's shared lock table (default 4096)")
-	fs.DurationVar(&cfg.PGSessionCheck, "pg-session-check", 0, "a replica stops admitting writes when it could not confirm its lock session for this long (default 1s); a dead replica's resources drain for --drain-period plus this")
-	fs.DurationVar(&cfg.PGStatementTimeout, "pg-statement-timeout", 0, "PostgreSQL statement_timeout (default 5s)")
-	fs.DurationVar(&cfg.PGLockTimeout, "pg-lock-timeout", 0, "bound on an advisory lock wait without an earlier deadline (default 30s)")
-	fs.DurationVar(&cfg.IdempotencyWindow, "idempotency-window", cfg.IdempotencyWindow, "how long an Idempotency-Key's record (and the answer it replays) is kept")
+	fs.Var(integer{&cfg.PGFenceSessions}, "pg-fence-sessions", "PostgreSQL sessions holding this replica's shared fences across writes (default 4)")
+	fs.Var(integer{&cfg.PGMaxFences}, "pg-max-fences", "most resources this replica keeps fenced at once, each one advisory lock in PostgreSQL's shared lock table (default 4096)")
+	fs.Var(duration{&cfg.PGSessionCheck}, "pg-session-check", "a replica stops admitting writes when it could not confirm its lock session for this long (default 1s); a dead replica's resources drain for --drain-period plus this")
+	fs.Var(duration{&cfg.PGStatementTimeout}, "pg-statement-timeout", "PostgreSQL statement_timeout (default 5s)")
+	fs.Var(duration{&cfg.PGLockTimeout}, "pg-lock-timeout", "bound on an advisory lock wait without an earlier deadline (default 30s)")
+	fs.Var(duration{&cfg.IdempotencyWindow}, "idempotency-window", "how long an Idempotency-Key's record (and the answer it replays) is kept")
 	fs.Var(byteSize{&cfg.IdempotencyMaxBody}, "idempotency-max-body", "largest upstream answer body kept for replay (like 64KiB); a longer one is replayed without its body")
-	fs.IntVar(&cfg.IdempotencyMaxRecords, "idempotency-max-records", cfg.IdempotencyMaxRecords, "most Idempotency-Key records kept; past it the oldest go first")
+	fs.Var(integer{&cfg.IdempotencyMaxRecords}, "idempotency-max-records", "most Idempotency-Key records kept; past it the oldest go first")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return cfg, errHelp
 		}
-		return cfg, usageError("%v", err)
+		return cfg, flagError(err)
 	}
 	if fs.NArg() > 0 {
-		return cfg, usageError("unexpected argument %q", fs.Arg(0))
+		return cfg, usageError("unexpected argument %q; %v", fs.Arg(0), errSeeHelp)
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	src := sources{}
+	fs.Visit(func(f *flag.Flag) { src[f.Name] = "--" + f.Name })
 
 	// The environment fills in the flags that were not given.
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
-		if set[f.Name] || envErr != nil {
+		if src[f.Name] != "" || envErr != nil {
 			return
 		}
 		key := "FENCEGW_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if f.Name == "upstream" || f.Name == "route" || f.Name == "observe" {
+		if repeatable[f.Name] && f.Name != "allowed-hosts" { // that one is a list already
 			list := "FENCEGW_" + strings.ToUpper(f.Name) + "S"
 			v := getenv(list)
 			if v == "" {
-				v = getenv(key)
+				list, v = key, getenv(key)
 			}
 			for item := range strings.SplitSeq(v, ",") {
 				if item = strings.TrimSpace(item); item == "" {
 					continue
 				}
+				src[f.Name] = list
 				if err := f.Value.Set(item); err != nil {
-					envErr = usageError("invalid value %q in %s: %v", item, list, err)
+					envErr = usageError("%s: %v", list, err)
 					return
 				}
 			}
 			return
 		}
 		if v := getenv(key); v != "" {
+			src[f.Name] = key
 			if err := f.Value.Set(v); err != nil {
-				envErr = usageError("invalid value %q for %s: %v", v, key, err)
+				envErr = usageError("%s: %v", key, err)
 			}
 		}
 	})
 	if envErr != nil {
 		return cfg, envErr
 	}
+	// The configuration file fills in what neither gave (configfile.go).
+	if cfg.ConfigFile != "" {
+		if err := applyConfigFile(fs, cfg.ConfigFile, src); err != nil {
+			return cfg, err
+		}
+	}
 	cfg.Upstreams = ups.m
 	for _, name := range observe.names {
 		if _, ok := cfg.Upstreams[name]; !ok {
-			return cfg, usageError("--observe %s: upstream %q is not configured (--upstream)", name, name)
+			return cfg, src.bad("observe", "upstream %q is not configured (%s)", name, src.of("upstream"))
 		}
 		if cfg.Observe == nil {
 			cfg.Observe = map[string]bool{}
@@ -315,82 +337,121 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 	}
 	for _, r := range cfg.Routes {
 		if _, ok := cfg.Upstreams[r.Upstream()]; !ok {
-			return cfg, usageError("--route %s: upstream %q is not configured (--upstream)", r, r.Upstream())
+			return cfg, src.bad("route", "%s: upstream %q is not configured (%s)", r, r.Upstream(), src.of("upstream"))
 		}
 	}
-	if *pgMax < 0 || *pgMax > 10000 || *pgLock < 0 || *pgLock > 10000 {
-		return cfg, usageError("--pg-max-conns and --pg-lock-conns must be between 1 and 10000")
+	switch {
+	case pgMax < 0 || pgMax > 10000:
+		return cfg, src.bad("pg-max-conns", "must be between 1 and 10000")
+	case pgLock < 0 || pgLock > 10000:
+		return cfg, src.bad("pg-lock-conns", "must be between 1 and 10000")
 	}
-	cfg.PGMaxConns, cfg.PGLockConns = int32(*pgMax), int32(*pgLock)
-	if cfg.PGFenceSessions < 0 || cfg.PGFenceSessions > 256 {
-		return cfg, usageError("--pg-fence-sessions must be between 1 and 256")
-	}
-	if cfg.PGMaxFences < 0 || cfg.PGMaxFences > 1_000_000 {
-		return cfg, usageError("--pg-max-fences must be between 1 and 1000000")
-	}
-	if cfg.PGSessionCheck < 0 || (cfg.PGSessionCheck > 0 && cfg.PGSessionCheck < 100*time.Millisecond) {
-		return cfg, usageError("--pg-session-check must be at least 100ms")
+	cfg.PGMaxConns, cfg.PGLockConns = int32(pgMax), int32(pgLock)
+	switch {
+	case cfg.PGFenceSessions < 0 || cfg.PGFenceSessions > 256:
+		return cfg, src.bad("pg-fence-sessions", "must be between 1 and 256")
+	case cfg.PGMaxFences < 0 || cfg.PGMaxFences > 1_000_000:
+		return cfg, src.bad("pg-max-fences", "must be between 1 and 1000000")
+	case cfg.PGSessionCheck < 0 || (cfg.PGSessionCheck > 0 && cfg.PGSessionCheck < 100*time.Millisecond):
+		return cfg, src.bad("pg-session-check", "must be at least 100ms")
 	}
 	if cfg.DrainPeriod == 0 {
 		cfg.DrainPeriod = cfg.ForwardTimeout
 	}
 	switch {
 	case cfg.ForwardTimeout <= 0:
-		return cfg, usageError("--forward-timeout must be positive")
+		return cfg, src.bad("forward-timeout", "must be positive")
 	case cfg.DrainPeriod < 0:
-		return cfg, usageError("--drain-period must not be negative")
+		return cfg, src.bad("drain-period", "must not be negative")
 	case cfg.GrantWait <= 0:
-		return cfg, usageError("--grant-wait must be positive")
+		return cfg, src.bad("grant-wait", "must be positive")
 	case cfg.Redis != "" && cfg.Postgres == "":
-		return cfg, usageError("--redis needs --postgres: a Redis counter is not a durable token source (failover and restarts lose recent writes and repeat tokens)")
+		return cfg, src.bad("redis", "needs --postgres: a Redis counter is not a durable token source (failover and restarts lose recent writes and repeat tokens)")
 	case cfg.RedisPrefix != "" && cfg.Redis == "":
-		return cfg, usageError("--redis-prefix needs --redis")
-	}
-	if _, err := parseLevel(cfg.LogLevel); err != nil {
-		return cfg, usageError("--log-level: %v", err)
-	}
-	if cfg.BodyTimeout <= 0 {
-		return cfg, usageError("--body-timeout must be positive")
-	}
-	if cfg.ShutdownDelay < 0 || cfg.ShutdownDelay > 10*time.Minute {
-		return cfg, usageError("--shutdown-delay must be between 0 and 10m")
-	}
-	switch {
+		return cfg, src.bad("redis-prefix", "needs --redis")
+	case cfg.BodyTimeout <= 0:
+		return cfg, src.bad("body-timeout", "must be positive")
+	case cfg.ShutdownDelay < 0 || cfg.ShutdownDelay > 10*time.Minute:
+		return cfg, src.bad("shutdown-delay", "must be between 0 and 10m")
 	case cfg.IdempotencyWindow < time.Minute:
-		return cfg, usageError("--idempotency-window must be at least 1m")
+		return cfg, src.bad("idempotency-window", "must be at least 1m")
 	case cfg.IdempotencyMaxBody > 16<<20:
-		return cfg, usageError("--idempotency-max-body must be at most 16MiB (records are kept in the store)")
+		return cfg, src.bad("idempotency-max-body", "must be at most 16MiB (records are kept in the store)")
 	case cfg.IdempotencyMaxRecords < 1 || cfg.IdempotencyMaxRecords > 100_000_000:
-		return cfg, usageError("--idempotency-max-records must be between 1 and 100000000")
+		return cfg, src.bad("idempotency-max-records", "must be between 1 and 100000000")
 	}
-	if err := parseSecurity(&cfg); err != nil {
+	if err := parseSecurity(&cfg, src); err != nil {
 		return cfg, err
 	}
+	cfg.src = src
 	return cfg, nil
 }
 
+// repeatable are the flags given once per value; FENCEGW_<FLAG>S (or
+// FENCEGW_<FLAG>) takes them comma-separated, the file as a list
+// (--allowed-hosts is comma-separated itself: FENCEGW_ALLOWED_HOSTS).
+var repeatable = map[string]bool{"upstream": true, "route": true, "observe": true, "allowed-hosts": true}
+
+// sources says where each flag's value came from, as the user wrote it:
+// "--listen", "FENCEGW_LISTEN" or "config.yaml: listen"; errors name it so.
+type sources map[string]string
+
+// of is the name the flag's value came by (--name if it has none).
+func (s sources) of(name string) string {
+	if v := s[name]; v != "" {
+		return v
+	}
+	return "--" + name
+}
+
+// bad is a usage error about the flag's value, named as it came.
+func (s sources) bad(name, format string, args ...any) error {
+	return usageError("%s: "+format, append([]any{s.of(name)}, args...)...)
+}
+
+// flagError rewrites the flag package's errors ("invalid value "30" for
+// flag -forward-timeout: …", "flag provided but not defined: -x") with
+// flags spelled as the docs spell them.
+func flagError(err error) error {
+	msg := err.Error()
+	if m := flagValueError.FindStringSubmatch(msg); m != nil {
+		return usageError("--%s: %s", m[1], m[2])
+	}
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		return usageError("--%s is not a flag of fencegw serve; %v", strings.TrimLeft(name, "-"), errSeeHelp)
+	}
+	if name, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok {
+		return usageError("--%s needs a value; %v", strings.TrimLeft(name, "-"), errSeeHelp)
+	}
+	return usageError("%s; %v", msg, errSeeHelp)
+}
+
+var flagValueError = regexp.MustCompile(`^invalid (?:boolean )?value ".*" for (?:flag )?-([\w-]+): (.*)$`)
+
 // parseSecurity loads --auth-file, checks TLS files, and refuses to serve
 // without authentication anywhere but on loopback unless told to.
-func parseSecurity(cfg *config) error {
+func parseSecurity(cfg *config, src sources) error {
 	if cfg.AuthFile != "" {
 		a, err := auth.Load(cfg.AuthFile)
 		if err != nil {
-			return usageError("--auth-file %s: %v", cfg.AuthFile, err)
+			return src.bad("auth-file", "%s: %v", cfg.AuthFile, err)
 		}
 		for name := range a.UpstreamHeaders {
 			if _, ok := cfg.Upstreams[name]; !ok {
-				return usageError("--auth-file %s: credentials for upstream %q, which is not configured (--upstream)", cfg.AuthFile, name)
+				return src.bad("auth-file", "%s: credentials for upstream %q, which is not configured (%s)", cfg.AuthFile, name, src.of("upstream"))
 			}
 		}
 		cfg.Auth = a
 	}
 	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
-		return usageError("--tls-cert and --tls-key go together")
+		return usageError("%s and %s go together", src.of("tls-cert"), src.of("tls-key"))
 	}
 	if cfg.TLSCert != "" {
-		if _, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey); err != nil {
-			return usageError("--tls-cert/--tls-key: %v", err)
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			return usageError("%s/%s: %v", src.of("tls-cert"), src.of("tls-key"), err)
 		}
+		cfg.Cert = &cert
 	}
 	switch {
 	case len(cfg.HostsFlag) > 0 && slices.Contains(cfg.HostsFlag, "*"):
@@ -404,7 +465,7 @@ func parseSecurity(cfg *config) error {
 		cfg.AllowedHosts = gateway.DefaultAllowedHosts(cfg.Listen)
 	}
 	if cfg.Auth == nil && !cfg.InsecureNoAuth && !loopback(cfg.Listen) {
-		return usageError("--listen %s is not a loopback address and there is no --auth-file: anyone who can reach it could take leases and write to the upstreams; add --auth-file, or --insecure-no-auth if something in front authenticates", cfg.Listen)
+		return src.bad("listen", "%s is not a loopback address and there is no --auth-file: anyone who can reach it could take leases and write to the upstreams; add --auth-file, or --insecure-no-auth if something in front authenticates", cfg.Listen)
 	}
 	return nil
 }

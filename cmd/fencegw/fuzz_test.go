@@ -1,7 +1,10 @@
 package main
 
 import (
+	"errors"
 	"net/url"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -28,6 +31,37 @@ func FuzzUpstreamFlag(f *testing.F) {
 				if name == "" || (target.Scheme != "http" && target.Scheme != "https") || target.Host == "" {
 					t.Fatalf("accepted %q as %q -> %v", v, name, target)
 				}
+			}
+		}
+	})
+}
+
+// FuzzConfigFile: whatever a --config file holds, reading it never panics,
+// and a file it accepts sets only serve's flags, each from a key of its
+// own name.
+func FuzzConfigFile(f *testing.F) {
+	for _, s := range []string{
+		"listen: 127.0.0.1:8080\nforward-timeout: 30s\n", "upstream: [a=http://x, b=http://y]\nroute: [a/**=r*]\n",
+		"upstream: a=http://x\n", "bogus: 1\n", "listen: 1\nlisten: 2\n", "- a\n- b\n", "listen: {a: b}\n",
+		"observe: [a, [b]]\n", "config: x.yaml\n", "", "~\n", "log-level: !!binary aGk=\n", "&a x: *a\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		path := filepath.Join(t.TempDir(), "c.yaml")
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := parseServe([]string{"--config", path}, func(string) string { return "" })
+		if err != nil {
+			if !errors.Is(err, errUsage) {
+				t.Fatalf("a file's mistake is not a usage error: %v", err)
+			}
+			return
+		}
+		for name, from := range cfg.src {
+			if from != "--config" && from != path+": "+name {
+				t.Fatalf("%s came from %q", name, from)
 			}
 		}
 	})

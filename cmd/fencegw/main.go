@@ -21,6 +21,7 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -73,8 +74,11 @@ func run(ctx context.Context, hurry <-chan struct{}, args []string, getenv func(
 	case "serve":
 		var cfg config
 		if cfg, err = parseServe(args, getenv); err == nil {
+			cfg.reparse = func() (config, error) { return parseServe(args, getenv) }
 			err = serve(ctx, hurry, cfg, stdout, nil)
 		}
+	case "config":
+		err = configCheck(args, getenv, stdout)
 	case "demo":
 		err = runDemo(ctx, args, stdout, stderr)
 	case "hash-key":
@@ -86,7 +90,7 @@ func run(ctx context.Context, hurry <-chan struct{}, args []string, getenv func(
 		fmt.Fprintln(stdout, usage)
 		return 0
 	default:
-		err = usageError("unknown command %q (want serve, demo, gen-key or hash-key)", cmd)
+		err = usageError("unknown command %q (want serve, config, demo, gen-key or hash-key)", cmd)
 	}
 	switch {
 	case err == nil:
@@ -107,10 +111,15 @@ const usage = `fencegw — an HTTP fencing gateway
 
 usage:
   fencegw                      serve on 127.0.0.1:8080 with the embedded store in ./fencegw-data
-  fencegw demo [--exit]        replay the stale-write incident without and with the gateway
+  fencegw demo [--listen ADDR] [--exit]  replay the stale-write incident without and with the gateway
   fencegw gen-key              print a new API key and its sha256 for --auth-file
   fencegw hash-key < KEY       print the sha256 of a key read on stdin
+  fencegw config check FILE    read a --config file (and the files it names) as serve would, without serving
   fencegw serve [flags]
+      --config FILE            YAML: every flag a key of the same name (forward-timeout: 30s), a repeatable flag a
+                               list (upstream: [statements=http://10.0.0.5:8080]); flags and FENCEGW_* override it.
+                               SIGHUP or a replaced file reloads upstreams, routes, --observe, --allowed-hosts,
+                               --auth-file and the TLS certificate in place
       --listen ADDR            address to serve on (127.0.0.1:8080)
       --data DIR               embedded store directory (fencegw-data)
       --upstream NAME=URL      a protected upstream (repeatable)
@@ -283,13 +292,15 @@ func serve(ctx context.Context, hurry <-chan struct{}, cfg config, stdout io.Wri
 	// write's answer itself (--body-timeout, --forward-timeout).
 	scheme := "http"
 	var tlsConfig *tls.Config
-	if cfg.TLSCert != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
-		if err != nil {
-			ln.Close()
-			return fmt.Errorf("TLS: %w", err)
-		}
-		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
+	rl := &reloader{gw: gw, log: logger, cur: cfg, seen: fileIdentities(cfg)} // reload.go
+	if cfg.Cert != nil {
+		// Each handshake takes the certificate in use, which a reload
+		// replaces (cert-manager renews them every 60 days or so).
+		rl.cert = new(atomic.Pointer[tls.Certificate])
+		rl.cert.Store(cfg.Cert)
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return rl.cert.Load(), nil
+		}}
 		scheme = "https"
 	}
 	// The gateway's listener sees each request's header block as sent, so
@@ -338,6 +349,7 @@ func serve(ctx context.Context, hurry <-chan struct{}, cfg config, stdout io.Wri
 		ready <- addr
 	}
 
+	go rl.run(life)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	select {

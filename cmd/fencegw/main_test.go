@@ -300,7 +300,7 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"serve", "--forward-timeout", "soon"}, nil, 2, "forward-timeout"},
 		{[]string{"serve", "--upstream", "nourl"}, nil, 2, "NAME=URL"},
 		{[]string{"serve", "--max-body", "lots"}, nil, 2, "max-body"},
-		{[]string{"serve", "--redis", "redis://127.0.0.1:6379"}, nil, 2, "--redis needs --postgres"},
+		{[]string{"serve", "--redis", "redis://127.0.0.1:6379"}, nil, 2, "--redis: needs --postgres"},
 		{[]string{"serve", "--bogus"}, nil, 2, "bogus"},
 		{[]string{"frobnicate"}, nil, 2, "unknown command"},
 		{[]string{"serve"}, []string{"FENCEGW_GRANT_WAIT=forever"}, 2, "FENCEGW_GRANT_WAIT"},

@@ -47,6 +47,11 @@ const (
 	// DefaultLockTimeout bounds a wait for a row or advisory lock when the
 	// caller's context has no earlier deadline.
 	DefaultLockTimeout = 30 * time.Second
+	// DefaultConnectTimeout bounds opening one connection (TCP, TLS and
+	// the startup exchange) when the URL has no connect_timeout: a server
+	// that accepts connections and never answers is then named within it,
+	// instead of when some later call's deadline runs out.
+	DefaultConnectTimeout = 10 * time.Second
 )
 
 // Options configure a Store. The zero value is usable.
@@ -153,6 +158,9 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, tokens.Invalid("postgres", "bad connection URL: "+err.Error())
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 { // the URL has no connect_timeout
+		cfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout
 	}
 	params := cfg.ConnConfig.RuntimeParams
 	params["application_name"] = "fencegw"
