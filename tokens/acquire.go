@@ -145,12 +145,21 @@ func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil ti
 	// then, not when it recovers. The last try, made once the bound has
 	// passed, gets lastTryBound, within which a store that is not stalled
 	// answers.
-	bound := fenceUntil
-	if now := time.Now(); !now.Before(bound) {
-		bound = now.Add(lastTryBound)
-	}
+	//
+	// Each store call gets at least lastTryBound of its own: a try that
+	// took the exclusive lock just before the bound (it waited for the
+	// writes in flight) must not be answered store_unavailable by a store
+	// that answers in time; only the wait for the lock is the acquire's
+	// fence_busy.
 	caller := ctx
-	ctx, cancelStore := context.WithDeadline(ctx, bound)
+	storeCtx := func() (context.Context, context.CancelFunc) {
+		bound := fenceUntil
+		if floor := time.Now().Add(lastTryBound); bound.Before(floor) {
+			bound = floor
+		}
+		return context.WithDeadline(caller, bound)
+	}
+	ctx, cancelStore := storeCtx()
 	defer cancelStore()
 	// Refuse a held resource without touching its lock: waiting for the
 	// exclusive lock would stall the holder's own writes behind us. This
@@ -169,7 +178,7 @@ func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil ti
 		}
 	}
 
-	lockCtx, cancel := context.WithDeadline(ctx, fenceUntil)
+	lockCtx, cancel := context.WithDeadline(caller, fenceUntil)
 	unlock, err := s.locker.Exclusive(lockCtx, req.Resource)
 	cancel()
 	if err != nil {
@@ -185,7 +194,9 @@ func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil ti
 	// Under the exclusive lock no write of an older token is in flight and
 	// none can start. The store checks the holder, the drain period and
 	// the owner's cap atomically with the token bump.
-	return s.store.Grant(ctx, req)
+	grantCtx, cancelGrant := storeCtx()
+	defer cancelGrant()
+	return s.store.Grant(grantCtx, req)
 }
 
 // lastTryBound is how long the store calls of a try made at the
