@@ -209,6 +209,39 @@ func TestFullQueue(t *testing.T) {
 	if _, err := b.Do(ctx, 4); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Do into a full queue with an ended ctx: %v", err)
 	}
+	// A Do into a full queue waits for room until its context ends: its
+	// error is the deadline's, not a refusal of the full queue.
+	ctx, cancel = context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := b.Do(ctx, 5); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Do into a full queue: %v, want it to wait until its deadline", err)
+	}
+	if got := rec.all(); slices.Contains(got, 4) || slices.Contains(got, 5) {
+		t.Fatalf("committed %v: a Do that gave up was committed", got)
+	}
+}
+
+// A Do into a full queue that gets room before its context ends is
+// committed like any other.
+func TestFullQueueDoGetsRoom(t *testing.T) {
+	rec := &recorder{gate: make(chan struct{}), started: make(chan struct{}, 10)}
+	b := New(Options{Max: 1, Queue: 1}, rec.commit)
+	defer b.Close()
+	b.Send(0)
+	<-rec.started
+	b.Send(1) // the queue is full
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Do(t.Context(), 2)
+		done <- err
+	}()
+	close(rec.gate) // commits run: the queue gets room
+	if err := <-done; err != nil {
+		t.Fatalf("Do after the queue got room: %v", err)
+	}
+	if got := rec.all(); !slices.Contains(got, 2) {
+		t.Fatalf("committed %v, want 2 among them", got)
+	}
 }
 
 // ctx ends the wait for a result, not the commit.
