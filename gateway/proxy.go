@@ -139,9 +139,13 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward) {
 var protoHTTP, protoHTTPS = []string{"http"}, []string{"https"}
 
 // newTransport is tuned for many concurrent writes to a few upstreams.
+// DisableCompression: without it the Transport asks for gzip when the
+// client did not and unzips the answer, so the upstream would get a header
+// the client never sent and the client an answer the upstream never wrote.
 func newTransport() *http.Transport {
 	return &http.Transport{
 		Proxy:                 nil, // never an address from the environment
+		DisableCompression:    true,
 		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   512,
