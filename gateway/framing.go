@@ -72,6 +72,7 @@ func framingRefusal(field, reason string) []byte {
 // Listener (a test server, an embedder) only that last rule applies.
 func (g *Gateway) framing(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		keepTrailer(r)         // before anything copies r (trailers.go)
 		w, r = watchBody(w, r) // early.go
 		v, scanned := framing.Check(r)
 		if !scanned {

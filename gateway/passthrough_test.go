@@ -125,3 +125,50 @@ func TestProxyPassesCompressionThrough(t *testing.T) {
 		}
 	}
 }
+
+// A chunked write's trailer fields reach the upstream, announced or not
+// (an announced field that never came stays announced, as Go's server
+// records it),
+// on both streamed roads, held to the header's rules: nothing the gateway
+// drops or sets in the header (Fencing-*, forwarding facts, the upstream's
+// configured header), no hop-by-hop or framing field, no field named in
+// Connection and no invalid name goes on.
+func TestProxyForwardsRequestTrailers(t *testing.T) {
+	up := newHeadSink(t, gzipped(t, "ok"))
+	tg := startFraming(t, up.URL, Config{UpstreamHeaders: map[string]http.Header{"svc": {"X-Upstream-Key": {"the gateway's"}}}}, false)
+	forbidden := "Fencing-Token: 99\r\nFencing-Resource: other\r\nFencing-Lease: x\r\nX-Forwarded-For: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\n" +
+		"X-Real-Ip: 6.6.6.6\r\nX-Upstream-Key: forged\r\nTe: trailers\r\nConnection: close\r\nKeep-Alive: 1\r\nUpgrade: x\r\n" +
+		"Transfer-Encoding: chunked\r\nContent-Length: 5\r\nHost: evil\r\nProxy-Connection: x\r\nX-Named: 1\r\nX Y: 1\r\n"
+	for i, tc := range []struct {
+		name, head, trailer string
+		want                http.Header
+	}{
+		{"unannounced", "", "X-T: 1\r\n", http.Header{"X-T": {"1"}}},
+		{"announced", "Trailer: X-A, X-B\r\n", "X-A: a\r\nX-A: b\r\n", http.Header{"X-A": {"a", "b"}, "X-B": nil}},
+		{"none", "Trailer: X-A\r\n", "", http.Header{"X-A": nil}},
+		{"forbidden", "Trailer: Fencing-Token, X-Ok\r\nConnection: X-Named\r\n", forbidden + "X-Ok: ok\r\n", http.Header{"X-Ok": {"ok"}}},
+		{"expect", "Expect: 100-continue\r\nConnection: X-Named\r\n", forbidden + "X-Ok: ok\r\n", http.Header{"X-Ok": {"ok"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lease := tg.lease(t, "trailer-"+strconv.Itoa(i))
+			answers, bodies := final(tg.exchange(t, "POST /v1/proxy/svc/t HTTP/1.1\r\nHost: gw\r\nFencing-Lease: "+lease+"\r\n"+tc.head+
+				"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n"+tc.trailer+"\r\n"))
+			if len(answers) != 1 || answers[0].StatusCode != http.StatusOK {
+				t.Fatalf("answers %v %q, want one 200", answers, bodies)
+			}
+			header, trailer := up.take()
+			if len(trailer) != 1 {
+				t.Fatalf("the upstream got %d requests", len(trailer))
+			}
+			if !headersEqual(trailer[0], tc.want) {
+				t.Errorf("the upstream got the trailer %q, want %q", trailer[0], tc.want)
+			}
+			if tok := header[0].Values(HeaderToken); len(tok) != 1 || tok[0] == "99" {
+				t.Errorf("the upstream got Fencing-Token %q", tok)
+			}
+			if v := header[0].Values("X-Upstream-Key"); len(v) != 1 || v[0] != "the gateway's" {
+				t.Errorf("the upstream got X-Upstream-Key %q", v)
+			}
+		})
+	}
+}

@@ -116,11 +116,10 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward) {
 	} else {
 		h["X-Forwarded-Proto"] = protoHTTPS[:1:1]
 	}
-	// A client's Trailer announcement would reach the upstream
-	// without the trailer values (Go copies the announcement, not
-	// the values read after the body), and trailers would bypass
-	// the header rules above: neither is forwarded.
-	pr.Out.Trailer = nil
+	// Trailer fields go on under the same rules (trailers.go). Left to
+	// the reverse proxy, the announcement would go without the values
+	// (its clone of the request does not see them) and unchecked.
+	g.forwardTrailer(pr.Out, pr.In, f.name)
 	vals[2], vals[3] = f.token, f.permit.Lease.Resource
 	h[HeaderToken] = vals[2:3:3]
 	h[HeaderResource] = vals[3:4:4]

@@ -256,8 +256,32 @@ var smuggleHopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection",
 
 // comparable is s as the comparison sees it.
 func comparable(s smuggleSeen) smuggleSeen {
-	h := s.Header.Clone()
-	for _, v := range h["Connection"] {
+	// Trailer fields go on under the header's rules (trailers.go), and
+	// an invalid name, which Go's server takes in a trailer, not at all.
+	s.Trailer = comparableFields(s.Trailer, s.Header)
+	s.Header = comparableFields(s.Header, s.Header)
+	for k := range s.Trailer {
+		if !validFieldName(k) || k == "Host" {
+			delete(s.Trailer, k)
+		}
+	}
+	if len(s.Trailer) == 0 {
+		s.Trailer = nil
+	}
+	if s.BodyErr {
+		s.Body, s.Trailer = "", nil // how much was read before the error is nobody's contract
+	}
+	return s
+}
+
+// comparableFields is h without the fields the comparison ignores: those
+// named in header's Connection, hop-by-hop ones and the gateway's own.
+func comparableFields(h, header http.Header) http.Header {
+	if h == nil {
+		return nil
+	}
+	h = h.Clone()
+	for _, v := range header["Connection"] {
 		for name := range strings.SplitSeq(v, ",") {
 			h.Del(strings.TrimSpace(name))
 		}
@@ -270,15 +294,7 @@ func comparable(s smuggleSeen) smuggleSeen {
 			delete(h, k)
 		}
 	}
-	// A known difference of the gateway, documented in docs/design.md
-	// ("Request framing, against Go's server"): trailer fields of a
-	// request are not forwarded.
-	s.Header = h
-	s.Trailer = nil
-	if s.BodyErr {
-		s.Body, s.Trailer = "", nil // how much was read before the error is nobody's contract
-	}
-	return s
+	return h
 }
 
 func sameRequest(a, b smuggleSeen) bool {
