@@ -175,6 +175,7 @@ func newSmuggleDiff(t testing.TB, idleWait time.Duration, tlsOn bool) *smuggleDi
 // smuggleResult is what one input did at both.
 type smuggleResult struct {
 	gw, plain       []int // answer statuses, in order
+	gwPlain         []int // the gateway's 4xx answers that were not problem documents
 	gwClosed        bool  // the gateway closed the connection
 	up, plainSeen   []smuggleSeen
 	upRaw, plainRaw string
@@ -202,8 +203,8 @@ func (d *smuggleDiff) run(t testing.TB, raw string, wantUp int) smuggleResult {
 	in := expand(raw, lease)
 	var r smuggleResult
 	var client string
-	r.gw, r.gwClosed, _ = d.send(t, d.tg.addr, d.tg.tls, in)
-	r.plain, _, client = d.send(t, d.plain.addr, nil, in)
+	r.gw, r.gwPlain, r.gwClosed, _ = d.send(t, d.tg.addr, d.tg.tls, in)
+	r.plain, _, _, client = d.send(t, d.plain.addr, nil, in)
 	ours := func(x smuggleSeen) bool { return x.Header.Get(HeaderResource) == resource }
 	d.up.waitFor(wantUp, 5*time.Second, ours)
 	r.up, r.upRaw = d.up.take(ours)
@@ -214,7 +215,7 @@ func (d *smuggleDiff) run(t testing.TB, raw string, wantUp int) smuggleResult {
 // send writes in on a fresh connection and reads answers until the server
 // closes it, or stays silent for idleWait (the corpus's inputs close their
 // connections; only fuzzed ones may leave one open).
-func (d *smuggleDiff) send(t testing.TB, addr string, tlsConfig *tls.Config, in string) (statuses []int, closed bool, client string) {
+func (d *smuggleDiff) send(t testing.TB, addr string, tlsConfig *tls.Config, in string) (statuses, notProblem []int, closed bool, client string) {
 	t.Helper()
 	var c net.Conn
 	var err error
@@ -231,7 +232,7 @@ func (d *smuggleDiff) send(t testing.TB, addr string, tlsConfig *tls.Config, in 
 	defer c.Close()
 	client = c.LocalAddr().String()
 	if _, err := io.WriteString(c, in); err != nil {
-		return nil, true, client // the server closed before taking it all
+		return nil, nil, true, client // the server closed before taking it all
 	}
 	br := bufio.NewReader(c)
 	for {
@@ -239,12 +240,15 @@ func (d *smuggleDiff) send(t testing.TB, addr string, tlsConfig *tls.Config, in 
 		resp, err := http.ReadResponse(br, nil)
 		if err != nil {
 			var ne net.Error
-			return statuses, !(errors.As(err, &ne) && ne.Timeout()), client
+			return statuses, notProblem, !(errors.As(err, &ne) && ne.Timeout()), client
 		}
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode >= 200 {
 			statuses = append(statuses, resp.StatusCode)
+		}
+		if resp.StatusCode >= 400 && resp.Header.Get("Content-Type") != problemContentType {
+			notProblem = append(notProblem, resp.StatusCode)
 		}
 	}
 }
@@ -315,7 +319,9 @@ func headersEqual(a, b http.Header) bool {
 	return true
 }
 
-// checkInvariants holds for any input: no 5xx from the gateway, and every
+// checkInvariants holds for any input: no 5xx from the gateway, every 4xx
+// a problem document (DESIGN.md: bad input gets a clear 4xx naming what is
+// wrong, also where Go's server answered it itself), and every
 // request the upstream got is one Go's server got from the same bytes, in
 // the same order (the gateway may drop requests, by refusing them, never
 // change or add one).
@@ -324,6 +330,9 @@ func (r smuggleResult) checkInvariants() error {
 		if s >= 500 {
 			return fmt.Errorf("the gateway answered %d (answers %v)", s, r.gw)
 		}
+	}
+	if len(r.gwPlain) > 0 {
+		return fmt.Errorf("the gateway answered %v not as problem documents (answers %v)", r.gwPlain, r.gw)
 	}
 	j := 0
 	for i, u := range r.up {
