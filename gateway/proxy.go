@@ -82,6 +82,12 @@ func (g *Gateway) newReverseProxy() *httputil.ReverseProxy {
 // (direct.go), so that both send the same request.
 func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward) {
 	pr.Out.URL.Path, pr.Out.URL.RawPath = f.path, f.rawPath
+	// The query as the client sent it: the reverse proxy drops the
+	// parameters url.ParseQuery refuses (a ';', a bad escape, more than
+	// 10,000) before Rewrite, a change to the request Go's server parsed.
+	// The gateway decides nothing on the query, so there is no reading of
+	// it to disagree with the upstream's.
+	pr.Out.URL.RawQuery = pr.In.URL.RawQuery
 	if f.buffered != nil {
 		pr.Out.Body = inMemoryBody(f.buffered)
 	}
