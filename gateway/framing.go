@@ -43,7 +43,8 @@ import (
 // 400 invalid_request for its 400s (no Host, a line it cannot parse, ...,
 // in net/http's words) and for its 5xx (a Transfer-Encoding other than one
 // "chunked", an HTTP version it does not speak: the client's fault, never
-// the gateway's), 431 invalid_request for a head too large.
+// the gateway's), 431 invalid_request for a head too large, 417
+// invalid_request for an expectation other than 100-continue.
 func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config) net.Listener {
 	return framing.Listener(srv, ln, tlsConfig, framingRefusal)
 }
