@@ -441,7 +441,8 @@ func TestFrameTLS(t *testing.T) {
 	if got := up.seen(); len(got) != 1 || got[0].Proto != "https" || got[0].Body != "body" {
 		t.Fatalf("upstream got %+v", got)
 	}
-	// Plain HTTP to the TLS port: net/http's own 400.
+	// Plain HTTP to the TLS port: the gateway's 400 problem, where
+	// net/http writes plain text.
 	c, err := net.Dial("tcp", tg.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -450,7 +451,10 @@ func TestFrameTLS(t *testing.T) {
 	_, _ = io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	out, _ := io.ReadAll(c)
-	if !strings.HasPrefix(string(out), "HTTP/1.0 400") {
+	resp, err = http.ReadResponse(bufio.NewReader(bytes.NewReader(out)), nil)
+	var p problem
+	if err != nil || resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Content-Type") != problemContentType ||
+		json.NewDecoder(resp.Body).Decode(&p) != nil || p.Code != tokens.CodeInvalidRequest || !strings.Contains(p.Detail, "HTTPS") {
 		t.Fatalf("plain HTTP to the TLS port: %q", out)
 	}
 }
@@ -641,7 +645,7 @@ func TestRefusedHeadIsReadNotReset(t *testing.T) {
 			})
 		}
 		if tlsOn {
-			// Plain HTTP to the TLS listener: its own 400 (package framing, tls.go).
+			// Plain HTTP to the TLS listener: its own 400 problem (package framing, tls.go).
 			t.Run("tls/plain HTTP", func(t *testing.T) {
 				c, err := net.Dial("tcp", tg.addr)
 				if err != nil {
@@ -654,7 +658,7 @@ func TestRefusedHeadIsReadNotReset(t *testing.T) {
 				}
 				_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 				got, err := io.ReadAll(c)
-				if err != nil || !strings.HasPrefix(string(got), "HTTP/1.0 400 ") {
+				if err != nil || !strings.HasPrefix(string(got), "HTTP/1.1 400 ") || !strings.Contains(string(got), problemContentType) {
 					t.Fatalf("reading the answer: %v (after %q), want a 400 and the end", err, got)
 				}
 			})

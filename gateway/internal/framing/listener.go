@@ -42,7 +42,8 @@ import (
 // for a head too large (Go's 431), 417 for an expectation other than
 // 100-continue (Go's 417), else 400 (Go's 400, and its 501 for an
 // unsupported Transfer-Encoding and 505 for an HTTP version it does not
-// speak, which are the client's fault too); nil: a bare problem.
+// speak, which are the client's fault too), and 400 with no field for a
+// plain HTTP request to the TLS port (tls.go); nil: a bare problem.
 func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config, refuse func(status int, field, reason string) []byte) net.Listener {
 	maxHeader := srv.MaxHeaderBytes
 	if maxHeader <= 0 {
@@ -272,7 +273,10 @@ func ownAnswer(p []byte) (status int, text string, ok bool) {
 // bareRefusal is a problem without the gateway's type URIs, for a
 // Listener given none.
 func bareRefusal(status int, field, reason string) []byte {
-	body, _ := json.Marshal(map[string]any{"title": http.StatusText(status), "status": status, "detail": field + ": " + reason})
+	if field != "" {
+		reason = field + ": " + reason
+	}
+	body, _ := json.Marshal(map[string]any{"title": http.StatusText(status), "status": status, "detail": reason})
 	return []byte("HTTP/1.1 " + strconv.Itoa(status) + " " + http.StatusText(status) +
 		"\r\nContent-Type: application/problem+json\r\nConnection: close\r\nContent-Length: " +
 		strconv.Itoa(len(body)) + "\r\n\r\n" + string(body))
