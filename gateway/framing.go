@@ -38,27 +38,33 @@ import (
 // the header timeouts (which also bound the TLS handshake) and ErrorLog:
 // set them first.
 //
-// A request Go's server refuses itself with a 5xx before any handler runs
-// (a Transfer-Encoding other than one "chunked", an HTTP version it does
-// not speak) is answered with the gateway's 400 problem instead: it is the
-// client's fault, never the gateway's.
+// A request Go's server refuses itself before any handler runs, which it
+// answers in plain text, is answered with the gateway's problem instead:
+// 400 invalid_request for its 400s (no Host, a line it cannot parse, ...,
+// in net/http's words) and for its 5xx (a Transfer-Encoding other than one
+// "chunked", an HTTP version it does not speak: the client's fault, never
+// the gateway's), 431 invalid_request for a head too large, 417
+// invalid_request for an expectation other than 100-continue.
 func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config) net.Listener {
 	return framing.Listener(srv, ln, tlsConfig, framingRefusal)
 }
 
-// framingRefusal renders the 400 invalid_request that the listener sends in
-// place of an answer Go's server would have written itself: the problem
-// refuseFraming writes, as bytes on the wire.
-func framingRefusal(field, reason string) []byte {
+// framingRefusal renders the invalid_request problem (status 400 or 431)
+// that the listener sends in place of an answer Go's server would have
+// written itself: the problem refuseFraming writes, as bytes on the wire.
+func framingRefusal(status int, field, reason string) []byte {
 	p, _ := problemFor(&tokens.Error{Kind: tokens.ErrInvalid, Field: field,
 		Detail: reason + "; nothing was forwarded and the connection is closed"})
 	p.Type = problemTypePrefix + p.Code
+	if status != p.Status {
+		p.Status, p.Title = status, http.StatusText(status)
+	}
 	body, err := json.Marshal(p)
 	if err != nil { // a problem always encodes; never answer nothing
-		body = []byte(`{"status":400}`)
+		body = []byte(`{"status":` + strconv.Itoa(status) + `}`)
 	}
 	body = append(body, '\n')
-	return []byte("HTTP/1.1 400 Bad Request\r\nContent-Type: " + problemContentType +
+	return []byte("HTTP/1.1 " + strconv.Itoa(status) + " " + http.StatusText(status) + "\r\nContent-Type: " + problemContentType +
 		"\r\nCache-Control: no-store\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) +
 		"\r\n\r\n" + string(body))
 }
@@ -72,6 +78,7 @@ func framingRefusal(field, reason string) []byte {
 // Listener (a test server, an embedder) only that last rule applies.
 func (g *Gateway) framing(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		keepTrailer(r)         // before anything copies r (trailers.go)
 		w, r = watchBody(w, r) // early.go
 		v, scanned := framing.Check(r)
 		if !scanned {

@@ -282,10 +282,10 @@ func TestFrameRefusesContentLengthWithTransferEncoding(t *testing.T) {
 	}
 }
 
-// Odd framing is refused by Go itself (400) or by the gateway (400, also in
-// place of the 501 Go's server writes itself for a Transfer-Encoding other
-// than one "chunked"); nothing reaches the upstream either way, and the
-// connection is closed.
+// Odd framing is refused by Go itself or by the gateway, with the gateway's
+// 400 problem either way (in place of Go's own plain-text 400, and of the
+// 501 it writes for a Transfer-Encoding other than one "chunked"); nothing
+// reaches the upstream, and the connection is closed.
 func TestFrameOddities(t *testing.T) {
 	up := newRecorder(t)
 	tg := startFraming(t, up.URL, Config{}, false)
@@ -322,8 +322,50 @@ func TestFrameOddities(t *testing.T) {
 			if len(answers) != 1 || answers[0].StatusCode != tc.status || !closed {
 				t.Fatalf("%d answers %q, closed %v; want one %d and the connection closed", len(answers), bodies, closed, tc.status)
 			}
-			if tc.status == 400 && answers[0].Header.Get("Content-Type") == problemContentType {
-				wantFramingRefusal(t, answers[0], bodies[0])
+			wantFramingRefusal(t, answers[0], bodies[0])
+		})
+	}
+	if got := up.seen(); len(got) != 0 {
+		t.Fatalf("upstream got %+v", got)
+	}
+}
+
+// What Go's server refuses itself, before any handler, is answered with
+// the gateway's problem, not Go's plain text: 400 invalid_request saying
+// in net/http's words what is wrong (or what the scanner found), 431 for a
+// head too large, 417 for an expectation other than 100-continue; the
+// status stays Go's. Nothing reaches the upstream.
+func TestFrameGoOwnRefusalsAreProblems(t *testing.T) {
+	up := newRecorder(t)
+	tg := startFraming(t, up.URL, Config{}, false)
+	lease := tg.lease(t, "r")
+	line := "POST /v1/proxy/svc/own HTTP/1.1\r\n"
+	fence := "Fencing-Lease: " + lease + "\r\nContent-Length: 0\r\n"
+	for _, tc := range []struct {
+		name, raw     string
+		status        int
+		field, detail string
+	}{
+		{"no Host", line + fence + "\r\n", 400, "Host", "missing required Host header"},
+		{"bad Host", line + "Host: a b\r\n" + fence + "\r\n", 400, "Host", "malformed Host header"},
+		{"two Hosts", line + "Host: a\r\nHost: b\r\n" + fence + "\r\n", 400, "headers", "400 Bad Request"},
+		{"no colon", line + "Host: gw\r\nX-A\r\n" + fence + "\r\n", 400, "headers", "malformed"},
+		{"bad request line", "POST /v1/proxy/svc/own\r\nHost: gw\r\n" + fence + "\r\n", 400, "headers", "400 Bad Request"},
+		{"head too large", line + "Host: gw\r\nX-A: " + strings.Repeat("a", 100<<10) + "\r\n" + fence + "\r\n", 431, "headers", "431 Request Header Fields Too Large"},
+		{"other expectation", line + "Host: gw\r\nExpect: something\r\n" + fence + "\r\n", 417, "Expect", "100-continue"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			answers, bodies, closed := tg.exchange(t, tc.raw)
+			if len(answers) != 1 || !closed {
+				t.Fatalf("%d answers %q, closed %v; want one and the connection closed", len(answers), bodies, closed)
+			}
+			resp := answers[0]
+			var p problem
+			if resp.StatusCode != tc.status || resp.Header.Get("Content-Type") != problemContentType || !resp.Close ||
+				json.Unmarshal([]byte(bodies[0]), &p) != nil || p.Status != tc.status || p.Code != tokens.CodeInvalidRequest ||
+				p.Field != tc.field || !strings.Contains(p.Detail, tc.detail) {
+				t.Fatalf("%d %v close=%v %s; want a %d invalid_request problem naming %s and saying %q",
+					resp.StatusCode, resp.Header, resp.Close, bodies[0], tc.status, tc.field, tc.detail)
 			}
 		})
 	}
@@ -399,7 +441,8 @@ func TestFrameTLS(t *testing.T) {
 	if got := up.seen(); len(got) != 1 || got[0].Proto != "https" || got[0].Body != "body" {
 		t.Fatalf("upstream got %+v", got)
 	}
-	// Plain HTTP to the TLS port: net/http's own 400.
+	// Plain HTTP to the TLS port: the gateway's 400 problem, where
+	// net/http writes plain text.
 	c, err := net.Dial("tcp", tg.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -408,7 +451,10 @@ func TestFrameTLS(t *testing.T) {
 	_, _ = io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	out, _ := io.ReadAll(c)
-	if !strings.HasPrefix(string(out), "HTTP/1.0 400") {
+	resp, err = http.ReadResponse(bufio.NewReader(bytes.NewReader(out)), nil)
+	var p problem
+	if err != nil || resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Content-Type") != problemContentType ||
+		json.NewDecoder(resp.Body).Decode(&p) != nil || p.Code != tokens.CodeInvalidRequest || !strings.Contains(p.Detail, "HTTPS") {
 		t.Fatalf("plain HTTP to the TLS port: %q", out)
 	}
 }
@@ -599,7 +645,7 @@ func TestRefusedHeadIsReadNotReset(t *testing.T) {
 			})
 		}
 		if tlsOn {
-			// Plain HTTP to the TLS listener: its own 400 (package framing, tls.go).
+			// Plain HTTP to the TLS listener: its own 400 problem (package framing, tls.go).
 			t.Run("tls/plain HTTP", func(t *testing.T) {
 				c, err := net.Dial("tcp", tg.addr)
 				if err != nil {
@@ -612,7 +658,7 @@ func TestRefusedHeadIsReadNotReset(t *testing.T) {
 				}
 				_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 				got, err := io.ReadAll(c)
-				if err != nil || !strings.HasPrefix(string(got), "HTTP/1.0 400 ") {
+				if err != nil || !strings.HasPrefix(string(got), "HTTP/1.1 400 ") || !strings.Contains(string(got), problemContentType) {
 					t.Fatalf("reading the answer: %v (after %q), want a 400 and the end", err, got)
 				}
 			})

@@ -230,17 +230,3 @@ func FuzzProxyHeaderName(f *testing.F) {
 		}
 	})
 }
-
-// validFieldName: a token (RFC 9110 5.6.2), what Go's server accepts.
-func validFieldName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
-			return false
-		}
-	}
-	return true
-}

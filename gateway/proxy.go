@@ -86,6 +86,12 @@ func (g *Gateway) newReverseProxy() *httputil.ReverseProxy {
 // (direct.go), so that both send the same request.
 func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward) {
 	pr.Out.URL.Path, pr.Out.URL.RawPath = f.path, f.rawPath
+	// The query as the client sent it: the reverse proxy drops the
+	// parameters url.ParseQuery refuses (a ';', a bad escape, more than
+	// 10,000) before Rewrite, a change to the request Go's server parsed.
+	// The gateway decides nothing on the query, so there is no reading of
+	// it to disagree with the upstream's.
+	pr.Out.URL.RawQuery = pr.In.URL.RawQuery
 	if f.buffered != nil {
 		pr.Out.Body = inMemoryBody(f.buffered)
 	}
@@ -120,11 +126,10 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward) {
 	} else {
 		h["X-Forwarded-Proto"] = protoHTTPS[:1:1]
 	}
-	// A client's Trailer announcement would reach the upstream
-	// without the trailer values (Go copies the announcement, not
-	// the values read after the body), and trailers would bypass
-	// the header rules above: neither is forwarded.
-	pr.Out.Trailer = nil
+	// Trailer fields go on under the same rules (trailers.go). Left to
+	// the reverse proxy, the announcement would go without the values
+	// (its clone of the request does not see them) and unchecked.
+	g.forwardTrailer(pr.Out, pr.In, f.name)
 	vals[2], vals[3] = f.token, f.permit.Lease.Resource
 	h[HeaderToken] = vals[2:3:3]
 	h[HeaderResource] = vals[3:4:4]
@@ -143,9 +148,13 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward) {
 var protoHTTP, protoHTTPS = []string{"http"}, []string{"https"}
 
 // newTransport is tuned for many concurrent writes to a few upstreams.
+// DisableCompression: without it the Transport asks for gzip when the
+// client did not and unzips the answer, so the upstream would get a header
+// the client never sent and the client an answer the upstream never wrote.
 func newTransport() *http.Transport {
 	return &http.Transport{
 		Proxy:                 nil, // never an address from the environment
+		DisableCompression:    true,
 		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   512,

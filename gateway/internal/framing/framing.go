@@ -24,7 +24,9 @@
 // chunk-line byte, nothing per data byte), so that a malformed one read
 // with the head is refused before anything is forwarded. A Transfer-Encoding
 // other than one "chunked", which Go's server would answer with its own
-// 501, gets the gateway's 400 in its place (the connection's Write).
+// 501, gets the gateway's 400 in its place (the connection's Write), as
+// does every other plain-text answer Go's server writes itself before any
+// handler (its 400s, its 505; its 431 stays a 431).
 //
 // Fail closed: the entry must describe the request Go parsed (the same
 // request line, byte for byte, and the same framing) or the request is
@@ -91,6 +93,7 @@ func Check(r *http.Request) (v Verdict, scanned bool) {
 	if c == nil {
 		return Verdict{}, false
 	}
+	c.serving.Store(true) // until the connection is idle again (Listener)
 	h, tlsState, badBody, ok := c.next()
 	v = judge(h, ok, r)
 	if v.Field == "" && badBody != "" {

@@ -3,9 +3,12 @@ package framing
 import (
 	"bufio"
 	"crypto/tls"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -135,8 +138,8 @@ func TestCheckGivesTheTLSState(t *testing.T) {
 	}
 }
 
-// Go's own 5xx answers are recognised, a handler's never (it carries a
-// Date, and its header is written in another order).
+// Go's own plain-text answers (4xx and 5xx) are recognised, a handler's
+// never (it carries a Date, and its header is written in another order).
 func TestOwnAnswer(t *testing.T) {
 	for _, tc := range []struct {
 		p      string
@@ -144,15 +147,106 @@ func TestOwnAnswer(t *testing.T) {
 	}{
 		{"HTTP/1.1 501 Not Implemented" + goErrorHeaders + "Unsupported transfer encoding", 501},
 		{"HTTP/1.1 505 HTTP Version Not Supported: unsupported protocol version" + goErrorHeaders + "505 HTTP Version Not Supported: unsupported protocol version", 505},
-		{"HTTP/1.1 400 Bad Request" + goErrorHeaders + "400 Bad Request", 0},
+		{"HTTP/1.1 400 Bad Request" + goErrorHeaders + "400 Bad Request", 400},
+		{"HTTP/1.1 400 Bad Request: missing required Host header" + goErrorHeaders + "400 Bad Request: missing required Host header", 400},
+		{"HTTP/1.1 431 Request Header Fields Too Large" + goErrorHeaders + "431 Request Header Fields Too Large", 431},
+		{"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nDate: Thu, 03 Dec 2026 10:00:00 GMT\r\nConnection: close\r\n\r\nx", 0},
 		{"HTTP/1.1 501 Not Implemented\r\nContent-Type: text/plain; charset=utf-8\r\nDate: Thu, 03 Dec 2026 10:00:00 GMT\r\nConnection: close\r\n\r\nx", 0},
 		{"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n", 0},
+		{"HTTP/1.1 200 OK" + goErrorHeaders, 0},
+		{"HTTP/1.1 4x0 Bad" + goErrorHeaders, 0},
 		{"HTTP/1.1 200 OK\r\n\r\n", 0},
 		{"HTTP/1.1 5", 0},
+		{"HTTP/1.1 40", 0},
 	} {
 		status, _, ok := ownAnswer([]byte(tc.p))
 		if ok != (tc.status != 0) || status != tc.status {
 			t.Errorf("%q: %d %v, want %d", tc.p, status, ok, tc.status)
 		}
+	}
+}
+
+// Go's own answers, on the wire, become problems: its 400s keep 400 and
+// say in net/http's words what is wrong, its 431 stays 431.
+func TestOwnAnswerOnTheWire(t *testing.T) {
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 1 << 10,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { Check(r) })}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln = Listener(srv, ln, nil, nil)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	for _, tc := range []struct {
+		name, raw string
+		status    int
+		detail    string
+	}{
+		{"no Host", "GET / HTTP/1.1\r\n\r\n", 400, "missing required Host header"},
+		{"bad Host", "GET / HTTP/1.1\r\nHost: a b\r\n\r\n", 400, "malformed Host header"},
+		{"no colon", "GET / HTTP/1.1\r\nHost: x\r\nX-A\r\n\r\n", 400, "malformed header field name"},
+		{"bad line", "GET /\r\nHost: x\r\n\r\n", 400, "net/http: 400 Bad Request"},
+		{"too large", "GET / HTTP/1.1\r\nHost: x\r\nX-A: " + strings.Repeat("a", 8<<10) + "\r\n\r\n", 431, "431 Request Header Fields Too Large"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_, _ = io.WriteString(c, tc.raw)
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			var p struct {
+				Status int
+				Detail string
+			}
+			if resp.StatusCode != tc.status || resp.Header.Get("Content-Type") != "application/problem+json" || !resp.Close ||
+				json.Unmarshal(body, &p) != nil || p.Status != tc.status || !strings.Contains(p.Detail, tc.detail) {
+				t.Fatalf("%d %v close=%v %s; want a %d problem saying %q", resp.StatusCode, resp.Header, resp.Close, body, tc.status, tc.detail)
+			}
+		})
+	}
+}
+
+// A handler's answer is never taken for Go's own, whatever its bytes: a
+// body that starts like one, written straight to the connection, goes out
+// as it is.
+func TestOwnAnswerNotInAHandlersAnswer(t *testing.T) {
+	fake := "HTTP/1.1 400 Bad Request" + goErrorHeaders + "400 Bad Request"
+	body := fake + strings.Repeat("x", 16<<10)
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		Check(r)
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		w.WriteHeader(http.StatusOK)
+		_ = http.NewResponseController(w).Flush() // the body's first bytes start a write of their own
+		_, _ = io.WriteString(w, body)
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln = Listener(srv, ln, nil, nil)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	if err != nil || string(got) != body {
+		t.Fatalf("the body came %d bytes (%v), starting %q; want the handler's %d", len(got), err, got[:min(len(got), 200)], len(body))
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,10 +37,14 @@ import (
 // set them first.
 //
 // refuse renders the whole HTTP/1.1 answer (status line, header, body) that
-// replaces the 5xx Go's server writes itself, before any handler, for a
-// request it cannot take (an unsupported Transfer-Encoding, an HTTP version
-// it does not speak: see ownAnswer); nil: a bare 400 problem.
-func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config, refuse func(field, reason string) []byte) net.Listener {
+// replaces the plain-text answer Go's server writes itself, before any
+// handler, for a request it cannot take (see ownAnswer): status is 431
+// for a head too large (Go's 431), 417 for an expectation other than
+// 100-continue (Go's 417), else 400 (Go's 400, and its 501 for an
+// unsupported Transfer-Encoding and 505 for an HTTP version it does not
+// speak, which are the client's fault too), and 400 with no field for a
+// plain HTTP request to the TLS port (tls.go); nil: a bare problem.
+func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config, refuse func(status int, field, reason string) []byte) net.Listener {
 	maxHeader := srv.MaxHeaderBytes
 	if maxHeader <= 0 {
 		maxHeader = http.DefaultMaxHeaderBytes
@@ -77,10 +82,17 @@ func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config, refuse f
 	}
 	connState := srv.ConnState
 	srv.ConnState = func(c net.Conn, s http.ConnState) {
-		if fc, ok := c.(*conn); ok && s == http.StateHijacked {
-			// What follows is not HTTP/1 (an upgraded connection).
-			fc.hijacked.Store(true)
-			fc.stop()
+		if fc, ok := c.(*conn); ok {
+			switch s {
+			case http.StateHijacked:
+				// What follows is not HTTP/1 (an upgraded connection).
+				fc.hijacked.Store(true)
+				fc.stop()
+			case http.StateIdle:
+				// The handler's answer is written in whole: what Go's
+				// server writes before the next handler may be its own.
+				fc.serving.Store(false)
+			}
 		}
 		if connState != nil {
 			connState(c, s)
@@ -109,7 +121,7 @@ type listener struct {
 	maxHead   int
 	hsTimeout time.Duration
 	errorLog  interface{ Printf(string, ...any) }
-	refuse    func(field, reason string) []byte
+	refuse    func(status int, field, reason string) []byte
 }
 
 func (l *listener) Accept() (net.Conn, error) {
@@ -138,6 +150,10 @@ type conn struct {
 	closed     atomic.Bool // Close was called
 	halfClosed atomic.Bool // CloseWrite was called (net/http's own linger)
 	hijacked   atomic.Bool // its hijacker closes it as it likes
+	// serving: a handler took a request (Check) and its answer may still
+	// be written; no write is then taken for Go's own answer, whatever
+	// its bytes (a body that happens to start like one).
+	serving atomic.Bool
 
 	mu       sync.Mutex
 	scan     scanner
@@ -161,18 +177,40 @@ func (c *conn) Read(p []byte) (int, error) {
 }
 
 // Write writes p, unless p is an answer Go's server wrote itself, before
-// any handler, with a 5xx status (ownAnswer): then the gateway's 400
-// goes out in its place. Every other write (the handlers' answers) only
-// pays for a comparison of its first bytes.
+// any handler: in plain text (ownAnswer), or its 417 to an expectation
+// other than 100-continue (expectationFailed). Then the gateway's problem
+// goes out in its place: 431 for Go's 431, 417 for its 417, else 400.
+// Every other write (the handlers' answers) only pays for a flag.
 func (c *conn) Write(p []byte) (int, error) {
-	if status, text, ok := ownAnswer(p); ok {
-		field, reason := c.refusal(status, text)
-		if _, err := c.Conn.Write(c.l.refuse(field, reason)); err != nil {
-			return 0, err
-		}
-		return len(p), nil
+	if c.serving.Load() {
+		return c.Conn.Write(p)
 	}
-	return c.Conn.Write(p)
+	var code int
+	var field, reason string
+	if status, text, ok := ownAnswer(p); ok {
+		code = http.StatusBadRequest
+		if status == http.StatusRequestHeaderFieldsTooLarge {
+			code = status
+		}
+		field, reason = c.refusal(status, text)
+	} else if expectationFailed(p) {
+		code, field, reason = http.StatusExpectationFailed, "Expect", "an expectation this server does not meet (only 100-continue is; RFC 9110 10.1.1)"
+	} else {
+		return c.Conn.Write(p)
+	}
+	if _, err := c.Conn.Write(c.l.refuse(code, field, reason)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// expectationFailed reports whether p, written while no handler is serving
+// (so by Go's server itself), is its 417 to an expectation other than
+// 100-continue (net/http's sendExpectationFailed). It goes through the
+// response writer, with a Date, so its bytes alone do not tell it from a
+// handler's: the serving flag does.
+func expectationFailed(p []byte) bool {
+	return bytes.HasPrefix(p, []byte("HTTP/1.1 417 Expectation Failed\r\n"))
 }
 
 // refusal says what is wrong with the request Go's server refused with
@@ -184,15 +222,26 @@ func (c *conn) refusal(status int, text string) (field, reason string) {
 		field, reason = q[0].badField, q[0].bad
 	}
 	c.mu.Unlock()
+	// Go's words: "431 Request Header Fields Too Large", "400 Bad
+	// Request" (a head it could not parse), or "400 Bad Request: " and
+	// what is wrong ("missing required Host header", "invalid header
+	// name", ...).
+	_, said, _ := strings.Cut(text, ": ")
 	switch {
+	case status == http.StatusRequestHeaderFieldsTooLarge:
+		return fieldHeaders, "too large (net/http: " + text + ")"
 	case reason != "":
 		return field, reason
 	case status == http.StatusNotImplemented:
 		return "Transfer-Encoding", "only a single \"chunked\" is accepted (RFC 9112 6.1)"
 	case status == http.StatusHTTPVersionNotSupported:
 		return "HTTP-version", "not one this server speaks (HTTP/1.0 or HTTP/1.1)"
+	case said == "":
+		return fieldHeaders, "not a request net/http can parse (a malformed request line or header line; net/http: " + text + ")"
+	case strings.Contains(said, "Host header"):
+		return "Host", "net/http: " + said
 	}
-	return fieldHeaders, text
+	return fieldHeaders, "net/http: " + said
 }
 
 // goErrorHeaders is the header every answer that Go's server writes itself
@@ -200,31 +249,36 @@ func (c *conn) refusal(status int, text string) (field, reason string) {
 // answers of handlers always carry a Date, so they never look like this.
 const goErrorHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 
-// ownAnswer reports whether p is a whole 5xx answer Go's server wrote
-// itself for a request it would not take, and its status and text. A
-// handler's answer is told apart by its first ten bytes unless it is a 5xx
-// too, and then by the header that follows its status line.
+// ownAnswer reports whether p is a whole 4xx or 5xx answer Go's server
+// wrote itself for a request it would not take, and its status and text.
+// A handler's answer is told apart by its first nine bytes unless it is a
+// 4xx or 5xx too, and then by the header that follows its status line
+// (and by the conn's serving flag before that).
 func ownAnswer(p []byte) (status int, text string, ok bool) {
-	const prefix = "HTTP/1.1 5"
-	if len(p) < len(prefix)+2 || string(p[:len(prefix)]) != prefix {
+	const prefix = "HTTP/1.1 "
+	if len(p) < len(prefix)+3 || string(p[:len(prefix)]) != prefix {
+		return 0, "", false
+	}
+	d := p[len(prefix) : len(prefix)+3]
+	if d[0] != '4' && d[0] != '5' || d[1] < '0' || d[1] > '9' || d[2] < '0' || d[2] > '9' {
 		return 0, "", false
 	}
 	end := bytes.Index(p, []byte("\r\n"))
 	if end < 0 || !bytes.HasPrefix(p[end:], []byte(goErrorHeaders)) {
 		return 0, "", false
 	}
-	d1, d2 := p[len(prefix)], p[len(prefix)+1]
-	if d1 < '0' || d1 > '9' || d2 < '0' || d2 > '9' {
-		return 0, "", false
-	}
-	return 500 + int(d1-'0')*10 + int(d2-'0'), string(p[end+len(goErrorHeaders):]), true
+	return int(d[0]-'0')*100 + int(d[1]-'0')*10 + int(d[2]-'0'), string(p[end+len(goErrorHeaders):]), true
 }
 
-// bareRefusal is a 400 problem without the gateway's type URIs, for a
+// bareRefusal is a problem without the gateway's type URIs, for a
 // Listener given none.
-func bareRefusal(field, reason string) []byte {
-	body, _ := json.Marshal(map[string]any{"title": "Bad Request", "status": http.StatusBadRequest, "detail": field + ": " + reason})
-	return []byte("HTTP/1.1 400 Bad Request\r\nContent-Type: application/problem+json\r\nConnection: close\r\nContent-Length: " +
+func bareRefusal(status int, field, reason string) []byte {
+	if field != "" {
+		reason = field + ": " + reason
+	}
+	body, _ := json.Marshal(map[string]any{"title": http.StatusText(status), "status": status, "detail": reason})
+	return []byte("HTTP/1.1 " + strconv.Itoa(status) + " " + http.StatusText(status) +
+		"\r\nContent-Type: application/problem+json\r\nConnection: close\r\nContent-Length: " +
 		strconv.Itoa(len(body)) + "\r\n\r\n" + string(body))
 }
 

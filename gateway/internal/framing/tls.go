@@ -7,7 +7,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"io"
+	"net/http"
 )
 
 // handshake runs the TLS handshake that Go's server would run itself for a
@@ -23,7 +23,9 @@ func (c *conn) handshake() error {
 		reason := err.Error()
 		var re tls.RecordHeaderError
 		if errors.As(err, &re) && re.Conn != nil && looksLikeHTTP(re.RecordHeader) {
-			_, _ = io.WriteString(re.Conn, "HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n")
+			// Where net/http writes a plain-text 400, the gateway's
+			// problem (the listener's refuse), naming no field.
+			_, _ = re.Conn.Write(c.l.refuse(http.StatusBadRequest, "", "the client sent a plain HTTP request to a port that speaks HTTPS"))
 			_ = c.Close() // lingering: the rest of the request is unread
 			reason = "client sent an HTTP request to an HTTPS server"
 		}
