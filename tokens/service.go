@@ -117,6 +117,7 @@ type Service struct {
 	waiters     *waiters
 	flood       floodGate // flood.go
 	drains      drains    // drain.go
+	late        late      // rejections recorded in the background (late.go)
 }
 
 // New returns a Service; Store and Locker are required.
