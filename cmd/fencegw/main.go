@@ -258,7 +258,7 @@ func serve(ctx context.Context, hurry <-chan struct{}, cfg config, stdout io.Wri
 		Observe:        cfg.Observe,
 		TracerProvider: tp,
 		Logger:         logger,
-		Idempotency: keys,
+		Idempotency:    keys,
 	}
 	if cfg.Auth != nil {
 		gwCfg.Auth, gwCfg.UpstreamHeaders = cfg.Auth.Keys, cfg.Auth.UpstreamHeaders
