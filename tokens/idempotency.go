@@ -34,8 +34,13 @@ import (
 //     and it answers "outcome unknown" from then on: a key is never
 //     forwarded twice on the strength of a record that was lost.
 //  4. The upstream's answer is recorded (status, the headers worth
-//     replaying, the body up to a size) before it goes back to the client:
-//     a client that saw an answer always finds it recorded.
+//     replaying, the body up to a size) before it goes back to the client,
+//     if the store takes it within the caller's bound: a client that saw an
+//     answer then always finds it recorded. An answer is not held back
+//     for a store that is slow or down, nor is a 504: what the store did
+//     not take is recorded in the background (late.go), and until it lands
+//     the key is in progress, so that a retry is refused (rule 5), never
+//     forwarded again.
 //  5. A retry of a recorded key: the same fingerprint is replayed from the
 //     record without reaching the upstream; another fingerprint is
 //     ErrKeyMismatch (422); a first attempt still in flight is
