@@ -75,7 +75,7 @@ const (
 	keyUnknown    = "outcome_unknown" // a retry of an unknown outcome (409)
 	keyLost       = "unknown"         // a first attempt that got no answer
 	keyDropped    = "dropped"         // never left, or the upstream did not process it
-	keyStoreError = "store_error"     // the record could not be written
+	keyStoreError = "store_error"     // the answer's record was not written in time (retried in the background)
 )
 
 func newKeys(x *tokens.Idempotency, reg prometheus.Registerer, log *slog.Logger) *keys {
@@ -84,7 +84,7 @@ func newKeys(x *tokens.Idempotency, reg prometheus.Registerer, log *slog.Logger)
 	}
 	vec := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fencegw_idempotent_writes_total",
-		Help: "Fenced writes with an Idempotency-Key by result: recorded (forwarded, answer recorded), replayed, mismatch (422), in_progress (409), outcome_unknown (409: a retry of a write whose outcome is unknown), unknown (a first attempt that got no answer), dropped (never left, or the upstream did not process it), store_error.",
+		Help: "Fenced writes with an Idempotency-Key by result: recorded (forwarded, answer recorded), replayed, mismatch (422), in_progress (409), outcome_unknown (409: a retry of a write whose outcome is unknown), unknown (a first attempt that got no answer), dropped (never left, or the upstream did not process it), store_error (the answer's record was not written in time, and is retried in the background).",
 	}, []string{"result"})
 	reg.MustRegister(vec)
 	k := &keys{x: x, log: log, count: map[string]prometheus.Counter{}}
@@ -192,7 +192,12 @@ func parseIdempotencyKey(vs []string) (string, error) {
 // caller ends the permit).
 func (g *Gateway) beginKeyed(w http.ResponseWriter, r *http.Request, k *keyed, permit *tokens.Permit, upstream string) bool {
 	scope := tokens.KeyScope{Resource: permit.Lease.Resource, Upstream: upstream, Principal: principalName(r.Context()), Key: k.key}
-	claim, rec, err := g.keys.x.Begin(r.Context(), scope, k.fingerprint, permit.Lease)
+	// Bounded by the forward timeout: what precedes the forward waits for
+	// the store no longer than the forward itself may wait for the
+	// upstream (a stalled store answers 503 store_unavailable then).
+	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.ForwardTimeout)
+	claim, rec, err := g.keys.x.Begin(ctx, scope, k.fingerprint, permit.Lease)
+	cancel()
 	switch {
 	case err != nil:
 		switch {
@@ -231,9 +236,17 @@ func replay(w http.ResponseWriter, rec *tokens.KeyRecord) {
 	_, _ = w.Write(rec.Body)
 }
 
+// answerRecordWait bounds how long an upstream's answer to a keyed write
+// waits for its record before it goes back. A healthy store records it in
+// milliseconds, so that the answer a client sees is one a retry finds
+// replayed; a stalled or refusing one must not hold the answer, whose
+// record then goes on in the background.
+const answerRecordWait = time.Second
+
 // recordAnswer is hook 3, the reverse proxy's ModifyResponse: it reads up
 // to the replay limit of the upstream's body and records the answer before
-// the proxy sends any of it. A body that fails to arrive is an unknown
+// the proxy sends any of it (waiting for the store at most
+// answerRecordWait). A body that fails to arrive is an unknown
 // outcome (the error goes to proxyError).
 func (g *Gateway) recordAnswer(resp *http.Response) error {
 	if resp.Request == nil {
@@ -252,14 +265,15 @@ func (g *Gateway) recordAnswer(resp *http.Response) error {
 		return err
 	}
 	omitted := len(head) > limit
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(resp.Request.Context()), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(resp.Request.Context()), answerRecordWait)
 	defer cancel()
 	if err := f.keyed.claim.Complete(ctx, resp.StatusCode, replayHeader(resp.Header), head, omitted); err != nil {
-		// The answer still goes back: the write happened. The record stays
-		// in progress and turns unknown at its deadline, so a retry is
-		// never forwarded.
+		// The answer still goes back: the write happened. The record is
+		// retried in the background; until it lands the key is in
+		// progress (and unknown past its deadline), so a retry is never
+		// forwarded.
 		g.keys.count[keyStoreError].Inc()
-		g.log.Error("could not record the answer of an idempotent write", "resource", f.permit.Lease.Resource, "err", err)
+		g.log.Error("could not record the answer of an idempotent write in time; answering, and recording it in the background", "resource", f.permit.Lease.Resource, "err", err)
 	} else if tokens.Unprocessed(resp.StatusCode) {
 		g.keys.count[keyDropped].Inc()
 	} else {
@@ -276,25 +290,21 @@ type rereadBody struct {
 
 // endKeyed is hook 4, when the forward is over: a first attempt that got
 // no recorded answer is an unknown outcome if its request may have left,
-// and is dropped if it certainly did not.
+// and is dropped if it certainly did not. Both are recorded in the
+// background (tokens.Claim.Unknown, Drop): the client's answer (a 504, a
+// 502) does not wait for the store, and the key stays in progress, so
+// that a retry is refused, until the record lands.
 func (g *Gateway) endKeyed(f *forward) {
 	c := f.keyed.claim
 	if c == nil || c.Finished() {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	var err error
 	if f.unknown || !f.failed {
 		g.keys.count[keyLost].Inc()
-		err = c.Unknown(ctx)
+		c.Unknown()
 	} else {
 		g.keys.count[keyDropped].Inc()
-		err = c.Drop(ctx)
-	}
-	if err != nil {
-		g.keys.count[keyStoreError].Inc()
-		g.log.Error("could not record the end of an idempotent write; it turns unknown at its deadline", "resource", f.permit.Lease.Resource, "err", err)
+		c.Drop()
 	}
 }
 

@@ -263,7 +263,10 @@ func (s *Service) record(ctx context.Context, refusal error, lease Lease, state 
 		return
 	case e.Kind == ErrLeaseNotOwned:
 		if state.Name == "" && lease.Resource != "" {
-			if st, err := s.store.Resource(ctx, lease.Resource); err == nil {
+			rctx, cancel := context.WithTimeout(ctx, rejectionWait)
+			st, err := s.store.Resource(rctx, lease.Resource)
+			cancel()
+			if err == nil {
 				state, rej.CurrentToken = st, st.Token
 			}
 		}
@@ -279,13 +282,10 @@ func (s *Service) record(ctx context.Context, refusal error, lease Lease, state 
 	case !lease.ExpiresAt.IsZero() && !s.Clock(state).Before(lease.ExpiresAt):
 		rej.LeaseEndedAt = lease.ExpiresAt
 	}
-	// Record with a context of its own: the client hanging up must not
-	// erase the evidence.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	recorded, err := s.store.RecordRejection(rctx, rej)
-	if err != nil {
-		s.log.Error("could not record rejection", "resource", rej.Resource, "code", rej.Code, "err", err)
+	// The answer waits for the record only briefly (late.go): a refusal
+	// must not wait long for its evidence, which goes on being recorded.
+	recorded, ok := s.recordRejection(ctx, rej)
+	if !ok {
 		recorded = rej
 		recorded.At = s.now()
 		recorded.Repeats, recorded.FirstAt = 1, recorded.At

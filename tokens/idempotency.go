@@ -34,8 +34,13 @@ import (
 //     and it answers "outcome unknown" from then on: a key is never
 //     forwarded twice on the strength of a record that was lost.
 //  4. The upstream's answer is recorded (status, the headers worth
-//     replaying, the body up to a size) before it goes back to the client:
-//     a client that saw an answer always finds it recorded.
+//     replaying, the body up to a size) before it goes back to the client,
+//     if the store takes it within the caller's bound: a client that saw an
+//     answer then always finds it recorded. An answer is not held back
+//     for a store that is slow or down, nor is a 504: what the store did
+//     not take is recorded in the background (late.go), and until it lands
+//     the key is in progress, so that a retry is refused (rule 5), never
+//     forwarded again.
 //  5. A retry of a recorded key: the same fingerprint is replayed from the
 //     record without reaching the upstream; another fingerprint is
 //     ErrKeyMismatch (422); a first attempt still in flight is
@@ -288,6 +293,7 @@ type Idempotency struct {
 	inFlight time.Duration
 	now      func() time.Time
 	log      *slog.Logger
+	late     late // ends of keyed writes recorded in the background (late.go)
 }
 
 // NewIdempotency returns an Idempotency; Store and InFlight are required.
@@ -315,7 +321,10 @@ func (x *Idempotency) MaxBody() int { return x.maxBody }
 func (x *Idempotency) Window() time.Duration { return x.window }
 
 // Claim is a key whose first attempt the caller now forwards. Exactly one
-// of Complete, Unknown or Drop must be called once the forward ended.
+// of Complete, Unknown or Drop must be called once the forward ended; what
+// they record is retried in the background until the store takes it
+// (late.go), and until then the key stays in progress: a retry is refused,
+// never forwarded.
 type Claim struct {
 	x       *Idempotency
 	scope   KeyScope
@@ -328,11 +337,19 @@ type Claim struct {
 // Claim if this is the key's first attempt (forward it), or the record to
 // replay, or ErrKeyMismatch, ErrKeyInProgress (RetryAfter set),
 // ErrOutcomeUnknown or ErrStoreUnavailable (nothing may be forwarded).
+// Bound ctx: a store that cannot answer in time is ErrStoreUnavailable,
+// and the record it may still make of this attempt (a statement cut short
+// after its commit, the embedded store's queued commit) is dropped in the
+// background, so that the key is not left in progress for a request that
+// never left.
 func (x *Idempotency) Begin(ctx context.Context, scope KeyScope, fingerprint string, lease Lease) (*Claim, *KeyRecord, error) {
 	attempt := newAttempt()
 	rec, fresh, err := x.store.BeginKey(ctx, KeyBegin{Scope: scope, Attempt: attempt, Fingerprint: fingerprint,
 		Token: lease.Token, Holder: lease.Holder, InFlight: x.inFlight, Window: x.window})
 	if err != nil {
+		if errors.Is(err, ErrStoreUnavailable) {
+			x.later("drop of an unanswered begin", scope, func(ctx context.Context) error { return x.store.DropKey(ctx, scope, attempt) })
+		}
 		return nil, nil, err
 	}
 	if fresh || failpoint.ForgetIdempotency {
@@ -374,50 +391,73 @@ func (x *Idempotency) clock(r KeyRecord) time.Time {
 	return x.now()
 }
 
-// Complete records the upstream's answer. body is kept if it is at most
-// MaxBody bytes, else the record says it was omitted. Statuses that say
-// the upstream did not process the request (408, 425, 429, 503) drop the
-// key instead, so that a retry is forwarded.
+// Complete records the upstream's answer, waiting for the store until ctx
+// ends (rule 4: with a store that answers in time, the answer is recorded
+// before it goes back). body is kept if it is at most MaxBody bytes, else
+// the record says it was omitted. Statuses that say the upstream did not
+// process the request (408, 425, 429, 503) drop the key instead, so that a
+// retry is forwarded. If the store did not take the record in time, the
+// error is returned and the record is retried in the background: the key
+// stays in progress until it lands (a retry is told to come back), and
+// turns unknown at its deadline if it never does.
 func (c *Claim) Complete(ctx context.Context, status int, header map[string][]string, body []byte, omitted bool) error {
-	if Unprocessed(status) {
-		return c.Drop(ctx)
-	}
 	if c.done {
 		return nil
 	}
 	c.done = true
+	if Unprocessed(status) {
+		return c.x.recordOrLater(ctx, "drop", c.scope, c.drop)
+	}
 	if len(body) > c.x.maxBody {
 		body, omitted = nil, true
 	}
 	if omitted {
 		body = nil
 	}
-	return c.x.store.FinishKey(ctx, c.scope, c.attempt, KeyOutcome{State: KeyCompleted, Status: status,
-		Header: header, Body: body, BodyOmitted: omitted, Window: c.x.window})
+	o := KeyOutcome{State: KeyCompleted, Status: status, Header: header, Body: body, BodyOmitted: omitted, Window: c.x.window}
+	return c.x.recordOrLater(ctx, "answer", c.scope, func(ctx context.Context) error {
+		return c.x.store.FinishKey(ctx, c.scope, c.attempt, o)
+	})
 }
 
-// Unknown records that the first attempt was forwarded and its outcome is
-// unknown. If it fails, the in-progress record turns unknown at its
-// deadline anyway: until then a retry is refused as in progress, never
-// forwarded. The record guards no grant, so its failure gives nothing up
-// early; the write's drain, which does, is kept by Permit.Done whatever
-// the store does (drain.go).
-func (c *Claim) Unknown(ctx context.Context) error {
+// Unknown records, in the background, that the first attempt was
+// forwarded and its outcome is unknown, and returns at once: the client's
+// 504 does not wait for the store. Until the record lands the key is in
+// progress, and past its deadline it is unknown anyway: either way a retry
+// is refused, never forwarded. The record guards no grant, so its delay
+// gives nothing up early; the write's drain, which does, is kept by
+// Permit.Done whatever the store does (drain.go).
+func (c *Claim) Unknown() {
 	if c.done {
-		return nil
+		return
 	}
 	c.done = true
-	return c.x.store.FinishKey(ctx, c.scope, c.attempt, KeyOutcome{State: KeyUnknown, Window: c.x.window})
+	c.x.later("unknown outcome", c.scope, func(ctx context.Context) error {
+		return c.x.store.FinishKey(ctx, c.scope, c.attempt, KeyOutcome{State: KeyUnknown, Window: c.x.window})
+	})
 }
 
-// Drop forgets the key: the request never left the gateway, or the
-// upstream refused to process it.
-func (c *Claim) Drop(ctx context.Context) error {
+// Drop forgets the key, in the background, and returns at once: the
+// request never left the gateway. Until the drop lands a retry is refused
+// as in progress (and, if it never lands, as unknown past the deadline).
+func (c *Claim) Drop() {
 	if c.done {
-		return nil
+		return
 	}
 	c.done = true
-	return c.x.store.DropKey(ctx, c.scope, c.attempt)
+	c.x.later("drop", c.scope, c.drop)
+}
+
+func (c *Claim) drop(ctx context.Context) error { return c.x.store.DropKey(ctx, c.scope, c.attempt) }
+
+// recordOrLater makes one attempt at record within ctx and, if it fails, goes on in
+// the background (later).
+func (x *Idempotency) recordOrLater(ctx context.Context, what string, scope KeyScope, record func(context.Context) error) error {
+	err := record(ctx)
+	if err != nil {
+		x.later(what, scope, record)
+	}
+	return err
 }
 
 // Finished reports whether Complete, Unknown or Drop was called.

@@ -69,8 +69,9 @@ type Config struct {
 //     covered as any replica that dies with a write in flight: its presence
 //     rows in the PostgreSQL modes (point 6), the crash drain in the
 //     embedded one. The other records a forward leaves (the idempotency
-//     key's outcome, write counts) guard no grant: a key whose outcome
-//     could not be recorded stays in progress and then unknown, never
+//     key's outcome, write counts) guard no grant, and the client's answer
+//     does not wait for them either (late.go): a key whose outcome is not
+//     recorded yet stays in progress (and past its deadline unknown), never
 //     forwarded again, and a lost count is a dashboard's figure.
 //  4. A write is admitted only on the state read under the shared lock and
 //     the store's (or gateway's) clock; the worker's clock and any token the
@@ -117,6 +118,7 @@ type Service struct {
 	waiters     *waiters
 	flood       floodGate // flood.go
 	drains      drains    // drain.go
+	late        late      // rejections recorded in the background (late.go)
 }
 
 // New returns a Service; Store and Locker are required.

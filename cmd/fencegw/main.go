@@ -234,6 +234,16 @@ func serve(ctx context.Context, hurry <-chan struct{}, cfg config, stdout io.Wri
 	// Holders' clock offsets (Fencing-Client-Time): exported as a metric
 	// by the gateway, shown next to the holder by the dashboard.
 	clocks := tokens.NewClocks()
+	keys := tokens.NewIdempotency(tokens.IdempotencyConfig{
+		Store:   backend.keys,
+		Window:  cfg.IdempotencyWindow,
+		MaxBody: int(cfg.IdempotencyMaxBody),
+		// A keyed write's body is read before its key is begun, so its
+		// record is in progress for the forward and the store call that
+		// records its answer (a second, then in the background) at most.
+		InFlight: cfg.ForwardTimeout + 5*time.Second,
+		Logger:   logger,
+	})
 	gwCfg := gateway.Config{
 		Clocks:         clocks,
 		Upstreams:      cfg.Upstreams,
@@ -248,16 +258,7 @@ func serve(ctx context.Context, hurry <-chan struct{}, cfg config, stdout io.Wri
 		Observe:        cfg.Observe,
 		TracerProvider: tp,
 		Logger:         logger,
-		Idempotency: tokens.NewIdempotency(tokens.IdempotencyConfig{
-			Store:   backend.keys,
-			Window:  cfg.IdempotencyWindow,
-			MaxBody: int(cfg.IdempotencyMaxBody),
-			// A keyed write's body is read before its key is begun, so
-			// its record is in progress for the forward and the store
-			// calls that finish it (5 s each) at most.
-			InFlight: cfg.ForwardTimeout + 5*time.Second,
-			Logger:   logger,
-		}),
+		Idempotency:    keys,
 	}
 	if cfg.Auth != nil {
 		gwCfg.Auth, gwCfg.UpstreamHeaders = cfg.Auth.Keys, cfg.Auth.UpstreamHeaders
@@ -396,6 +397,20 @@ func serve(ctx context.Context, hurry <-chan struct{}, cfg config, stdout io.Wri
 		cancel()
 		if err != nil {
 			logger.Error("shutting down with drains unrecorded", "drains", svc.Draining(), "err", err)
+		}
+	}
+	// Records the answers did not wait for (a rejection's entry, the end of
+	// a keyed write) are finished before the store closes: each is given up
+	// within its own bound (a rejection's 5 s, a key's in-flight time), so
+	// this wait is bounded too. (Closing first would turn a PostgreSQL
+	// key still in progress unknown, and lose the answer being recorded.)
+	if n, k := svc.Recording(), keys.Pending(); n > 0 || k > 0 {
+		logger.Warn("shutting down: waiting for records the store has not taken yet", "rejections", n, "idempotency_keys", k)
+		recCtx, cancel := context.WithTimeout(context.Background(), cfg.ForwardTimeout+6*time.Second)
+		err := errors.Join(svc.WaitRecords(recCtx), keys.Wait(recCtx))
+		cancel()
+		if err != nil {
+			logger.Error("shutting down with records not taken by the store", "rejections", svc.Recording(), "idempotency_keys", keys.Pending(), "err", err)
 		}
 	}
 	logger.Info("stopped")
