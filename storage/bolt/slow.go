@@ -23,12 +23,31 @@ const slowLogEvery = 10 * time.Second
 
 type slowLog struct {
 	commits prometheus.Histogram
+	slow    spacedLine // slow commits
+	waits   spacedLine // callers that gave up waiting for one
+}
 
-	mu          sync.Mutex
-	slowAt      time.Time // last slow-commit line
-	slowSince   int       // slow commits since that line
-	gaveUpAt    time.Time // last gave-up line
-	gaveUpSince int       // callers that gave up since that line
+// spacedLine counts the events of one log line and says when the line is
+// due: at most once per slowLogEvery, with the events since the last one.
+type spacedLine struct {
+	mu    sync.Mutex
+	at    time.Time // last line
+	since int       // events since it
+}
+
+// note counts an event; if the line is due, it returns the events it
+// stands for.
+func (s *spacedLine) note() (n int, due bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.since++
+	now := time.Now()
+	if now.Sub(s.at) < slowLogEvery {
+		return 0, false
+	}
+	n = s.since
+	s.at, s.since = now, 0
+	return n, true
 }
 
 func newSlowLog() *slowLog {
@@ -46,16 +65,10 @@ func (l *slowLog) committed(log *slog.Logger, d time.Duration, calls int, err er
 	if d < slowCommit {
 		return
 	}
-	l.mu.Lock()
-	l.slowSince++
-	now := time.Now()
-	if now.Sub(l.slowAt) < slowLogEvery {
-		l.mu.Unlock()
+	n, due := l.slow.note()
+	if !due {
 		return
 	}
-	n := l.slowSince
-	l.slowAt, l.slowSince = now, 0
-	l.mu.Unlock()
 	log.Warn("slow commit: the disk under the embedded store took this long to commit; grants, renewals and releases wait for it, and callers past their deadline answer 503 store_unavailable",
 		"duration", d.Round(time.Millisecond), "calls", calls, "failed", err != nil, "slow_commits_since_last_line", n)
 }
@@ -63,16 +76,10 @@ func (l *slowLog) committed(log *slog.Logger, d time.Duration, calls int, err er
 // gaveUp logs a caller that stopped waiting for its commit; running is how
 // long the commit in flight had been running then (0: none was).
 func (l *slowLog) gaveUp(log *slog.Logger, op string, running time.Duration) {
-	l.mu.Lock()
-	l.gaveUpSince++
-	now := time.Now()
-	if now.Sub(l.gaveUpAt) < slowLogEvery {
-		l.mu.Unlock()
+	n, due := l.waits.note()
+	if !due {
 		return
 	}
-	n := l.gaveUpSince
-	l.gaveUpAt, l.gaveUpSince = now, 0
-	l.mu.Unlock()
 	log.Warn("store call gave up waiting for the disk: answered 503 store_unavailable at its caller's deadline; the commit goes on",
 		"op", op, "commit_running_for", running.Round(time.Millisecond), "gave_up_since_last_line", n)
 }

@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+import unittest
 import urllib.request
 from typing import Any, Dict, List, Optional
 
@@ -292,3 +293,21 @@ class CutProxy:
 
     def close(self) -> None:
         self.sock.close()
+
+
+class GatewayTestCase(unittest.TestCase):
+    """A real gateway in front of a recording upstream, shared by a class's
+    tests and stopped after them; each test uses resources of its own."""
+
+    up: Upstream
+    gw: Gateway
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.up = Upstream()
+        cls.gw = Gateway(cls.up.url)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.gw.close()
+        cls.up.close()

@@ -9,23 +9,10 @@ import unittest
 import fencegw
 import fencegw.aio
 
-from env import Gateway, Upstream
+from env import GatewayTestCase
 
 
-class TestAio(unittest.TestCase):
-    up: Upstream
-    gw: Gateway
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        cls.up = Upstream()
-        cls.gw = Gateway(cls.up.url)
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        cls.gw.close()
-        cls.up.close()
-
+class TestAio(GatewayTestCase):
     def test_aio_lease_write_release_and_loss(self) -> None:
         async def main() -> None:
             client = fencegw.aio.Client(self.gw.url, holder="aio")

@@ -16,7 +16,7 @@ from unittest import mock
 import fencegw
 from fencegw import _errors
 
-from env import CutProxy, Gateway, Upstream
+from env import CutProxy, Gateway, Upstream, GatewayTestCase
 
 HANG = 30.0  # bounds a wait that should end on its own much sooner
 
@@ -30,22 +30,9 @@ def resource(kind: str = "stmt:acct") -> str:
     return f"{kind}:{next(_names)}"
 
 
-class Base(unittest.TestCase):
+class Base(GatewayTestCase):
     """A real gateway and upstream shared by a class's tests; each test uses
     resources of its own."""
-
-    up: Upstream
-    gw: Gateway
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        cls.up = Upstream()
-        cls.gw = Gateway(cls.up.url)
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        cls.gw.close()
-        cls.up.close()
 
     def client(self, holder: str = "worker-a", url: str = "") -> fencegw.Client:
         return fencegw.Client(url or self.gw.url, holder=holder)

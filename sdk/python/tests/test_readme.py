@@ -16,7 +16,7 @@ import time
 import unittest
 from typing import Any, List
 
-from env import HERE, Gateway, Upstream
+from env import HERE, GatewayTestCase
 
 SRC = os.path.join(HERE, "..", "src")
 README = os.path.join(HERE, "..", "README.md")
@@ -27,20 +27,7 @@ def python_blocks(path: str) -> List[str]:
         return re.findall(r"```python\n(.*?)```", f.read(), re.S)
 
 
-class TestReadme(unittest.TestCase):
-    up: Upstream
-    gw: Gateway
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        cls.up = Upstream()
-        cls.gw = Gateway(cls.up.url)
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        cls.gw.close()
-        cls.up.close()
-
+class TestReadme(GatewayTestCase):
     def run_worker(self, code: str, **kw: Any) -> "subprocess.Popen[str]":
         env = dict(os.environ, PYTHONPATH=SRC)
         return subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
