@@ -19,12 +19,12 @@ package gateway
 // bytes at the upstream and at the client. The forward timeout is a
 // deadline on the upstream connection instead of a context.
 //
-// It takes only what it can do without judgement: an unkeyed write
-// (Idempotency-Key answers are recorded by the proxy's ModifyResponse) to
-// a plain-http upstream, with no body or a small one read in whole
-// (smallbody.go), no Upgrade, Expect, TE or Trailer, and a query the
-// reverse proxy would pass unchanged. Everything else goes through the
-// reverse proxy as before.
+// It takes only what it can do without judgement: a write to a plain-http
+// upstream, with no body or one read in whole (a small one, smallbody.go;
+// a keyed one, idempotency.go, whose answer it records before any of it
+// goes back: recordKeyed), and no Upgrade, Expect, TE or Trailer.
+// Everything else goes through the reverse proxy as before. The query
+// goes on as the client sent it, byte for byte, on both (rewrite).
 
 import (
 	"context"
@@ -42,74 +42,11 @@ import (
 	"github.com/fencegw/fencegw/gateway/internal/engine"
 )
 
-// directForwardOK reports whether the reverse proxy passes a query it
-// has no reason to change as it is, as the direct forward does. A
-// urlmaxqueryparams GODEBUG setting makes it re-encode every query
-// (cleanQueryParams), and that setting need not be in the environment: a
-// //go:debug line of the main package, a godebug line of its go.mod, or a
-// go line before 1.24 (whose default is urlmaxqueryparams=0) set it too,
-// unseen by os.Getenv. So the reverse proxy itself is asked, with a query
-// any re-encoding reorders; the direct forward stays off if it changes.
-func directForwardOK() bool {
-	const query = "b=1&a=2"
-	var got string
-	p := &httputil.ReverseProxy{
-		Rewrite:      func(pr *httputil.ProxyRequest) { got = pr.Out.URL.RawQuery },
-		Transport:    probeTransport{},
-		ErrorHandler: func(http.ResponseWriter, *http.Request, error) {},
-	}
-	req := &http.Request{Method: http.MethodGet, URL: &url.URL{Scheme: "http", Host: "probe", Path: "/", RawQuery: query},
-		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: http.Header{}, Body: http.NoBody, Host: "probe"}
-	p.ServeHTTP(probeWriter{}, req)
-	return got == query
-}
-
-// probeTransport and probeWriter let directForwardOK's request go nowhere.
-type probeTransport struct{}
-
-func (probeTransport) RoundTrip(*http.Request) (*http.Response, error) {
-	return nil, errors.New("a probe is not forwarded")
-}
-
-type probeWriter struct{}
-
-func (probeWriter) Header() http.Header         { return http.Header{} }
-func (probeWriter) Write(b []byte) (int, error) { return len(b), nil }
-func (probeWriter) WriteHeader(int)             {}
-
 // directable reports whether the direct forward carries r (see the top of
 // this file): one plain exchange, as the engine decides it
-// (engine.OneExchange), unkeyed, with a query the reverse proxy would pass
-// unchanged. Its body, if any, is f.buffered.
+// (engine.OneExchange). Its body, if any, is f.buffered.
 func (g *Gateway) directable(r *http.Request, f *forward) bool {
-	return g.direct && f.keyed == nil && engine.OneExchange(r, f.upstream, f.buffered) && queryUnchanged(r.URL.RawQuery)
-}
-
-// queryUnchanged reports whether the reverse proxy's cleanQueryParams
-// leaves q as it is: no ';', every '%' starts an escape, at most 10,000
-// parameters.
-func queryUnchanged(q string) bool {
-	if strings.Count(q, "&") >= 10_000 {
-		return false
-	}
-	for i := 0; i < len(q); {
-		switch q[i] {
-		case ';':
-			return false
-		case '%':
-			if i+2 >= len(q) || !isHex(q[i+1]) || !isHex(q[i+2]) {
-				return false
-			}
-			i += 3
-		default:
-			i++
-		}
-	}
-	return true
-}
-
-func isHex(c byte) bool {
-	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+	return g.direct && engine.OneExchange(r, f.upstream, f.buffered)
 }
 
 // directState is what one direct forward needs besides its forward, lent
@@ -177,6 +114,15 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	f.status = res.StatusCode
 	// The reverse proxy's steps after its RoundTrip.
 	removeHopByHop(res.Header)
+	if f.keyed != nil {
+		// Its ModifyResponse, for a keyed write: the answer is recorded
+		// before any of it goes back.
+		if err := g.recordKeyed(r.Context(), f, res); err != nil {
+			_ = res.Body.Close()
+			g.forwardFailed(w, r, f, err, errors.Is(err, context.DeadlineExceeded) || !time.Now().Before(deadline))
+			return
+		}
+	}
 	dst := w.Header()
 	for k, vv := range res.Header {
 		if len(dst[k]) == 0 {

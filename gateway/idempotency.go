@@ -30,14 +30,15 @@ import (
 //     fingerprint;
 //  2. then beginKeyed records the key as in progress, or answers from the
 //     record (replay, 422, 409);
-//  3. recordAnswer (the reverse proxy's ModifyResponse) records the
-//     upstream's answer before any of it goes back to the client;
+//  3. recordKeyed (called by the direct forward, and by the reverse
+//     proxy's ModifyResponse) records the upstream's answer before any of
+//     it goes back to the client;
 //  4. endKeyed, when the forward ended without an answer, records an
 //     unknown outcome (the request left) or drops the key (it never did).
 //
-// A write without the header costs one map lookup at point 1, a context
-// lookup and a nil check at point 3 and a nil check at point 4: no
-// allocation, no store call.
+// A write without the header costs one map lookup at point 1 and a nil
+// check at points 3 and 4 (and a context lookup at point 3 on the reverse
+// proxy's road): no allocation, no store call.
 
 // Header names of idempotent writes.
 const (
@@ -55,7 +56,10 @@ const (
 type keyed struct {
 	key         string
 	fingerprint string
-	claim       *tokens.Claim // set once the key is this write's to forward
+	// body is the whole request body, read for the fingerprint, which the
+	// forward sends (nil if there is none).
+	body  []byte
+	claim *tokens.Claim // set once the key is this write's to forward
 }
 
 // keys is the gateway's idempotency state; nil without
@@ -141,6 +145,8 @@ func (g *Gateway) readKeyedBody(w http.ResponseWriter, r *http.Request, rawPath 
 		r.TransferEncoding = nil
 		if len(body) == 0 {
 			r.Body = http.NoBody
+		} else {
+			k.body = body
 		}
 	}
 	k.fingerprint = tokens.Fingerprint(r.Method, rawPath, r.URL.RawQuery, sha256.Sum256(body))
@@ -243,20 +249,28 @@ func replay(w http.ResponseWriter, rec *tokens.KeyRecord) {
 // record then goes on in the background.
 const answerRecordWait = time.Second
 
-// recordAnswer is hook 3, the reverse proxy's ModifyResponse: it reads up
-// to the replay limit of the upstream's body and records the answer before
-// the proxy sends any of it (waiting for the store at most
-// answerRecordWait). A body that fails to arrive is an unknown
-// outcome (the error goes to proxyError).
+// recordAnswer is hook 3 on the reverse proxy's road, its ModifyResponse
+// (recordKeyed).
 func (g *Gateway) recordAnswer(resp *http.Response) error {
 	if resp.Request == nil {
 		return nil // a keyed write then ends as an unknown outcome (endKeyed)
 	}
 	f, _ := resp.Request.Context().Value(forwardKey{}).(*forward)
-	if f != nil {
-		f.status = resp.StatusCode
+	if f == nil {
+		return nil
 	}
-	if f == nil || f.keyed == nil || f.keyed.claim == nil {
+	f.status = resp.StatusCode
+	return g.recordKeyed(resp.Request.Context(), f, resp)
+}
+
+// recordKeyed is hook 3, on either road (the direct forward calls it
+// itself): it reads up to the replay limit of the upstream's body and
+// records the answer before any of it goes to the client (waiting for the
+// store at most answerRecordWait). A body that fails to arrive is an
+// unknown outcome (the error goes to forwardFailed). A write without a
+// claimed key passes as it is.
+func (g *Gateway) recordKeyed(ctx context.Context, f *forward, resp *http.Response) error {
+	if f.keyed == nil || f.keyed.claim == nil {
 		return nil
 	}
 	limit := g.keys.x.MaxBody()
@@ -265,7 +279,7 @@ func (g *Gateway) recordAnswer(resp *http.Response) error {
 		return err
 	}
 	omitted := len(head) > limit
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(resp.Request.Context()), answerRecordWait)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), answerRecordWait)
 	defer cancel()
 	if err := f.keyed.claim.Complete(ctx, resp.StatusCode, replayHeader(resp.Header), head, omitted); err != nil {
 		// The answer still goes back: the write happened. The record is

@@ -294,7 +294,10 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 
-	if buffer {
+	switch {
+	case kw != nil:
+		f.buffered = kw.body // read whole for its fingerprint
+	case buffer:
 		if f.buffered, err = readSmallBody(r.Body, r.ContentLength); err != nil {
 			g.refuseBody(w, r, f, err)
 			return
