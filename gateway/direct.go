@@ -19,11 +19,12 @@ package gateway
 // bytes at the upstream and at the client. The forward timeout is a
 // deadline on the upstream connection instead of a context.
 //
-// It takes only what it can do without judgement: a write to a plain-http
-// upstream, with no body or one read in whole (a small one, smallbody.go;
-// a keyed one, idempotency.go, whose answer it records before any of it
-// goes back: recordKeyed), and no Upgrade, Expect, TE or Trailer.
-// Everything else goes through the reverse proxy as before. The query
+// It takes every write to a plain-http upstream without Upgrade or
+// Expect: with no body, one read in whole (a small one, smallbody.go; a
+// keyed one, idempotency.go, whose answer it records before any of it goes
+// back: recordKeyed), or one that streams (Content-Length or chunked, with
+// its trailer: trailers.go), framed again by the engine. Everything else
+// goes through the reverse proxy as before. The query
 // goes on as the client sent it, byte for byte, on both (rewrite).
 
 import (
@@ -46,7 +47,7 @@ import (
 // this file): one plain exchange, as the engine decides it
 // (engine.OneExchange). Its body, if any, is f.buffered.
 func (g *Gateway) directable(r *http.Request, f *forward) bool {
-	return g.direct && engine.OneExchange(r, f.upstream, f.buffered)
+	return g.direct && engine.OneExchange(r, f.upstream)
 }
 
 // directState is what one direct forward needs besides its forward, lent
@@ -91,8 +92,20 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	st.out = http.Request{Method: r.Method, URL: &st.url, Proto: r.Proto, ProtoMajor: r.ProtoMajor, ProtoMinor: r.ProtoMinor,
 		Header: h, Host: r.Host, ContentLength: r.ContentLength, RemoteAddr: r.RemoteAddr}
 	out := &st.out
+	if f.buffered == nil && r.ContentLength != 0 {
+		// A body that streams: the client's, framed again by the engine
+		// (Request.Write), its trailer fields copied in at its end
+		// (forwardTrailer, in rewrite).
+		out.Body, out.TransferEncoding, out.Trailer = r.Body, r.TransferEncoding, r.Trailer
+	}
 	// The reverse proxy's steps before its Rewrite (ServeHTTP).
+	te := valuesContainToken(h["Te"], "trailers")
 	removeHopByHop(h)
+	if te {
+		// As the reverse proxy: an upstream may learn that trailers of
+		// its answer reach the client.
+		h["Te"] = teTrailers[:1:1]
+	}
 	delete(h, "Forwarded")
 	delete(h, "X-Forwarded-For")
 	delete(h, "X-Forwarded-Host")
@@ -233,6 +246,37 @@ func (d *directHooks) Got1xx(code int, header textproto.MIMEHeader) error {
 	d.w.WriteHeader(code)
 	clear(h) // WriteHeader does not, for a 1xx
 	return nil
+}
+
+var teTrailers = []string{"trailers"}
+
+// valuesContainToken reports whether a comma-separated list in vs has
+// token (lower-case ASCII), in any ASCII case, as
+// httpguts.HeaderValuesContainsToken, which the reverse proxy asks of the
+// client's Te.
+func valuesContainToken(vs []string, token string) bool {
+	for _, v := range vs {
+		for t := range strings.SplitSeq(v, ",") {
+			if t = strings.Trim(t, " \t"); len(t) == len(token) && asciiLowerIs(t, token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// asciiLowerIs: s, of len(lower) bytes, is lower in any ASCII case.
+func asciiLowerIs(s, lower string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != lower[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // hopHeaders are removed from requests and answers alike, with those a

@@ -74,8 +74,9 @@ import (
 // methods are called on the goroutine that writes the request.
 type Write interface {
 	// Body is the request's whole body if it was read into memory before
-	// the forward, nil if it streams. Only a body in memory is carried by
-	// the engine itself: it goes out with the head in one write.
+	// the forward, nil if it streams. A body in memory goes out with the
+	// head in one write; one that streams is the request's Body, framed
+	// and copied by Request.Write after the head.
 	Body() []byte
 	// CheckSend is called before each write system call that carries bytes
 	// of the request: nil if the write's fence is still provably held. An
@@ -143,26 +144,33 @@ func (e *Transport) maxHead() int64 {
 	return 10 << 20 // the Transport's default
 }
 
-// OneExchange reports whether r, a fenced write to target whose body is
-// body (Write.Body), is one plain exchange, the kind the engine writes and
-// reads itself: to a plain-http target; not CONNECT; no body, or one of
-// known length in memory; no Transfer-Encoding and no trailers; no
-// Upgrade, Expect, TE or Trailer header. Everything else needs the
-// Transport's judgement (streaming, 100-continue, upgrades, TLS).
+// OneExchange reports whether r, a fenced write to target, is one plain
+// exchange, the kind the engine writes and reads itself: to a plain-http
+// target; not CONNECT; no Upgrade and no Expect. Its body may be in memory
+// (Write.Body, of r's Content-Length) or stream (Content-Length or
+// chunked, with trailers): Request.Write frames it as the Transport would.
+// Everything else needs the Transport's judgement (100-continue, upgrades,
+// TLS).
 //
 // It is the one answer to that question: the engine asks it of the
 // reverse proxy's outbound request (Carries), the gateway's direct forward
 // of the client's request, so the two cannot drift apart again (they had:
 // only one looked at the Trailer header; the gateway's TestOneExchange).
-func OneExchange(r *http.Request, target *url.URL, body []byte) bool {
-	if target.Scheme != "http" || r.Method == http.MethodConnect || len(r.TransferEncoding) > 0 || r.Trailer != nil {
+func OneExchange(r *http.Request, target *url.URL) bool {
+	if target.Scheme != "http" || r.Method == http.MethodConnect {
 		return false
 	}
 	h := r.Header
-	if len(h["Upgrade"]) > 0 || len(h["Expect"]) > 0 || len(h["Te"]) > 0 || len(h["Trailer"]) > 0 {
+	return len(h["Upgrade"]) == 0 && len(h["Expect"]) == 0
+}
+
+// inMemory reports whether req, which carries w, has no body or the whole
+// of it in memory (w.Body()), and no trailer: writeHead's requests.
+func inMemory(req *http.Request, w Write) bool {
+	if len(req.TransferEncoding) > 0 || req.Trailer != nil {
 		return false
 	}
-	return r.ContentLength == 0 || body != nil && r.ContentLength == int64(len(body))
+	return req.ContentLength == 0 || w.Body() != nil && req.ContentLength == int64(len(w.Body()))
 }
 
 // Carries reports whether RoundTrip forwards req itself rather than through
@@ -176,7 +184,7 @@ func (e *Transport) Carries(req *http.Request) bool {
 // carried returns req's write if the engine carries req.
 func (e *Transport) carried(req *http.Request) (Write, bool) {
 	w := e.writeOf(req)
-	return w, w != nil && OneExchange(req, req.URL, w.Body())
+	return w, w != nil && OneExchange(req, req.URL)
 }
 
 // RoundTrip forwards req and returns the upstream's answer.
@@ -226,14 +234,18 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	fail := func(err error) (*http.Response, error) { return nil, c.failed(ctx, stop, deadline, err) }
 	var trace *httptrace.ClientTrace
 	switch {
-	case hooks != nil && c.host != nil && req.Host == "":
+	case hooks != nil && c.host != nil && req.Host == "" && inMemory(req, w):
 		// Request.Write's bytes without its allocations (write.go).
 		if err = writeHead(c.bw, req, c.host); err == nil {
 			hooks.WroteHeaders()
 			_, err = c.bw.Write(w.Body())
 		}
 	case hooks != nil:
-		// The connection's own trace tells when the head was written.
+		// The connection's own trace tells when the head was written. A
+		// body that streams is framed by Request.Write (Content-Length,
+		// or chunked with its trailer), which flushes the head first and
+		// then copies the body: every write of it is checked
+		// (engineConn.Write).
 		req = req.WithContext(c.trace)
 		err = req.Write(c.bw)
 		if c.wroteHead {
