@@ -19,12 +19,13 @@ package gateway
 // bytes at the upstream and at the client. The forward timeout is a
 // deadline on the upstream connection instead of a context.
 //
-// It takes every write to a plain-http upstream without Upgrade or
-// Expect: with no body, one read in whole (a small one, smallbody.go; a
+// It takes every write to a plain-http upstream (Upgrade is refused
+// before: pathrule.go): with no body, one read in whole (a small one, smallbody.go; a
 // keyed one, idempotency.go, whose answer it records before any of it goes
 // back: recordKeyed), or one that streams (Content-Length or chunked, with
-// its trailer: trailers.go), framed again by the engine. Everything else
-// goes through the reverse proxy as before. The query
+// its trailer: trailers.go), framed again by the engine, which waits for
+// the upstream's 100 Continue first if the client asked for one. Writes to
+// an https upstream go through the reverse proxy as before. The query
 // goes on as the client sent it, byte for byte, on both (rewrite).
 
 import (
@@ -235,8 +236,14 @@ var _ engine.Hooks = (*directHooks)(nil)
 // outcome unknown.
 func (d *directHooks) WroteHeaders() { d.f.wroteRequest.Store(true) }
 
-// Got1xx forwards an informational answer, as the reverse proxy's trace.
+// Got1xx forwards an informational answer, as the reverse proxy's trace,
+// but for 100 Continue (as continueOnce): the gateway's own server sends
+// one to a client that asked when the body is first read, which the
+// upstream's 100 triggers.
 func (d *directHooks) Got1xx(code int, header textproto.MIMEHeader) error {
+	if code == http.StatusContinue {
+		return nil
+	}
 	h := d.w.Header()
 	for k, vv := range header {
 		for _, v := range vv {

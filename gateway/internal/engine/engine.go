@@ -146,11 +146,11 @@ func (e *Transport) maxHead() int64 {
 
 // OneExchange reports whether r, a fenced write to target, is one plain
 // exchange, the kind the engine writes and reads itself: to a plain-http
-// target; not CONNECT; no Upgrade and no Expect. Its body may be in memory
-// (Write.Body, of r's Content-Length) or stream (Content-Length or
-// chunked, with trailers): Request.Write frames it as the Transport would.
-// Everything else needs the Transport's judgement (100-continue, upgrades,
-// TLS).
+// target; not CONNECT; no Upgrade. Its body may be in memory (Write.Body,
+// of r's Content-Length) or stream (Content-Length or chunked, with
+// trailers): Request.Write frames it as the Transport would, after a wait
+// for 100 Continue if it asks for one (expect.go). Everything else needs
+// the Transport (upgrades, TLS).
 //
 // It is the one answer to that question: the engine asks it of the
 // reverse proxy's outbound request (Carries), the gateway's direct forward
@@ -160,8 +160,7 @@ func OneExchange(r *http.Request, target *url.URL) bool {
 	if target.Scheme != "http" || r.Method == http.MethodConnect {
 		return false
 	}
-	h := r.Header
-	return len(h["Upgrade"]) == 0 && len(h["Expect"]) == 0
+	return len(r.Header["Upgrade"]) == 0
 }
 
 // inMemory reports whether req, which carries w, has no body or the whole
@@ -233,8 +232,25 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	c.fw = w
 	fail := func(err error) (*http.Response, error) { return nil, c.failed(ctx, stop, deadline, err) }
 	var trace *httptrace.ClientTrace
+	if hooks == nil {
+		trace = httptrace.ContextClientTrace(ctx)
+	}
+	var cb *continueBody
+	if expectsContinue(req) {
+		// The body waits for the upstream's leave (expect.go).
+		cb = &continueBody{ReadCloser: req.Body, ctx: ctx, c: c, e: e, deadline: deadline}
+		switch {
+		case hooks != nil:
+			cb.got1xx = hooks.Got1xx
+		case trace != nil:
+			cb.got1xx = trace.Got1xxResponse
+		}
+		r2 := *req
+		r2.Body = cb
+		req, cb.req = &r2, &r2
+	}
 	switch {
-	case hooks != nil && c.host != nil && req.Host == "" && inMemory(req, w):
+	case hooks != nil && c.host != nil && req.Host == "" && cb == nil && inMemory(req, w):
 		// Request.Write's bytes without its allocations (write.go).
 		if err = writeHead(c.bw, req, c.host); err == nil {
 			hooks.WroteHeaders()
@@ -255,23 +271,32 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	default:
 		// Request.Write reports WroteHeaders to the context's trace once
 		// the head is in the buffer, then writes the body.
-		trace = httptrace.ContextClientTrace(ctx)
 		err = req.Write(c.bw)
 	}
-	// One flush sends head and body.
+	var resp *http.Response
+	if cb != nil && cb.final != nil {
+		// The upstream answered instead of 100 Continue.
+		resp = cb.final
+		if cb.skipped {
+			err = nil // the body was left unsent: the connection closes
+		}
+	}
+	// One flush sends head and body (what is left of them).
 	if err != nil {
 		return fail(err)
 	}
-	if err := c.bw.Flush(); err != nil {
-		return fail(err)
+	if cb == nil || !cb.skipped {
+		if err := c.bw.Flush(); err != nil {
+			return fail(err)
+		}
 	}
 	c.fw = nil // all of the request has left
 	c.limit = e.maxHead() + int64(c.br.Size())
-	var resp *http.Response
 	for {
-		resp, err = http.ReadResponse(c.br, req)
-		if err != nil {
-			return fail(err)
+		if resp == nil {
+			if resp, err = http.ReadResponse(c.br, req); err != nil {
+				return fail(err)
+			}
 		}
 		code := resp.StatusCode
 		if code == http.StatusSwitchingProtocols {
@@ -282,12 +307,14 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 		if code < 100 || code > 199 {
 			break
 		}
+		info := textproto.MIMEHeader(resp.Header)
+		resp = nil
 		var err error
 		switch {
 		case hooks != nil:
-			err = hooks.Got1xx(code, textproto.MIMEHeader(resp.Header))
+			err = hooks.Got1xx(code, info)
 		case trace != nil && trace.Got1xxResponse != nil:
-			err = trace.Got1xxResponse(code, textproto.MIMEHeader(resp.Header))
+			err = trace.Got1xxResponse(code, info)
 		default:
 			continue
 		}
