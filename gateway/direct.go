@@ -19,14 +19,14 @@ package gateway
 // bytes at the upstream and at the client. The forward timeout is a
 // deadline on the upstream connection instead of a context.
 //
-// It takes every write to a plain-http upstream (Upgrade is refused
-// before: pathrule.go): with no body, one read in whole (a small one, smallbody.go; a
-// keyed one, idempotency.go, whose answer it records before any of it goes
-// back: recordKeyed), or one that streams (Content-Length or chunked, with
-// its trailer: trailers.go), framed again by the engine, which waits for
-// the upstream's 100 Continue first if the client asked for one. Writes to
-// an https upstream go through the reverse proxy as before. The query
-// goes on as the client sent it, byte for byte, on both (rewrite).
+// It takes every write (Upgrade and CONNECT are refused before:
+// pathrule.go), to an http or an https upstream: with no body, one read
+// in whole (a small one, smallbody.go; a keyed one, idempotency.go, whose
+// answer it records before any of it goes back: recordKeyed), or one that
+// streams (Content-Length or chunked, with its trailer: trailers.go),
+// framed again by the engine, which waits for the upstream's 100 Continue
+// first if the client asked for one. The query goes on as the client sent
+// it, byte for byte (rewrite).
 
 import (
 	"context"

@@ -622,7 +622,7 @@ func TestOneExchange(t *testing.T) {
 		{name: "GET", want: true},
 		{name: "POST in memory", method: "POST", length: 4, buffered: []byte("body"), want: true},
 		{name: "POST streamed", method: "POST", length: 4, want: true},
-		{name: "https", upstream: tlsUp},
+		{name: "https", upstream: tlsUp, want: true},
 		{name: "CONNECT", method: http.MethodConnect},
 		{name: "chunked", method: "POST", length: -1, te: []string{"chunked"}, want: true},
 		{name: "trailers", method: "POST", length: -1, te: []string{"chunked"}, trailer: http.Header{"X-T": nil}, want: true},

@@ -12,7 +12,7 @@ func (c *engineConn) alive() bool {
 		return false
 	}
 	if c.peek == nil {
-		sc, ok := c.nc.(syscall.Conn)
+		sc, ok := c.tcp.(syscall.Conn) // below TLS: any unsolicited record, a close_notify, is bytes there
 		if !ok {
 			return false
 		}

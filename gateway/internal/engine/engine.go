@@ -45,9 +45,11 @@
 //     moment; 1xx answers go to Got1xxResponse (the ReverseProxy forwards
 //     them) as in the Transport.
 //
-// Anything else goes to the Transport unchanged (OneExchange): bodies
-// that stream (not read into memory before the forward, chunked, Expect:
-// 100-continue), upgrades, trailers, https upstreams, CONNECT.
+// It carries bodies in memory and bodies that stream (Content-Length or
+// chunked, with trailers, Expect: 100-continue: expect.go), to http and
+// https upstreams (TLS over its own connections, as the Transport's
+// configuration says). Upgrades and CONNECT, which the gateway refuses
+// before, would go to the Transport unchanged (OneExchange).
 //
 // The engine knows the gateway's writes only as Write, an interface it
 // defines: it imports nothing of the gateway.
@@ -56,6 +58,7 @@ package engine
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -64,6 +67,7 @@ import (
 	"net/textproto"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -104,7 +108,14 @@ type Transport struct {
 	idleTimeout time.Duration // an idle connection older than this is closed
 
 	mu   sync.Mutex
-	idle map[string][]*engineConn // by host:port, most recent last
+	idle map[upstreamKey][]*engineConn // most recent last
+}
+
+// upstreamKey names the upstream of a connection: its URL's host, and
+// whether it speaks TLS.
+type upstreamKey struct {
+	host string // as in the URL, with or without a port
+	tls  bool
 }
 
 // New returns a Transport over std: it dials through std.DialContext (read
@@ -132,7 +143,7 @@ func New(std *http.Transport, writeOf func(*http.Request) Write) *Transport {
 		},
 		maxIdle:     std.MaxIdleConnsPerHost,
 		idleTimeout: std.IdleConnTimeout,
-		idle:        map[string][]*engineConn{},
+		idle:        map[upstreamKey][]*engineConn{},
 	}
 }
 
@@ -157,7 +168,7 @@ func (e *Transport) maxHead() int64 {
 // of the client's request, so the two cannot drift apart again (they had:
 // only one looked at the Trailer header; the gateway's TestOneExchange).
 func OneExchange(r *http.Request, target *url.URL) bool {
-	if target.Scheme != "http" || r.Method == http.MethodConnect {
+	if target.Scheme != "http" && target.Scheme != "https" || r.Method == http.MethodConnect {
 		return false
 	}
 	return len(r.Header["Upgrade"]) == 0
@@ -216,7 +227,7 @@ type Hooks interface {
 // the request's context's ClientTrace hears what they would. Every write
 // of req's bytes is checked against w's fence first (w.CheckSend).
 func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, deadline time.Time, hooks Hooks) (*http.Response, error) {
-	c, err := e.get(ctx, req.URL.Host, deadline)
+	c, err := e.get(ctx, upstreamKey{host: req.URL.Host, tls: req.URL.Scheme == "https"}, deadline)
 	if err != nil {
 		if req.Body != nil {
 			_ = req.Body.Close()
@@ -349,15 +360,15 @@ func (c *engineConn) failed(ctx context.Context, stop func() bool, deadline time
 // aLongTimeAgo is a deadline in the past: it fails blocked I/O at once.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// get returns a live idle connection to addr, or dials one (by deadline,
-// if set).
-func (e *Transport) get(ctx context.Context, addr string, deadline time.Time) (*engineConn, error) {
+// get returns a live idle connection to the upstream at key, or dials one
+// (by deadline, if set).
+func (e *Transport) get(ctx context.Context, key upstreamKey, deadline time.Time) (*engineConn, error) {
 	now := time.Now()
 	e.mu.Lock()
-	for list := e.idle[addr]; len(list) > 0; list = e.idle[addr] {
+	for list := e.idle[key]; len(list) > 0; list = e.idle[key] {
 		c := list[len(list)-1]
 		list[len(list)-1] = nil
-		e.idle[addr] = list[:len(list)-1]
+		e.idle[key] = list[:len(list)-1]
 		e.mu.Unlock()
 		if (e.idleTimeout <= 0 || now.Sub(c.idleAt) < e.idleTimeout) && c.alive() {
 			return c, nil
@@ -371,20 +382,73 @@ func (e *Transport) get(ctx context.Context, addr string, deadline time.Time) (*
 		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
-	nc, err := e.dial(ctx, "tcp", addr)
+	tcp, err := e.dial(ctx, "tcp", dialAddr(key))
 	if err != nil {
 		if ctx.Err() != nil {
 			err = errors.Join(context.Cause(ctx), err)
 		}
 		return nil, err
 	}
-	c := &engineConn{nc: nc, addr: addr, limit: -1}
+	nc := tcp
+	if key.tls {
+		if nc, err = e.handshake(ctx, tcp, key.host); err != nil {
+			_ = tcp.Close()
+			if ctx.Err() != nil {
+				err = errors.Join(context.Cause(ctx), err)
+			}
+			return nil, err
+		}
+	}
+	c := &engineConn{nc: nc, tcp: tcp, key: key, limit: -1}
 	c.abort = func() { _ = c.nc.SetDeadline(aLongTimeAgo) }
-	c.host, _ = hostLine(addr) // nil: Request.Write writes the head
+	c.host, _ = hostLine(key.host) // nil: Request.Write writes the head
 	c.trace = httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{WroteHeaders: func() { c.wroteHead = true }})
 	c.br = bufio.NewReaderSize(c, 4<<10)
 	c.bw = bufio.NewWriterSize(c, 4<<10)
 	return c, nil
+}
+
+// dialAddr is the address to dial for key: its host, with the scheme's
+// port if it has none (as the Transport does).
+func dialAddr(key upstreamKey) string {
+	h := key.host
+	if i, j := strings.LastIndexByte(h, ':'), strings.LastIndexByte(h, ']'); i > j {
+		return h
+	}
+	if key.tls {
+		return h + ":443"
+	}
+	return h + ":80"
+}
+
+// handshake speaks TLS over tcp to host (a URL's host) as the Transport
+// would: its TLSClientConfig (a copy), the host's name as ServerName if
+// the configuration names none, within TLSHandshakeTimeout. No ALPN is
+// offered unless the configuration does: the engine speaks HTTP/1.1.
+func (e *Transport) handshake(ctx context.Context, tcp net.Conn, host string) (net.Conn, error) {
+	var cfg *tls.Config
+	if e.std.TLSClientConfig != nil {
+		cfg = e.std.TLSClientConfig.Clone()
+	} else {
+		cfg = &tls.Config{}
+	}
+	if cfg.ServerName == "" {
+		name := host
+		if i, j := strings.LastIndexByte(host, ':'), strings.LastIndexByte(host, ']'); i > j {
+			name = host[:i]
+		}
+		cfg.ServerName = strings.TrimSuffix(strings.TrimPrefix(name, "["), "]")
+	}
+	if d := e.std.TLSHandshakeTimeout; d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
+	tc := tls.Client(tcp, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		return nil, err
+	}
+	return tc, nil
 }
 
 // put keeps c for the next write to its upstream, or closes it. It also
@@ -396,7 +460,7 @@ func (e *Transport) put(c *engineConn) {
 	c.idleAt = time.Now()
 	var stale []*engineConn
 	e.mu.Lock()
-	list := e.idle[c.addr]
+	list := e.idle[c.key]
 	for len(list) > 0 && e.idleTimeout > 0 && c.idleAt.Sub(list[0].idleAt) >= e.idleTimeout {
 		stale = append(stale, list[0])
 		list[0] = nil
@@ -406,7 +470,7 @@ func (e *Transport) put(c *engineConn) {
 	if keep {
 		list = append(list, c)
 	}
-	e.idle[c.addr] = list
+	e.idle[c.key] = list
 	e.mu.Unlock()
 	for _, s := range stale {
 		_ = s.nc.Close()
@@ -421,7 +485,7 @@ func (e *Transport) put(c *engineConn) {
 func (e *Transport) CloseIdleConnections() {
 	e.mu.Lock()
 	idle := e.idle
-	e.idle = map[string][]*engineConn{}
+	e.idle = map[upstreamKey][]*engineConn{}
 	e.mu.Unlock()
 	for _, list := range idle {
 		for _, c := range list {
@@ -434,8 +498,9 @@ func (e *Transport) CloseIdleConnections() {
 // engineConn is one upstream connection. Its reader counts the bytes of a
 // response head against limit (-1: no limit, while a body is read).
 type engineConn struct {
-	nc     net.Conn
-	addr   string
+	nc     net.Conn // tcp, or TLS over it
+	tcp    net.Conn // as dialled: peeked at (alive.go), reset (sendcheck.go)
+	key    upstreamKey
 	br     *bufio.Reader // reads through the engineConn (the limit)
 	bw     *bufio.Writer
 	limit  int64
@@ -484,7 +549,7 @@ func (c *engineConn) Write(p []byte) (int, error) {
 		return c.nc.Write(p)
 	}
 	if err := w.CheckSend(); err != nil {
-		resetOnClose(c.nc)
+		resetOnClose(c.tcp)
 		return 0, err
 	}
 	n, err := c.nc.Write(p)

@@ -267,11 +267,12 @@ func TestLostFenceMidBodyCutsIt(t *testing.T) {
 // put closes the connections that were idle too long, oldest first, and
 // keeps at most maxIdle.
 func TestEnginePutPrunes(t *testing.T) {
-	e := &Transport{maxIdle: 2, idleTimeout: time.Minute, idle: map[string][]*engineConn{}}
+	up := upstreamKey{host: "up"}
+	e := &Transport{maxIdle: 2, idleTimeout: time.Minute, idle: map[upstreamKey][]*engineConn{}}
 	conn := func() (*engineConn, net.Conn) {
 		a, b := net.Pipe()
 		t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
-		return &engineConn{nc: a, addr: "up"}, b
+		return &engineConn{nc: a, tcp: a, key: up}, b
 	}
 	closed := func(peer net.Conn) bool {
 		_ = peer.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
@@ -283,14 +284,14 @@ func TestEnginePutPrunes(t *testing.T) {
 	old.idleAt = old.idleAt.Add(-2 * time.Minute)
 	fresh, freshPeer := conn()
 	e.put(fresh)
-	if !closed(oldPeer) || closed(freshPeer) || len(e.idle["up"]) != 1 || e.idle["up"][0] != fresh {
-		t.Fatalf("after putting a fresh connection beside one idle for 2 minutes: %d idle", len(e.idle["up"]))
+	if !closed(oldPeer) || closed(freshPeer) || len(e.idle[up]) != 1 || e.idle[up][0] != fresh {
+		t.Fatalf("after putting a fresh connection beside one idle for 2 minutes: %d idle", len(e.idle[up]))
 	}
 	second, _ := conn()
 	e.put(second)
 	extra, extraPeer := conn()
 	e.put(extra)
-	if len(e.idle["up"]) != 2 || !closed(extraPeer) {
-		t.Fatalf("maxIdle 2: %d idle, the third not closed", len(e.idle["up"]))
+	if len(e.idle[up]) != 2 || !closed(extraPeer) {
+		t.Fatalf("maxIdle 2: %d idle, the third not closed", len(e.idle[up]))
 	}
 }

@@ -137,7 +137,7 @@ func TestExpectContinue(t *testing.T) {
 				t.Errorf("1xx heard %v, want %v", hooks.info, tc.info)
 			}
 			e.mu.Lock()
-			kept := len(e.idle[ln.Addr().String()])
+			kept := len(e.idle[upstreamKey{host: ln.Addr().String()}])
 			e.mu.Unlock()
 			if kept == 0 != tc.dropped {
 				t.Errorf("%d connections kept, want the connection dropped: %v", kept, tc.dropped)
