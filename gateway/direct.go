@@ -1,23 +1,22 @@
 package gateway
 
-// The direct forward: a fenced write the engine (package engine) carries
-// goes from the handler to the engine's Exchange without
-// httputil.ReverseProxy.
+// The direct forward: the one road of a fenced write once it is admitted,
+// from the handler to the engine's Exchange (package engine) and back.
 //
-// Under the reverse proxy every write paid for machinery only other writes
-// need: a clone of the request and of its header map, three derived
-// contexts (the forward timeout with its timer, the proxy's 1xx trace, the
-// gateway's trace), a copy of every response header value, a media type
-// parse. By the profile in docs/benchmarks.md that was about a third of
-// the gateway's allocations. The direct forward does the reverse proxy's
-// steps in its order, through the same code where the code is exported
-// (ProxyRequest.SetURL inside the gateway's rewrite, which sets the headers
-// of SetXForwarded itself;
-// Request.Write, ReadResponse) and as copies of its few lines where it is
-// not (the hop-by-hop headers, the response's header, trailer and flush
-// rules), and TestEngineMatchesReverseProxy holds the two to the same
-// bytes at the upstream and at the client. The forward timeout is a
-// deadline on the upstream connection instead of a context.
+// It does what httputil.ReverseProxy with the gateway's Rewrite would do,
+// in its order, without the machinery a general proxy needs (a clone of
+// the request and of its header map, three derived contexts, a copy of
+// every response header value, a media type parse: about a third of the
+// gateway's allocations when writes went through it, by the profile in
+// docs/benchmarks.md): through the same code where the code is exported
+// (ProxyRequest.SetURL inside the gateway's rewrite, which sets the
+// headers of SetXForwarded itself; Request.Write, ReadResponse) and as
+// copies of its few lines where it is not (the hop-by-hop headers, Te:
+// trailers, the response's header, trailer and flush rules).
+// httputil.ReverseProxy is the tests' reference road (oracle_test.go):
+// TestEngineMatchesReverseProxy and its kin hold the two to the same bytes
+// at the upstream and at the client. The forward timeout is a deadline on
+// the upstream connection instead of a context.
 //
 // It takes every write (Upgrade and CONNECT are refused before:
 // pathrule.go), to an http or an https upstream: with no body, one read
@@ -44,13 +43,6 @@ import (
 	"github.com/fencegw/fencegw/gateway/internal/engine"
 )
 
-// directable reports whether the direct forward carries r (see the top of
-// this file): one plain exchange, as the engine decides it
-// (engine.OneExchange). Its body, if any, is f.buffered.
-func (g *Gateway) directable(r *http.Request, f *forward) bool {
-	return g.direct && engine.OneExchange(r, f.upstream)
-}
-
 // directState is what one direct forward needs besides its forward, lent
 // by directPool: the outbound request, its URL and header map, and the
 // hooks. The map is filled with the client's value slices (capacity
@@ -72,8 +64,8 @@ var noUserAgent = []string{""}
 // testHookDirect, if set (tests), is called for each direct forward.
 var testHookDirect func()
 
-// forwardDirect forwards r (directable) through the engine and copies the
-// answer to w, as the reverse proxy would.
+// forwardDirect forwards r, admitted as f, through the engine and copies
+// the answer to w, as the reverse proxy would.
 func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseController, r *http.Request, f *forward) {
 	if testHookDirect != nil {
 		testHookDirect()

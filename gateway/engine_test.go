@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
-	"net/http/httputil"
 	"net/textproto"
 	"net/url"
 	"slices"
@@ -26,7 +25,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencegw/fencegw/gateway/internal/engine"
 	"github.com/fencegw/fencegw/storage/bolt"
 	"github.com/fencegw/fencegw/tokens"
 )
@@ -200,8 +198,7 @@ func startDiffWith(t testing.TB, setup func(*bolt.Store, *Config, *http.Server))
 	up = newDiffUpstream(t)
 	eng = startFramingWith(t, up.URL, Config{}, false, setup)
 	std = startFramingWith(t, up.URL, Config{}, false, setup)
-	std.g.proxy.(*httputil.ReverseProxy).Transport = std.g.transport
-	std.g.direct = false
+	useReverseProxy(std)
 	// Leases as long as allowed: a fuzz run outlives a minute, and every
 	// write after its lease ran out would be refused alike by both
 	// (compare would pass, having compared nothing).
@@ -597,80 +594,4 @@ func validHeader(name, value string) bool {
 		return false
 	}
 	return true
-}
-
-// The engine (Carries, on the reverse proxy's outbound request) and the
-// direct forward (directable, on the client's request) take the same
-// requests as one plain exchange: one predicate, engine.OneExchange. Before it
-// they had drifted (a Trailer header kept a write from the direct forward
-// only). Keyed writes and any query are the direct forward's as well.
-func TestOneExchange(t *testing.T) {
-	plain, _ := url.Parse("http://up:8080/base")
-	tlsUp, _ := url.Parse("https://up:8443/base")
-	type row struct {
-		name     string
-		method   string
-		upstream *url.URL
-		length   int64
-		buffered []byte
-		te       []string
-		trailer  http.Header
-		header   http.Header
-		want     bool
-	}
-	rows := []row{
-		{name: "GET", want: true},
-		{name: "POST in memory", method: "POST", length: 4, buffered: []byte("body"), want: true},
-		{name: "POST streamed", method: "POST", length: 4, want: true},
-		{name: "https", upstream: tlsUp, want: true},
-		{name: "CONNECT", method: http.MethodConnect},
-		{name: "chunked", method: "POST", length: -1, te: []string{"chunked"}, want: true},
-		{name: "trailers", method: "POST", length: -1, te: []string{"chunked"}, trailer: http.Header{"X-T": nil}, want: true},
-		{name: "Upgrade", header: http.Header{"Upgrade": {"websocket"}, "Connection": {"upgrade"}}},
-		{name: "Expect", method: "POST", length: 4, header: http.Header{"Expect": {"100-continue"}}, want: true},
-		{name: "TE", header: http.Header{"Te": {"trailers"}}, want: true},
-		{name: "Trailer header", method: "POST", length: 4, buffered: []byte("body"), header: http.Header{"Trailer": {"X-T"}}, want: true},
-	}
-	g := &Gateway{direct: true}
-	e := engine.New(&http.Transport{}, writeOf)
-	for _, rw := range rows {
-		if rw.method == "" {
-			rw.method = "GET"
-		}
-		if rw.upstream == nil {
-			rw.upstream = plain
-		}
-		if rw.header == nil {
-			rw.header = http.Header{}
-		}
-		f := &forward{upstream: rw.upstream, buffered: rw.buffered}
-		in := httptest.NewRequest(rw.method, "http://gw/v1/proxy/svc/a?x=1", nil)
-		in.ContentLength, in.TransferEncoding, in.Trailer, in.Header = rw.length, rw.te, rw.trailer, rw.header
-		if rw.length != 0 {
-			in.Body = io.NopCloser(strings.NewReader("body"))
-		}
-		// As the reverse proxy and rewrite make it.
-		out := in.Clone(context.WithValue(context.Background(), forwardKey{}, f))
-		out.URL = rw.upstream.JoinPath("a")
-		if rw.buffered != nil {
-			out.Body = inMemoryBody(rw.buffered)
-		}
-		if got := g.directable(in, f); got != rw.want {
-			t.Errorf("%s: directable %v, want %v", rw.name, got, rw.want)
-		}
-		if got := e.Carries(out); got != rw.want {
-			t.Errorf("%s: the engine carries it: %v, want %v", rw.name, got, rw.want)
-		}
-		if !rw.want {
-			continue
-		}
-		// A keyed write, and any query, take the direct forward too.
-		if !g.directable(in, &forward{upstream: f.upstream, buffered: f.buffered, keyed: new(keyed)}) {
-			t.Errorf("%s: a keyed write is not directable", rw.name)
-		}
-		in.URL.RawQuery = "a=1;b=2&c=%zz"
-		if !g.directable(in, f) {
-			t.Errorf("%s: a query url.ParseQuery refuses is not directable", rw.name)
-		}
-	}
 }

@@ -129,17 +129,17 @@ type Gateway struct {
 	log       *slog.Logger
 	metrics   *metrics
 	feed      *feed
-	transport *http.Transport
-	engine    *engine.Transport // over transport: the RoundTripper of proxy
-	proxy     http.Handler
-	buffers   *bufferPool // response copy buffers, of the proxy and the direct forward
-	proxyLog  *log.Logger // the proxy's and the direct forward's messages
-	// direct: writes the engine can carry skip the reverse proxy
-	// (direct.go); off only to compare the two in tests.
-	direct   bool
-	inflight atomic.Int64
-	ages     *inflightAges
-	handler  http.Handler
+	transport *http.Transport   // the configuration of engine's connections
+	engine    *engine.Transport // every fenced write's road (direct.go)
+	buffers   *bufferPool       // response copy buffers of the direct forward
+	proxyLog  *log.Logger       // the direct forward's messages
+	// forwardVia, if set (tests only), forwards the admitted writes in
+	// place of the direct forward: the reference road of the differential
+	// tests, httputil.ReverseProxy (oracle_test.go).
+	forwardVia func(w http.ResponseWriter, r *http.Request, f *forward)
+	inflight   atomic.Int64
+	ages       *inflightAges
+	handler    http.Handler
 	// live is what Reload replaces: upstreams, credentials, keys, hosts,
 	// routes, observation (live.go). Requests load it once, in dispatch.
 	live    atomic.Pointer[live]
@@ -181,8 +181,7 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 		tr: newTracing(cfg.TracerProvider)}
 	g.live.Store(buildLive(Live{Upstreams: cfg.Upstreams, UpstreamHeaders: cfg.UpstreamHeaders, Auth: cfg.Auth,
 		AllowedHosts: cfg.AllowedHosts, Routes: cfg.Routes, Observe: cfg.Observe}))
-	g.engine = engine.New(g.transport, writeOf)
-	g.transport.DialContext = engine.FencedDial(g.transport.DialContext) // sendcheck.go
+	g.engine = engine.New(g.transport)
 	g.ages = newInflightAges(cfg.ForwardTimeout + cfg.BodyTimeout)
 	g.metrics = newMetrics(cfg.Registry, svc, g.ages, func() float64 { return float64(g.inflight.Load()) })
 	g.streams = newStreamSlots(cfg.MaxStreams, cfg.MaxStreamsPerKey) // streamcap.go
@@ -193,8 +192,6 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	cfg.Registry.MustRegister(newClockCollector(cfg.Clocks, now))
 	g.keys = newKeys(cfg.Idempotency, cfg.Registry, cfg.Logger)
 	g.buffers, g.proxyLog = newBufferPool(), slogErrorLog(g.log)
-	g.direct = true
-	g.proxy = g.newReverseProxy()
 	si := g.controlServer(false)
 	g.handler = g.framing(g.dispatch(g.routes(si), g.acquireHandler(si)))
 	return g
@@ -388,9 +385,9 @@ func (g *Gateway) recoverer(next http.Handler) http.Handler {
 	})
 }
 
-// slogErrorLog routes the reverse proxy's own messages to slog, with lease
-// ids cut to their hints (its errors name the outbound URL, whose path the
-// client chose).
+// slogErrorLog routes the direct forward's own messages (worded as
+// httputil.ReverseProxy's) to slog, with lease ids cut to their hints
+// (its errors may name the outbound URL, whose path the client chose).
 func slogErrorLog(l *slog.Logger) *log.Logger {
 	return log.New(redactingWriter{l}, "", 0)
 }

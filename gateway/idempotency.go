@@ -30,15 +30,13 @@ import (
 //     fingerprint;
 //  2. then beginKeyed records the key as in progress, or answers from the
 //     record (replay, 422, 409);
-//  3. recordKeyed (called by the direct forward, and by the reverse
-//     proxy's ModifyResponse) records the upstream's answer before any of
-//     it goes back to the client;
+//  3. recordKeyed (called by the direct forward) records the upstream's
+//     answer before any of it goes back to the client;
 //  4. endKeyed, when the forward ended without an answer, records an
 //     unknown outcome (the request left) or drops the key (it never did).
 //
 // A write without the header costs one map lookup at point 1 and a nil
-// check at points 3 and 4 (and a context lookup at point 3 on the reverse
-// proxy's road): no allocation, no store call.
+// check at points 3 and 4: no allocation, no store call.
 
 // Header names of idempotent writes.
 const (
@@ -249,22 +247,7 @@ func replay(w http.ResponseWriter, rec *tokens.KeyRecord) {
 // record then goes on in the background.
 const answerRecordWait = time.Second
 
-// recordAnswer is hook 3 on the reverse proxy's road, its ModifyResponse
-// (recordKeyed).
-func (g *Gateway) recordAnswer(resp *http.Response) error {
-	if resp.Request == nil {
-		return nil // a keyed write then ends as an unknown outcome (endKeyed)
-	}
-	f, _ := resp.Request.Context().Value(forwardKey{}).(*forward)
-	if f == nil {
-		return nil
-	}
-	f.status = resp.StatusCode
-	return g.recordKeyed(resp.Request.Context(), f, resp)
-}
-
-// recordKeyed is hook 3, on either road (the direct forward calls it
-// itself): it reads up to the replay limit of the upstream's body and
+// recordKeyed is hook 3, called by the direct forward: it reads up to the replay limit of the upstream's body and
 // records the answer before any of it goes to the client (waiting for the
 // store at most answerRecordWait). A body that fails to arrive is an
 // unknown outcome (the error goes to forwardFailed). A write without a

@@ -52,11 +52,11 @@ func TestLeaseIDsNeverReachTheLog(t *testing.T) {
 		}
 		tg.g.ServeHTTP(httptest.NewRecorder(), r)
 	}
-	// The upstream is unreachable: the reverse proxy logs its error, whose
-	// URL holds the path the client chose.
+	// The upstream is unreachable: an error that names the outbound URL
+	// holds the path the client chose.
 	r := httptest.NewRequest("POST", "/v1/proxy/svc/"+lease, strings.NewReader("x"))
 	r.Header.Set(HeaderLease, lease)
-	r.Header.Set("Expect", "100-continue") // through the reverse proxy
+	r.Header.Set("Expect", "100-continue")
 	tg.g.ServeHTTP(httptest.NewRecorder(), r)
 	out := logs.String()
 	if !strings.Contains(out, "request abandoned by its client") || !strings.Contains(out, tokens.LeaseHint(lease)) {

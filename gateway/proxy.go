@@ -1,11 +1,9 @@
 package gateway
 
 import (
-	"context"
 	"errors"
 	"net"
 	"net/http"
-	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"strconv"
@@ -14,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/fencegw/fencegw/gateway/internal/engine"
 	"github.com/fencegw/fencegw/internal/failpoint"
 	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/tokens"
@@ -29,8 +26,9 @@ const (
 
 const proxyPrefix = "/v1/proxy/"
 
-// forward is the state one fenced write shares between the handler and the
-// reverse proxy's hooks.
+// forward is the state of one fenced write, from its admission to its
+// answer: the handler's, the engine's (its Write: sendcheck.go) and the
+// direct forward's (direct.go).
 type forward struct {
 	live     *live // the configuration that admitted it (live.go)
 	permit   *tokens.Permit
@@ -40,15 +38,15 @@ type forward struct {
 	rawPath  string // its escaped form, as the client sent it
 	token    string
 	instance string // the client's request path, for problem documents
-	// wroteRequest is set once request headers reached the upstream: from
-	// then on, a failure leaves the outcome unknown.
+	// wroteRequest is set once the request's head was written to the
+	// upstream's connection (engine.Hooks.WroteHeaders, the one report of
+	// it): from then on, a failure leaves the outcome unknown.
 	wroteRequest atomic.Bool
 	// fenceLost: the fence could not be proven held before a send
 	// (sendcheck.go); sent: some of the request's bytes had been handed
 	// to the upstream's connection by then (or ever).
 	fenceLost, sent atomic.Bool
-	conn            engine.Attachment // to the Transport's connection, once it has one
-	body            *bodyGuard        // nil without a body
+	body            *bodyGuard // nil without a body
 	// buffered is the whole body of a small write, read before the
 	// forward (smallbody.go); nil if the body streams.
 	buffered   []byte
@@ -63,34 +61,16 @@ type forward struct {
 	deadline time.Time
 }
 
-type forwardKey struct{}
-
-// newReverseProxy builds the one httputil.ReverseProxy all fenced writes go
-// through. Rewrite (not Director) so that a client cannot drop headers the
-// gateway adds via Connection (golang/go#53002).
-func (g *Gateway) newReverseProxy() *httputil.ReverseProxy {
-	return &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			g.rewrite(pr, pr.In.Context().Value(forwardKey{}).(*forward))
-		},
-		Transport:      g.engine,
-		ModifyResponse: g.recordAnswer,
-		BufferPool:     g.buffers,
-		ErrorHandler:   g.proxyError,
-		ErrorLog:       g.proxyLog,
-	}
-}
-
-// rewrite turns the client's request into the upstream's: the Rewrite of
-// the reverse proxy, and of the engine's direct forward
-// (direct.go), so that both send the same request.
+// rewrite turns the client's request into the upstream's, in the direct
+// forward (direct.go), as a Rewrite of httputil.ReverseProxy would (the
+// tests' reference road is one with this Rewrite).
 func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward) {
 	pr.Out.URL.Path, pr.Out.URL.RawPath = f.path, f.rawPath
-	// The query as the client sent it: the reverse proxy drops the
-	// parameters url.ParseQuery refuses (a ';', a bad escape, more than
-	// 10,000) before Rewrite, a change to the request Go's server parsed.
-	// The gateway decides nothing on the query, so there is no reading of
-	// it to disagree with the upstream's.
+	// The query as the client sent it, byte for byte (a reverse proxy
+	// drops the parameters url.ParseQuery refuses, a ';', a bad escape,
+	// more than 10,000, before Rewrite: a change to the request Go's
+	// server parsed). The gateway decides nothing on the query, so there
+	// is no reading of it to disagree with the upstream's.
 	pr.Out.URL.RawQuery = pr.In.URL.RawQuery
 	if f.buffered != nil {
 		pr.Out.Body = inMemoryBody(f.buffered)
@@ -126,9 +106,8 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward) {
 	} else {
 		h["X-Forwarded-Proto"] = protoHTTPS[:1:1]
 	}
-	// Trailer fields go on under the same rules (trailers.go). Left to
-	// the reverse proxy, the announcement would go without the values
-	// (its clone of the request does not see them) and unchecked.
+	// Trailer fields go on under the same rules (trailers.go), announced
+	// and copied in at the body's end.
 	g.forwardTrailer(pr.Out, pr.In, f.name)
 	vals[2], vals[3] = f.token, f.permit.Lease.Resource
 	h[HeaderToken] = vals[2:3:3]
@@ -147,10 +126,12 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward) {
 // X-Forwarded-Proto values, shared (read only: capacity clipped where used).
 var protoHTTP, protoHTTPS = []string{"http"}, []string{"https"}
 
-// newTransport is tuned for many concurrent writes to a few upstreams.
-// DisableCompression: without it the Transport asks for gzip when the
-// client did not and unzips the answer, so the upstream would get a header
-// the client never sent and the client an answer the upstream never wrote.
+// newTransport is the configuration of the engine's upstream connections
+// (engine.New: dial, idle connections, TLS, response head limit), tuned
+// for many concurrent writes to a few upstreams; the engine never hands it
+// a request. DisableCompression is for the tests' reference road, which
+// sends through it: without it the Transport asks for gzip when the client
+// did not and unzips the answer.
 func newTransport() *http.Transport {
 	return &http.Transport{
 		Proxy:                 nil, // never an address from the environment
@@ -305,53 +286,15 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 
 	wt.beginForward(r.Context(), g.tr, f)
-	if g.directable(r, f) {
-		g.forwardDirect(w, rc, r, f) // direct.go
+	if g.forwardVia != nil {
+		g.forwardVia(w, r, f) // tests: the reference road
 		return
 	}
-	f.deadline = time.Now().Add(g.cfg.ForwardTimeout)
-	ctx, cancel := context.WithDeadline(r.Context(), f.deadline)
-	defer cancel()
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		WroteHeaders: func() { f.wroteRequest.Store(true) },
-		GotConn:      f.attach, // sendcheck.go
-	})
-	ctx = context.WithValue(ctx, forwardKey{}, f)
-	if len(r.Header["Expect"]) > 0 {
-		w = continueOnce{w}
-	}
-	defer f.detach()
-	g.proxy.ServeHTTP(w, r.WithContext(ctx))
+	g.forwardDirect(w, rc, r, f) // direct.go
 }
 
-// continueOnce drops the upstream's 100 Continue that the reverse proxy
-// forwards: with Expect: 100-continue the gateway's own server already
-// sends one when the Transport starts reading the body, which the
-// upstream's 100 triggers, so forwarding it too would answer twice or
-// once, as timing has it. Other 1xx (103 Early Hints) pass.
-type continueOnce struct{ http.ResponseWriter }
-
-func (w continueOnce) WriteHeader(code int) {
-	if code == http.StatusContinue {
-		return
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-// Unwrap lets http.ResponseController (flushes, deadlines) reach the
-// connection's writer.
-func (w continueOnce) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// proxyError answers a forward that got no response from the upstream. r
-// is the outbound request, so the problem's instance is taken from f.
-func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) {
-	f := r.Context().Value(forwardKey{}).(*forward)
-	g.forwardFailed(w, r, f, err, errors.Is(err, context.DeadlineExceeded) || errors.Is(r.Context().Err(), context.DeadlineExceeded))
-}
-
-// forwardFailed answers a forward that got no response from the upstream,
-// through the reverse proxy or the engine's direct forward; timedOut: the
-// forward timeout ran out.
+// forwardFailed answers a forward that got no response from the upstream;
+// timedOut: the forward timeout ran out.
 func (g *Gateway) forwardFailed(w http.ResponseWriter, r *http.Request, f *forward, err error, timedOut bool) {
 	f.failed = true
 	if f.fenceLost.Load() {
@@ -454,8 +397,8 @@ func truncate(s string, n int) string {
 	return s[:n]
 }
 
-// bufferPool lends the reverse proxy and the direct forward 32 KiB copy
-// buffers.
+// bufferPool lends the direct forward 32 KiB copy buffers (and the tests'
+// reference road, as an httputil.BufferPool).
 type bufferPool struct{ p sync.Pool }
 
 func newBufferPool() *bufferPool {

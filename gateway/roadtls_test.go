@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -25,8 +24,7 @@ func TestTLSUpstreamMatchesReverseProxy(t *testing.T) {
 	eng := startFraming(t, up.URL, Config{}, false)
 	std := startFraming(t, up.URL, Config{}, false)
 	eng.g.transport.TLSClientConfig, std.g.transport.TLSClientConfig = upTLS, upTLS
-	std.g.proxy.(*httputil.ReverseProxy).Transport = std.g.transport
-	std.g.direct = false
+	useReverseProxy(std)
 	var dials atomic.Int64
 	dial := eng.g.transport.DialContext
 	eng.g.transport.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {

@@ -5,28 +5,16 @@ package gateway
 // is taken: in the Write of every upstream connection, before each write
 // system call). The proof is the lease's tokens.Permit.Check; what it
 // found is kept on the forward, so that the failure is answered as
-// fence_lost, saying whether anything was sent, whatever error the
-// Transport turns it into (forwardFailed, refuseLostFence).
+// fence_lost, saying whether anything was sent (forwardFailed,
+// refuseLostFence).
 
-import (
-	"net/http"
-	"net/http/httptrace"
-
-	"github.com/fencegw/fencegw/gateway/internal/engine"
-)
+import "github.com/fencegw/fencegw/gateway/internal/engine"
 
 var _ engine.Write = (*forward)(nil)
 
-// writeOf returns the fenced write r carries, for the engine.
-func writeOf(r *http.Request) engine.Write {
-	if f, ok := r.Context().Value(forwardKey{}).(*forward); ok {
-		return f
-	}
-	return nil
-}
-
 // Body is the whole body of a small write, read before the forward
-// (smallbody.go); nil if the body streams.
+// (smallbody.go), or of a keyed one (idempotency.go); nil if the body
+// streams.
 func (f *forward) Body() []byte { return f.buffered }
 
 // CheckSend is taken before each write system call that carries bytes of
@@ -47,11 +35,3 @@ func (f *forward) Sent(n int) {
 		f.sent.Store(true)
 	}
 }
-
-// attach makes conn, the Transport's connection for f's request (GotConn),
-// check f's fence before each write.
-func (f *forward) attach(info httptrace.GotConnInfo) { f.conn.Attach(f, info) }
-
-// detach stops f's checks on the connection that carried it, which may
-// already carry another request.
-func (f *forward) detach() { f.conn.Detach() }

@@ -166,17 +166,16 @@ func readFenceLost(t *testing.T, resp *http.Response) fenceLostProblem {
 	return p
 }
 
-// A write whose fence is lost before it is sent sends nothing, whichever
-// path carries it: the direct forward (a small body to a plain-http
-// upstream), the reverse proxy's Transport (an https upstream), a streamed
-// body.
+// A write whose fence is lost before it is sent sends nothing, whatever it
+// is: a small body to a plain-http upstream, to an https upstream (the
+// check above TLS), a streamed body.
 func TestFenceLostBeforeSendSendsNothing(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		tls  bool
 		body func() io.Reader
 	}{
-		{"direct forward", false, func() io.Reader { return strings.NewReader("small") }},
+		{"small body", false, func() io.Reader { return strings.NewReader("small") }},
 		{"https upstream", true, func() io.Reader { return strings.NewReader("small") }},
 		{"streamed body", false, func() io.Reader { return io.MultiReader(strings.NewReader("chunk"), strings.NewReader("ed")) }},
 	} {

@@ -1,10 +1,10 @@
-// Package engine is the gateway's forwarding engine: the http.RoundTripper
-// under its reverse proxy, which carries the fenced writes it can without
-// net/http's Transport, and the check of a write's fence before each write
-// system call that carries its bytes, on the engine's connections and on
-// the Transport's (sendcheck.go). In this package "the Transport" is
-// net/http's http.Transport; the engine's own RoundTripper is the type
-// Transport, named as net/http names its own.
+// Package engine is the gateway's forwarding engine: the one road every
+// fenced write takes to its upstream (Transport.Exchange, called by the
+// gateway's direct forward), and the check of a write's fence before each
+// write that carries its bytes (sendcheck.go). In this package "the
+// Transport" is net/http's http.Transport, whose configuration the engine
+// takes and whose behaviour it keeps; the engine's own type is Transport,
+// named as net/http names its own.
 //
 // net/http's Transport gives every upstream connection two goroutines (one writes
 // requests, one reads responses) and hands each request and each response
@@ -17,12 +17,12 @@
 // It parses nothing itself: the response is read by net/http's
 // ReadResponse, with the Transport's head size limit. The request is
 // serialised by net/http's own Request.Write (the function the Transport
-// uses, so the bytes are the same, Host, Content-Length and all), except
-// the head of a request whose caller writes it through Exchange with
-// Hooks (the gateway's direct forward): writeHead (write.go) writes that
-// one without Request.Write's allocations, held to Request.Write's bytes
-// by TestWriteHeadMatchesRequestWrite and FuzzWriteHead. What the engine
-// adds is the connection's life:
+// uses, so the bytes are the same, Host, Content-Length, chunked framing
+// and trailer and all), except the head of a request with no body or one
+// in memory: writeHead (write.go) writes that one without Request.Write's
+// allocations, held to Request.Write's bytes by
+// TestWriteHeadMatchesRequestWrite and FuzzWriteHead. What the engine adds
+// is the connection's life:
 //
 //   - A connection goes back to the pool only when the response body was
 //     read to its framed end (Content-Length or chunked; a body delimited by
@@ -40,16 +40,16 @@
 //     Transport's read goroutine narrows that window, it does not shut it.
 //   - The request's context ending (forward timeout, client gone) aborts a
 //     blocked read or write through the connection's deadline.
-//   - Request.Write reports WroteHeaders to the context's ClientTrace as
-//     the Transport does, so the drain rule sees the same "the request left"
-//     moment; 1xx answers go to Got1xxResponse (the ReverseProxy forwards
-//     them) as in the Transport.
+//   - Hooks.WroteHeaders reports the moment the Transport's ClientTrace
+//     would, so the drain rule sees the same "the request left" moment;
+//     1xx answers go to Hooks.Got1xx as the Transport's go to
+//     Got1xxResponse.
 //
 // It carries bodies in memory and bodies that stream (Content-Length or
-// chunked, with trailers, Expect: 100-continue: expect.go), to http and
+// chunked, with trailers; Expect: 100-continue: expect.go), to http and
 // https upstreams (TLS over its own connections, as the Transport's
 // configuration says). Upgrades and CONNECT, which the gateway refuses
-// before, would go to the Transport unchanged (OneExchange).
+// before, it does not carry.
 //
 // The engine knows the gateway's writes only as Write, an interface it
 // defines: it imports nothing of the gateway.
@@ -65,7 +65,6 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
-	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -97,12 +96,10 @@ type Write interface {
 	Sent(n int)
 }
 
-// Transport is the RoundTripper of the gateway's reverse proxy: it carries
-// one plain exchange (OneExchange) itself and hands every other request
-// to the http.Transport it was made with.
+// Transport carries the gateway's fenced writes to their upstreams
+// (Exchange), over its own pool of connections.
 type Transport struct {
-	std         *http.Transport // everything the engine does not carry
-	writeOf     func(*http.Request) Write
+	std         *http.Transport // its configuration (New)
 	dial        func(ctx context.Context, network, addr string) (net.Conn, error)
 	maxIdle     int           // idle connections kept per upstream
 	idleTimeout time.Duration // an idle connection older than this is closed
@@ -118,28 +115,22 @@ type upstreamKey struct {
 	tls  bool
 }
 
-// New returns a Transport over std: it dials through std.DialContext (read
-// at each dial), keeps std.MaxIdleConnsPerHost idle connections per
-// upstream for std.IdleConnTimeout, and allows a response head
-// std.MaxResponseHeaderBytes (read at each exchange), as std would.
-// writeOf returns the fenced write a request carries, nil for one that
-// carries none (it goes to std).
-func New(std *http.Transport, writeOf func(*http.Request) Write) *Transport {
+// New returns a Transport configured as std (which it never hands a
+// request): it dials through std.DialContext (read at each dial), speaks
+// TLS to https upstreams by std.TLSClientConfig within
+// std.TLSHandshakeTimeout, keeps std.MaxIdleConnsPerHost idle connections
+// per upstream for std.IdleConnTimeout, allows a response head
+// std.MaxResponseHeaderBytes and waits std.ExpectContinueTimeout for 100
+// Continue (read at each exchange), as std would.
+func New(std *http.Transport) *Transport {
 	return &Transport{
-		std:     std,
-		writeOf: writeOf,
+		std: std,
 		dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			if std.DialContext == nil {
 				var d net.Dialer
 				return d.DialContext(ctx, network, addr)
 			}
-			nc, err := std.DialContext(ctx, network, addr)
-			// The engine checks its writes itself (engineConn.Write), on
-			// the bare connection, which it can peek at (alive).
-			if fc, ok := nc.(*fencedConn); ok {
-				nc = fc.Conn
-			}
-			return nc, err
+			return std.DialContext(ctx, network, addr)
 		},
 		maxIdle:     std.MaxIdleConnsPerHost,
 		idleTimeout: std.IdleConnTimeout,
@@ -155,25 +146,6 @@ func (e *Transport) maxHead() int64 {
 	return 10 << 20 // the Transport's default
 }
 
-// OneExchange reports whether r, a fenced write to target, is one plain
-// exchange, the kind the engine writes and reads itself: to a plain-http
-// target; not CONNECT; no Upgrade. Its body may be in memory (Write.Body,
-// of r's Content-Length) or stream (Content-Length or chunked, with
-// trailers): Request.Write frames it as the Transport would, after a wait
-// for 100 Continue if it asks for one (expect.go). Everything else needs
-// the Transport (upgrades, TLS).
-//
-// It is the one answer to that question: the engine asks it of the
-// reverse proxy's outbound request (Carries), the gateway's direct forward
-// of the client's request, so the two cannot drift apart again (they had:
-// only one looked at the Trailer header; the gateway's TestOneExchange).
-func OneExchange(r *http.Request, target *url.URL) bool {
-	if target.Scheme != "http" && target.Scheme != "https" || r.Method == http.MethodConnect {
-		return false
-	}
-	return len(r.Header["Upgrade"]) == 0
-}
-
 // inMemory reports whether req, which carries w, has no body or the whole
 // of it in memory (w.Body()), and no trailer: writeHead's requests.
 func inMemory(req *http.Request, w Write) bool {
@@ -183,49 +155,29 @@ func inMemory(req *http.Request, w Write) bool {
 	return req.ContentLength == 0 || w.Body() != nil && req.ContentLength == int64(len(w.Body()))
 }
 
-// Carries reports whether RoundTrip forwards req itself rather than through
-// the http.Transport: req carries a fenced write and is one plain exchange
-// (OneExchange).
-func (e *Transport) Carries(req *http.Request) bool {
-	_, ok := e.carried(req)
-	return ok
-}
-
-// carried returns req's write if the engine carries req.
-func (e *Transport) carried(req *http.Request) (Write, bool) {
-	w := e.writeOf(req)
-	return w, w != nil && OneExchange(req, req.URL)
-}
-
-// RoundTrip forwards req and returns the upstream's answer.
-func (e *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	w, ok := e.carried(req)
-	if !ok {
-		return e.std.RoundTrip(req)
-	}
-	return e.Exchange(req.Context(), req, w, time.Time{}, nil)
-}
-
-// Hooks are the ears on an exchange of a caller that builds and writes the
-// request itself (the gateway's direct forward), in place of a ClientTrace
-// in the request's context, which would cost a context per request.
+// Hooks are the ears on an exchange (the gateway's direct forward's), in
+// place of a ClientTrace in the request's context, which would cost a
+// context per request.
 type Hooks interface {
-	// WroteHeaders: the request's head was written (the moment
-	// ClientTrace.WroteHeaders reports).
+	// WroteHeaders: the request's head was written to the connection's
+	// buffer (the moment ClientTrace.WroteHeaders reports in the
+	// Transport), the one report of it: from then on the upstream may
+	// act on the request.
 	WroteHeaders()
 	// Got1xx: an informational answer came before the final one.
 	Got1xx(code int, header textproto.MIMEHeader) error
 }
 
-// Exchange writes req, which carries w and is one plain exchange
-// (OneExchange; its body, if any, is w.Body()), on a connection to its
-// upstream, and reads the answer's head; the body is read through the
-// returned response, which must be closed. ctx ending aborts it (at any
-// point until the body is closed), and so does deadline, if set (a
-// deadline on the connection: no timer of its own); the error then says
-// which (context.Cause(ctx), or context.DeadlineExceeded). With hooks nil,
-// the request's context's ClientTrace hears what they would. Every write
-// of req's bytes is checked against w's fence first (w.CheckSend).
+// Exchange writes req, which carries w (its body is w.Body() if that is
+// not nil, req.Body if it streams), on a connection to its upstream
+// (req.URL: http or https), and reads the answer's head; the body is read
+// through the returned response, which must be closed. ctx ending aborts
+// it (at any point until the body is closed), and so does deadline, if
+// set (a deadline on the connection: no timer of its own); the error then
+// says which (context.Cause(ctx), or context.DeadlineExceeded). hooks hear
+// the head leave and the 1xx answers. Every write of req's bytes is
+// checked against w's fence first (w.CheckSend). req must not be CONNECT
+// nor ask for an Upgrade (the gateway refuses both before).
 func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, deadline time.Time, hooks Hooks) (*http.Response, error) {
 	c, err := e.get(ctx, upstreamKey{host: req.URL.Host, tls: req.URL.Scheme == "https"}, deadline)
 	if err != nil {
@@ -242,32 +194,22 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	stop := context.AfterFunc(ctx, c.abort)
 	c.fw = w
 	fail := func(err error) (*http.Response, error) { return nil, c.failed(ctx, stop, deadline, err) }
-	var trace *httptrace.ClientTrace
-	if hooks == nil {
-		trace = httptrace.ContextClientTrace(ctx)
-	}
 	var cb *continueBody
 	if expectsContinue(req) {
 		// The body waits for the upstream's leave (expect.go).
-		cb = &continueBody{ReadCloser: req.Body, ctx: ctx, c: c, e: e, deadline: deadline}
-		switch {
-		case hooks != nil:
-			cb.got1xx = hooks.Got1xx
-		case trace != nil:
-			cb.got1xx = trace.Got1xxResponse
-		}
+		cb = &continueBody{ReadCloser: req.Body, ctx: ctx, c: c, e: e, deadline: deadline, got1xx: hooks.Got1xx}
 		r2 := *req
 		r2.Body = cb
 		req, cb.req = &r2, &r2
 	}
 	switch {
-	case hooks != nil && c.host != nil && req.Host == "" && cb == nil && inMemory(req, w):
+	case c.host != nil && req.Host == "" && cb == nil && inMemory(req, w):
 		// Request.Write's bytes without its allocations (write.go).
 		if err = writeHead(c.bw, req, c.host); err == nil {
 			hooks.WroteHeaders()
 			_, err = c.bw.Write(w.Body())
 		}
-	case hooks != nil:
+	default:
 		// The connection's own trace tells when the head was written. A
 		// body that streams is framed by Request.Write (Content-Length,
 		// or chunked with its trailer), which flushes the head first and
@@ -279,10 +221,6 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 			c.wroteHead = false
 			hooks.WroteHeaders()
 		}
-	default:
-		// Request.Write reports WroteHeaders to the context's trace once
-		// the head is in the buffer, then writes the body.
-		err = req.Write(c.bw)
 	}
 	var resp *http.Response
 	if cb != nil && cb.final != nil {
@@ -320,16 +258,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 		}
 		info := textproto.MIMEHeader(resp.Header)
 		resp = nil
-		var err error
-		switch {
-		case hooks != nil:
-			err = hooks.Got1xx(code, info)
-		case trace != nil && trace.Got1xxResponse != nil:
-			err = trace.Got1xxResponse(code, info)
-		default:
-			continue
-		}
-		if err != nil {
+		if err := hooks.Got1xx(code, info); err != nil {
 			return fail(err)
 		}
 		c.limit = e.maxHead() + int64(c.br.Size())

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httptrace"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,15 +36,6 @@ func (w *testWrite) CheckSend() error {
 }
 
 func (w *testWrite) Sent(n int) { w.sent.Add(int64(n)) }
-
-type writeKey struct{}
-
-func testWriteOf(r *http.Request) Write {
-	if w, ok := r.Context().Value(writeKey{}).(*testWrite); ok {
-		return w
-	}
-	return nil
-}
 
 // upstream records what each request's body brought, and whether it came
 // to its end.
@@ -107,27 +97,25 @@ func (u *upstream) waitFor(t *testing.T, n int) []string {
 	}
 }
 
-// newTestTransport is a Transport as the gateway makes it: over an
-// http.Transport whose dials are fenced, and counted.
+// newTestTransport is a Transport whose dials are counted.
 func newTestTransport(t *testing.T) (*Transport, *atomic.Int64) {
 	var dials atomic.Int64
 	var d net.Dialer
 	std := &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: time.Minute}
-	std.DialContext = FencedDial(func(ctx context.Context, network, addr string) (net.Conn, error) {
+	std.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		dials.Add(1)
 		return d.DialContext(ctx, network, addr)
-	})
-	e := New(std, testWriteOf)
+	}
+	e := New(std)
 	t.Cleanup(e.CloseIdleConnections)
 	return e, &dials
 }
 
-func post(t *testing.T, e http.RoundTripper, url string, w *testWrite, body io.Reader, length int64) (*http.Response, error) {
+// post sends w, a POST of body (length bytes, -1: chunked; w.body if in
+// memory), through e.
+func post(t *testing.T, e *Transport, url string, w *testWrite, body io.Reader, length int64) (*http.Response, error) {
 	t.Helper()
-	ctx := context.WithValue(context.Background(), writeKey{}, w)
-	var at Attachment
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) { at.Attach(w, info) }})
-	req, err := http.NewRequestWithContext(ctx, "POST", url, body)
+	req, err := http.NewRequest("POST", url, body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,8 +123,7 @@ func post(t *testing.T, e http.RoundTripper, url string, w *testWrite, body io.R
 	if w.body != nil {
 		req.Body = io.NopCloser(strings.NewReader(string(w.body)))
 	}
-	t.Cleanup(at.Detach)
-	return e.RoundTrip(req)
+	return e.Exchange(context.Background(), req, w, time.Time{}, &hooksSeen{})
 }
 
 // readAll returns a reader of an answer's body, that fails t on an error.
@@ -157,8 +144,7 @@ func readAll(t *testing.T) func(*http.Response, error) string {
 
 // The engine carries a write whose body is in memory itself, checks its
 // fence before sending it, reuses its connection for the next, and
-// carries a streamed body too, checked alike; a request that carries no
-// write is not the engine's.
+// carries a streamed body too, checked alike.
 func TestTransportCarriesPlainExchanges(t *testing.T) {
 	up := newUpstream(t)
 	e, dials := newTestTransport(t)
@@ -175,13 +161,6 @@ func TestTransportCarriesPlainExchanges(t *testing.T) {
 		t.Errorf("3 writes one after the other dialled %d connections, want 1 kept alive", n)
 	}
 	streamed := &testWrite{}
-	req, _ := http.NewRequest("POST", up.URL+"/streamed", strings.NewReader("streamed"))
-	if !e.Carries(req.WithContext(context.WithValue(context.Background(), writeKey{}, streamed))) {
-		t.Error("the engine does not carry a body that streams")
-	}
-	if e.Carries(req) {
-		t.Error("the engine carries a request without a write")
-	}
 	if got := readAll(t)(post(t, e, up.URL+"/streamed", streamed, strings.NewReader("streamed"), 8)); got != "ok /streamed" {
 		t.Fatalf("a streamed write: %q", got)
 	}

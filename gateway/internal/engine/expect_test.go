@@ -111,7 +111,7 @@ func TestExpectContinue(t *testing.T) {
 				}
 				got <- read
 			}()
-			e := New(&http.Transport{ExpectContinueTimeout: tc.wait, MaxIdleConnsPerHost: 1}, testWriteOf)
+			e := New(&http.Transport{ExpectContinueTimeout: tc.wait, MaxIdleConnsPerHost: 1})
 			t.Cleanup(e.CloseIdleConnections)
 			w := &testWrite{}
 			req, _ := http.NewRequest("POST", "http://"+ln.Addr().String()+"/x", io.NopCloser(strings.NewReader("body")))
