@@ -115,7 +115,8 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 	case err != nil:
 		var maxBytes *http.MaxBytesError
 		if !errors.As(err, &maxBytes) && !errors.Is(err, http.ErrBodyReadAfterClose) {
-			b.guard.broken.CompareAndSwap(nil, &err)
+			broken := err // its own variable: &err would move err to the heap on every Read
+			b.guard.broken.CompareAndSwap(nil, &broken)
 		}
 	}
 	return n, err

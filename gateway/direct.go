@@ -28,6 +28,7 @@ package gateway
 // it, byte for byte (rewrite).
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -53,7 +54,16 @@ type directState struct {
 	url   url.URL
 	hooks directHooks
 	h     http.Header
+	vals  [4]string // the values rewrite sets
+	body  memBody   // a body in memory, as the outbound request's Body
 }
+
+// memBody is a body in memory (forward.buffered) as a request's Body. The
+// engine writes the bytes themselves (Write.Body) and reads it only when
+// the request waits for 100 Continue (Request.Write).
+type memBody struct{ bytes.Reader }
+
+func (*memBody) Close() error { return nil }
 
 var directPool = sync.Pool{New: func() any { return &directState{h: make(http.Header, 16)} }}
 
@@ -85,7 +95,10 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	st.out = http.Request{Method: r.Method, URL: &st.url, Proto: r.Proto, ProtoMajor: r.ProtoMajor, ProtoMinor: r.ProtoMinor,
 		Header: h, Host: r.Host, ContentLength: r.ContentLength, RemoteAddr: r.RemoteAddr}
 	out := &st.out
-	if f.buffered == nil && r.ContentLength != 0 {
+	if f.buffered != nil {
+		st.body.Reset(f.buffered)
+		out.Body = &st.body
+	} else if r.ContentLength != 0 {
 		// A body that streams: the client's, framed again by the engine
 		// (Request.Write), its trailer fields copied in at its end
 		// (forwardTrailer, in rewrite).
@@ -103,7 +116,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	delete(h, "X-Forwarded-For")
 	delete(h, "X-Forwarded-Host")
 	delete(h, "X-Forwarded-Proto")
-	g.rewrite(&httputil.ProxyRequest{In: r, Out: out}, f)
+	g.rewrite(&httputil.ProxyRequest{In: r, Out: out}, f, &st.vals)
 	if _, ok := h["User-Agent"]; !ok {
 		h["User-Agent"] = noUserAgent[:1:1]
 	}

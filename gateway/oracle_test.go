@@ -7,8 +7,10 @@ package gateway
 // this does, byte for byte at the upstream and at the client.
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptrace"
 	"net/http/httputil"
@@ -25,7 +27,13 @@ func useReverseProxy(tg *testGateway) {
 	p := &httputil.ReverseProxy{
 		// Rewrite (not Director), so that a client cannot drop headers the
 		// gateway adds via Connection (golang/go#53002).
-		Rewrite:   func(pr *httputil.ProxyRequest) { g.rewrite(pr, forwardOf(pr.In)) },
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			f := forwardOf(pr.In)
+			if f.buffered != nil {
+				pr.Out.Body = inMemoryBody(f.buffered)
+			}
+			g.rewrite(pr, f, new([4]string))
+		},
 		Transport: g.transport,
 		ModifyResponse: func(resp *http.Response) error {
 			f := forwardOf(resp.Request)
@@ -50,6 +58,11 @@ func useReverseProxy(tg *testGateway) {
 		p.ServeHTTP(w, r.WithContext(ctx))
 	}
 }
+
+// inMemoryBody is a body the Transport recognises as in memory
+// (io.NopCloser over a *bytes.Reader), so that it writes head and body
+// together, as the engine does.
+func inMemoryBody(b []byte) io.ReadCloser { return io.NopCloser(bytes.NewReader(b)) }
 
 // continueOnce drops the upstream's 100 Continue that the reverse proxy
 // forwards: with Expect: 100-continue the gateway's own server already

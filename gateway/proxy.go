@@ -64,7 +64,10 @@ type forward struct {
 // rewrite turns the client's request into the upstream's, in the direct
 // forward (direct.go), as a Rewrite of httputil.ReverseProxy would (the
 // tests' reference road is one with this Rewrite).
-func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward) {
+//
+// vals holds the values of the headers it sets (one allocation, or none
+// where the caller lends it).
+func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward, vals *[4]string) {
 	pr.Out.URL.Path, pr.Out.URL.RawPath = f.path, f.rawPath
 	// The query as the client sent it, byte for byte (a reverse proxy
 	// drops the parameters url.ParseQuery refuses, a ';', a bad escape,
@@ -72,9 +75,6 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward) {
 	// server parsed). The gateway decides nothing on the query, so there
 	// is no reading of it to disagree with the upstream's.
 	pr.Out.URL.RawQuery = pr.In.URL.RawQuery
-	if f.buffered != nil {
-		pr.Out.Body = inMemoryBody(f.buffered)
-	}
 	pr.SetURL(f.upstream)
 	h := pr.Out.Header
 	// The lease is a secret between worker and gateway; the token,
@@ -88,9 +88,7 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward) {
 		}
 	}
 	// What ProxyRequest.SetXForwarded sets (the client-sent ones were
-	// dropped above), with the values in one allocation instead of one
-	// each.
-	vals := new([4]string)
+	// dropped above).
 	if ip, _, err := net.SplitHostPort(pr.In.RemoteAddr); err == nil {
 		vals[0] = ip
 		h["X-Forwarded-For"] = vals[0:1:1]
@@ -152,10 +150,9 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, g.log, err)
 		return
 	}
-	name, rawPath, ok := strings.Cut(strings.TrimPrefix(r.URL.EscapedPath(), proxyPrefix), "/")
-	rawPath = "/" + rawPath
-	if !ok {
-		rawPath = "/"
+	name, rawPath := strings.TrimPrefix(r.URL.EscapedPath(), proxyPrefix), "/"
+	if i := strings.IndexByte(name, '/'); i >= 0 {
+		name, rawPath = name[:i], name[i:] // the path keeps its '/': no concatenation
 	}
 	lc := g.liveOf(r) // one configuration judges the whole write (live.go)
 	base, found := lc.upstreams[name]

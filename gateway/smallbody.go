@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"errors"
 	"io"
 	"net/http"
@@ -56,8 +55,3 @@ func readSmallBody(body io.Reader, n int64) ([]byte, error) {
 		return nil, err
 	}
 }
-
-// inMemoryBody is a body the Transport recognises as in memory
-// (io.NopCloser over a *bytes.Reader), so that it writes head and body
-// together.
-func inMemoryBody(b []byte) io.ReadCloser { return io.NopCloser(bytes.NewReader(b)) }

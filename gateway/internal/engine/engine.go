@@ -171,7 +171,8 @@ type Hooks interface {
 // Exchange writes req, which carries w (its body is w.Body() if that is
 // not nil, req.Body if it streams), on a connection to its upstream
 // (req.URL: http or https), and reads the answer's head; the body is read
-// through the returned response, which must be closed. ctx ending aborts
+// through the returned response, which must be closed once and not read
+// after (its body is the connection's, lent). ctx ending aborts
 // it (at any point until the body is closed), and so does deadline, if
 // set (a deadline on the connection: no timer of its own); the error then
 // says which (context.Cause(ctx), or context.DeadlineExceeded). hooks hear
@@ -264,7 +265,8 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 		c.limit = e.maxHead() + int64(c.br.Size())
 	}
 	c.limit = -1
-	b := &engineBody{e: e, c: c, rc: resp.Body, stop: stop, reuse: !resp.Close && !req.Close}
+	b := &c.body
+	*b = engineBody{e: e, c: c, rc: resp.Body, stop: stop, reuse: !resp.Close && !req.Close}
 	if resp.Body == http.NoBody {
 		b.eof = true
 	}
@@ -446,6 +448,10 @@ type engineConn struct {
 	// fw is the write whose request is being written, whose fence each
 	// write system call checks first (sendcheck.go); nil between requests.
 	fw Write
+	// body is the body of the answer being read (one exchange at a time):
+	// lent, not allocated, so it must not be touched once closed, when the
+	// connection may already carry the next exchange.
+	body engineBody
 	// The idle check's (alive.go), made once.
 	raw     syscall.RawConn
 	peek    func(fd uintptr) bool

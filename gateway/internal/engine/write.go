@@ -92,8 +92,7 @@ func writeHead(w *bufio.Writer, req *http.Request, host []byte) error {
 	}
 	if n := outgoingLength(req); n > 0 || n == 0 && (method == "POST" || method == "PUT" || method == "PATCH") {
 		_, _ = w.WriteString("Content-Length: ")
-		var buf [20]byte
-		_, _ = w.Write(strconv.AppendInt(buf[:0], n, 10))
+		_, _ = w.Write(strconv.AppendInt(w.AvailableBuffer(), n, 10))
 		_, _ = w.WriteString("\r\n")
 	}
 	if err := req.Header.WriteSubset(w, writeExcluded); err != nil {
