@@ -193,7 +193,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	}
 	// A context that ends unblocks the connection's I/O at once.
 	stop := context.AfterFunc(ctx, c.abort)
-	c.fw = w
+	c.fw, c.writeFailed = w, false
 	fail := func(err error) (*http.Response, error) { return nil, c.failed(ctx, stop, deadline, err) }
 	var cb *continueBody
 	if expectsContinue(req) {
@@ -232,15 +232,27 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 		}
 	}
 	// One flush sends head and body (what is left of them).
-	if err != nil {
-		return fail(err)
+	if err == nil && (cb == nil || !cb.skipped) {
+		err = c.bw.Flush()
 	}
-	if cb == nil || !cb.skipped {
-		if err := c.bw.Flush(); err != nil {
+	broken := false
+	if err != nil {
+		if !c.writeFailed {
 			return fail(err)
 		}
+		// The upstream stopped taking the request (a write to it failed):
+		// it may have answered already, as one that refuses a body early
+		// does (413, 401). The Transport's read goroutine would hear that
+		// answer; the engine looks for it before it gives up.
+		if resp == nil {
+			c.limit = e.maxHead() + int64(c.br.Size())
+			if resp, _ = http.ReadResponse(c.br, req); resp == nil || resp.StatusCode < 200 {
+				return fail(err)
+			}
+		}
+		broken = true
 	}
-	c.fw = nil // all of the request has left
+	c.fw = nil // all of the request has left, or all it will
 	c.limit = e.maxHead() + int64(c.br.Size())
 	for {
 		if resp == nil {
@@ -266,7 +278,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	}
 	c.limit = -1
 	b := &c.body
-	*b = engineBody{e: e, c: c, rc: resp.Body, stop: stop, reuse: !resp.Close && !req.Close}
+	*b = engineBody{e: e, c: c, rc: resp.Body, stop: stop, reuse: !resp.Close && !req.Close && !broken}
 	if resp.Body == http.NoBody {
 		b.eof = true
 	}
@@ -452,6 +464,9 @@ type engineConn struct {
 	// lent, not allocated, so it must not be touched once closed, when the
 	// connection may already carry the next exchange.
 	body engineBody
+	// writeFailed: a write of the request to the connection failed (not
+	// its fence check): the upstream may have answered early.
+	writeFailed bool
 	// The idle check's (alive.go), made once.
 	raw     syscall.RawConn
 	peek    func(fd uintptr) bool
@@ -489,6 +504,9 @@ func (c *engineConn) Write(p []byte) (int, error) {
 	}
 	n, err := c.nc.Write(p)
 	w.Sent(n)
+	if err != nil {
+		c.writeFailed = true
+	}
 	return n, err
 }
 
