@@ -33,13 +33,14 @@ import (
 func limitBody(w http.ResponseWriter, r *http.Request, d time.Duration) (guard *bodyGuard, lift func()) {
 	rc := http.NewResponseController(w)
 	lift = func() { _ = rc.SetWriteDeadline(time.Time{}) }
-	return limitBodyRead(rc, r, d), lift
+	return limitBodyRead(rc, r, d, nil), lift
 }
 
 // limitBodyRead is limitBody for a caller that leaves the write deadline
 // to net/http (it lifts it after the answer is flushed), with the caller's
-// controller of w: one allocation for the guard and the body reader.
-func limitBodyRead(rc *http.ResponseController, r *http.Request, d time.Duration) *bodyGuard {
+// controller of w: the guard and the body reader are into if it is not nil
+// (the caller's storage, unused until then), else one allocation.
+func limitBodyRead(rc *http.ResponseController, r *http.Request, d time.Duration, into *bodyGuard) *bodyGuard {
 	if r.Body == nil || r.Body == http.NoBody || d <= 0 {
 		return nil
 	}
@@ -47,7 +48,11 @@ func limitBodyRead(rc *http.ResponseController, r *http.Request, d time.Duration
 	if rc.SetReadDeadline(deadline) != nil {
 		return nil // not a net/http connection (a test recorder)
 	}
-	guard := &bodyGuard{deadline: deadline, timeout: d}
+	guard := into
+	if guard == nil {
+		guard = new(bodyGuard)
+	}
+	guard.deadline, guard.timeout = deadline, d
 	guard.body = deadlineBody{ReadCloser: r.Body, rc: rc, guard: guard}
 	r.Body = &guard.body
 	return guard

@@ -46,7 +46,9 @@ type forward struct {
 	// (sendcheck.go); sent: some of the request's bytes had been handed
 	// to the upstream's connection by then (or ever).
 	fenceLost, sent atomic.Bool
-	body            *bodyGuard // nil without a body
+	body            *bodyGuard // nil without a body (else guard)
+	guard           bodyGuard  // storage for body
+	rc              http.ResponseController
 	// buffered is the whole body of a small write, read before the
 	// forward (smallbody.go); nil if the body streams.
 	buffered   []byte
@@ -191,10 +193,14 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	if r.Body != nil && r.Body != http.NoBody && !buffer {
 		r.Body = http.MaxBytesReader(w, r.Body, g.cfg.MaxBody)
 	}
+	// The write's state, in one allocation with its response controller
+	// and its body's guard (the rest is set once it is admitted).
+	f := new(forward)
+	f.rc = *http.NewResponseController(w)
 	// The write deadline set below is lifted by net/http itself once the
 	// answer is flushed (not earlier: the flush is bounded too).
-	rc := http.NewResponseController(w)
-	guard := limitBodyRead(rc, r, g.cfg.BodyTimeout)
+	rc := &f.rc
+	guard := limitBodyRead(rc, r, g.cfg.BodyTimeout, &f.guard)
 	kw, ok := g.keyedWrite(w, r)
 	if !ok {
 		return
@@ -244,7 +250,8 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ownBody(w) // admitted: the forward's answer is the body's (early.go)
-	f := &forward{live: lc, permit: permit, name: name, upstream: base, path: path, rawPath: rawPath, token: strconv.FormatInt(permit.Lease.Token, 10), instance: r.URL.Path, body: guard, keyed: kw}
+	f.live, f.permit, f.name, f.upstream, f.path, f.rawPath = lc, permit, name, base, path, rawPath
+	f.token, f.instance, f.body, f.keyed = strconv.FormatInt(permit.Lease.Token, 10), r.URL.Path, guard, kw
 	if f.rawPath == path {
 		f.rawPath = ""
 	}
