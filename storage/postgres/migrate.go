@@ -51,7 +51,7 @@ func (s *Store) migrate(ctx context.Context) error {
 	if err != nil {
 		return err // embedded at build time: TestEmbeddedMigrations reads them all
 	}
-	lock, err := s.lock(ctx, "migrate", "", false)
+	lock, err := s.lock(ctx, "migrate", "")
 	if err != nil {
 		return s.interpret("migration lock", err)
 	}

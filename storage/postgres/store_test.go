@@ -380,8 +380,8 @@ func TestUnreachableIsUnavailable(t *testing.T) {
 	if err := s.Ping(ctx); !errors.Is(err, tokens.ErrStoreUnavailable) {
 		t.Fatalf("Ping on a closed store: %v", err)
 	}
-	if _, err := s.Shared(ctx, "r"); !errors.Is(err, tokens.ErrStoreUnavailable) {
-		t.Fatalf("Shared on a closed store: %v", err)
+	if _, err := s.ExclusiveFence(ctx, "r"); !errors.Is(err, tokens.ErrStoreUnavailable) {
+		t.Fatalf("exclusive lock on a closed store: %v", err)
 	}
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
