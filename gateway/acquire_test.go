@@ -1,14 +1,18 @@
 package gateway
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -320,4 +324,47 @@ func BenchmarkAcquireHTTP(b *testing.B) {
 			}
 		})
 	}
+}
+
+// Grants as a user drives them: clients on connections of their own (64
+// with GOMAXPROCS 2, as fencegw-load -grants) POST fresh resources to the
+// gateway on a real listener. The clients are raw and lean (a request
+// written from a template, the answer read with http.ReadResponse), so
+// allocs/op is mostly the server's; ns/op is bound by the store's fsyncs.
+func BenchmarkAcquireListener(b *testing.B) {
+	tg := startFraming(b, "http://127.0.0.1:1", Config{}, false)
+	var seq atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(32)
+	b.RunParallel(func(pb *testing.PB) {
+		conn, err := net.Dial("tcp", tg.addr)
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		defer conn.Close()
+		br := bufio.NewReader(conn)
+		var req []byte
+		for pb.Next() {
+			body := `{"resource":"bench/listener/` + strconv.FormatInt(seq.Add(1), 10) + `","holder":"worker-3","ttl_ms":30000}`
+			req = append(req[:0], "POST /v1/leases HTTP/1.1\r\nHost: "+tg.addr+"\r\nContent-Type: application/json\r\nContent-Length: "...)
+			req = strconv.AppendInt(req, int64(len(body)), 10)
+			req = append(append(req, "\r\n\r\n"...), body...)
+			if _, err := conn.Write(req); err != nil {
+				b.Error(err)
+				return
+			}
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusCreated {
+				b.Errorf("status %d", resp.StatusCode)
+				return
+			}
+		}
+	})
 }
