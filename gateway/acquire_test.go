@@ -17,9 +17,12 @@ import (
 	"time"
 
 	"github.com/oapi-codegen/runtime"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/fencegw/fencegw/api"
 	"github.com/fencegw/fencegw/api/server"
+	"github.com/fencegw/fencegw/storage/bolt"
 )
 
 // acquireBodies are request bodies of every kind the hand decoder must tell
@@ -331,8 +334,17 @@ func BenchmarkAcquireHTTP(b *testing.B) {
 // gateway on a real listener. The clients are raw and lean (a request
 // written from a template, the answer read with http.ReadResponse), so
 // allocs/op is mostly the server's; ns/op is bound by the store's fsyncs.
+// grants/commit is how many grants shared each commit and its fsyncs.
 func BenchmarkAcquireListener(b *testing.B) {
-	tg := startFraming(b, "http://127.0.0.1:1", Config{}, false)
+	var store *bolt.Store
+	tg := startFramingWith(b, "http://127.0.0.1:1", Config{}, false, func(s *bolt.Store, _ *Config, _ *http.Server) { store = s })
+	commits := func() uint64 {
+		var m dto.Metric
+		if err := store.Collectors()[0].(prometheus.Metric).Write(&m); err != nil {
+			b.Fatal(err)
+		}
+		return m.GetHistogram().GetSampleCount()
+	}
 	var seq atomic.Int64
 	b.ReportAllocs()
 	b.SetParallelism(32)
@@ -367,4 +379,7 @@ func BenchmarkAcquireListener(b *testing.B) {
 			}
 		}
 	})
+	if n := commits(); n > 0 {
+		b.ReportMetric(float64(seq.Load())/float64(n), "grants/commit")
+	}
 }
