@@ -79,8 +79,8 @@ func (f *fastAcquire) AcquireLease(w http.ResponseWriter, r *http.Request, param
 // readBody is a control call's body once controlBody has read it whole:
 // the generated decoder reads it as any body, fastAcquire takes its bytes.
 type readBody struct {
-	*bytes.Reader
-	data []byte
+	bytes.Reader // by value: one allocation for both
+	data         []byte
 }
 
 func (*readBody) Close() error { return nil }

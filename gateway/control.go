@@ -426,7 +426,9 @@ func (g *Gateway) controlBody(next http.Handler) http.Handler {
 					writeProblem(w, r, g.log, err)
 					return
 				}
-				r.Body = &readBody{Reader: bytes.NewReader(data), data: data}
+				rb := &readBody{data: data}
+				rb.Reset(data)
+				r.Body = rb
 			}
 		}
 		next.ServeHTTP(w, r)
