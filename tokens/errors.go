@@ -123,6 +123,13 @@ func (e *Error) Error() string {
 	return msg
 }
 
+// Is matches e's sentinel without Unwrap's slice: errors.Is(err,
+// ErrNotFound) on every fresh resource's grant allocated one.
+func (e *Error) Is(target error) bool {
+	k, ok := target.(*Kind)
+	return ok && e.Kind == error(k)
+}
+
 // Unwrap exposes both the sentinel and the cause to errors.Is/As.
 func (e *Error) Unwrap() []error {
 	if e.Cause != nil {
