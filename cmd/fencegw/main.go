@@ -230,7 +230,7 @@ func serve(ctx context.Context, hurry <-chan struct{}, cfg config, stdout io.Wri
 		TracerProvider:     tp,
 	})
 	if err != nil {
-		return storeError(err, cfg) // storeerrors.go
+		return storeError(err, cfg) // storage.go
 	}
 	defer r.Close()
 	rl.gw = r.Gateway()

@@ -1,8 +1,10 @@
 // Package mode builds a storage mode: the store and everything a gateway
 // runs on it (the per-resource lock, the fencer, where Idempotency-Key
-// records live, the live rejection feed, the wake-up of waiting acquires).
-// cmd/fencegw, its demo, the benchmarks and the end-to-end tests all open a
-// mode here, so that each is wired one way; a new mode is one constructor.
+// records live, the live rejection feed, the wake-up of waiting acquires,
+// the store's metrics). It is the one package that imports the storage
+// backends: package replica opens a mode here for cmd/fencegw, its demo,
+// the benchmarks and the end-to-end tests, so that each is wired one way;
+// a new mode is one constructor.
 package mode
 
 import (
