@@ -6,10 +6,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http/httptest"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,56 +20,32 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/fencegw/fencegw/gateway"
-	"github.com/fencegw/fencegw/storage/bolt"
+	"github.com/fencegw/fencegw/replica"
+	storagemode "github.com/fencegw/fencegw/storage/mode"
 	"github.com/fencegw/fencegw/tokens"
-	"github.com/fencegw/fencegw/web"
+	"net/url"
 )
 
-// dash is a gateway on the embedded store with the dashboard mounted, wired
-// as cmd/fencegw wires it (accepted-write counts, rejection totals).
+// dash is a gateway on the embedded store with the dashboard mounted,
+// built as cmd/fencegw builds it (replica.New: accepted-write counts,
+// rejection totals, clocks).
 type dash struct {
-	URL    string
-	gate   *gateway.Gateway
-	svc    *tokens.Service
-	counts *web.Counts
+	URL string
+	svc *tokens.Service
 }
 
-func startDashboard(t testing.TB, ups map[string]string, opts ...func(*gateway.Config)) *dash {
+func startDashboard(t testing.TB, ups map[string]string, opts ...func(*replica.Config)) *dash {
 	t.Helper()
-	store, err := bolt.Open(filepath.Join(t.TempDir(), "fencegw.db"), bolt.Options{})
-	if err != nil {
-		t.Fatalf("open store: %v", err)
+	cfg := replica.Config{
+		Mode:   storagemode.Config{Data: t.TempDir()},
+		Live:   gateway.Live{Upstreams: upstreamURLs(t, ups)},
+		Logger: slog.New(slog.DiscardHandler),
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	d := &dash{counts: web.NewCounts()}
-	stopCounts := d.counts.Persist(store, time.Second, log)
-	svc := tokens.New(tokens.Config{Store: store, Locker: tokens.NewLocalLocker(), Logger: log,
-		OnRejection: func(r tokens.Rejection) {
-			d.counts.Rejected(r)
-			d.gate.Publish(r)
-		}})
-	targets := map[string]*url.URL{}
-	for name, raw := range ups {
-		u, _ := url.Parse(raw)
-		targets[name] = u
-	}
-	d.svc = svc
-	clocks := tokens.NewClocks()
-	cfg := gateway.Config{Upstreams: targets, Logger: log, Clocks: clocks,
-		OnForwarded: d.counts.Accepted, UI: web.Handler(svc, d.counts, web.WithClocks(clocks))}
 	for _, o := range opts {
 		o(&cfg)
 	}
-	d.gate = gateway.New(svc, cfg)
-	srv := httptest.NewServer(d.gate)
-	d.URL = srv.URL
-	t.Cleanup(func() {
-		d.gate.Close()
-		srv.Close()
-		stopCounts()
-		_ = store.Close()
-	})
-	return d
+	g := startReplica(t, cfg)
+	return &dash{URL: g.URL, svc: g.r.Service()}
 }
 
 const chromiumPath = "/usr/bin/chromium"
