@@ -336,7 +336,7 @@ const (
 // once. A close with unread bytes in the socket is a TCP reset (RFC 9293
 // 3.6.1), and the client's kernel drops what it had not read yet: the
 // client loses the 400 and sees "connection reset by peer" instead
-// (DESIGN.md: bad input gets a 4xx, never a reset). After the answers of
+// (docs/design.md, guarantee 8: bad input gets a 4xx, never a reset). After the answers of
 // handlers, net/http half-closes and waits (closeWriteAndWait, and then
 // halfClosed is set and this does nothing); after the ones it sends before
 // them, it does not. So here the gateway says it is done writing (TLS
