@@ -179,7 +179,7 @@ func TestBrowserAcrossReplicas(t *testing.T) {
 			if ans := write(t, b, "statements", "/lines", w3, `{"line":1}`); ans.Status != 200 {
 				t.Fatalf("worker-3 write: %d %s", ans.Status, ans.Body)
 			}
-			time.Sleep(600 * time.Millisecond)
+			waitLeaseState(t, b, w3.LeaseID, "expired")
 			w5 := acquire(t, a, res, "worker-5", time.Hour)
 			if ans := write(t, a, "statements", "/lines", w5, `{"line":2}`); ans.Status != 200 {
 				t.Fatalf("worker-5 write: %d %s", ans.Status, ans.Body)
