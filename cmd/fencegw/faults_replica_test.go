@@ -61,7 +61,7 @@ func TestFaultReplicaKilledMidWrite(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("A's write did not reach the upstream")
 	}
-	time.Sleep(500 * time.Millisecond) // let the storm run on the victim
+	storm.waitWrites(t, "before", 10) // the storm runs on the victim
 
 	killAt := time.Now()
 	if err := ps[0].cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -105,7 +105,7 @@ func TestFaultReplicaKilledMidWrite(t *testing.T) {
 		t.Errorf("B's write: %v", w)
 	}
 
-	time.Sleep(500 * time.Millisecond)
+	others.waitWrites(t, "after", 10) // the survivors go on serving
 	othersCancel()
 	othersWG.Wait()
 	storm.log(t)
@@ -159,7 +159,7 @@ func TestFaultReplicaStopped(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ps[0].cmd.Process.Signal(syscall.SIGCONT) })
-	time.Sleep(600 * time.Millisecond) // A's lease expires meanwhile
+	waitExpired(t, bases[1], a.LeaseID) // A's lease expires meanwhile
 
 	// The lease is free, the lock is not: fence_busy after the grant wait.
 	_, busy := grant(bases[1], "frozen", "B", time.Minute, 0)

@@ -186,8 +186,24 @@ func release(base, leaseID string) answer {
 	return call("DELETE", base+"/v1/leases/"+leaseID, nil)
 }
 
-// retryAfter asserts a 503 carries the problem code and a Retry-After of
-// at least one whole second.
+// waitExpired waits until base reports the lease expired: the gateway's
+// clock decides when a TTL ran out, not the test's.
+func waitExpired(t *testing.T, base, leaseID string) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		a := call("GET", base+"/v1/leases/"+leaseID, nil)
+		var l lease
+		if a.err == nil && a.code == http.StatusOK && json.Unmarshal(a.body, &l) == nil && l.State == "expired" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lease %s not expired at %s after 30 s: %v", leaseID, base, a)
+		}
+	}
+}
+
+// want503 asserts a 503 carries the problem code and a Retry-After of at
+// least one whole second.
 func want503(t *testing.T, what string, a answer, code string) {
 	t.Helper()
 	if a.err != nil || a.code != http.StatusServiceUnavailable || a.problemCode() != code {

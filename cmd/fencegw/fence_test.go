@@ -105,7 +105,7 @@ func TestPostgresReplicaKilledInWrite(t *testing.T) {
 			_ = ps[0].cmd.Process.Kill()
 			killed := time.Now()
 
-			time.Sleep(time.Until(killed.Add(300 * time.Millisecond))) // A's lease has expired
+			waitExpired(t, r2, a.LeaseID)
 			if _, ans := grant(r2, "stmt:acct:2", "B", 10*time.Second, 0); ans.code != http.StatusCreated {
 				t.Fatalf("a resource the dead replica had granted but never fenced: %v", ans)
 			}
