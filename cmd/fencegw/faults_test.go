@@ -242,7 +242,7 @@ func alive(p *proc) bool {
 
 // --- token bookkeeping for workers ---
 
-// ledger records every token any worker saw, per resource, and when.
+// tokenLedger records every token any worker saw, per resource, and when.
 type tokenLedger struct {
 	mu    sync.Mutex
 	seen  map[string]map[int64]bool
