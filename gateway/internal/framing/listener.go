@@ -27,8 +27,9 @@ import (
 //
 // With tlsConfig the listener terminates TLS itself (the scanner must see
 // plaintext) and Check returns each request's TLS state, so that the
-// handler can set the request's TLS field (X-Forwarded-Proto stays https). It serves HTTP/1.1 only: ALPN offers
-// http/1.1 and srv.Protocols is set to HTTP/1 (also without TLS: no h2c).
+// handler can set the request's TLS field (X-Forwarded-Proto stays
+// https). It serves HTTP/1.1 only: ALPN offers http/1.1 and srv.Protocols
+// is set to HTTP/1 (also without TLS: no h2c).
 //
 // Listener also sets srv.ConnContext and srv.ConnState (keeping any hooks
 // already there) and srv.DisableGeneralOptionsHandler, so that "OPTIONS *"
