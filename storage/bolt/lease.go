@@ -88,7 +88,7 @@ type mutation struct {
 // mutate runs fn in a batched update (update) under ctx and returns what
 // it decided; unlock (the resource's lock, taken by lockResource) is given
 // back once the transaction has ended, also when the caller gave up before
-// (call.gone: then it is dropped if it has not run yet). bbolt may run fn
+// (skipIfGone: then it is dropped if it has not run yet). bbolt may run fn
 // more than once: each run starts from an empty mutation and its own now.
 // The cache takes the lease only once the transaction has committed, under
 // the lock, whether or not the caller still waits.
