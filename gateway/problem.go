@@ -1,5 +1,8 @@
 package gateway
 
+// The one table of problem responses: each domain error's RFC 9457
+// document, how it is written, and how errors are logged.
+
 import (
 	"context"
 	"encoding/json"
