@@ -1,7 +1,7 @@
 package gateway
 
-// The one table of problem responses: each domain error's RFC 9457
-// document, how it is written, and how errors are logged.
+// Problem responses: each error's RFC 9457 document, built from the one
+// table in internal/problems, how it is written, and how errors are logged.
 
 import (
 	"context"
