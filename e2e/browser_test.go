@@ -221,7 +221,7 @@ func TestBrowserIncidentLiveFeedAndTimeline(t *testing.T) {
 			t.Fatalf("worker-3 write: %d %s", a.Status, a.Body)
 		}
 	}
-	time.Sleep(600 * time.Millisecond)
+	waitLeaseState(t, d.URL, w3.LeaseID, "expired")
 	w5 := acquire(t, d.URL, res, "worker-5", time.Hour)
 	for i := range 2 {
 		if a := write(t, d.URL, "statements", "/accounts/88213/lines", w5, fmt.Sprintf(`{"line":%d}`, 10+i)); a.Status != 200 {
@@ -242,7 +242,7 @@ func TestBrowserIncidentLiveFeedAndTimeline(t *testing.T) {
 	}
 	write(t, d.URL, "statements", "/inventory/SKU-001", inv2, `{"qty":5}`)
 	inx := acquire(t, d.URL, "invoice:2291", "billing-2", 200*time.Millisecond)
-	time.Sleep(300 * time.Millisecond)
+	waitLeaseState(t, d.URL, inx.LeaseID, "expired")
 	wantProblem(t, write(t, d.URL, "statements", "/invoices/2291/charge", inx, `{}`), 409, "lease_expired")
 
 	within(t, ctx, 15*time.Second, "open overview", chromedp.Navigate(d.URL+"/ui/?range=15m"))
@@ -282,13 +282,11 @@ func TestBrowserIncidentLiveFeedAndTimeline(t *testing.T) {
 	if n := eval[int](t, ctx, `document.querySelectorAll('#leases [data-expires]').length`); n != 2 {
 		t.Errorf("leases with a countdown: %d, want 2", n)
 	}
-	// The countdown runs: read it twice.
+	// The countdown runs: its text changes without a reload.
 	ttl1 := eval[string](t, ctx, `document.querySelector('#leases [data-expires]').textContent`)
-	time.Sleep(1200 * time.Millisecond)
-	ttl2 := eval[string](t, ctx, `document.querySelector('#leases [data-expires]').textContent`)
-	if ttl1 == ttl2 {
-		t.Errorf("TTL countdown did not move: %q", ttl1)
-	}
+	within(t, ctx, 10*time.Second, "TTL countdown moves from "+ttl1,
+		chromedp.Poll[chromedp.Void](fmt.Sprintf(`document.querySelector('#leases [data-expires]').textContent !== %q`, ttl1),
+			chromedp.WithPollingInterval(50*time.Millisecond)))
 	within(t, ctx, 15*time.Second, "reload overview", chromedp.Navigate(d.URL+"/ui/?range=15m"))
 	waitLive(t, ctx)
 	screenshot(t, ctx, "overview", "overview.png")
@@ -344,7 +342,7 @@ func TestBrowserNamesFromClientsRenderAsText(t *testing.T) {
 	const res = "inventory/SKU-9" // names cannot hold markup; the path and the holder can
 
 	old := acquire(t, d.URL, res, evil, 200*time.Millisecond)
-	time.Sleep(300 * time.Millisecond)
+	waitLeaseState(t, d.URL, old.LeaseID, "expired")
 	acquire(t, d.URL, res, "fresh", time.Hour)
 
 	within(t, ctx, 15*time.Second, "open overview", chromedp.Navigate(d.URL+"/ui/"))

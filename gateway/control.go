@@ -1,5 +1,9 @@
 package gateway
 
+// The control API: the generated strict server's handlers over a
+// tokens.Service (leases, resources, rejections), their JSON, and the
+// handling of malformed control requests and bodies.
+
 import (
 	"bytes"
 	"context"

@@ -182,7 +182,7 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	g.live.Store(buildLive(Live{Upstreams: cfg.Upstreams, UpstreamHeaders: cfg.UpstreamHeaders, Auth: cfg.Auth,
 		AllowedHosts: cfg.AllowedHosts, Routes: cfg.Routes, Observe: cfg.Observe}))
 	g.engine = engine.New(g.transport, writeOf)
-	g.transport.DialContext = engine.FencedDial(g.transport.DialContext) // sendcheck.go
+	g.transport.DialContext = engine.FencedDial(g.transport.DialContext) // the proof before every byte: sendcheck.go here and in engine
 	g.ages = newInflightAges(cfg.ForwardTimeout + cfg.BodyTimeout)
 	g.metrics = newMetrics(cfg.Registry, svc, g.ages, func() float64 { return float64(g.inflight.Load()) })
 	g.streams = newStreamSlots(cfg.MaxStreams, cfg.MaxStreamsPerKey) // streamcap.go

@@ -1,5 +1,8 @@
 package tokens
 
+// The domain's errors: the sentinel kinds with their wire codes, and Error,
+// which carries a kind with its details.
+
 import (
 	"errors"
 	"fmt"

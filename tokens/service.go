@@ -1,5 +1,8 @@
 package tokens
 
+// The Service: its configuration, the safety argument of the fence rules
+// (on Service), and the reads it passes to the store.
+
 import (
 	"context"
 	"log/slog"

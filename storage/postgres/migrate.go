@@ -1,5 +1,8 @@
 package postgres
 
+// The schema's migrations: embedded SQL files applied in order, recorded in
+// goose's table layout.
+
 import (
 	"cmp"
 	"context"
