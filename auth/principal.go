@@ -1,5 +1,7 @@
 package auth
 
+// Principals and roles: who a key names and what it may do.
+
 import (
 	"strconv"
 	"strings"

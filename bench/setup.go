@@ -1,7 +1,8 @@
 // Package bench measures what fencing costs: the same small write sent
 // straight to an upstream, through a bare httputil.ReverseProxy, and through
 // the fencegw gateway on its embedded store, all on loopback with real HTTP
-// servers. The helpers here are shared by the Go benchmarks in this package
+// servers (the gateway built by package replica, as fencegw serve builds
+// it). The helpers here are shared by the Go benchmarks in this package
 // and by cmd/fencegw-load.
 package bench
 
@@ -25,9 +26,9 @@ import (
 	"time"
 
 	"github.com/fencegw/fencegw/gateway"
+	"github.com/fencegw/fencegw/replica"
 	"github.com/fencegw/fencegw/storage/bolt"
 	"github.com/fencegw/fencegw/storage/mode"
-	"github.com/fencegw/fencegw/tokens"
 )
 
 // UpstreamName is the name the gateway knows the benchmark upstream by.
@@ -77,7 +78,7 @@ func ServeTLSAt(role, addr string, h http.Handler, cfg *tls.Config) (*Server, er
 	return srv, err
 }
 
-// serve is ServeAt with the listener wrapped (the gateway's framing check).
+// serve is ServeAt with the listener wrapped (TLS).
 func serve(role, addr string, h http.Handler, wrap func(*http.Server, net.Listener) net.Listener) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -176,13 +177,14 @@ func newBufferPool() *bufferPool {
 func (b *bufferPool) Get() []byte  { return *(b.p.Get().(*[]byte)) }
 func (b *bufferPool) Put(v []byte) { b.p.Put(&v) }
 
-// Gateway is a fencegw gateway on the embedded bbolt store, served on
-// loopback, with the benchmark upstream configured as UpstreamName.
+// Gateway is a fencegw replica built as fencegw serve builds it
+// (replica.New: the gateway's listener, Idempotency-Key records, write
+// counts, dashboard), served on loopback with the benchmark upstream
+// configured as UpstreamName.
 type Gateway struct {
-	*Server
-	Handler *gateway.Gateway
-	// closeStore closes whatever the gateway's store is.
-	closeStore func() error
+	// URL is the gateway's base URL.
+	URL     *url.URL
+	replica *replica.Replica
 	// KeyCommits counts the embedded store's commits of idempotency
 	// records (nil on PostgreSQL).
 	KeyCommits func() int64
@@ -202,73 +204,47 @@ func StartGatewayAt(dir string, upstream *url.URL, addr string) (*Gateway, error
 // StartGatewayTLS is StartGatewayAt terminating TLS with cfg (nil: plain
 // HTTP), as fencegw serve --tls-cert does.
 func StartGatewayTLS(dir string, upstream *url.URL, addr string, cfg *tls.Config) (*Gateway, error) {
-	log := slog.New(slog.DiscardHandler)
-	m, err := mode.OpenEmbedded(mode.Config{Data: dir, Logger: log})
+	g, err := startGateway(context.Background(), "gateway", mode.Config{Data: dir}, upstream, addr, cfg)
 	if err != nil {
 		return nil, err
 	}
-	store := m.Store.(*bolt.Store)
-	svc := tokens.New(tokens.Config{Store: m.Store, Locker: m.Locker, Logger: log})
-	gw := gateway.New(svc, gateway.Config{
-		Upstreams: map[string]*url.URL{UpstreamName: upstream},
-		Logger:    log,
-		Idempotency: tokens.NewIdempotency(tokens.IdempotencyConfig{Store: m.Keys,
-			InFlight: gateway.DefaultForwardTimeout + gateway.DefaultBodyTimeout, Logger: log}),
-	})
-	// Served as fencegw serve serves it: through the listener that refuses
-	// ambiguous framing, so its cost is in the figures.
-	srv, err := serve("gateway", addr, gw, func(srv *http.Server, ln net.Listener) net.Listener { return gateway.Listener(srv, ln, cfg) })
-	if err == nil && cfg != nil {
-		srv.URL.Scheme = "https"
-	}
-	if err != nil {
-		gw.Close()
-		m.Close()
-		return nil, err
-	}
-	return &Gateway{Server: srv, Handler: gw, closeStore: closeMode(m), KeyCommits: store.KeyCommits}, nil
+	g.KeyCommits = g.replica.Mode().Store.(*bolt.Store).KeyCommits
+	return g, nil
 }
 
-// StartPostgresGateway serves a gateway on PostgreSQL (the --postgres mode,
-// wired as fencegw serve wires it: writes admitted by the replica's fence)
-// in schema, created if missing, forwarding UpstreamName to upstream.
+// StartPostgresGateway serves a gateway on PostgreSQL (the --postgres mode:
+// writes admitted by the replica's fence) in schema, created if missing,
+// forwarding UpstreamName to upstream.
 func StartPostgresGateway(ctx context.Context, pgURL, schema string, upstream *url.URL, addr string, cfg *tls.Config) (*Gateway, error) {
-	log := slog.New(slog.DiscardHandler)
-	m, err := mode.OpenPostgres(ctx, mode.Config{Postgres: pgURL, Schema: schema, DrainPeriod: gateway.DefaultForwardTimeout, Logger: log})
-	if err != nil {
-		return nil, err
-	}
-	closeStore := closeMode(m)
-	svc := tokens.New(tokens.Config{Store: m.Store, Locker: m.Locker, Fencer: m.Fencer, Logger: log})
-	m.OnFree(svc.Wake)
-	gw := gateway.New(svc, gateway.Config{
-		Upstreams: map[string]*url.URL{UpstreamName: upstream},
-		Logger:    log,
-		Idempotency: tokens.NewIdempotency(tokens.IdempotencyConfig{Store: m.Keys,
-			InFlight: gateway.DefaultForwardTimeout + 5*time.Second, Logger: log}),
-	})
-	srv, err := serve("gateway-postgres", addr, gw, func(srv *http.Server, ln net.Listener) net.Listener { return gateway.Listener(srv, ln, cfg) })
-	if err == nil && cfg != nil {
-		srv.URL.Scheme = "https"
-	}
-	if err != nil {
-		gw.Close()
-		_ = closeStore()
-		return nil, err
-	}
-	return &Gateway{Server: srv, Handler: gw, closeStore: closeStore}, nil
+	return startGateway(ctx, "gateway-postgres", mode.Config{Postgres: pgURL, Schema: schema}, upstream, addr, cfg)
 }
 
-// closeMode is m's Close as Gateway.closeStore.
-func closeMode(m *mode.Mode) func() error {
-	return func() error { m.Close(); return nil }
+// startGateway builds the replica and serves it with its goroutines (each
+// connection's, and the upstream connections its handlers dial) labelled
+// server=role in CPU profiles, as ServeAs does.
+func startGateway(ctx context.Context, role string, m mode.Config, upstream *url.URL, addr string, cfg *tls.Config) (*Gateway, error) {
+	r, err := replica.New(ctx, replica.Config{
+		Mode:   m,
+		Listen: addr,
+		TLS:    cfg,
+		Live:   gateway.Live{Upstreams: map[string]*url.URL{UpstreamName: upstream}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	pprof.Do(context.Background(), pprof.Labels("server", role), func(context.Context) { r.Start() })
+	u, err := url.Parse(r.URL())
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	return &Gateway{URL: u, replica: r}, nil
 }
 
 // Close stops the server, the gateway and the store.
 func (g *Gateway) Close() error {
-	err := g.Server.Close()
-	g.Handler.Close()
-	return errors.Join(err, g.closeStore())
+	g.replica.Close()
+	return nil
 }
 
 // NewClient returns the HTTP client every setup is driven with: keep-alive,

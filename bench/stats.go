@@ -1,5 +1,7 @@
 package bench
 
+// Latency summaries and timed concurrent runs for the benchmarks.
+
 import (
 	"context"
 	"runtime/pprof"

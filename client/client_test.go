@@ -30,7 +30,7 @@ import (
 
 func TestMain(m *testing.M) {
 	if upstream := os.Getenv(childGatewayEnv); upstream != "" {
-		runChildGateway(upstream, os.Getenv(childGatewayEnv+"_DIR")) // TestC09: this process is the gateway
+		runChildGateway(upstream, os.Getenv(childGatewayEnv+"_DIR")) // TestC09GatewayPausedLongerThanTTL: this process is the gateway
 		return
 	}
 	goleak.VerifyTestMain(m)

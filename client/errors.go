@@ -1,5 +1,8 @@
 package client
 
+// The SDK's errors: sentinels, the gateway's problem documents as *Error,
+// and transport failures.
+
 import (
 	"bytes"
 	"context"

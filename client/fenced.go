@@ -1,5 +1,8 @@
 package client
 
+// Fenced writes: a lease's Do, HTTPClient and Transport, which send a
+// request through the gateway's proxy under the lease.
+
 import (
 	"bytes"
 	"errors"

@@ -1,5 +1,8 @@
 package client
 
+// Idempotency keys: setting one on a fenced write, and DoIdempotent, which
+// retries a keyed write while its outcome is unknown.
+
 import (
 	"bytes"
 	"context"

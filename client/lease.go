@@ -1,5 +1,8 @@
 package client
 
+// Lease: one grant kept alive in the background, its accessors, release,
+// and its loss.
+
 import (
 	"context"
 	"errors"

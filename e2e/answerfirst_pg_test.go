@@ -43,7 +43,7 @@ func TestKeyedWriteAnswersBeforeTheStore(t *testing.T) {
 	schema := pgtest.NewSchema(t)
 	up := newUpstream(t)
 	o := options{forwardTimeout: 300 * time.Millisecond, drainPeriod: 300 * time.Millisecond}
-	g := startWith(t, openMode(t, storagemode.Config{Schema: schema}, 0, o), map[string]string{"payments": up.URL}, o)
+	g := startWith(t, pgMode(t, storagemode.Config{Schema: schema}, 0), map[string]string{"payments": up.URL}, o)
 	res := "acct:answerfirst"
 	lease := acquire(t, g.URL, res, "worker-A", time.Minute)
 	charge := func(key string) answer {
@@ -137,7 +137,7 @@ func TestRefusalAnswersBeforeItsRecord(t *testing.T) {
 	schema := pgtest.NewSchema(t)
 	up := newUpstream(t)
 	o := options{}
-	g := startWith(t, openMode(t, storagemode.Config{Schema: schema}, 0, o), map[string]string{"svc": up.URL}, o)
+	g := startWith(t, pgMode(t, storagemode.Config{Schema: schema}, 0), map[string]string{"svc": up.URL}, o)
 	res := "refused-first"
 	a := acquire(t, g.URL, res, "A", time.Minute)
 	if r := do(t, "DELETE", g.URL+"/v1/leases/"+a.LeaseID, nil); r.Status != http.StatusNoContent {

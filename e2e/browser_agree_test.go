@@ -106,7 +106,7 @@ func TestBrowserOverviewAgreesAfterRefusal(t *testing.T) {
 
 	// worker-A stalls past its TTL, worker-B takes the lease, worker-A
 	// wakes up and writes.
-	time.Sleep(time.Until(a.ExpiresAt) + 100*time.Millisecond)
+	waitLeaseState(t, d.URL, a.LeaseID, "expired")
 	acquire(t, d.URL, res, "worker-B", time.Hour)
 	wantProblem(t, write(t, d.URL, "statements", "/lines", a, `{"line":2}`), 409, "stale_token")
 	took := waitAgree(t, ctx, time.Now(), agreeWithin, agreement(1, "worker-B/2"))

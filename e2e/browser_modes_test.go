@@ -179,8 +179,15 @@ func TestBrowserAcrossReplicas(t *testing.T) {
 			if ans := write(t, b, "statements", "/lines", w3, `{"line":1}`); ans.Status != 200 {
 				t.Fatalf("worker-3 write: %d %s", ans.Status, ans.Body)
 			}
-			time.Sleep(600 * time.Millisecond)
-			w5 := acquire(t, a, res, "worker-5", time.Hour)
+			waitLeaseState(t, b, w3.LeaseID, "expired")
+			// The Redis claim may outlive the ledger's expiry by a moment:
+			// worker-5's acquire waits for it.
+			got := do(t, "POST", a+"/v1/leases", map[string]any{"resource": res, "holder": "worker-5",
+				"ttl_ms": time.Hour.Milliseconds(), "wait_ms": (10 * time.Second).Milliseconds()})
+			if got.Status != 201 {
+				t.Fatalf("worker-5 acquire: %d %s", got.Status, got.Body)
+			}
+			w5 := acquireDecode(t, got)
 			if ans := write(t, a, "statements", "/lines", w5, `{"line":2}`); ans.Status != 200 {
 				t.Fatalf("worker-5 write: %d %s", ans.Status, ans.Body)
 			}

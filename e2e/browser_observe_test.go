@@ -8,7 +8,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/fencegw/fencegw/gateway"
+	"github.com/fencegw/fencegw/replica"
 )
 
 // On an upstream that only observes, a write under a released lease is
@@ -19,7 +19,7 @@ func TestBrowserObservedWriteIsMarked(t *testing.T) {
 	ctx, _ := browser(t)
 	up := newUpstream(t)
 	d := startDashboard(t, map[string]string{"observed": up.URL, "enforced": up.URL},
-		func(c *gateway.Config) { c.Observe = map[string]bool{"observed": true} })
+		func(c *replica.Config) { c.Live.Observe = map[string]bool{"observed": true} })
 	old := acquire(t, d.URL, "ledger/7", "worker-old", time.Hour)
 	do(t, "DELETE", d.URL+"/v1/leases/"+old.LeaseID, nil)
 

@@ -142,7 +142,7 @@ func busyStory(t *testing.T, ctx context.Context, mode, base, res string, more f
 	if a := write(t, base, "statements", "/lines", w3, `{"line":1}`); a.Status != 200 {
 		t.Fatalf("worker-3 write: %d %s", a.Status, a.Body)
 	}
-	time.Sleep(400 * time.Millisecond)
+	waitLeaseState(t, base, w3.LeaseID, "expired")
 	w5 := acquire(t, base, res, "worker-5", time.Hour)
 	for range 3 {
 		wantProblem(t, write(t, base, "statements", "/lines", w3, `{"line":2}`), 409, "stale_token")

@@ -6,10 +6,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http/httptest"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,56 +20,32 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/fencegw/fencegw/gateway"
-	"github.com/fencegw/fencegw/storage/bolt"
+	"github.com/fencegw/fencegw/replica"
+	storagemode "github.com/fencegw/fencegw/storage/mode"
 	"github.com/fencegw/fencegw/tokens"
-	"github.com/fencegw/fencegw/web"
+	"net/url"
 )
 
-// dash is a gateway on the embedded store with the dashboard mounted, wired
-// as cmd/fencegw wires it (accepted-write counts, rejection totals).
+// dash is a gateway on the embedded store with the dashboard mounted,
+// built as cmd/fencegw builds it (replica.New: accepted-write counts,
+// rejection totals, clocks).
 type dash struct {
-	URL    string
-	gate   *gateway.Gateway
-	svc    *tokens.Service
-	counts *web.Counts
+	URL string
+	svc *tokens.Service
 }
 
-func startDashboard(t testing.TB, ups map[string]string, opts ...func(*gateway.Config)) *dash {
+func startDashboard(t testing.TB, ups map[string]string, opts ...func(*replica.Config)) *dash {
 	t.Helper()
-	store, err := bolt.Open(filepath.Join(t.TempDir(), "fencegw.db"), bolt.Options{})
-	if err != nil {
-		t.Fatalf("open store: %v", err)
+	cfg := replica.Config{
+		Mode:   storagemode.Config{Data: t.TempDir()},
+		Live:   gateway.Live{Upstreams: upstreamURLs(t, ups)},
+		Logger: slog.New(slog.DiscardHandler),
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	d := &dash{counts: web.NewCounts()}
-	stopCounts := d.counts.Persist(store, time.Second, log)
-	svc := tokens.New(tokens.Config{Store: store, Locker: tokens.NewLocalLocker(), Logger: log,
-		OnRejection: func(r tokens.Rejection) {
-			d.counts.Rejected(r)
-			d.gate.Publish(r)
-		}})
-	targets := map[string]*url.URL{}
-	for name, raw := range ups {
-		u, _ := url.Parse(raw)
-		targets[name] = u
-	}
-	d.svc = svc
-	clocks := tokens.NewClocks()
-	cfg := gateway.Config{Upstreams: targets, Logger: log, Clocks: clocks,
-		OnForwarded: d.counts.Accepted, UI: web.Handler(svc, d.counts, web.WithClocks(clocks))}
 	for _, o := range opts {
 		o(&cfg)
 	}
-	d.gate = gateway.New(svc, cfg)
-	srv := httptest.NewServer(d.gate)
-	d.URL = srv.URL
-	t.Cleanup(func() {
-		d.gate.Close()
-		srv.Close()
-		stopCounts()
-		_ = store.Close()
-	})
-	return d
+	g := startReplica(t, cfg)
+	return &dash{URL: g.URL, svc: g.r.Service()}
 }
 
 const chromiumPath = "/usr/bin/chromium"
@@ -248,7 +221,7 @@ func TestBrowserIncidentLiveFeedAndTimeline(t *testing.T) {
 			t.Fatalf("worker-3 write: %d %s", a.Status, a.Body)
 		}
 	}
-	time.Sleep(600 * time.Millisecond)
+	waitLeaseState(t, d.URL, w3.LeaseID, "expired")
 	w5 := acquire(t, d.URL, res, "worker-5", time.Hour)
 	for i := range 2 {
 		if a := write(t, d.URL, "statements", "/accounts/88213/lines", w5, fmt.Sprintf(`{"line":%d}`, 10+i)); a.Status != 200 {
@@ -269,7 +242,7 @@ func TestBrowserIncidentLiveFeedAndTimeline(t *testing.T) {
 	}
 	write(t, d.URL, "statements", "/inventory/SKU-001", inv2, `{"qty":5}`)
 	inx := acquire(t, d.URL, "invoice:2291", "billing-2", 200*time.Millisecond)
-	time.Sleep(300 * time.Millisecond)
+	waitLeaseState(t, d.URL, inx.LeaseID, "expired")
 	wantProblem(t, write(t, d.URL, "statements", "/invoices/2291/charge", inx, `{}`), 409, "lease_expired")
 
 	within(t, ctx, 15*time.Second, "open overview", chromedp.Navigate(d.URL+"/ui/?range=15m"))
@@ -309,13 +282,11 @@ func TestBrowserIncidentLiveFeedAndTimeline(t *testing.T) {
 	if n := eval[int](t, ctx, `document.querySelectorAll('#leases [data-expires]').length`); n != 2 {
 		t.Errorf("leases with a countdown: %d, want 2", n)
 	}
-	// The countdown runs: read it twice.
+	// The countdown runs: its text changes without a reload.
 	ttl1 := eval[string](t, ctx, `document.querySelector('#leases [data-expires]').textContent`)
-	time.Sleep(1200 * time.Millisecond)
-	ttl2 := eval[string](t, ctx, `document.querySelector('#leases [data-expires]').textContent`)
-	if ttl1 == ttl2 {
-		t.Errorf("TTL countdown did not move: %q", ttl1)
-	}
+	within(t, ctx, 10*time.Second, "TTL countdown moves from "+ttl1,
+		chromedp.Poll[chromedp.Void](fmt.Sprintf(`document.querySelector('#leases [data-expires]').textContent !== %q`, ttl1),
+			chromedp.WithPollingInterval(50*time.Millisecond)))
 	within(t, ctx, 15*time.Second, "reload overview", chromedp.Navigate(d.URL+"/ui/?range=15m"))
 	waitLive(t, ctx)
 	screenshot(t, ctx, "overview", "overview.png")
@@ -371,7 +342,7 @@ func TestBrowserNamesFromClientsRenderAsText(t *testing.T) {
 	const res = "inventory/SKU-9" // names cannot hold markup; the path and the holder can
 
 	old := acquire(t, d.URL, res, evil, 200*time.Millisecond)
-	time.Sleep(300 * time.Millisecond)
+	waitLeaseState(t, d.URL, old.LeaseID, "expired")
 	acquire(t, d.URL, res, "fresh", time.Hour)
 
 	within(t, ctx, 15*time.Second, "open overview", chromedp.Navigate(d.URL+"/ui/"))

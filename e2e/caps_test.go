@@ -38,7 +38,7 @@ func TestLeaseCapAcrossReplicas(t *testing.T) {
 			schema := pgtest.NewSchema(t)
 			var gws []*gw
 			for i := range 2 {
-				gws = append(gws, startSecure(t, openMode(t, storagemode.Config{Schema: schema}, i, options{}), ups, secureOptions{}))
+				gws = append(gws, startSecure(t, pgMode(t, storagemode.Config{Schema: schema}, i), ups, secureOptions{}))
 			}
 			return gws
 		}},
@@ -49,7 +49,7 @@ func TestLeaseCapAcrossReplicas(t *testing.T) {
 			var gws []*gw
 			for i := range 2 {
 				cfg := storagemode.Config{Schema: schema, Redis: redisURL(), RedisPrefix: "fencegw-e2e-cap:" + schema + ":"}
-				gws = append(gws, startSecure(t, openMode(t, cfg, i, options{}), ups, secureOptions{}))
+				gws = append(gws, startSecure(t, pgMode(t, cfg, i), ups, secureOptions{}))
 			}
 			return gws
 		}},

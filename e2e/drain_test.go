@@ -60,7 +60,7 @@ func TestStoreRefusesDrain(t *testing.T) {
 						requireRedis(t)
 						cfg.Redis, cfg.RedisPrefix = redisURL(), fmt.Sprintf("fencegw-e2e:%s:", schema)
 					}
-					gws = append(gws, startWith(t, openMode(t, cfg, i, o), ups, o))
+					gws = append(gws, startWith(t, pgMode(t, cfg, i), ups, o))
 				}
 				return gws
 			}

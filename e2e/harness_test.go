@@ -18,7 +18,8 @@ import (
 	"time"
 
 	"github.com/fencegw/fencegw/gateway"
-	"github.com/fencegw/fencegw/storage/bolt"
+	"github.com/fencegw/fencegw/replica"
+	storagemode "github.com/fencegw/fencegw/storage/mode"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -80,12 +81,12 @@ func (u *upstream) seen() []arrival {
 	return append([]arrival(nil), u.arrivals...)
 }
 
-// gw is one running gateway.
+// gw is one running gateway: a replica built as fencegw serve builds it
+// (replica.New).
 type gw struct {
 	URL   string
-	store tokens.Store
-	srv   *httptest.Server
-	gate  *gateway.Gateway
+	store tokens.Store // the replica's store, for tests that look into it
+	r     *replica.Replica
 }
 
 type options struct {
@@ -100,53 +101,55 @@ type options struct {
 	onExclusive func(resource string, acquired bool)
 }
 
-// startEmbedded runs a gateway on a bbolt store in a temp dir, protecting
-// the given upstreams.
+// startEmbedded runs a gateway on the embedded store in a temp dir (or
+// o.dir), protecting the given upstreams.
 func startEmbedded(t *testing.T, ups map[string]string, o options) *gw {
 	t.Helper()
 	if o.dir == "" {
 		o.dir = t.TempDir()
 	}
-	store, err := bolt.Open(o.dir+"/fencegw.db", bolt.Options{CrashDrain: o.drainPeriod})
-	if err != nil {
-		t.Fatalf("open store: %v", err)
-	}
-	return startWith(t, stores{store: store, locker: tokens.NewLocalLocker(), close: func() { _ = store.Close() }}, ups, o)
+	return startWith(t, storagemode.Config{Data: o.dir}, ups, o)
 }
 
-// stores are what one gateway under test runs on: the parts cmd/fencegw
-// wires for its storage mode.
-type stores struct {
-	store  tokens.Store
-	locker tokens.Locker
-	// fencer admits writes (locker is then its exclusive side); nil: a
-	// lock per write, as in the embedded mode.
-	fencer tokens.Fencer
-	// onFree, if set, registers the service's Wake for resources freed on
-	// another replica.
-	onFree func(func(resource string))
-	// keys keeps Idempotency-Key records; nil: the store itself. In the
-	// Redis mode it is the PostgreSQL ledger.
-	keys  tokens.IdempotencyStore
-	close func() // nil: nothing to close
-}
-
-func startWith(t *testing.T, s stores, ups map[string]string, o options) *gw {
+// startWith runs a gateway on the storage mode m, protecting the given
+// upstreams, with every lock call that fails logged (loggedLocker).
+func startWith(t *testing.T, m storagemode.Config, ups map[string]string, o options) *gw {
 	t.Helper()
 	log := testLog(t)
-	store := s.store
-	g := &gw{store: store}
-	svc := tokens.New(tokens.Config{
-		Store: store, Locker: loggedLocker{s.locker, log, o.onExclusive}, Fencer: s.fencer, GrantWait: o.grantWait, DrainPeriod: o.drainPeriod, Logger: log,
-		OnRejection: func(r tokens.Rejection) {
-			if g.gate != nil {
-				g.gate.Publish(r)
-			}
+	m.DrainPeriod = o.drainPeriod
+	return startReplica(t, replica.Config{
+		Mode:           m,
+		Live:           gateway.Live{Upstreams: upstreamURLs(t, ups)},
+		ForwardTimeout: o.forwardTimeout,
+		MaxBody:        o.maxBody,
+		GrantWait:      o.grantWait,
+		Logger:         log,
+		WrapLocker: func(l tokens.Locker) tokens.Locker {
+			return loggedLocker{l, log, o.onExclusive}
 		},
 	})
-	if s.onFree != nil {
-		s.onFree(svc.Wake)
+}
+
+// startReplica builds and serves a replica on loopback with cfg, closed
+// when the test ends.
+func startReplica(t testing.TB, cfg replica.Config) *gw {
+	t.Helper()
+	cfg.Listen = "127.0.0.1:0"
+	if cfg.Logger == nil {
+		cfg.Logger = testLog(t)
 	}
+	r, err := replica.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("start replica: %v", err)
+	}
+	r.Start()
+	t.Cleanup(r.Close)
+	return &gw{URL: r.URL(), store: r.Mode().Store, r: r}
+}
+
+// upstreamURLs parses the upstreams a test protects.
+func upstreamURLs(t testing.TB, ups map[string]string) map[string]*url.URL {
+	t.Helper()
 	targets := map[string]*url.URL{}
 	for name, raw := range ups {
 		u, err := url.Parse(raw)
@@ -155,27 +158,7 @@ func startWith(t *testing.T, s stores, ups map[string]string, o options) *gw {
 		}
 		targets[name] = u
 	}
-	keys := s.keys
-	if keys == nil {
-		keys = store.(tokens.IdempotencyStore) // bolt and PostgreSQL keep their own
-	}
-	forward := o.forwardTimeout
-	if forward <= 0 {
-		forward = gateway.DefaultForwardTimeout
-	}
-	idem := tokens.NewIdempotency(tokens.IdempotencyConfig{Store: keys, InFlight: forward + gateway.DefaultBodyTimeout, Logger: log})
-	g.gate = gateway.New(svc, gateway.Config{Upstreams: targets, ForwardTimeout: o.forwardTimeout, MaxBody: o.maxBody, Logger: log,
-		Idempotency: idem})
-	g.srv = httptest.NewServer(g.gate)
-	g.URL = g.srv.URL
-	t.Cleanup(func() {
-		g.gate.Close()
-		g.srv.Close()
-		if s.close != nil {
-			s.close()
-		}
-	})
-	return g
+	return targets
 }
 
 // testLogs holds each test's log (see testLog).

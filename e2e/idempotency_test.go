@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -17,9 +15,9 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/fencegw/fencegw/gateway"
-	"github.com/fencegw/fencegw/storage/bolt"
+	"github.com/fencegw/fencegw/replica"
+	storagemode "github.com/fencegw/fencegw/storage/mode"
 	"github.com/fencegw/fencegw/tokens"
-	"github.com/fencegw/fencegw/web"
 )
 
 // keyed counts the arrivals that carried an Idempotency-Key.
@@ -157,26 +155,16 @@ func acquireDecode(t *testing.T, a answer) leaseJSON {
 func TestBrowserTimelineShowsReplays(t *testing.T) {
 	ctx, dialogs := browser(t)
 	up := newUpstream(t)
-	store, err := bolt.Open(filepath.Join(t.TempDir(), "fencegw.db"), bolt.Options{})
-	if err != nil {
-		t.Fatalf("open store: %v", err)
-	}
-	log := slog.New(slog.DiscardHandler)
-	svc := tokens.New(tokens.Config{Store: store, Locker: tokens.NewLocalLocker(), Logger: log})
-	u, _ := url.Parse(up.URL)
-	gate := gateway.New(svc, gateway.Config{Upstreams: map[string]*url.URL{"payments": u}, Logger: log,
-		Idempotency: tokens.NewIdempotency(tokens.IdempotencyConfig{Store: store, InFlight: time.Minute, Logger: log}),
-		UI:          web.Handler(svc, nil)})
-	srv := httptest.NewServer(gate)
-	t.Cleanup(func() {
-		gate.Close()
-		srv.Close()
-		_ = store.Close()
+	g := startReplica(t, replica.Config{
+		Mode:   storagemode.Config{Data: t.TempDir()},
+		Live:   gateway.Live{Upstreams: upstreamURLs(t, map[string]string{"payments": up.URL})},
+		Logger: slog.New(slog.DiscardHandler),
 	})
+	store := g.r.Mode().Keys
 	const res = "acct:88213"
-	lease := acquire(t, srv.URL, res, "worker-A", time.Hour)
+	lease := acquire(t, g.URL, res, "worker-A", time.Hour)
 	charge := func(key, body string) answer {
-		return do(t, "POST", srv.URL+"/v1/proxy/payments/charges", body, gateway.HeaderLease, lease.LeaseID, gateway.HeaderIdempotencyKey, `"`+key+`"`)
+		return do(t, "POST", g.URL+"/v1/proxy/payments/charges", body, gateway.HeaderLease, lease.LeaseID, gateway.HeaderIdempotencyKey, `"`+key+`"`)
 	}
 	if a := charge("charge-7", `{"amount":500}`); a.Status != http.StatusOK {
 		t.Fatalf("first charge: %d %s", a.Status, a.Body)
@@ -191,7 +179,7 @@ func TestBrowserTimelineShowsReplays(t *testing.T) {
 	}
 	wantProblem(t, charge("charge-7", `{"amount":501}`), http.StatusUnprocessableEntity, "idempotency_key_mismatch")
 
-	within(t, ctx, 15*time.Second, "open resource", chromedp.Navigate(srv.URL+"/ui/resources/"+url.PathEscape(res)))
+	within(t, ctx, 15*time.Second, "open resource", chromedp.Navigate(g.URL+"/ui/resources/"+url.PathEscape(res)))
 	steps := eval[[]string](t, ctx, `Array.from(document.querySelectorAll('#timeline li')).map(li => li.className + ': ' + li.textContent.replace(/\s+/g, ' ').trim())`)
 	writeAt := rec.StartedAt.UTC().Format("15:04:05.000")
 	want := []string{

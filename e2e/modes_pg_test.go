@@ -28,7 +28,7 @@ func startPostgres(t *testing.T, ups map[string]string, o options) []*gw {
 	schema := pgtest.NewSchema(t)
 	var gws []*gw
 	for i := range replicas {
-		gws = append(gws, startWith(t, openMode(t, storagemode.Config{Schema: schema}, i, o), ups, o))
+		gws = append(gws, startWith(t, pgMode(t, storagemode.Config{Schema: schema}, i), ups, o))
 	}
 	return gws
 }
@@ -40,25 +40,20 @@ func startPostgresRedis(t *testing.T, ups map[string]string, o options) []*gw {
 	var gws []*gw
 	for i := range replicas {
 		cfg := storagemode.Config{Schema: schema, Redis: redisURL(), RedisPrefix: fmt.Sprintf("fencegw-e2e:%s:", schema)}
-		gws = append(gws, startWith(t, openMode(t, cfg, i, o), ups, o))
+		gws = append(gws, startWith(t, pgMode(t, cfg, i), ups, o))
 	}
 	return gws
 }
 
-// openMode opens replica's PostgreSQL mode (with Redis if cfg.Redis is
-// set) as cmd/fencegw does, through storage/mode: writes admitted under
-// the fences the replica keeps in PostgreSQL.
-func openMode(t *testing.T, cfg storagemode.Config, replica int, o options) stores {
+// pgMode is replica's PostgreSQL mode (with Redis if cfg.Redis is set),
+// opened by replica.New as cmd/fencegw opens it: writes admitted under the
+// fences the replica keeps in PostgreSQL.
+func pgMode(t *testing.T, cfg storagemode.Config, replica int) storagemode.Config {
 	t.Helper()
 	cfg.Postgres = pgtest.URL()
-	cfg.DrainPeriod = o.drainPeriod
 	cfg.Replica = fmt.Sprintf("e2e/%d", replica)
 	cfg.Logger = testLog(t)
-	m, err := storagemode.OpenPostgres(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("replica %d: %v", replica, err)
-	}
-	return stores{store: m.Store, locker: m.Locker, fencer: m.Fencer, onFree: m.OnFree, keys: m.Keys, close: m.Close}
+	return cfg
 }
 
 // redisURL is the test Redis (FENCEGW_TEST_REDIS, or the local one).

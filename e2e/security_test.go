@@ -9,10 +9,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"slices"
 	"strings"
@@ -22,7 +20,7 @@ import (
 
 	"github.com/fencegw/fencegw/auth"
 	"github.com/fencegw/fencegw/gateway"
-	"github.com/fencegw/fencegw/storage/bolt"
+	"github.com/fencegw/fencegw/replica"
 	storagemode "github.com/fencegw/fencegw/storage/mode"
 	"github.com/fencegw/fencegw/storage/postgres/pgtest"
 	"github.com/fencegw/fencegw/tokens"
@@ -63,57 +61,25 @@ type secureOptions struct {
 	drainPeriod time.Duration
 }
 
-// startSecure runs a gateway with the security tests' auth file on store.
-func startSecure(t *testing.T, s stores, ups map[string]string, o secureOptions) *gw {
+// startSecure runs a gateway with the security tests' auth file on the
+// storage mode m.
+func startSecure(t *testing.T, m storagemode.Config, ups map[string]string, o secureOptions) *gw {
 	t.Helper()
 	cfg, err := auth.Parse([]byte(securityAuthFile()))
 	if err != nil {
 		t.Fatalf("auth file: %v", err)
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	g := &gw{store: s.store}
-	svc := tokens.New(tokens.Config{Store: s.store, Locker: s.locker, Fencer: s.fencer, Logger: log, DrainPeriod: o.drainPeriod})
-	if s.onFree != nil {
-		s.onFree(svc.Wake)
-	}
-	targets := map[string]*url.URL{}
-	for name, raw := range ups {
-		u, err := url.Parse(raw)
-		if err != nil {
-			t.Fatal(err)
-		}
-		targets[name] = u
-	}
-	g.gate = gateway.New(svc, gateway.Config{
-		Upstreams: targets, Logger: log, BodyTimeout: o.bodyTimeout,
-		Auth: cfg.Keys, UpstreamHeaders: cfg.UpstreamHeaders,
-		UI: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "dashboard") }),
+	m.DrainPeriod = o.drainPeriod
+	return startReplica(t, replica.Config{
+		Mode:        m,
+		Live:        gateway.Live{Upstreams: upstreamURLs(t, ups), Auth: cfg.Keys, UpstreamHeaders: cfg.UpstreamHeaders},
+		BodyTimeout: o.bodyTimeout,
 	})
-	// Served as cmd/fencegw serves it: through gateway.Listener, which lets
-	// the gateway see each request's framing headers as sent.
-	g.srv = httptest.NewUnstartedServer(g.gate)
-	g.srv.Config.ReadHeaderTimeout = 10 * time.Second
-	g.srv.Config.MaxHeaderBytes = 64 << 10
-	g.srv.Listener = gateway.Listener(g.srv.Config, g.srv.Listener, nil)
-	g.srv.Start()
-	g.URL = g.srv.URL
-	t.Cleanup(func() {
-		g.gate.Close()
-		g.srv.Close()
-		if s.close != nil {
-			s.close()
-		}
-	})
-	return g
 }
 
 func startSecureEmbedded(t *testing.T, ups map[string]string, o secureOptions) *gw {
 	t.Helper()
-	store, err := bolt.Open(t.TempDir()+"/fencegw.db", bolt.Options{})
-	if err != nil {
-		t.Fatalf("open store: %v", err)
-	}
-	return startSecure(t, stores{store: store, locker: tokens.NewLocalLocker(), close: func() { _ = store.Close() }}, ups, o)
+	return startSecure(t, storagemode.Config{Data: t.TempDir()}, ups, o)
 }
 
 // secureModes are the three storage modes with authentication on.
@@ -124,14 +90,14 @@ var secureModes = []struct {
 	{"embedded", func(t *testing.T, ups map[string]string) *gw { return startSecureEmbedded(t, ups, secureOptions{}) }},
 	{"postgres", func(t *testing.T, ups map[string]string) *gw {
 		pgtest.Require(t)
-		return startSecure(t, openMode(t, storagemode.Config{Schema: pgtest.NewSchema(t)}, 0, options{}), ups, secureOptions{})
+		return startSecure(t, pgMode(t, storagemode.Config{Schema: pgtest.NewSchema(t)}, 0), ups, secureOptions{})
 	}},
 	{"postgres-redis", func(t *testing.T, ups map[string]string) *gw {
 		pgtest.Require(t)
 		requireRedis(t)
 		schema := pgtest.NewSchema(t)
 		cfg := storagemode.Config{Schema: schema, Redis: redisURL(), RedisPrefix: "fencegw-e2e-sec:" + schema + ":"}
-		return startSecure(t, openMode(t, cfg, 0, options{}), ups, secureOptions{})
+		return startSecure(t, pgMode(t, cfg, 0), ups, secureOptions{})
 	}},
 }
 

@@ -65,7 +65,7 @@ func TestSignalsLeaseLostRefusalsDrainsInflightStore(t *testing.T) {
 	// A holder whose lease ran out renews, then releases: two refusals,
 	// one lease lost while held.
 	l := acquire(t, g.URL, "job:1", "worker-1", 150*time.Millisecond)
-	time.Sleep(250 * time.Millisecond)
+	waitLeaseState(t, g.URL, l.LeaseID, "expired")
 	wantProblem(t, do(t, "POST", g.URL+"/v1/leases/"+l.LeaseID+"/renew", map[string]any{}), 409, "lease_lost")
 	wantProblem(t, do(t, "DELETE", g.URL+"/v1/leases/"+l.LeaseID, nil), 409, "lease_lost")
 	// A lease released by its holder, then renewed: refused, not lost by expiry.

@@ -1,21 +1,28 @@
 package gateway
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/oapi-codegen/runtime"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/fencegw/fencegw/api"
 	"github.com/fencegw/fencegw/api/server"
+	"github.com/fencegw/fencegw/storage/bolt"
 )
 
 // acquireBodies are request bodies of every kind the hand decoder must tell
@@ -319,5 +326,60 @@ func BenchmarkAcquireHTTP(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// Grants as a user drives them: clients on connections of their own (64
+// with GOMAXPROCS 2, as fencegw-load -grants) POST fresh resources to the
+// gateway on a real listener. The clients are raw and lean (a request
+// written from a template, the answer read with http.ReadResponse), so
+// allocs/op is mostly the server's; ns/op is bound by the store's fsyncs.
+// grants/commit is how many grants shared each commit and its fsyncs.
+func BenchmarkAcquireListener(b *testing.B) {
+	var store *bolt.Store
+	tg := startFramingWith(b, "http://127.0.0.1:1", Config{}, false, func(s *bolt.Store, _ *Config, _ *http.Server) { store = s })
+	commits := func() uint64 {
+		var m dto.Metric
+		if err := store.Collectors()[0].(prometheus.Metric).Write(&m); err != nil {
+			b.Fatal(err)
+		}
+		return m.GetHistogram().GetSampleCount()
+	}
+	var seq atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(32)
+	b.RunParallel(func(pb *testing.PB) {
+		conn, err := net.Dial("tcp", tg.addr)
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		defer conn.Close()
+		br := bufio.NewReader(conn)
+		var req []byte
+		for pb.Next() {
+			body := `{"resource":"bench/listener/` + strconv.FormatInt(seq.Add(1), 10) + `","holder":"worker-3","ttl_ms":30000}`
+			req = append(req[:0], "POST /v1/leases HTTP/1.1\r\nHost: "+tg.addr+"\r\nContent-Type: application/json\r\nContent-Length: "...)
+			req = strconv.AppendInt(req, int64(len(body)), 10)
+			req = append(append(req, "\r\n\r\n"...), body...)
+			if _, err := conn.Write(req); err != nil {
+				b.Error(err)
+				return
+			}
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusCreated {
+				b.Errorf("status %d", resp.StatusCode)
+				return
+			}
+		}
+	})
+	if n := commits(); n > 0 {
+		b.ReportMetric(float64(seq.Load())/float64(n), "grants/commit")
 	}
 }

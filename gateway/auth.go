@@ -1,5 +1,8 @@
 package gateway
 
+// Authentication and authorisation of the gateway's callers: the
+// principal a key names, the role each path needs, and the middleware.
+
 import (
 	"context"
 	"net/http"

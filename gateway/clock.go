@@ -1,5 +1,8 @@
 package gateway
 
+// Holders' clocks: the Fencing-Client-Time header, its estimate of a
+// holder's clock offset, and the metric that exports it.
+
 import (
 	"strconv"
 	"strings"

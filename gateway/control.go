@@ -1,5 +1,9 @@
 package gateway
 
+// The control API: the generated strict server's handlers over a
+// tokens.Service (leases, resources, rejections), their JSON, and the
+// handling of malformed control requests and bodies.
+
 import (
 	"bytes"
 	"context"
@@ -390,8 +394,7 @@ func (g *Gateway) controlBody(next http.Handler) http.Handler {
 		if r.Method == http.MethodPost {
 			hasBody := r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody
 			if ct := r.Header.Get("Content-Type"); ct != "" || hasBody {
-				mt, _, err := mime.ParseMediaType(ct)
-				if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+				if !jsonMediaType(ct) {
 					detail := "control calls take application/json"
 					if ct == "" {
 						detail = "a control call with a body needs Content-Type: application/json"
@@ -410,7 +413,7 @@ func (g *Gateway) controlBody(next http.Handler) http.Handler {
 			_, lift := limitBody(w, r, g.cfg.BodyTimeout)
 			defer lift()
 			if hasBody {
-				data, err := io.ReadAll(r.Body)
+				data, err := readWhole(r.Body, r.ContentLength) // at most MaxControlBody: refused above
 				if err != nil {
 					var maxBytes *http.MaxBytesError
 					if !errors.As(err, &maxBytes) && !errors.Is(err, problems.ErrRequestTimeout) {
@@ -427,11 +430,49 @@ func (g *Gateway) controlBody(next http.Handler) http.Handler {
 					writeProblem(w, r, g.log, err)
 					return
 				}
-				r.Body = &readBody{Reader: bytes.NewReader(data), data: data}
+				rb := &readBody{data: data}
+				rb.Reset(data)
+				r.Body = rb
 			}
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// jsonMediaType reports whether the Content-Type ct names JSON
+// (application/json, or a +json type), as mime.ParseMediaType reads it.
+// The value every client sends is told without it: ParseMediaType builds
+// a map of parameters for each call.
+func jsonMediaType(ct string) bool {
+	if ct == "application/json" {
+		return true
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
+}
+
+// readWhole reads body to its end, as io.ReadAll does, into a buffer sized
+// for the announced length (io.ReadAll starts at 512 bytes for the ~80 of
+// an acquire); the size limit is body's own (http.MaxBytesReader), and the
+// caller bounds length.
+func readWhole(body io.Reader, length int64) ([]byte, error) {
+	if length <= 0 {
+		return io.ReadAll(body)
+	}
+	b := make([]byte, 0, length+1) // +1: EOF is seen without growing
+	for {
+		n, err := body.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // longer than announced: let append grow it
+		}
+	}
 }
 
 // oneJSONValue refuses data that holds something after its first JSON

@@ -21,22 +21,12 @@ import (
 )
 
 // Listener returns ln prepared to serve the gateway with srv: pass it to
-// srv.Serve. Each connection's header blocks are scanned, so the gateway
-// can refuse a request that carries both Content-Length and
-// Transfer-Encoding, which Go's server would otherwise frame by the latter
-// without telling it (package framing tells how). srv.Handler must pass
-// every request to the Gateway (it checks one scanned head per request).
-//
-// With tlsConfig the listener terminates TLS itself (the scanner must see
-// plaintext) and the gateway sets each request's TLS field, so
-// X-Forwarded-Proto stays https. It serves HTTP/1.1 only: ALPN offers
-// http/1.1 and srv.Protocols is set to HTTP/1 (also without TLS: no h2c).
-//
-// Listener also sets srv.ConnContext and srv.ConnState (keeping any hooks
-// already there) and srv.DisableGeneralOptionsHandler, so that "OPTIONS *"
-// reaches the gateway like every other request. It reads srv.MaxHeaderBytes,
-// the header timeouts (which also bound the TLS handshake) and ErrorLog:
-// set them first.
+// srv.Serve. It is framing.Listener (gateway/internal/framing), whose
+// comment says how it serves tlsConfig, what it sets on srv (HTTP/1.1
+// only, its connection hooks) and what it reads from srv (set
+// MaxHeaderBytes, the header timeouts and ErrorLog first). srv.Handler
+// must pass every request to the Gateway, which checks one scanned head
+// per request and sets the request's TLS field.
 //
 // A request Go's server refuses itself before any handler runs, which it
 // answers in plain text, is answered with the gateway's problem instead:

@@ -1,5 +1,8 @@
 package gateway
 
+// Problem responses: each error's RFC 9457 document, built from the one
+// table in internal/problems, how it is written, and how errors are logged.
+
 import (
 	"context"
 	"encoding/json"

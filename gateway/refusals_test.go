@@ -21,7 +21,7 @@ import (
 )
 
 // notRecorded is every problem code that is not a refused write's, each
-// with why the rejection log (DESIGN.md: the refused writes, every reason)
+// with why the rejection log (which holds a refused write of every reason)
 // does not hold it. Every other code of the problem table must be
 // provoked below and found in the log, so a new code fails
 // TestEveryWriteRefusalIsRecorded until it is put in one list or the

@@ -156,7 +156,7 @@ func NewRoute(upstream, pattern, resource string) (*Route, error) {
 		}
 		if lit := t[:open]; lit != "" {
 			for i := 0; i < len(lit); i++ {
-				if !resourceChar(lit[i]) {
+				if !tokens.ResourceByte(lit[i]) {
 					return nil, errors.New("route: the resource template " + strconv.Quote(resource) +
 						" may hold only A-Z a-z 0-9 . _ : @ / -, {name} and a final *")
 				}
@@ -204,15 +204,6 @@ func hasControlOrSpace(s string) bool {
 		}
 	}
 	return false
-}
-
-// resourceChar: the bytes of a resource name (tokens.Limits.ValidateResource).
-func resourceChar(c byte) bool {
-	switch {
-	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		return true
-	}
-	return strings.IndexByte("._:@/-", c) >= 0
 }
 
 // match reports whether raw, the escaped path below the upstream (already

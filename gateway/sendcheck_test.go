@@ -30,21 +30,29 @@ type switchFencer struct {
 	checks atomic.Int64
 }
 
-func (s *switchFencer) Hold(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, tokens.Held, error) {
+func (s *switchFencer) Hold(ctx context.Context, leaseID string) (tokens.Verdict, error) {
 	lease, err := s.store.Lease(ctx, leaseID)
 	if err != nil {
-		return tokens.Lease{}, tokens.Resource{}, nil, err
+		return tokens.Verdict{}, err
 	}
 	unlock, err := s.locker.Shared(ctx, lease.Resource)
 	if err != nil {
-		return tokens.Lease{}, tokens.Resource{}, nil, err
+		return tokens.Verdict{}, err
 	}
 	state, err := s.store.Resource(ctx, lease.Resource)
 	if err != nil {
 		unlock()
-		return tokens.Lease{}, tokens.Resource{}, nil, err
+		return tokens.Verdict{}, err
 	}
-	return lease, state, &switchHeld{s: s, unlock: unlock}, nil
+	now := state.Now
+	if now.IsZero() {
+		now = time.Now()
+	}
+	if refusal := tokens.Judge(lease, state, now); refusal != nil {
+		unlock()
+		return tokens.Verdict{Lease: lease, State: state, Refusal: refusal}, nil
+	}
+	return tokens.Verdict{Lease: *state.Lease, State: state, Held: &switchHeld{s: s, unlock: unlock}}, nil
 }
 
 type switchHeld struct {

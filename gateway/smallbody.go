@@ -1,5 +1,8 @@
 package gateway
 
+// Small request bodies of fenced writes, read whole before the write is
+// forwarded so that the head and the body leave in one write.
+
 import (
 	"errors"
 	"io"

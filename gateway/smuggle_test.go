@@ -328,7 +328,7 @@ func headersEqual(a, b http.Header) bool {
 }
 
 // checkInvariants holds for any input: no 5xx from the gateway, every 4xx
-// a problem document (DESIGN.md: bad input gets a clear 4xx naming what is
+// a problem document (docs/design.md: bad input gets a clear 4xx naming what is
 // wrong, also where Go's server answered it itself), and every
 // request the upstream got is one Go's server got from the same bytes, in
 // the same order (the gateway may drop requests, by refusing them, never

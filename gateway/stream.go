@@ -1,5 +1,9 @@
 package gateway
 
+// The live rejection stream (GET /v1/rejections/stream): the in-process
+// feed, the handler with its replay after Last-Event-ID and filters, and the
+// throttle that folds a storm into summaries.
+
 import (
 	"encoding/json"
 	"net/http"

@@ -123,13 +123,16 @@ func TestStreamThrottlesAStormWithoutLosingCount(t *testing.T) {
 	// can be missed.
 	events := streamOf(t, ctx, url+"/v1/rejections/stream", "")
 
-	const storm = 5000
+	// The storm comes in waves of half the subscriber's buffer, each sent
+	// once the stream has taken the one before: as fast as this machine
+	// lets the stream keep up, without the lag that disconnects it.
+	const storm, wave = 5000, streamBuffer / 2
 	start := time.Now()
 	go func() {
 		for i := 1; i <= storm; i++ {
 			g.Publish(tokens.Rejection{ID: int64(i), At: time.Now(), Resource: "r", Code: tokens.CodeStaleToken, Holder: "w"})
-			if i%500 == 0 {
-				time.Sleep(100 * time.Millisecond) // a storm over ~1 s
+			if i%wave == 0 && !waitFeedTaken(ctx, g.feed) {
+				return
 			}
 		}
 	}()
@@ -156,6 +159,112 @@ func TestStreamThrottlesAStormWithoutLosingCount(t *testing.T) {
 		t.Fatalf("%d events in %v, want at most %d", sent, elapsed, limit)
 	}
 	t.Logf("%d rejections in %v: %d events + %d summaries", storm, elapsed.Round(time.Millisecond), tl.events, tl.summaries)
+}
+
+// waitFeedTaken waits until every subscriber of f has taken what was
+// published to it, or ctx ends (false).
+func waitFeedTaken(ctx context.Context, f *feed) bool {
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		f.mu.Lock()
+		queued := 0
+		for ch := range f.subs {
+			queued += len(ch)
+		}
+		f.mu.Unlock()
+		if queued == 0 {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+	}
+}
+
+// The throttle on its own clock: a storm within one instant gets
+// streamBurst events and one summary once a token is back, and each
+// further second of storm at most streamRate events, whatever the
+// machine's speed; every rejection is counted once, in order.
+func TestThrottleHoldsItsRateOnItsClock(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	rec := httptest.NewRecorder()
+	th := newThrottle(rec, func() time.Time { return now })
+	id := int64(0)
+	storm := func(n int) {
+		for range n {
+			id++
+			if err := th.rejection(tokens.Rejection{ID: id, At: now, Resource: "r", Code: tokens.CodeStaleToken, Holder: "w"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	sent := func() (events, summaries int) {
+		body := rec.Body.String()
+		return strings.Count(body, "event: rejection\n"), strings.Count(body, "event: summary\n")
+	}
+
+	storm(1000)
+	if ev, sum := sent(); ev != streamBurst || sum != 0 {
+		t.Fatalf("a storm in one instant: %d events, %d summaries; want %d and none yet", ev, sum, streamBurst)
+	}
+	if d := th.untilToken(); d <= 0 || d > time.Second/streamRate {
+		t.Fatalf("untilToken with an empty bucket = %v, want (0, %v]", d, time.Second/streamRate)
+	}
+	if err := th.summary(false); err != nil {
+		t.Fatal(err)
+	}
+	if _, sum := sent(); sum != 0 {
+		t.Fatal("a summary went out with an empty bucket")
+	}
+	now = now.Add(th.untilToken())
+	if err := th.summary(false); err != nil {
+		t.Fatal(err)
+	}
+	if ev, sum := sent(); ev != streamBurst || sum != 1 {
+		t.Fatalf("once a token is back: %d events, %d summaries; want %d and 1", ev, sum, streamBurst)
+	}
+
+	// Ten more seconds of storm, in steps of 100 ms, the summary tried at
+	// each step as the stream's loop does when its timer fires.
+	for range 100 {
+		now = now.Add(100 * time.Millisecond)
+		storm(50)
+		if err := th.summary(false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := th.summary(true); err != nil {
+		t.Fatal(err)
+	}
+	ev, sum := sent()
+	if limit := streamBurst + 1 + 10*streamRate + 1; ev+sum > limit {
+		t.Fatalf("%d events and %d summaries over 10 s of storm, want at most %d", ev, sum, limit)
+	}
+	var tl tally
+	sc := bufio.NewScanner(strings.NewReader(rec.Body.String()))
+	var e sseEvent
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case line == "":
+			if e.Event != "" {
+				tl.add(t, e)
+			}
+			e = sseEvent{}
+		case strings.HasPrefix(line, "id: "):
+			e.ID = line[4:]
+		case strings.HasPrefix(line, "event: "):
+			e.Event = line[7:]
+		case strings.HasPrefix(line, "data: "):
+			e.Data = line[6:]
+		}
+	}
+	if tl.covered != int(id) || tl.last != id {
+		t.Fatalf("covered %d of %d rejections, last id %d", tl.covered, id, tl.last)
+	}
 }
 
 func TestStreamReplayAfterLastEventIDIsExactAndFiltered(t *testing.T) {

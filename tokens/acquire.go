@@ -151,15 +151,20 @@ func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil ti
 	// writes in flight) must not be answered store_unavailable by a store
 	// that answers in time; only the wait for the lock is the acquire's
 	// fence_busy.
+	//
+	// One context serves the read, the lock and the grant whenever their
+	// deadlines agree, as they do on a first try well before the bound:
+	// each context with a deadline is a timer and three allocations, a
+	// tenth of a grant's.
 	caller := ctx
-	storeCtx := func() (context.Context, context.CancelFunc) {
-		bound := fenceUntil
-		if floor := time.Now().Add(lastTryBound); bound.Before(floor) {
-			bound = floor
+	storeBound := func() time.Time {
+		if floor := time.Now().Add(lastTryBound); fenceUntil.Before(floor) {
+			return floor
 		}
-		return context.WithDeadline(caller, bound)
+		return fenceUntil
 	}
-	ctx, cancelStore := storeCtx()
+	readBound := storeBound()
+	ctx, cancelStore := context.WithDeadline(caller, readBound)
 	defer cancelStore()
 	// Refuse a held resource without touching its lock: waiting for the
 	// exclusive lock would stall the holder's own writes behind us. This
@@ -178,7 +183,10 @@ func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil ti
 		}
 	}
 
-	lockCtx, cancel := context.WithDeadline(caller, fenceUntil)
+	lockCtx, cancel := ctx, context.CancelFunc(func() {})
+	if !readBound.Equal(fenceUntil) {
+		lockCtx, cancel = context.WithDeadline(caller, fenceUntil)
+	}
 	unlock, err := s.locker.Exclusive(lockCtx, req.Resource)
 	cancel()
 	if err != nil {
@@ -194,8 +202,12 @@ func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil ti
 	// Under the exclusive lock no write of an older token is in flight and
 	// none can start. The store checks the holder, the drain period and
 	// the owner's cap atomically with the token bump.
-	grantCtx, cancelGrant := storeCtx()
-	defer cancelGrant()
+	grantCtx := ctx
+	if grantBound := storeBound(); !grantBound.Equal(readBound) {
+		var cancelGrant context.CancelFunc
+		grantCtx, cancelGrant = context.WithDeadline(caller, grantBound)
+		defer cancelGrant()
+	}
 	return s.store.Grant(grantCtx, req)
 }
 

@@ -72,16 +72,7 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 	if s.fencer != nil {
 		return s.admitFenced(ctx, leaseID, w)
 	}
-	var lease Lease
-	var early *Resource
-	var err error
-	if ls, ok := s.store.(LeaseStater); ok {
-		var state Resource
-		lease, state, err = ls.LeaseState(ctx, leaseID)
-		early = &state
-	} else {
-		lease, err = s.store.Lease(ctx, leaseID)
-	}
+	lease, err := s.store.Lease(ctx, leaseID)
 	if errors.Is(err, ErrNotFound) {
 		return nil, s.reject(ctx, &Error{Kind: ErrUnknownLease}, Lease{ID: leaseID}, Resource{}, w)
 	}
@@ -92,19 +83,6 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 		// Before the lock: the owner never changes, and a stolen lease id
 		// must not even delay a grant.
 		return nil, s.reject(ctx, err, lease, Resource{}, w)
-	}
-	if early != nil {
-		// Every refusal Judge makes is final: tokens never go down, a lease
-		// that is no longer its resource's current one never becomes it
-		// again, a released lease stays released and an expired one cannot
-		// be renewed. The shared lock orders writes against grants; for a
-		// write that will be refused whatever happens next it has nothing
-		// to order, and skipping it spares the store a lock round trip per
-		// stale write in a storm.
-		if _, refusal := s.judge(lease, *early); refusal != nil {
-			s.rememberStale(refusal, lease, *early)
-			return s.refuse(ctx, refusal, lease, *early, w)
-		}
 	}
 	var waited func()
 	if s.onLockWait != nil {
@@ -151,8 +129,10 @@ func (s *Service) refuse(ctx context.Context, refusal error, lease Lease, state 
 }
 
 // judge applies the fence rule (Judge) to a write under lease, given its
-// resource's state. A write that passes is admitted under the state's copy
-// of the lease, which carries its latest renewal.
+// resource's state: the embedded mode's one judgement of a write, and the
+// stale cache's in both modes. (With a Fencer, the Fencer judges: see
+// admitFenced.) A write that passes is admitted under the state's copy of
+// the lease, which carries its latest renewal.
 func (s *Service) judge(lease Lease, state Resource) (Lease, error) {
 	if failpoint.HighestSeen {
 		return lease, judgeHighestSeen(lease)
@@ -163,13 +143,15 @@ func (s *Service) judge(lease Lease, state Resource) (Lease, error) {
 	return *state.Lease, nil
 }
 
-// admitFenced is Admit with a Fencer.
+// admitFenced is Admit with a Fencer. The Fencer has judged the write
+// (Fencer.Hold), once per state it read, and its verdict is used as it
+// is: judging again here would decide the same thing twice.
 func (s *Service) admitFenced(ctx context.Context, leaseID string, w Write) (*Permit, error) {
 	var waited func()
 	if s.onLockWait != nil {
 		waited = s.onLockWait(ctx)
 	}
-	lease, state, held, err := s.fencer.Hold(ctx, leaseID)
+	v, err := s.fencer.Hold(ctx, leaseID)
 	if waited != nil {
 		waited()
 	}
@@ -182,17 +164,17 @@ func (s *Service) admitFenced(ctx context.Context, leaseID string, w Write) (*Pe
 		}
 		return nil, err
 	}
-	if err := ownedBy(lease, w.Principal); err != nil {
-		held.Release()
-		return nil, s.reject(ctx, err, lease, state, w)
+	if err := ownedBy(v.Lease, w.Principal); err != nil {
+		if v.Held != nil {
+			v.Held.Release()
+		}
+		return nil, s.reject(ctx, err, v.Lease, v.State, w)
 	}
-	admitted, refusal := s.judge(lease, state)
-	if refusal != nil {
-		held.Release()
-		s.rememberStale(refusal, lease, state)
-		return s.refuse(ctx, refusal, lease, state, w)
+	if v.Refusal != nil {
+		s.rememberStale(v.Refusal, v.Lease, v.State)
+		return s.refuse(ctx, v.Refusal, v.Lease, v.State, w)
 	}
-	return &Permit{Lease: admitted, svc: s, held: held}, nil
+	return &Permit{Lease: v.Lease, svc: s, held: v.Held}, nil
 }
 
 // rememberStale caches a stale_token verdict (see staleCache). Expired and

@@ -1,5 +1,7 @@
 package tokens
 
+// Holders' clock offsets, as estimated from the times they report.
+
 import (
 	"sort"
 	"sync"

@@ -69,9 +69,15 @@ func (s *Service) Draining() int {
 // which makes the next grant drain anyway (storage/postgres/fence.go); in
 // the embedded mode nothing else would.
 func (s *Service) WaitDrains(ctx context.Context) error {
+	return waitGroup(ctx, &s.drains.wg)
+}
+
+// waitGroup waits for wg, or until ctx ends (its error; wg's waiter goes
+// on until wg is done).
+func waitGroup(ctx context.Context, wg *sync.WaitGroup) error {
 	done := make(chan struct{})
 	go func() {
-		s.drains.wg.Wait()
+		wg.Wait()
 		close(done)
 	}()
 	select {

@@ -1,5 +1,8 @@
 package tokens
 
+// The domain's errors: the sentinel kinds with their wire codes, and Error,
+// which carries a kind with its details.
+
 import (
 	"errors"
 	"fmt"
@@ -121,6 +124,13 @@ func (e *Error) Error() string {
 		msg += ": " + e.Cause.Error()
 	}
 	return msg
+}
+
+// Is matches e's sentinel without Unwrap's slice: errors.Is(err,
+// ErrNotFound) on every fresh resource's grant allocated one.
+func (e *Error) Is(target error) bool {
+	k, ok := target.(*Kind)
+	return ok && e.Kind == error(k)
 }
 
 // Unwrap exposes both the sentinel and the cause to errors.Is/As.

@@ -1,5 +1,7 @@
 package tokens
 
+// The fence rule of the broken build failpoint.HighestSeen.
+
 import "sync"
 
 // highestSeen is the broken fence rule of failpoint.HighestSeen (see

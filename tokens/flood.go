@@ -1,5 +1,7 @@
 package tokens
 
+// The flood gate for writes under lease ids that were never granted.
+
 import (
 	"log/slog"
 	"sync"

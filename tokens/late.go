@@ -67,19 +67,7 @@ func (l *late) end() {
 }
 
 // wait waits for every record in the background, or until ctx ends.
-func (l *late) wait(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() {
-		l.wg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+func (l *late) wait(ctx context.Context) error { return waitGroup(ctx, &l.wg) }
 
 // Recording reports how many rejections are still being recorded in the
 // background, their refusals answered (metrics, shutdown logs).

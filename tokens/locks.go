@@ -1,5 +1,7 @@
 package tokens
 
+// LocalLocker, the in-process Locker of the embedded mode.
+
 import (
 	"context"
 	"sync"

@@ -1,5 +1,8 @@
 package tokens
 
+// The Service: its configuration, the safety argument of the fence rules
+// (on Service), and the reads it passes to the store.
+
 import (
 	"context"
 	"log/slog"
@@ -76,8 +79,9 @@ type Config struct {
 //  4. A write is admitted only on the state read under the shared lock and
 //     the store's (or gateway's) clock; the worker's clock and any token the
 //     client sends play no part. A write may be *refused* on a state read
-//     without the lock (stores that read lease and fence together), because
-//     every refusal is final: tokens never go down, a superseded lease never
+//     without the lock (the PostgreSQL fence reads the lease and its fence
+//     state together, and refuses on that read), because every refusal is
+//     final: tokens never go down, a superseded lease never
 //     becomes current again, released stays released, expired cannot be
 //     renewed. For the same reason a stale_token verdict is cached for a
 //     second (staleCache): only the current token it reports may age.

@@ -1,5 +1,8 @@
 package tokens
 
+// The cache of stale_token verdicts, so that a storm of writes under a
+// superseded lease is refused without a store read each.
+
 import (
 	"sync"
 	"sync/atomic"

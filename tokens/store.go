@@ -96,25 +96,6 @@ type Store interface {
 	Ping(ctx context.Context) error
 }
 
-// LeaseStater is a Store that reads a lease and its resource's fence state
-// together, in one read. Optional: with it, Service.Admit refuses a write
-// under an ended lease without taking the resource's shared lock (the lock
-// orders writes against grants, and a refusal Judge makes is final, so a
-// write refused whatever happens next has nothing to order), which spares
-// a lock round trip per stale write in a storm. The PostgreSQL modes have
-// it (their fences read through it too); the embedded store does not need
-// it, its lock being a mutex in the same process. The conformance suite
-// (storage/storagetest, LeaseState) checks any Store that has it.
-type LeaseStater interface {
-	// LeaseState returns leaseID's lease and its resource's state as Lease
-	// and Resource would, read at one instant with the store's clock in
-	// Resource.Now, except that Resource.Lease may be nil when it is not
-	// leaseID's lease (the lease is then superseded whichever it is, and
-	// Resource.Token says by which token). ErrNotFound for an unknown
-	// lease id.
-	LeaseState(ctx context.Context, leaseID string) (Lease, Resource, error)
-}
-
 // Locker is the per-resource shared/exclusive lock that a write holds across
 // its forward (shared) and a grant takes before changing the token
 // (exclusive). Shared holders coexist; an exclusive holder is alone, across
@@ -136,16 +117,33 @@ type Locker interface {
 // exclusive lock first, so that every replica forgets the lease before they
 // return.
 type Fencer interface {
-	// Hold returns leaseID's lease, its resource's fence state (with the
-	// store's clock, or an estimate that runs ahead of it, in Now) and the
-	// write's hold on the fence. If Judge admits the write on that state,
-	// the resource's shared fence is held until Held.Release and no grant,
+	// Hold judges a write under leaseID by the fence rule (Judge) and
+	// returns its verdict. This is where a fenced write is judged: each
+	// state Hold reads (or remembers) is judged here once, and the Service
+	// uses the verdict as it is. If Judge admits the write, the resource's
+	// shared fence is held until Verdict.Held.Release and no grant,
 	// release or revoke of the resource can take effect before, as long as
 	// Held.Check says so. The state may come from memory only if Judge
-	// admits the write on it: a state on which Judge refuses was read from
-	// the store, so that no write is refused on what a replica remembers.
+	// admits the write on it: a refusal is judged on a state read from the
+	// store, so that no write is refused on what a replica remembers.
 	// ErrNotFound for an unknown id.
-	Hold(ctx context.Context, leaseID string) (Lease, Resource, Held, error)
+	Hold(ctx context.Context, leaseID string) (Verdict, error)
+}
+
+// Verdict is a Fencer's judgement of one write.
+type Verdict struct {
+	// Lease is the write's lease: if admitted, State's copy of it, which
+	// carries its latest renewal.
+	Lease Lease
+	// State is the resource's fence state the write was judged on, with
+	// the store's clock (or an estimate that runs ahead of it) in Now.
+	State Resource
+	// Refusal is Judge's refusal (ErrStaleToken, ErrLeaseReleased,
+	// ErrLeaseExpired); nil if the write is admitted.
+	Refusal error
+	// Held is the admitted write's hold on the fence; nil if refused (a
+	// refused write holds nothing).
+	Held Held
 }
 
 // Held is one admitted write's hold on its resource's shared fence.

@@ -162,14 +162,17 @@ func (l Limits) ValidateResource(name string) error {
 		return Invalid("resource", "longer than "+strconv.Itoa(l.MaxResource)+" bytes")
 	}
 	for i := 0; i < len(name); i++ {
-		if !resourceByte(name[i]) {
+		if !ResourceByte(name[i]) {
 			return Invalid("resource", "may contain only A-Z a-z 0-9 . _ : @ / -")
 		}
 	}
 	return nil
 }
 
-func resourceByte(c byte) bool {
+// ResourceByte reports whether c may appear in a resource name: the one
+// definition of the name's bytes, for ValidateResource and for the
+// gateway's route templates, which are checked before any name is made.
+func ResourceByte(c byte) bool {
 	switch {
 	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
 		return true

@@ -1,5 +1,7 @@
 package tokens
 
+// The queue of one process's acquires waiting for a held resource.
+
 import "sync"
 
 // waiters queues the acquires of one process that wait for a held resource,

@@ -1,5 +1,7 @@
 package tokens
 
+// The optional store interface for counts of forwarded writes per token.
+
 import "context"
 
 // TokenWrites is a number of writes forwarded under one token.

@@ -1,5 +1,8 @@
 package web
 
+// Counts of forwarded and refused writes per resource and token, for the
+// dashboard, persisted to the store where it can keep them.
+
 import (
 	"context"
 	"log/slog"

@@ -1,5 +1,8 @@
 package web
 
+// What the dashboard shows, gathered from a Source: the overview (ranges,
+// filters, counts, chart buckets) and a resource's timeline.
+
 import (
 	"cmp"
 	"context"

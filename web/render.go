@@ -1,5 +1,7 @@
 package web
 
+// The templates' helpers and the overview's chart.
+
 import (
 	"fmt"
 	"html/template"

@@ -1,5 +1,7 @@
 package web
 
+// A Source whose texts are made valid UTF-8 for the pages.
+
 import (
 	"context"
 	"strings"

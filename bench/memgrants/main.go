@@ -11,7 +11,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
@@ -23,13 +22,13 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
 
+	"github.com/fencegw/fencegw/bench"
 	"github.com/fencegw/fencegw/storage/bolt"
 	"github.com/fencegw/fencegw/tokens"
 )
@@ -212,7 +211,7 @@ func report(what string, grants int64, rate float64, path string) {
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	st := procStatus()
+	st, _ := bench.ReadMemory(os.Getpid()) // zeros if unreadable
 	var size int64
 	if fi, err := os.Stat(path); err == nil {
 		size = fi.Size()
@@ -223,28 +222,4 @@ func report(what string, grants int64, rate float64, path string) {
 		line += fmt.Sprintf("  %.0f grants/s", rate)
 	}
 	fmt.Println(line)
-}
-
-// procStatus reads the kB fields of /proc/self/status.
-func procStatus() map[string]int64 {
-	out := map[string]int64{}
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		return out
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), ":")
-		if !ok {
-			continue
-		}
-		fields := strings.Fields(v)
-		if len(fields) == 2 && fields[1] == "kB" {
-			if kb, err := strconv.ParseInt(fields[0], 10, 64); err == nil {
-				out[k] = kb
-			}
-		}
-	}
-	return out
 }

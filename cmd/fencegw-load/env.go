@@ -1,5 +1,8 @@
 package main
 
+// The environment a run drives: the gateway and the targets of each setup,
+// started here (in process or as child servers) or reached at -gateway.
+
 import (
 	"context"
 	"crypto/tls"

@@ -1,5 +1,8 @@
 package main
 
+// -grants: durable grants per second through the gateway, beside etcd's
+// lock acquisitions with -etcd-locks, and the gateway's memory per resource.
+
 import (
 	"context"
 	"fmt"

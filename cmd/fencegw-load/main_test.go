@@ -70,9 +70,9 @@ func buildTool(t *testing.T, name string) string {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		if os.Getenv("CI") == "true" {
-			t.Fatalf("no go command to build tools/%s: %v", name, err)
+			t.Fatalf("CI=true: the go command is required to build tools/%s (install the Go toolchain): %v", name, err)
 		}
-		t.Skipf("no go command to build tools/%s: %v", name, err)
+		t.Skipf("no go command to build tools/%s (%v); set CI=true to make this a failure", name, err)
 	}
 	bin := filepath.Join(t.TempDir(), name)
 	cmd := exec.Command(goBin, "build", "-C", filepath.Join("..", "..", "tools", name), "-o", bin, ".")
@@ -144,14 +144,36 @@ func TestFasthttpCeiling(t *testing.T) {
 	}
 }
 
+// peersInstall is how to install every peer (what .ci/run does).
+const peersInstall = "apt-get install nginx-light haproxy caddy"
+
+// peersFor returns the installed peers. Under CI=true every peer must be
+// installed (.ci/run installs them): a missing one fails the test, saying
+// what to install, rather than goes unmeasured.
+func peersFor(t *testing.T) []string {
+	t.Helper()
+	peers := installedPeers()
+	if os.Getenv("CI") == "true" && len(peers) != len(peerNames) {
+		t.Fatalf("CI=true: %v must all be installed (%s); found %v", peerNames, peersInstall, peers)
+	}
+	return peers
+}
+
+// skipWithoutPeers skips a test of the peers when none is installed
+// (never under CI=true: peersFor has failed it then).
+func skipWithoutPeers(t *testing.T, peers []string) {
+	t.Helper()
+	if len(peers) == 0 {
+		t.Skipf("none of %v is installed (%s); set CI=true to make this a failure", peerNames, peersInstall)
+	}
+}
+
 // Each installed peer is started from its written configuration, carries
 // writes to the local upstream (the run checks that the upstream got every
 // answered write and that none failed) and is measured.
 func TestPeersRun(t *testing.T) {
-	peers := installedPeers()
-	if len(peers) == 0 {
-		t.Skip("none of nginx, haproxy, caddy is installed (apt-get install nginx-light haproxy caddy)")
-	}
+	peers := peersFor(t)
+	skipWithoutPeers(t, peers)
 	var out, errOut bytes.Buffer
 	args := []string{"-setups", "direct,bare-proxy,gateway," + strings.Join(peers, ","), "-duration", "600ms", "-rounds", "2", "-warmup", "100ms", "-concurrency", "4"}
 	if code := run(args, &out, &errOut); code != 0 {
@@ -183,7 +205,7 @@ func TestServersModes(t *testing.T) {
 // With -tls every proxy (the bare one, the gateway, the installed peers)
 // is reached over TLS and carries every write.
 func TestTLSRun(t *testing.T) {
-	setups := append([]string{"direct", "bare-proxy", "gateway"}, installedPeers()...)
+	setups := append([]string{"direct", "bare-proxy", "gateway"}, peersFor(t)...)
 	var out, errOut bytes.Buffer
 	args := []string{"-tls", "-setups", strings.Join(setups, ","), "-duration", "600ms", "-rounds", "2", "-warmup", "100ms", "-concurrency", "4"}
 	if code := run(args, &out, &errOut); code != 0 {
@@ -231,15 +253,10 @@ func TestGrantsMemoryReport(t *testing.T) {
 
 // A started peer answers through the upstream, reports its CPU, and stop
 // leaves no process of its group. Under CI every peer must be installed
-// (.ci/run installs them): a missing one fails rather than goes unmeasured.
+// (peersFor).
 func TestPeerStartStop(t *testing.T) {
-	peers := installedPeers()
-	if os.Getenv("CI") == "true" && len(peers) != 3 {
-		t.Fatalf("CI=true: nginx, haproxy and caddy must all be installed; found %v", peers)
-	}
-	if len(peers) == 0 {
-		t.Skip("none of nginx, haproxy, caddy is installed")
-	}
+	peers := peersFor(t)
+	skipWithoutPeers(t, peers)
 	up, err := bench.StartUpstream()
 	if err != nil {
 		t.Fatal(err)

@@ -1,5 +1,8 @@
 package main
 
+// -servers' child side: one setup served in its own process, with its
+// profiles.
+
 import (
 	"context"
 	"crypto/tls"

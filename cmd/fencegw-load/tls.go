@@ -1,5 +1,7 @@
 package main
 
+// The certificates of -tls runs.
+
 import (
 	"crypto/tls"
 	"crypto/x509"

@@ -1,5 +1,8 @@
 package main
 
+// The writes run: every setup driven in alternating rounds, and the table
+// of what each measured.
+
 import (
 	"bytes"
 	"context"

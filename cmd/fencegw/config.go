@@ -1,5 +1,8 @@
 package main
 
+// The configuration of `fencegw serve`: its flags, environment variables and
+// --config file, and their checks.
+
 import (
 	"crypto/tls"
 	"errors"

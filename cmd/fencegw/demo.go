@@ -1,3 +1,6 @@
+// `fencegw demo`: the stale-write incident replayed without and with the
+// gateway, on a replica built as serve builds it (replica.New), and a toy
+// statements service to protect.
 package main
 
 import (
@@ -20,9 +23,8 @@ import (
 	"github.com/fencegw/fencegw/api"
 	"github.com/fencegw/fencegw/client"
 	"github.com/fencegw/fencegw/gateway"
+	"github.com/fencegw/fencegw/replica"
 	"github.com/fencegw/fencegw/storage/mode"
-	"github.com/fencegw/fencegw/tokens"
-	"github.com/fencegw/fencegw/web"
 )
 
 // The incident's timing. A's lease is granted at about 0 ms; A works for
@@ -137,14 +139,15 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 type demo struct {
 	dir            string
 	gwAddr, upAddr string
-	gwSrv, upSrv   *http.Server
-	gw             *gateway.Gateway
-	store          *mode.Mode
-	stmts          *statements
-	tr             *http.Transport
-	freezeA        *freezer
-	a, b           *client.Client
-	api            *api.ClientWithResponses
+	upSrv          *http.Server
+	// replica is the gateway, built as fencegw serve builds it (framing
+	// scan, Idempotency-Key records, dashboard) on the embedded mode.
+	replica *replica.Replica
+	stmts   *statements
+	tr      *http.Transport
+	freezeA *freezer
+	a, b    *client.Client
+	api     *api.ClientWithResponses
 }
 
 func startDemo(listen string, stderr io.Writer) (d *demo, err error) {
@@ -167,38 +170,23 @@ func startDemo(listen string, stderr io.Writer) (d *demo, err error) {
 	d.upSrv = &http.Server{Handler: d.stmts, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = d.upSrv.Serve(upLn) }()
 
-	if d.store, err = mode.OpenEmbedded(mode.Config{Data: d.dir, Logger: logger}); err != nil {
+	upURL, _ := url.Parse("http://" + d.upAddr)
+	d.replica, err = replica.New(context.Background(), replica.Config{
+		Mode:   mode.Config{Data: d.dir},
+		Listen: listen,
+		Live: gateway.Live{
+			Upstreams: map[string]*url.URL{demoUpstream: upURL},
+			// It stays up on loopback after the replay, which is where a
+			// page rebinding its own name to 127.0.0.1 reaches (hosts.go).
+			AllowedHosts: demoHosts(listen),
+		},
+		Logger: logger,
+	})
+	if err != nil {
 		return nil, err
 	}
-	var gw *gateway.Gateway
-	counts := web.NewCounts()
-	svc := tokens.New(tokens.Config{
-		Store:  d.store.Store,
-		Locker: d.store.Locker,
-		Logger: logger,
-		OnRejection: func(r tokens.Rejection) {
-			counts.Rejected(r)
-			gw.Publish(r)
-		},
-	})
-	upURL, _ := url.Parse("http://" + d.upAddr)
-	gw = gateway.New(svc, gateway.Config{
-		Upstreams:   map[string]*url.URL{demoUpstream: upURL},
-		OnForwarded: counts.Accepted,
-		UI:          web.Handler(svc, counts),
-		Logger:      logger,
-		// It stays up on loopback after the replay, which is where a page
-		// rebinding its own name to 127.0.0.1 reaches (hosts.go).
-		AllowedHosts: demoHosts(listen),
-	})
-	d.gw = gw
-	gwLn, err := net.Listen("tcp", listen)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", listen, err)
-	}
-	d.gwAddr = gwLn.Addr().String()
-	d.gwSrv = &http.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = d.gwSrv.Serve(gwLn) }()
+	d.replica.Start()
+	d.gwAddr = d.replica.Addr()
 
 	base := "http://" + d.gwAddr
 	d.freezeA = &freezer{base: d.tr}
@@ -229,20 +217,11 @@ func demoHosts(listen string) []string {
 func (d *demo) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if d.gw != nil {
-		d.gw.Close()
-	}
-	if d.gwSrv != nil {
-		_ = d.gwSrv.Shutdown(ctx)
+	if d.replica != nil {
+		d.replica.Close()
 	}
 	if d.upSrv != nil {
 		_ = d.upSrv.Shutdown(ctx)
-	}
-	if d.gw != nil {
-		d.gw.Close() // idle upstream connections made during shutdown
-	}
-	if d.store != nil {
-		d.store.Close()
 	}
 	d.tr.CloseIdleConnections()
 	if d.dir != "" {

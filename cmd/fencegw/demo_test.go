@@ -1,9 +1,13 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
+	"net"
 	"net/http"
 	"regexp"
 	"strings"
@@ -12,6 +16,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/fencegw/fencegw/gateway"
 )
 
 // The demo's replay shows the stale write landing without the gateway and
@@ -139,4 +145,76 @@ func (b *demoBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// The demo's gateway is built as serve builds it (replica.New): its
+// listener refuses a request with both Content-Length and
+// Transfer-Encoding, and a keyed write retried is replayed, not forwarded
+// again.
+func TestDemoGatewayHasFramingScanAndIdempotency(t *testing.T) {
+	d, err := startDemo("127.0.0.1:0", io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.close()
+
+	conn, err := net.Dial("tcp", d.gwAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	_, err = io.WriteString(conn, "POST /v1/leases HTTP/1.1\r\nHost: "+d.gwAddr+"\r\nContent-Type: application/json\r\n"+
+		"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), `"field":"Content-Length, Transfer-Encoding"`) {
+		t.Fatalf("Content-Length with Transfer-Encoding: %d %s, want 400 naming both", resp.StatusCode, body)
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	post := func(path, body string, header ...string) *http.Response {
+		t.Helper()
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+d.gwAddr+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		resp, err := d.tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	resp = post("/v1/leases", `{"resource":"`+demoResource+`","holder":"retrier","ttl_ms":60000}`, "Content-Type", "application/json")
+	var lease struct {
+		LeaseID string `json:"lease_id"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&lease); err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("acquire: %d %v", resp.StatusCode, err)
+	}
+	for i, wantReplayed := range []string{"", "true"} {
+		resp := post("/v1/proxy/"+demoUpstream+linesPath, "one line", gateway.HeaderLease, lease.LeaseID,
+			gateway.HeaderIdempotencyKey, `"statement-88213"`, writerHeader, "retrier")
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(gateway.HeaderReplayed) != wantReplayed {
+			t.Fatalf("keyed write %d: %d, %s %q; want 200, %q", i+1, resp.StatusCode, gateway.HeaderReplayed,
+				resp.Header.Get(gateway.HeaderReplayed), wantReplayed)
+		}
+	}
+	if lines := d.stmts.lines(demoAccount); len(lines) != 1 {
+		t.Fatalf("the statements service got %d lines, want the one write once: %v", len(lines), lines)
+	}
 }

@@ -105,9 +105,18 @@ func TestPostgresReplicaKilledInWrite(t *testing.T) {
 			_ = ps[0].cmd.Process.Kill()
 			killed := time.Now()
 
-			time.Sleep(time.Until(killed.Add(300 * time.Millisecond))) // A's lease has expired
-			if _, ans := grant(r2, "stmt:acct:2", "B", 10*time.Second, 0); ans.code != http.StatusCreated {
-				t.Fatalf("a resource the dead replica had granted but never fenced: %v", ans)
+			waitExpired(t, r2, a.LeaseID)
+			// A's lease on acct:2 ends by the lease store's clock (Redis's
+			// TTL in that mode), so B asks until it is no longer held; a
+			// drain (fence_busy) or anything else fails at once.
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				_, ans := grant(r2, "stmt:acct:2", "B", 10*time.Second, 0)
+				if ans.code == http.StatusCreated {
+					break
+				}
+				if ans.problemCode() != "lease_held" || time.Now().After(deadline) {
+					t.Fatalf("a resource the dead replica had granted but never fenced: %v", ans)
+				}
 			}
 			b, ans := grant(r2, "stmt:acct:1", "B", 10*time.Second, 9*time.Second)
 			if ans.code != http.StatusCreated {

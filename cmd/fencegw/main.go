@@ -15,24 +15,19 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fencegw/fencegw/auth"
-	"github.com/fencegw/fencegw/gateway"
-	"github.com/fencegw/fencegw/tokens"
-	"github.com/fencegw/fencegw/web"
+	"github.com/fencegw/fencegw/replica"
 )
 
 func main() {
@@ -168,8 +163,9 @@ func parseLevel(s string) (slog.Level, error) {
 	return l, err
 }
 
-// serve runs the gateway until ctx is cancelled, then shuts down as a load
-// balancer never notices: /readyz fails at once, everything else is served
+// serve builds the replica the configuration describes (replica.New),
+// prints what it serves, and runs it until ctx is cancelled, then shuts
+// down as a load balancer never notices (replica.Shutdown): /readyz fails at once, everything else is served
 // for cfg.ShutdownDelay (or until hurry is closed), then the listener
 // closes, in-flight requests are answered with Connection: close, writes
 // drain and the store (with its fences) closes. ready, if not nil,
@@ -188,18 +184,12 @@ func serve(ctx context.Context, hurry <-chan struct{}, cfg config, stdout io.Wri
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	backend, err := openBackend(ctx, cfg, logger)
-	if err != nil {
-		return err
-	}
-	defer backend.close()
-	reg.MustRegister(backend.collectors...)
-
-	// Tracing's shutdown runs after the server's (deferred before it), so
+	// Tracing's shutdown runs after the replica's (deferred before it), so
 	// that the spans of the writes drained at shutdown are flushed too.
 	var tp trace.TracerProvider
 	if cfg.Tracing {
 		var shutdown func(context.Context) error
+		var err error
 		if tp, shutdown, err = startTracing(ctx); err != nil {
 			return err
 		}
@@ -210,90 +200,9 @@ func serve(ctx context.Context, hurry <-chan struct{}, cfg config, stdout io.Wri
 		}()
 	}
 
-	svc := tokens.New(tokens.Config{
-		Store:       backend.store,
-		Locker:      backend.locker,
-		Fencer:      backend.fencer,
-		GrantWait:   cfg.GrantWait,
-		DrainPeriod: cfg.DrainPeriod,
-		Logger:      logger,
-		OnRejection: backend.feed.Publish,
-		OnLockWait:  gateway.TraceLockWait(tp),
-	})
-	if backend.onFree != nil {
-		backend.onFree(svc.Wake)
-	}
-	// Accepted-write counts: counted in memory on the write path, added to
-	// the store once a second (every storage mode keeps them), so the
-	// dashboard shows every replica's and survives restarts.
-	counts := web.NewCounts()
-	if wc, ok := backend.store.(tokens.WriteCounter); ok {
-		stopCounts := counts.Persist(wc, time.Second, logger)
-		defer stopCounts() // after the drain below, before the store closes
-	}
-	// Holders' clock offsets (Fencing-Client-Time): exported as a metric
-	// by the gateway, shown next to the holder by the dashboard.
-	clocks := tokens.NewClocks()
-	keys := tokens.NewIdempotency(tokens.IdempotencyConfig{
-		Store:   backend.keys,
-		Window:  cfg.IdempotencyWindow,
-		MaxBody: int(cfg.IdempotencyMaxBody),
-		// A keyed write's body is read before its key is begun, so its
-		// record is in progress for the forward and the store call that
-		// records its answer (a second, then in the background) at most.
-		InFlight: cfg.ForwardTimeout + 5*time.Second,
-		Logger:   logger,
-	})
-	gwCfg := gateway.Config{
-		Clocks:         clocks,
-		Upstreams:      cfg.Upstreams,
-		ForwardTimeout: cfg.ForwardTimeout,
-		MaxBody:        cfg.MaxBody,
-		BodyTimeout:    cfg.BodyTimeout,
-		Registry:       reg,
-		OnForwarded:    counts.Accepted,
-		UI:             web.Handler(svc, counts, web.WithClocks(clocks)),
-		AllowedHosts:   cfg.AllowedHosts,
-		Routes:         cfg.Routes,
-		Observe:        cfg.Observe,
-		TracerProvider: tp,
-		Logger:         logger,
-		Idempotency:    keys,
-	}
-	if cfg.Auth != nil {
-		gwCfg.Auth, gwCfg.UpstreamHeaders = cfg.Auth.Keys, cfg.Auth.UpstreamHeaders
-	}
-	gw := gateway.New(svc, gwCfg)
-	defer gw.Close()
-	deliver := func(r tokens.Rejection) {
-		counts.Rejected(r)
-		gw.Publish(r)
-	}
-	// The live feed lasts as long as the process, not until the signal:
-	// the replica serves on through the shutdown delay.
-	life, endLife := context.WithCancel(context.WithoutCancel(ctx))
-	defer endLife()
-	if err := backend.feed.Subscribe(life, deliver); err != nil {
-		return err
-	}
-
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
-	}
-	srv := &http.Server{
-		Handler:           gw,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-	}
-	// No ReadTimeout or WriteTimeout: they would also end live streams and
-	// long forwards; the gateway bounds each body read and each fenced
-	// write's answer itself (--body-timeout, --forward-timeout).
 	scheme := "http"
 	var tlsConfig *tls.Config
-	rl := &reloader{gw: gw, log: logger, cur: cfg, seen: fileIdentities(cfg)} // reload.go
+	rl := &reloader{log: logger, cur: cfg, seen: fileIdentities(cfg)} // reload.go
 	if cfg.Cert != nil {
 		// Each handshake takes the certificate in use, which a reload
 		// replaces (cert-manager renews them every 60 days or so).
@@ -304,13 +213,30 @@ func serve(ctx context.Context, hurry <-chan struct{}, cfg config, stdout io.Wri
 		}}
 		scheme = "https"
 	}
-	// The gateway's listener sees each request's header block as sent, so
-	// that requests with both Content-Length and Transfer-Encoding are
-	// refused; it terminates TLS itself for that and serves HTTP/1.1 only.
-	ln = gateway.Listener(srv, ln, tlsConfig)
-	addr := ln.Addr().String()
+	r, err := replica.New(ctx, replica.Config{
+		Mode:               modeConfig(cfg),
+		Listen:             cfg.Listen,
+		TLS:                tlsConfig,
+		Live:               liveOf(cfg), // reload.go
+		ForwardTimeout:     cfg.ForwardTimeout,
+		BodyTimeout:        cfg.BodyTimeout,
+		MaxBody:            cfg.MaxBody,
+		GrantWait:          cfg.GrantWait,
+		IdempotencyWindow:  cfg.IdempotencyWindow,
+		IdempotencyMaxBody: int(cfg.IdempotencyMaxBody),
+		ShutdownDelay:      cfg.ShutdownDelay,
+		Logger:             logger,
+		Registry:           reg,
+		TracerProvider:     tp,
+	})
+	if err != nil {
+		return storeError(err, cfg) // storage.go
+	}
+	defer r.Close()
+	rl.gw = r.Gateway()
+	addr := r.Addr()
 	fmt.Fprintf(stdout, "fencegw %s mode, serving on %s://%s\n  API:       %s://%s/v1/\n  dashboard: %s://%s/ui/\n  metrics:   %s://%s/metrics\n",
-		backend.mode, scheme, addr, scheme, addr, scheme, addr, scheme, addr)
+		r.ModeName(), scheme, addr, scheme, addr, scheme, addr, scheme, addr)
 	if cfg.Auth != nil {
 		fmt.Fprintf(stdout, "  authentication: %d API keys from %s\n", cfg.Auth.Keys.Len(), cfg.AuthFile)
 	} else {
@@ -350,71 +276,12 @@ func serve(ctx context.Context, hurry <-chan struct{}, cfg config, stdout io.Wri
 		ready <- addr
 	}
 
+	// Reloads apply until serve returns: the replica serves on through
+	// the shutdown delay.
+	life, endLife := context.WithCancel(context.WithoutCancel(ctx))
+	defer endLife()
 	go rl.run(life)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	select {
-	case err := <-served:
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
-	}
-
-	// Keep-alive connections stay open during the delay: closing an idle
-	// one races with a load balancer that still counts the replica as up
-	// and is sending a request on it, which then reads EOF.
-	gw.ShuttingDown()
-	if cfg.ShutdownDelay > 0 {
-		logger.Info("shutting down: /readyz answers 503, serving on for the shutdown delay (signal again to cut it short)",
-			"shutdown_delay", cfg.ShutdownDelay)
-		delay := time.NewTimer(cfg.ShutdownDelay)
-		select {
-		case <-delay.C:
-		case <-hurry:
-			logger.Info("shutting down: the shutdown delay was cut short by a second signal")
-		case err := <-served:
-			delay.Stop()
-			return fmt.Errorf("serve: %w", err)
-		}
-		delay.Stop()
-	}
-	logger.Info("shutting down: draining in-flight writes", "in_flight", gw.InFlight())
-	// Answers from now on say Connection: close, so that clients and load
-	// balancers do not send another request on a connection about to close.
-	srv.SetKeepAlivesEnabled(false)
-	gw.Close() // end live streams, which would otherwise hold Shutdown up
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ForwardTimeout+5*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
-		return fmt.Errorf("shutdown: %w", err)
-	}
-	// Drains the store could not record yet hold their fences until it
-	// does or they pass; each passes within a drain period, so this wait
-	// never gives one up early (tokens.Service.WaitDrains).
-	if n := svc.Draining(); n > 0 {
-		logger.Warn("shutting down: waiting for drain periods the store has not recorded yet", "drains", n)
-		drainCtx, cancel := context.WithTimeout(context.Background(), cfg.DrainPeriod+time.Second)
-		err := svc.WaitDrains(drainCtx)
-		cancel()
-		if err != nil {
-			logger.Error("shutting down with drains unrecorded", "drains", svc.Draining(), "err", err)
-		}
-	}
-	// Records the answers did not wait for (a rejection's entry, the end of
-	// a keyed write) are finished before the store closes: each is given up
-	// within its own bound (a rejection's 5 s, a key's in-flight time), so
-	// this wait is bounded too. (Closing first would turn a PostgreSQL
-	// key still in progress unknown, and lose the answer being recorded.)
-	if n, k := svc.Recording(), keys.Pending(); n > 0 || k > 0 {
-		logger.Warn("shutting down: waiting for records the store has not taken yet", "rejections", n, "idempotency_keys", k)
-		recCtx, cancel := context.WithTimeout(context.Background(), cfg.ForwardTimeout+6*time.Second)
-		err := errors.Join(svc.WaitRecords(recCtx), keys.Wait(recCtx))
-		cancel()
-		if err != nil {
-			logger.Error("shutting down with records not taken by the store", "rejections", svc.Recording(), "idempotency_keys", keys.Pending(), "err", err)
-		}
-	}
-	logger.Info("stopped")
-	return nil
+	return r.Run(ctx, hurry) // replica.Shutdown: the drain, in order
 }
 
 // hashKey prints the sha256 of the key on stdin's first line, for --auth-file.

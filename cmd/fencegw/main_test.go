@@ -178,7 +178,7 @@ func TestKillAndRestart(t *testing.T) {
 	p := startProc(t, args...)
 
 	a := acquire(t, p.url(), "crash", "A", 300*time.Millisecond, 0)
-	time.Sleep(400 * time.Millisecond)
+	waitExpired(t, p.url(), a.LeaseID)
 	b := acquire(t, p.url(), "crash", "B", time.Minute, 0)
 
 	// A storm of grants on other resources, killed mid-flight: every token

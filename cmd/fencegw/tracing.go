@@ -1,5 +1,7 @@
 package main
 
+// OpenTelemetry tracing, on when the standard OTEL_* variables ask for it.
+
 import (
 	"context"
 	"fmt"

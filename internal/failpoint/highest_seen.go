@@ -2,4 +2,5 @@
 
 package failpoint
 
+// The broken build fencegw_break_highest_seen: failpoint.HighestSeen is on.
 const active = "highest_seen"

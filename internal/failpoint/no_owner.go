@@ -2,4 +2,5 @@
 
 package failpoint
 
+// The broken build fencegw_break_no_owner: failpoint.NoOwner is on.
 const active = "no_owner"

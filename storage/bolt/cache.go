@@ -1,5 +1,8 @@
 package bolt
 
+// The bounded cache of resource states and leases that serves the hot reads
+// without a transaction, and the reads that fill it from the file.
+
 import (
 	"context"
 	"sync"

@@ -1,5 +1,7 @@
 package bolt
 
+// The grant of the broken build failpoint.NotDurable.
+
 import (
 	"context"
 	"time"

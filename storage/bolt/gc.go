@@ -1,5 +1,8 @@
 package bolt
 
+// The collector of ended leases: an hourly pass that deletes, in chunks,
+// the leases that ended more than LeaseRetention ago.
+
 import (
 	"bytes"
 	"context"

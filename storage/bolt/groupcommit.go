@@ -40,7 +40,7 @@ import (
 // for its result only as long as its context allows (Store.update): a
 // disk whose fsync stalls holds the committer, not the callers, who answer
 // store_unavailable at their deadline. A call whose caller gave up before
-// its fn ran is dropped if it was submitted with skipIfGone (a grant
+// its fn ran is dropped if it was submitted with call.gone set (a grant
 // nobody will hear of); any other runs all the same.
 //
 // Lazy calls (the rejection log) do not start a commit of their own until

@@ -58,11 +58,15 @@ func resourcePrefix(resource string) []byte {
 // lastResourceKey positions c on the last key of prefix's resource and
 // returns it, or nil if the resource has none.
 func lastResourceKey(c *bbolt.Cursor, prefix []byte) ([]byte, []byte) {
-	k, v := c.Seek(binary.BigEndian.AppendUint64(bytes.Clone(prefix), ^uint64(0)))
+	// One copy of prefix (never appended to in place: it may share its
+	// array with a key handed to bbolt) serves the seek and the compare.
+	end := make([]byte, len(prefix)+8)
+	binary.BigEndian.PutUint64(end[copy(end, prefix):], ^uint64(0))
+	k, v := c.Seek(end)
 	switch {
 	case k == nil:
 		k, v = c.Last()
-	case bytes.Equal(k, append(bytes.Clone(prefix), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff)):
+	case bytes.Equal(k, end):
 	default:
 		k, v = c.Prev()
 	}

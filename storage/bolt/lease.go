@@ -1,5 +1,8 @@
 package bolt
 
+// The changes of a lease: Grant, Renew, Release, Revoke and Drain, each one
+// batched transaction (mutate) under the resource's lock.
+
 import (
 	"context"
 	"time"

@@ -1,5 +1,8 @@
 package bolt
 
+// The rejection log: RecordRejection (repeats counted on one entry), its
+// pruning to the bound, and Rejections.
+
 import (
 	"bytes"
 	"context"

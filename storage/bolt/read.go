@@ -1,5 +1,8 @@
 package bolt
 
+// The reads of leases and resources (Lease, Resource, CurrentLeases), from
+// the cache where it holds them.
+
 import (
 	"bytes"
 	"context"

@@ -1,5 +1,8 @@
 package bolt
 
+// Opening a file: the buckets and indexes it must have, and the drain after
+// a crash (recover).
+
 import (
 	"bytes"
 	"fmt"

@@ -280,9 +280,9 @@ func (s *Store) lockResource(ctx context.Context, resource string) (func(), erro
 // lock (so that the next change of the resource, and the cache, follow
 // this one), the caller's share of life (so that Close waits for it).
 //
-// A caller whose ctx ends first gets gaveUp's error: its change may still be committed (a grant then exists that
-// nobody heard of, like a grant whose answer was lost), unless c.gone
-// dropped it before it ran. Nothing that gave up is reported as done.
+// A caller whose ctx ends first gets gaveUp's error: its change may still
+// be committed (a grant then exists that nobody heard of, like a grant
+// whose answer was lost), unless c.gone dropped it before it ran. Nothing that gave up is reported as done.
 func (s *Store) update(ctx context.Context, op string, c *call, then func(error)) error {
 	s.group.submit(c)
 	select {

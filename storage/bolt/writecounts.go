@@ -1,5 +1,8 @@
 package bolt
 
+// Forwarded-write counts per resource and token (tokens.WriteCounter), in
+// their own bucket.
+
 import (
 	"context"
 	"encoding/binary"

@@ -1,8 +1,10 @@
 // Package mode builds a storage mode: the store and everything a gateway
 // runs on it (the per-resource lock, the fencer, where Idempotency-Key
-// records live, the live rejection feed, the wake-up of waiting acquires).
-// cmd/fencegw, its demo, the benchmarks and the end-to-end tests all open a
-// mode here, so that each is wired one way; a new mode is one constructor.
+// records live, the live rejection feed, the wake-up of waiting acquires,
+// the store's metrics). It is the one package that imports the storage
+// backends: package replica opens a mode here for cmd/fencegw, its demo,
+// the benchmarks and the end-to-end tests, so that each is wired one way;
+// a new mode is one constructor.
 package mode
 
 import (
@@ -67,18 +69,17 @@ type Mode struct {
 	// Fencer admits writes in the PostgreSQL modes (Locker is then its
 	// exclusive side); nil in the embedded mode, which locks per write.
 	Fencer tokens.Fencer
-	// Fence is the PostgreSQL fence behind Fencer (its Stats are metrics);
-	// nil in the embedded mode.
-	Fence *postgres.Fence
 	// Keys keeps Idempotency-Key records: the bolt file, or PostgreSQL
 	// (also in the Redis mode: Redis is not durable).
 	Keys tokens.IdempotencyStore
 	// Feed carries each recorded rejection to every replica's live stream.
 	Feed feed.Feed
 	// Collectors are the store's own metrics (the embedded store's commit
-	// durations), for the gateway's registry.
+	// durations, the PostgreSQL fence's admits and yields), for the
+	// gateway's registry.
 	Collectors []prometheus.Collector
 
+	fence   *postgres.Fence // behind Fencer; nil in the embedded mode
 	closers []func()
 }
 
@@ -86,8 +87,8 @@ type Mode struct {
 // resource freed on another replica. A no-op in the embedded mode, where
 // every release goes through the one Service.
 func (m *Mode) OnFree(wake func(resource string)) {
-	if m.Fence != nil {
-		m.Fence.OnFree(wake)
+	if m.fence != nil {
+		m.fence.OnFree(wake)
 	}
 }
 
@@ -99,18 +100,10 @@ func (m *Mode) Close() {
 	m.closers = nil
 }
 
-// ConfigError is a bad value in Config (a URL that does not parse): the
-// caller's mistake, not an outage.
-type ConfigError struct {
-	Field string
-	Err   error
-}
-
-func (e *ConfigError) Error() string { return e.Field + ": " + e.Err.Error() }
-func (e *ConfigError) Unwrap() error { return e.Err }
-
 // Open opens the mode cfg names: PostgreSQL (with Redis) if cfg.Postgres
-// is set, else the embedded store in cfg.Data.
+// is set, else the embedded store in cfg.Data. A bad value in cfg is a
+// *ConfigError, a store that is unreachable or in use a *StoreError
+// (errors.go).
 func Open(ctx context.Context, cfg Config) (*Mode, error) {
 	if cfg.Postgres != "" {
 		return OpenPostgres(ctx, cfg)
@@ -132,8 +125,13 @@ func (cfg *Config) defaults() {
 
 // OpenEmbedded opens the embedded mode: one process, tokens, leases and
 // rejections in a bbolt file in cfg.Data.
-func OpenEmbedded(cfg Config) (*Mode, error) {
+func OpenEmbedded(cfg Config) (_ *Mode, err error) {
 	cfg.defaults()
+	defer func() {
+		if err != nil {
+			err = classify(err, cfg)
+		}
+	}()
 	if err := os.MkdirAll(cfg.Data, 0o750); err != nil {
 		return nil, fmt.Errorf("create data directory: %w", err)
 	}
@@ -179,6 +177,7 @@ func OpenPostgres(ctx context.Context, cfg Config) (_ *Mode, err error) {
 	defer func() {
 		if err != nil {
 			m.Close()
+			err = classify(err, cfg)
 		}
 	}()
 	pg, err := postgres.Open(openCtx, cfg.Postgres, postgres.Options{
@@ -247,7 +246,8 @@ func OpenPostgres(ctx context.Context, cfg Config) (_ *Mode, err error) {
 		return nil, fmt.Errorf("start PostgreSQL fences: %w", err)
 	}
 	m.closers = append(m.closers, fence.Close)
-	m.Fence, m.Locker, m.Fencer = fence, fence, fence
+	m.fence, m.Locker, m.Fencer = fence, fence, fence
+	m.Collectors = fenceMetrics(fence)
 
 	// Every replica, this one included, hears each rejection once through
 	// the transport (storage/feed).

@@ -1,10 +1,8 @@
 package postgres_test
 
 import (
-	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,40 +12,18 @@ import (
 	"github.com/fencegw/fencegw/tokens"
 )
 
-// countingLocker counts shared locks taken through it.
-type countingLocker struct {
-	tokens.Locker
-	shared atomic.Int64
-}
-
-func (c *countingLocker) Shared(ctx context.Context, resource string) (func(), error) {
-	c.shared.Add(1)
-	return c.Locker.Shared(ctx, resource)
-}
-
-// countingStore counts the lease reads of the write path.
-type countingStore struct {
-	*postgres.Store
-	reads atomic.Int64
-}
-
-func (c *countingStore) LeaseState(ctx context.Context, id string) (tokens.Lease, tokens.Resource, error) {
-	c.reads.Add(1)
-	return c.Store.LeaseState(ctx, id)
-}
-
 // A superseded lease's next writes are refused from the stale cache, with
 // no store read; a grant through the same service makes the next refusal
-// read again and report the new current token.
+// read again and report the new current token. On the production path:
+// a Service whose writes the PostgreSQL fence admits.
 func TestStaleLeaseIsRefusedFromCache(t *testing.T) {
 	t.Parallel()
-	pg := pgtest.OpenFresh(t)
-	st := &countingStore{Store: pg}
-	svc, rejections := recordingService(st, pg)
+	r := pgtest.FenceReplicas(t, 1, storagetest.FenceOptions{}, nil)[0]
+	svc, rejections := recordingService(r)
 	ctx := t.Context()
 	acquire := func(ttl time.Duration) tokens.Lease { t.Helper(); return acquireOn(t, svc, "r", ttl) }
 	old := acquire(100 * time.Millisecond)
-	storagetest.WaitPast(t, pg, "r", old.ExpiresAt)
+	storagetest.WaitPast(t, r.Store, "r", old.ExpiresAt)
 	second := acquire(100 * time.Millisecond)
 	write := func() {
 		t.Helper()
@@ -55,15 +31,19 @@ func TestStaleLeaseIsRefusedFromCache(t *testing.T) {
 			t.Fatalf("stale write: %v", err)
 		}
 	}
+	before := r.Reads()
 	write()
-	reads := st.reads.Load()
+	if r.Reads() == before {
+		t.Fatal("the first refusal of a superseded lease read nothing: it must be judged on the store's state")
+	}
+	reads := r.Reads()
 	for range 20 {
 		write()
 	}
-	if n := st.reads.Load() - reads; n != 0 {
+	if n := r.Reads() - reads; n != 0 {
 		t.Fatalf("20 more refusals of the same superseded lease read the store %d times, want 0", n)
 	}
-	storagetest.WaitPast(t, pg, "r", second.ExpiresAt)
+	storagetest.WaitPast(t, r.Store, "r", second.ExpiresAt)
 	third := acquire(time.Minute)
 	write()
 	recorded := rejections()
@@ -73,15 +53,15 @@ func TestStaleLeaseIsRefusedFromCache(t *testing.T) {
 	}
 }
 
-// On PostgreSQL a write under a lease that has ended (superseded, expired,
-// released) is refused from one read of the lease and its fence, without
-// the resource's shared lock; a write under the current lease still takes
-// it. The refusal is recorded with the facts of the moment.
-func TestAdmitRefusesEndedLeasesWithoutTheLock(t *testing.T) {
+// A write under a lease that has ended (superseded, expired, released) is
+// refused by the fence from one read of the lease and its fence state,
+// without taking the resource's shared fence; a write under the current
+// lease takes it. The refusal is recorded with the facts of the moment.
+func TestAdmitRefusesEndedLeasesWithoutAFence(t *testing.T) {
 	t.Parallel()
-	st := pgtest.OpenFresh(t)
-	locker := &countingLocker{Locker: st}
-	svc, rejections := recordingService(st, locker)
+	r := pgtest.FenceReplicas(t, 1, storagetest.FenceOptions{}, nil)[0]
+	fence := r.Fencer.(*postgres.Fence)
+	svc, rejections := recordingService(r)
 	ctx := t.Context()
 	acquire := func(res string, ttl time.Duration) tokens.Lease { t.Helper(); return acquireOn(t, svc, res, ttl) }
 	superseded := acquire("a", 100*time.Millisecond)
@@ -90,21 +70,24 @@ func TestAdmitRefusesEndedLeasesWithoutTheLock(t *testing.T) {
 	if _, err := svc.Release(ctx, released.ID, ""); err != nil {
 		t.Fatal(err)
 	}
-	storagetest.WaitPast(t, st, "a", superseded.ExpiresAt)
-	storagetest.WaitPast(t, st, "b", expired.ExpiresAt)
+	storagetest.WaitPast(t, r.Store, "a", superseded.ExpiresAt)
+	storagetest.WaitPast(t, r.Store, "b", expired.ExpiresAt)
 	current := acquire("a", time.Minute)
 
 	for _, tc := range []struct {
 		lease tokens.Lease
 		kind  error
 	}{{superseded, tokens.ErrStaleToken}, {expired, tokens.ErrLeaseExpired}, {released, tokens.ErrLeaseReleased}} {
-		before := locker.shared.Load()
+		fences, reads := fence.Stats().Acquired.Load(), r.Reads()
 		_, err := svc.Admit(ctx, tc.lease.ID, tokens.Write{Method: "POST", Upstream: "up", Path: "/x"})
 		if !errors.Is(err, tc.kind) {
 			t.Fatalf("write under %s's lease: %v, want %v", tc.lease.Resource, err, tc.kind)
 		}
-		if n := locker.shared.Load() - before; n != 0 {
-			t.Errorf("refusing %v took %d shared locks, want 0", tc.kind, n)
+		if n := fence.Stats().Acquired.Load() - fences; n != 0 {
+			t.Errorf("refusing %v took %d shared fences, want 0", tc.kind, n)
+		}
+		if n := r.Reads() - reads; n != 1 {
+			t.Errorf("refusing %v read the lease state %d times, want 1", tc.kind, n)
 		}
 	}
 	if recorded := rejections(); len(recorded) != 3 || recorded[0].Code != tokens.CodeStaleToken || recorded[0].Token != superseded.Token || recorded[0].CurrentToken != current.Token ||
@@ -112,26 +95,27 @@ func TestAdmitRefusesEndedLeasesWithoutTheLock(t *testing.T) {
 		t.Fatalf("recorded %+v", recorded)
 	}
 
-	before := locker.shared.Load()
+	fences := fence.Stats().Acquired.Load()
 	p, err := svc.Admit(ctx, current.ID, tokens.Write{Method: "POST", Upstream: "up", Path: "/x"})
 	if err != nil {
 		t.Fatalf("write under the current lease: %v", err)
 	}
 	p.Done(tokens.OutcomeKnown)
-	if n := locker.shared.Load() - before; n != 1 {
-		t.Fatalf("admitting the current lease took %d shared locks, want 1", n)
+	if n := fence.Stats().Acquired.Load() - fences; n != 1 {
+		t.Fatalf("admitting the current lease took %d shared fences, want 1", n)
 	}
 	if _, err := svc.Admit(ctx, "fl_unknown", tokens.Write{}); !errors.Is(err, tokens.ErrUnknownLease) {
 		t.Fatalf("unknown lease: %v", err)
 	}
 }
 
-// recordingService is a Service on store and locker that keeps every
+// recordingService is a Service on replica r, as the PostgreSQL mode wires
+// one (its fence admits writes and is its exclusive lock), that keeps every
 // rejection it reports; rejections returns them so far.
-func recordingService(store tokens.Store, locker tokens.Locker) (svc *tokens.Service, rejections func() []tokens.Rejection) {
+func recordingService(r *storagetest.FenceReplica) (svc *tokens.Service, rejections func() []tokens.Rejection) {
 	var mu sync.Mutex
 	var recorded []tokens.Rejection
-	svc = tokens.New(tokens.Config{Store: store, Locker: locker, OnRejection: func(r tokens.Rejection) {
+	svc = tokens.New(tokens.Config{Store: r.Store, Locker: r.Locker, Fencer: r.Fencer, OnRejection: func(r tokens.Rejection) {
 		mu.Lock()
 		recorded = append(recorded, r)
 		mu.Unlock()

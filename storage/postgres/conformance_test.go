@@ -10,6 +10,9 @@ import (
 	"github.com/fencegw/fencegw/tokens"
 )
 
+// TestConformance runs the store conformance suite (storagetest.Run) on
+// the PostgreSQL store, each store on a schema of its own; Reopen closes
+// it and opens the same schema again.
 func TestConformance(t *testing.T) {
 	pgtest.Require(t)
 	var mu sync.Mutex

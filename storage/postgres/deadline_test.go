@@ -22,9 +22,16 @@ func TestStoreCallsEndByTheClientsBound(t *testing.T) {
 	// A statement timeout far past the bounds: only the bounds can end
 	// the calls in time.
 	s := pgtest.Open(t, schema, postgres.Options{StatementTimeout: time.Minute})
-	const grantWait = time.Second
-	svc := tokens.New(tokens.Config{Store: s, Locker: tokens.NewLocalLocker(), GrantWait: grantWait})
 	ctx := t.Context()
+	// Wired as the PostgreSQL mode wires it: its fence admits writes and
+	// is its lock.
+	fence, err := s.NewFence(ctx, postgres.FenceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fence.Close) // before the store's Close
+	const grantWait = time.Second
+	svc := tokens.New(tokens.Config{Store: s, Locker: fence, Fencer: fence, GrantWait: grantWait})
 	held, err := svc.Acquire(ctx, tokens.AcquireRequest{Resource: "held", Holder: "w", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)

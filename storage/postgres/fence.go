@@ -136,8 +136,14 @@ type FenceOptions struct {
 	State StateReader
 }
 
-// StateReader reads a lease and its resource's fence state with the store's
-// clock in Resource.Now; ErrNotFound for an unknown lease id.
+// StateReader reads a lease and its resource's fence state, the one read
+// Hold judges a write on: leaseID's lease and its resource's state as
+// Store.Lease and Store.Resource would return them, read at one instant
+// with the store's clock in Resource.Now, except that Resource.Lease may be
+// nil when it is not leaseID's lease (the lease is then superseded
+// whichever it is, and Resource.Token says by which token). ErrNotFound
+// for an unknown lease id. The conformance suite (storagetest, LeaseState)
+// checks it on every Store that has it.
 type StateReader interface {
 	LeaseState(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, error)
 }
@@ -272,9 +278,11 @@ func (s *Store) NewFence(ctx context.Context, opts FenceOptions) (*Fence, error)
 	return f, nil
 }
 
-// Hold admits one write under leaseID (tokens.Fencer): see the comment at
-// the top of this file for why the state it returns may come from memory.
-func (f *Fence) Hold(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, tokens.Held, error) {
+// Hold judges one write under leaseID and, if it is admitted, holds its
+// fence (tokens.Fencer): see the comment at the top of this file for why
+// the state it judges may come from memory. Every state it judges is
+// judged once, here (tokens.Judge); the Service takes the verdict as it is.
+func (f *Fence) Hold(ctx context.Context, leaseID string) (tokens.Verdict, error) {
 	now := time.Now()
 	f.mu.Lock()
 	hf := f.byLease[leaseID]
@@ -285,38 +293,49 @@ func (f *Fence) Hold(ctx context.Context, leaseID string) (tokens.Lease, tokens.
 			hf.inflight++
 			f.mu.Unlock()
 			f.stats.LocalAdmits.Add(1)
-			return *state.Lease, state, &heldRef{f: f, hf: hf}, nil
+			return tokens.Verdict{Lease: *state.Lease, State: state, Held: &heldRef{f: f, hf: hf}}, nil
 		}
+		// Not admitted on memory: judged again below, on the database's
+		// state, never refused on what this replica remembers.
 	}
 	f.mu.Unlock()
 	return f.holdSlow(ctx, leaseID)
 }
 
-// holdSlow reads the lease from the database, refuses it there if it is
-// refused for good, and otherwise admits it on a state read under a held
-// fence.
-func (f *Fence) holdSlow(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, tokens.Held, error) {
+// holdSlow reads the lease from the database and refuses it there if it
+// is refused for good; otherwise it takes the fence and judges the state
+// read under it. Two reads, each judged once: the first spares a write
+// that will be refused whatever happens next the fence (a lock round trip
+// per stale write in a storm); the second is the one a write is admitted
+// on.
+func (f *Fence) holdSlow(ctx context.Context, leaseID string) (tokens.Verdict, error) {
 	lease, state, err := f.state.LeaseState(ctx, leaseID)
 	if err != nil {
-		return tokens.Lease{}, tokens.Resource{}, nil, err
+		return tokens.Verdict{}, err
 	}
-	if tokens.Judge(lease, state, state.Now) != nil {
+	if refusal := tokens.Judge(lease, state, state.Now); refusal != nil {
 		// Final: tokens never go down, a superseded or released lease stays
 		// so, an expired one cannot be renewed. No fence needed to refuse.
-		return lease, state, noHold{}, nil
+		return tokens.Verdict{Lease: lease, State: state, Refusal: refusal}, nil
 	}
 	hf, err := f.hold(ctx, lease.Resource)
 	if err != nil {
-		return tokens.Lease{}, tokens.Resource{}, nil, err
+		return tokens.Verdict{}, err
 	}
 	readStart := time.Now()
 	lease, state, err = f.state.LeaseState(ctx, leaseID)
 	if err != nil {
 		f.release(hf)
-		return tokens.Lease{}, tokens.Resource{}, nil, err
+		return tokens.Verdict{}, err
 	}
 	f.remember(hf, state, readStart)
-	return lease, state, &heldRef{f: f, hf: hf}, nil
+	if refusal := tokens.Judge(lease, state, state.Now); refusal != nil {
+		// The lease ended between the reads (a grant, release or revoke
+		// took the exclusive fence before this one was held).
+		f.release(hf)
+		return tokens.Verdict{Lease: lease, State: state, Refusal: refusal}, nil
+	}
+	return tokens.Verdict{Lease: *state.Lease, State: state, Held: &heldRef{f: f, hf: hf}}, nil
 }
 
 // remember keeps state, read under hf's lock, for local checks.

@@ -27,10 +27,11 @@ func BenchmarkHeldCheck(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	_, _, held, err := fence.Hold(ctx, lease.ID)
-	if err != nil {
-		b.Fatal(err)
+	v, err := fence.Hold(ctx, lease.ID)
+	if err != nil || v.Refusal != nil {
+		b.Fatal(err, v.Refusal)
 	}
+	held := v.Held
 	defer held.Release()
 	b.ReportAllocs()
 	b.ResetTimer()

@@ -108,10 +108,3 @@ var (
 	errFenceUnconfirmed = &tokens.Error{Kind: tokens.ErrFenceLost,
 		Detail: "this replica's lock session for the resource was not confirmed alive before the write's deadline"}
 )
-
-// noHold is the hold of a write refused without a fence: nothing to
-// release, nothing to prove.
-type noHold struct{}
-
-func (noHold) Release()              {}
-func (noHold) Check(time.Time) error { return errFenceLost }

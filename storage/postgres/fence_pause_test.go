@@ -40,11 +40,15 @@ func TestSlowSessionKeepsItsFences(t *testing.T) {
 	hold := func(timeout time.Duration) error {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
-		_, _, held, err := fence.Hold(ctx, lease.ID)
-		if err == nil {
-			held.Release()
+		v, err := fence.Hold(ctx, lease.ID)
+		if err != nil {
+			return err
 		}
-		return err
+		if v.Refusal != nil {
+			return v.Refusal
+		}
+		v.Held.Release()
+		return nil
 	}
 	if err := hold(5 * time.Second); err != nil {
 		t.Fatalf("first write: %v", err)
@@ -52,10 +56,11 @@ func TestSlowSessionKeepsItsFences(t *testing.T) {
 	// A write admitted before the pause, whose bytes are to be sent while
 	// the session answers late: its proof waits for the session's next
 	// answer instead of cutting the write short.
-	_, _, inflight, err := fence.Hold(ctx, lease.ID)
-	if err != nil {
-		t.Fatal(err)
+	v, err := fence.Hold(ctx, lease.ID)
+	if err != nil || v.Refusal != nil {
+		t.Fatal(err, v.Refusal)
 	}
+	inflight := v.Held
 	defer inflight.Release()
 	acquired := fence.Stats().Acquired.Load()
 

@@ -7,6 +7,8 @@ import (
 	"github.com/fencegw/fencegw/storage/storagetest"
 )
 
+// TestFenceConformance runs the fence conformance suite
+// (storagetest.RunFence) on PostgreSQL replicas sharing one schema.
 func TestFenceConformance(t *testing.T) {
 	pgtest.Require(t)
 	storagetest.RunFence(t, storagetest.FenceHarness{

@@ -14,11 +14,13 @@ import (
 	"github.com/fencegw/fencegw/tokens"
 )
 
-// The per-resource shared/exclusive lock (tokens.Locker) across replicas.
-//
-// Choice: session-level advisory locks (pg_advisory_lock_shared /
-// pg_advisory_lock) on a connection taken from a dedicated pool and held
-// until unlock, keyed by a 64-bit FNV-1a hash of schema and resource name.
+// Session-level advisory locks held on a connection of the lock pool: the
+// exclusive lock of a resource that grants, releases and revokes take
+// (through Fence.Exclusive, which takes it with exclusiveFence below), and
+// the migration lock. The shared side of a resource's lock is held by the
+// fence's long-lived lock sessions (fence.go, fence_session.go), never per
+// write; both are keyed by a 64-bit FNV-1a hash of schema and resource
+// name.
 //
 //   - They cost no table writes. The alternative, SELECT ... FOR SHARE on the
 //     resource's fences row inside a transaction held across the forward,
@@ -35,33 +37,27 @@ import (
 //   - Writer preference comes for free: PostgreSQL's lock manager queues a
 //     new request behind a waiting request it conflicts with, so a waiting
 //     pg_advisory_lock (exclusive) blocks later pg_advisory_lock_shared
-//     calls even though the current holders are shared
-//     (the Locker suite, TestLockerConformance/WriterPreference, checks it
-//     across two Stores).
+//     calls even though the current holders are shared (the Locker suite
+//     on postgres.Fence, TestFenceLockerConformance/WriterPreference,
+//     checks it across two replicas).
 //   - Waits are bounded: each call sets lock_timeout from the caller's
 //     deadline (capped by Options.LockTimeout), and a context cancellation
 //     cancels the query, which breaks the connection; a connection whose
 //     lock or unlock did not end cleanly is destroyed, never returned to the
 //     pool while it might still hold a lock.
 //
-// Limit, written down on purpose: a session-level lock lives exactly as long
-// as its database session. If a replica dies, or its connection is killed
-// (pg_terminate_backend, a network partition long enough for TCP keepalive,
-// a PostgreSQL restart or failover), the database frees that replica's
-// shared locks while its forwards may still be in flight, and a grant on
-// another replica can then proceed. A dead replica's forwards die with it
-// (their TCP connections to the upstream break), but a live replica that
-// only lost its database session keeps forwarding: the unlock then fails
-// (Lock.Unlock returns the error, and it is logged), and for that window
-// guarantee 1 of docs/design.md rests on the forward timeout alone. Holding locks
-// in the database cannot do better; only an upstream that checks the
-// Fencing-Token header itself can.
+// A session-level lock lives exactly as long as its database session: if
+// the session of an exclusive holder dies, the database frees its lock and
+// the next exclusive taker proceeds; the holder learns it at unlock
+// (Lock.Unlock returns the error, and it is logged; TestLockerSessionKilled).
+// The shared side's answer to a lost session is the fence's (fence.go,
+// points 3 and 4): the presence row's orphan drain and the proof before
+// every byte.
 
-// Lock is a held advisory lock.
+// Lock is a held exclusive advisory lock.
 type Lock struct {
 	conn     *pgxpool.Conn
 	key      int64
-	shared   bool
 	resource string
 	log      interface {
 		Error(msg string, args ...any)
@@ -72,44 +68,16 @@ type Lock struct {
 	notify *[2]string
 }
 
-// Shared takes the resource's shared lock across all replicas (tokens.Locker).
-func (s *Store) Shared(ctx context.Context, resource string) (func(), error) {
-	l, err := s.SharedLock(ctx, resource)
-	if err != nil {
-		return nil, err
-	}
-	return func() { _ = l.Unlock() }, nil
-}
-
-// Exclusive takes the resource's exclusive lock across all replicas
-// (tokens.Locker). A lock wait cut short by the deadline returns an error
-// that wraps context.DeadlineExceeded.
-func (s *Store) Exclusive(ctx context.Context, resource string) (func(), error) {
-	l, err := s.ExclusiveLock(ctx, resource)
-	if err != nil {
-		return nil, err
-	}
-	return func() { _ = l.Unlock() }, nil
-}
-
-// SharedLock is Shared returning the *Lock, whose Unlock reports a lock that
-// was lost with its session.
-func (s *Store) SharedLock(ctx context.Context, resource string) (*Lock, error) {
-	return s.lock(ctx, "resource", resource, true)
-}
-
-// ExclusiveLock is Exclusive returning the *Lock.
-func (s *Store) ExclusiveLock(ctx context.Context, resource string) (*Lock, error) {
-	return s.lock(ctx, "resource", resource, false)
-}
-
-func (s *Store) lock(ctx context.Context, kind, name string, shared bool) (*Lock, error) {
-	return s.lockWith(ctx, kind, name, shared, nil)
+// lock takes the exclusive advisory lock of (kind, name) across all
+// replicas. A wait cut short by the deadline (ctx's, or lock_timeout)
+// returns an error that wraps context.DeadlineExceeded.
+func (s *Store) lock(ctx context.Context, kind, name string) (*Lock, error) {
+	return s.lockWith(ctx, kind, name, nil)
 }
 
 // lockWith is lock with more statements queued after the lock, in the same
 // round trip and transaction (they run only if the lock was granted).
-func (s *Store) lockWith(ctx context.Context, kind, name string, shared bool, extra func(*pgx.Batch)) (*Lock, error) {
+func (s *Store) lockWith(ctx context.Context, kind, name string, extra func(*pgx.Batch)) (*Lock, error) {
 	wait := s.opts.LockTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		if d := time.Until(dl); d < wait {
@@ -136,20 +104,16 @@ func (s *Store) lockWith(ctx context.Context, kind, name string, shared bool, ex
 		return nil, tokens.Unavailable("postgres lock connection", err)
 	}
 	key := s.lockKey(kind, name)
-	fn := "pg_advisory_lock"
-	if shared {
-		fn = "pg_advisory_lock_shared"
-	}
 	b := &pgx.Batch{}
 	b.Queue("SELECT set_config('lock_timeout', $1, false)", ms(wait))
-	b.Queue("SELECT "+fn+"($1)", key)
+	b.Queue("SELECT pg_advisory_lock($1)", key)
 	if extra != nil {
 		extra(b)
 	}
 	err = conn.SendBatch(ctx, b).Close()
 	switch {
 	case err == nil:
-		return &Lock{conn: conn, key: key, shared: shared, resource: name, log: s.log}, nil
+		return &Lock{conn: conn, key: key, resource: name, log: s.log}, nil
 	case isPgCode(err, codeLockNotAvailable, codeQueryCanceled) && ctx.Err() == nil:
 		// lock_timeout fired, but that does not mean the lock was not
 		// granted: if the holder let go while the timeout was being
@@ -186,16 +150,12 @@ func (l *Lock) Unlock() error {
 	l.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		fn := "pg_advisory_unlock"
-		if l.shared {
-			fn = "pg_advisory_unlock_shared"
-		}
 		var ok bool
 		var err error
 		if l.notify != nil {
-			err = l.conn.QueryRow(ctx, "SELECT "+fn+"($1), pg_notify($2, $3) IS NULL", l.key, l.notify[0], l.notify[1]).Scan(&ok, new(bool))
+			err = l.conn.QueryRow(ctx, "SELECT pg_advisory_unlock($1), pg_notify($2, $3) IS NULL", l.key, l.notify[0], l.notify[1]).Scan(&ok, new(bool))
 		} else {
-			err = l.conn.QueryRow(ctx, "SELECT "+fn+"($1)", l.key).Scan(&ok)
+			err = l.conn.QueryRow(ctx, "SELECT pg_advisory_unlock($1)", l.key).Scan(&ok)
 		}
 		if err == nil && !ok {
 			err = errors.New("the session no longer held the lock")
@@ -203,7 +163,7 @@ func (l *Lock) Unlock() error {
 		if err != nil {
 			destroy(l.conn)
 			l.err = tokens.Unavailable("postgres advisory unlock (the lock may have been lost before)", err)
-			l.log.Error("advisory lock lost before unlock", "resource", l.resource, "shared", l.shared, "err", err)
+			l.log.Error("advisory lock lost before unlock", "resource", l.resource, "err", err)
 			return
 		}
 		l.conn.Release()
@@ -227,8 +187,7 @@ func destroy(conn *pgxpool.Conn) {
 	_ = c.Close(ctx)
 }
 
-// exclusiveFence takes the resource's exclusive advisory lock (as
-// ExclusiveLock) and, in the same round trip, looks for presence rows whose
+// exclusiveFence takes the resource's exclusive advisory lock and, in the same round trip, looks for presence rows whose
 // lock session no longer exists (fence.go): a replica died or lost its
 // session while it held the resource's shared fence, so a write it
 // forwarded may still land. Those rows are deleted and the resource drains
@@ -259,7 +218,7 @@ func (s *Store) exclusiveFence(ctx context.Context, resource string, orphanDrain
 			return err
 		})
 	}
-	l, err := s.lockWith(ctx, "resource", resource, false, extra)
+	l, err := s.lockWith(ctx, "resource", resource, extra)
 	if err != nil {
 		return nil, err
 	}

@@ -63,24 +63,9 @@ func mustHappen(t *testing.T, ch <-chan func(), what string) func() {
 	return nil
 }
 
-// The advisory lock per write (postgres.Store as a tokens.Locker) and the
-// fence kept across writes (postgres.Fence, the Locker both PostgreSQL modes
-// serve with: the Redis mode locks in PostgreSQL too) pass the Locker
-// suite, with each replica on its own pool of one schema.
-func TestLockerConformance(t *testing.T) {
-	pgtest.Require(t)
-	storagetest.RunLocker(t, storagetest.LockerHarness{
-		Replicas: func(t *testing.T, n int) []tokens.Locker {
-			schema := pgtest.NewSchema(t)
-			out := make([]tokens.Locker, n)
-			for i := range out {
-				out[i] = pgtest.Open(t, schema, postgres.Options{})
-			}
-			return out
-		},
-	})
-}
-
+// The fence (postgres.Fence, the Locker both PostgreSQL modes serve with:
+// the Redis mode locks in PostgreSQL too) passes the Locker suite, with
+// each replica on its own pool of one schema.
 func TestFenceLockerConformance(t *testing.T) {
 	pgtest.Require(t)
 	storagetest.RunLocker(t, storagetest.LockerHarness{
@@ -99,16 +84,25 @@ func TestFenceLockerConformance(t *testing.T) {
 	})
 }
 
+// An exclusive lock (a grant's, a release's, a revoke's) dies with its
+// session: the database frees it, the next exclusive taker proceeds, and
+// the holder learns it at unlock.
 func TestLockerSessionKilled(t *testing.T) {
 	t.Parallel()
 	a, b := twoReplicas(t)
 	ctx := t.Context()
-	held, err := a.SharedLock(ctx, "r")
+	held, err := a.ExclusiveFence(ctx, "r")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ex := acquireAsync(ctx, b.Exclusive, "r")
-	mustNotHappen(t, ex, "exclusive while shared held")
+	ex := acquireAsync(ctx, func(ctx context.Context, r string) (func(), error) {
+		l, err := b.ExclusiveFence(ctx, r)
+		if err != nil {
+			return nil, err
+		}
+		return func() { _ = l.Unlock() }, nil
+	}, "r")
+	mustNotHappen(t, ex, "exclusive while another exclusive held")
 
 	conn, err := pgx.Connect(ctx, pgtest.URL())
 	if err != nil {
@@ -118,8 +112,8 @@ func TestLockerSessionKilled(t *testing.T) {
 	if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend($1)", postgres.LockPID(held)); err != nil {
 		t.Fatal(err)
 	}
-	// The database freed the lock with the session (the documented limit)...
-	mustHappen(t, ex, "exclusive after the shared holder's session died")()
+	// The database freed the lock with the session...
+	mustHappen(t, ex, "exclusive after the holder's session died")()
 	// ...and the holder learns it at unlock.
 	if err := held.Unlock(); !errors.Is(err, tokens.ErrStoreUnavailable) {
 		t.Fatalf("Unlock of a lost lock: %v, want ErrStoreUnavailable", err)
@@ -128,11 +122,13 @@ func TestLockerSessionKilled(t *testing.T) {
 		t.Fatalf("second Unlock: %v", err)
 	}
 	// The pool is healthy afterwards.
-	u, err := a.Exclusive(ctx, "r")
+	l, err := a.ExclusiveFence(ctx, "r")
 	if err != nil {
 		t.Fatal(err)
 	}
-	u()
+	if err := l.Unlock(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // A lock wait whose lock_timeout fires just as the holder lets go may be
@@ -164,7 +160,7 @@ func TestLockTimeoutRacingTheGrantKeepsNoLock(t *testing.T) {
 			resource := fmt.Sprintf("race-%d", r)
 			key := holders.LockKey(resource)
 			for i := range rounds {
-				held, err := holders.ExclusiveLock(ctx, resource)
+				held, err := holders.ExclusiveFence(ctx, resource)
 				if err != nil {
 					t.Error(err)
 					return
@@ -177,7 +173,7 @@ func TestLockTimeoutRacingTheGrantKeepsNoLock(t *testing.T) {
 					_ = held.Unlock()
 				}()
 				// No deadline: the wait ends by lock_timeout alone.
-				got, err := waiters.ExclusiveLock(context.WithoutCancel(ctx), resource)
+				got, err := waiters.ExclusiveFence(context.WithoutCancel(ctx), resource)
 				<-let
 				switch {
 				case err == nil:

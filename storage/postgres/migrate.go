@@ -1,5 +1,8 @@
 package postgres
 
+// The schema's migrations: embedded SQL files applied in order, recorded in
+// goose's table layout.
+
 import (
 	"cmp"
 	"context"
@@ -51,7 +54,7 @@ func (s *Store) migrate(ctx context.Context) error {
 	if err != nil {
 		return err // embedded at build time: TestEmbeddedMigrations reads them all
 	}
-	lock, err := s.lock(ctx, "migrate", "", false)
+	lock, err := s.lock(ctx, "migrate", "")
 	if err != nil {
 		return s.interpret("migration lock", err)
 	}

@@ -1,5 +1,8 @@
 package postgres
 
+// The drain after an orphaned fence, from the drain period and the
+// session check.
+
 import "time"
 
 // OrphanDrain is the FenceOptions.OrphanDrain a gateway with this drain

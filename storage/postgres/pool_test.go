@@ -50,14 +50,14 @@ func TestExhaustedPoolsSaySo(t *testing.T) {
 		}
 	}
 
-	held, err := s.ExclusiveLock(ctx, "a")
+	held, err := s.ExclusiveFence(ctx, "a")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer held.Unlock()
 	short2, cancel2 := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel2()
-	_, err = s.ExclusiveLock(short2, "b")
+	_, err = s.ExclusiveFence(short2, "b")
 	if e := tokens.ErrorOf(err); !errors.Is(err, tokens.ErrStoreUnavailable) || e == nil || !e.Busy {
 		t.Fatalf("lock with the lock pool exhausted: %v; want ErrStoreUnavailable marked busy", err)
 	}

@@ -1,10 +1,13 @@
-// Package postgres implements tokens.Store and tokens.Locker on PostgreSQL
-// (pgx v5), for the "--postgres URL" storage mode: several gateways share one
-// database. Tokens, fences, leases, the lease history and the rejection log
-// live in tables; lease expiry is decided by the database's clock; the
-// per-resource shared/exclusive lock is a PostgreSQL advisory lock, so it
-// holds across replicas (see locker.go); rejections fan out to every replica
-// with LISTEN/NOTIFY (see notify.go).
+// Package postgres implements tokens.Store on PostgreSQL (pgx v5), and
+// tokens.Fencer and tokens.Locker with Fence, for the "--postgres URL"
+// storage mode: several gateways share one database. Tokens, fences,
+// leases, the lease history and the rejection log live in tables; lease
+// expiry is decided by the database's clock; the per-resource
+// shared/exclusive lock is a PostgreSQL advisory lock, so it holds across
+// replicas: its shared side kept by each replica's fence across writes
+// (fence.go), its exclusive side taken per grant, release or revoke
+// (locker.go); rejections fan out to every replica with LISTEN/NOTIFY (see
+// notify.go).
 //
 // The package also serves as the durable ledger of the Redis mode
 // (storage/redis): GrantClaimed, RenewClaimed, ReleaseClaimed, LeaseAt and
@@ -92,8 +95,9 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Store is a tokens.Store and tokens.Locker backed by PostgreSQL. It is safe
-// for concurrent use by many goroutines and many replicas.
+// Store is a tokens.Store backed by PostgreSQL (its Fence, NewFence, is
+// the mode's Fencer and Locker). It is safe for concurrent use by many
+// goroutines and many replicas.
 type Store struct {
 	pool     *pgxpool.Pool // queries
 	lockPool *pgxpool.Pool // connections holding advisory locks
@@ -115,10 +119,7 @@ type Store struct {
 	exhaustedLogged atomic.Int64 // unix second of the last pool-exhausted warning
 }
 
-var (
-	_ tokens.Store  = (*Store)(nil)
-	_ tokens.Locker = (*Store)(nil)
-)
+var _ tokens.Store = (*Store)(nil)
 
 // Open connects to url, applies the embedded migrations (serialised across
 // concurrently starting replicas by an advisory lock) and returns a Store.

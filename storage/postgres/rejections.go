@@ -1,5 +1,8 @@
 package postgres
 
+// The rejection log: RecordRejection's group commit, a repeat counted on
+// the entry it repeats.
+
 import (
 	"context"
 	"errors"

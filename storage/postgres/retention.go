@@ -1,5 +1,8 @@
 package postgres
 
+// Retention: the bounds of the rejection log, the history and ended leases,
+// and the pruning pass that keeps them.
+
 import (
 	"context"
 	"time"

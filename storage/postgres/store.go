@@ -414,9 +414,10 @@ func (s *Store) LeaseAt(ctx context.Context, leaseID string) (tokens.Lease, time
 }
 
 // LeaseState returns a lease and its resource's fence state, read together
-// in one statement with the database clock in Now (tokens.Service uses it
-// to refuse a write under an ended lease without taking the resource's
-// lock). ErrNotFound for an unknown lease id.
+// in one statement with the database clock in Now (StateReader: the read
+// the fence judges writes on, which lets it refuse a write under an ended
+// lease without taking the resource's fence). ErrNotFound for an unknown
+// lease id.
 func (s *Store) LeaseState(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, error) {
 	var (
 		r       leaseRow

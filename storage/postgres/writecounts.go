@@ -1,5 +1,7 @@
 package postgres
 
+// Forwarded-write counts per resource and token (tokens.WriteCounter).
+
 import (
 	"cmp"
 	"context"

@@ -14,8 +14,8 @@
 //     and supersedes the old lease in the Ledger.
 //  2. The fence is the Ledger's: Resource reports the Ledger's current token
 //     and current lease, and a write is judged (tokens.Judge) against them
-//     under the Ledger's Locker (the PostgreSQL advisory lock, not a Redis
-//     one). A lease whose Redis claim is gone or taken is reported expired,
+//     under the PostgreSQL fence (postgres.Fence: advisory locks, not a
+//     Redis lock). A lease whose Redis claim is gone or taken is reported expired,
 //     never live; a lease that Redis still shows but the Ledger superseded
 //     is stale by its token. Neither store alone can admit an old token.
 //  3. Renew and release only ever touch a claim whose value is the caller's
@@ -109,7 +109,8 @@ type Options struct {
 }
 
 // Store is a tokens.Store with leases in Redis and everything durable in a
-// Ledger. Use the Ledger's Locker (PostgreSQL advisory locks) with it.
+// Ledger. Use the Ledger's fence (postgres.Fence, reading through
+// LeaseState) as its Fencer and Locker.
 type Store struct {
 	rdb    goredis.UniversalClient
 	ledger Ledger

@@ -1,5 +1,7 @@
 package redis
 
+// Forwarded-write counts, kept in the PostgreSQL ledger.
+
 import (
 	"context"
 	"errors"

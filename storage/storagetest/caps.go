@@ -1,5 +1,8 @@
 package storagetest
 
+// The store suite's tests of an owner's cap on live leases: enforced under
+// concurrent grants, and freed as leases end.
+
 import (
 	"errors"
 	"fmt"

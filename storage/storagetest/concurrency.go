@@ -1,5 +1,8 @@
 package storagetest
 
+// The store suite's tests of concurrent grants, of a store reopened
+// (restart), and of Ping.
+
 import (
 	"context"
 	"errors"

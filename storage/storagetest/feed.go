@@ -1,5 +1,9 @@
 package storagetest
 
+// The live feed suite (RunFeed): what is published reaches every replica's
+// subscribers in order and once, through bursts, a feed that closes,
+// stalled transports and subscribers, and reconnects.
+
 import (
 	"context"
 	"fmt"

@@ -130,8 +130,16 @@ var fenceOpts = FenceOptions{SessionCheck: time.Second, DrainPeriod: 3 * time.Se
 
 const fenceTTL = time.Second
 
-// pastFenceTTL sleeps until a fenceTTL lease taken just before has expired.
-func pastFenceTTL() { time.Sleep(fenceTTL + 50*time.Millisecond) }
+// pastFenceTTL waits until l (a fenceTTL lease, as granted) has expired
+// by the clock of r's store, which judges it, and claimSlack more: a
+// claim kept with a TTL of its own (Redis's) may outlive ExpiresAt by the
+// moment between the two writes.
+func pastFenceTTL(t *testing.T, r *FenceReplica, l tokens.Lease) {
+	t.Helper()
+	WaitPast(t, r.Store, l.Resource, l.ExpiresAt.Add(claimSlack))
+}
+
+const claimSlack = 50 * time.Millisecond
 
 func acquireOn(t *testing.T, svc *tokens.Service, resource, holder string, ttl time.Duration) tokens.Lease {
 	t.Helper()
@@ -184,7 +192,7 @@ func testFenceRenewElsewhere(t *testing.T, h FenceHarness) {
 	if _, err := b.Renew(t.Context(), tokens.RenewRequest{LeaseID: l.ID, TTL: 10 * time.Second}); err != nil {
 		t.Fatalf("renew through b: %v", err)
 	}
-	pastFenceTTL()
+	pastFenceTTL(t, rs[1], l)
 	admit(t, a, l).Done(tokens.OutcomeKnown)
 }
 
@@ -248,7 +256,7 @@ func testFenceGrantWaits(t *testing.T, h FenceHarness) {
 	a, b := rs[0].Service(fenceOpts), rs[1].Service(fenceOpts)
 	old := acquireOn(t, a, "grant-waits", "old", fenceTTL)
 	p := admit(t, a, old)
-	pastFenceTTL()
+	pastFenceTTL(t, rs[1], old)
 	type result struct {
 		l   tokens.Lease
 		err error
@@ -335,17 +343,17 @@ func testFenceSessionKilled(t *testing.T, h FenceHarness) {
 
 	rs[0].KillSessions(t)
 	killed := time.Now()
-	pastFenceTTL()
+	pastFenceTTL(t, rs[1], old)
 	grantAfterDrain(t, b, "killed", killed, "the replica's session died", old)
 
-	// The replica no longer admits on what it remembered: the next write
-	// under a still-current lease reads the store again.
-	time.Sleep(fenceOpts.SessionCheck + 100*time.Millisecond)
-	before := rs[0].Reads()
-	admit(t, a, other).Done(tokens.OutcomeKnown)
-	if rs[0].Reads() == before {
-		t.Fatalf("a write was admitted on memory after the replica's session died")
-	}
+	// The replica no longer admits on what it remembered: once its
+	// session check has run, a write under a still-current lease reads the
+	// store again.
+	waitUntil(t, waitLimit, "a write admitted on a read of the store after the replica's session died", func() bool {
+		before := rs[0].Reads()
+		admit(t, a, other).Done(tokens.OutcomeKnown)
+		return rs[0].Reads() > before
+	})
 }
 
 // A crashed replica holds up only the resources it had fenced, and only for
@@ -355,10 +363,10 @@ func testFenceCrash(t *testing.T, h FenceHarness) {
 	a, b := rs[0].Service(fenceOpts), rs[1].Service(fenceOpts)
 	fenced := acquireOn(t, a, "crash-fenced", "old", fenceTTL)
 	admit(t, a, fenced) // never finished: the process dies
-	acquireOn(t, a, "crash-unfenced", "old", fenceTTL)
+	unfenced := acquireOn(t, a, "crash-unfenced", "old", fenceTTL)
 	rs[0].Crash(t)
 	crashed := time.Now()
-	pastFenceTTL()
+	pastFenceTTL(t, rs[1], unfenced) // the later of the two
 	// A wait shorter than what is left of the drain: a resource held up by
 	// the dead replica answers fence_busy, one it never fenced is granted.
 	if _, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "crash-unfenced", Holder: "new", TTL: time.Second,
@@ -392,7 +400,7 @@ func testFenceCleanShutdown(t *testing.T, h FenceHarness) {
 	old := acquireOn(t, a, "clean", "old", fenceTTL)
 	admit(t, a, old).Done(tokens.OutcomeKnown)
 	rs[0].Close()
-	pastFenceTTL()
+	pastFenceTTL(t, rs[1], old)
 	if _, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "clean", Holder: "new", TTL: time.Second}); err != nil {
 		t.Fatalf("grant after a clean shutdown of the previous holder's replica: %v", err)
 	}
@@ -534,7 +542,7 @@ func testFenceDrainAnsweredAtOnce(t *testing.T, h FenceHarness) {
 	old := acquireOn(t, a, "drained", "old", fenceTTL)
 	admit(t, a, old) // in flight when the replica dies
 	rs[0].Crash(t)
-	pastFenceTTL()
+	pastFenceTTL(t, rs[1], old)
 	// The first grant attempt finds the orphan and starts the drain.
 	_, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "drained", Holder: "new", TTL: time.Second, Wait: 300 * time.Millisecond})
 	wantErr(t, err, tokens.ErrFenceBusy, "acquire during a drain")

@@ -1,5 +1,8 @@
 package storagetest
 
+// The store suite's helpers: unique resource names, grants and releases
+// that fail the test, the store's clock, error checks.
+
 import (
 	"crypto/rand"
 	"encoding/hex"

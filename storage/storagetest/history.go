@@ -8,6 +8,9 @@ import (
 	"github.com/fencegw/fencegw/tokens"
 )
 
+// testHistory: grants, renewals and the refused renewal and release of an
+// expired lease are each an event of the resource's history, listed newest
+// first, and a limit keeps the newest.
 func testHistory(t *testing.T, h Harness) {
 	s := h.Open(t)
 	ctx := t.Context()

@@ -1,5 +1,8 @@
 package storagetest
 
+// The idempotency record suite (RunKeys): begin, finish, drop, expiry and
+// deadlines of Idempotency-Key records, concurrent begins, and a restart.
+
 import (
 	"errors"
 	"fmt"

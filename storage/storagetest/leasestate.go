@@ -1,23 +1,32 @@
 package storagetest
 
 import (
+	"context"
 	"errors"
 	"testing"
 
 	"github.com/fencegw/fencegw/tokens"
 )
 
-// testLeaseState: a Store that is a tokens.LeaseStater reads, in one step,
-// what Lease and Resource read apart, so that Service.Admit refuses on it
-// exactly the writes it would refuse under the lock. The states are the
-// ones Judge tells apart: current, drained, expired, released, revoked,
-// superseded, and an unknown id. A store without it is skipped: the
-// interface is optional (tokens/store.go), and Admit then never asks.
+// stateReader is the one read of a lease and its resource's fence state
+// that the PostgreSQL modes' fence judges writes on (postgres.StateReader:
+// the PostgreSQL Store's own, or the Redis mode's, which also checks the
+// Redis claim).
+type stateReader interface {
+	LeaseState(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, error)
+}
+
+// testLeaseState: a Store that has the fence's read (stateReader) reads,
+// in one step, what Lease and Resource read apart, so that the fence
+// refuses on it exactly the writes it would refuse under the lock. The
+// states are the ones Judge tells apart: current, drained, expired,
+// released, revoked, superseded, and an unknown id. A store without it
+// (the embedded one, which has no fence) is skipped.
 func testLeaseState(t *testing.T, h Harness) {
 	s := h.Open(t)
-	ls, ok := s.(tokens.LeaseStater)
+	ls, ok := s.(stateReader)
 	if !ok {
-		t.Skipf("%T is not a tokens.LeaseStater", s)
+		t.Skipf("%T has no fence read (LeaseState)", s)
 	}
 	ctx := t.Context()
 	check := func(what string, l tokens.Lease, want tokens.LeaseState) {
@@ -38,7 +47,7 @@ func testLeaseState(t *testing.T, h Harness) {
 			t.Fatalf("%s: LeaseState's resource %+v, Resource's %+v", what, gotState, state)
 		}
 		// Resource.Lease may be left out for a lease that is not the
-		// current one (tokens/store.go), never made up.
+		// current one (postgres.StateReader), never made up.
 		asked := state.Lease != nil && state.Lease.ID == l.ID
 		if asked && (gotState.Lease == nil || !sameLease(*gotState.Lease, *state.Lease)) ||
 			!asked && gotState.Lease != nil && (state.Lease == nil || !sameLease(*gotState.Lease, *state.Lease)) {

@@ -1,5 +1,8 @@
 package storagetest
 
+// The Locker suite (RunLocker): shared and exclusive locks per resource,
+// writer preference, and contexts that end a wait.
+
 import (
 	"context"
 	"errors"

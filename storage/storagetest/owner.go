@@ -1,5 +1,8 @@
 package storagetest
 
+// The store suite's tests of a lease's owner (principal) and of
+// revocation.
+
 import (
 	"errors"
 	"testing"

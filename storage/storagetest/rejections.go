@@ -1,5 +1,8 @@
 package storagetest
 
+// The store suite's tests of the rejection log: recording, queries (since,
+// limit, cursor) and repeats counted on one entry.
+
 import (
 	"fmt"
 	"sync"

@@ -1,5 +1,7 @@
 package storagetest
 
+// Running a suite's tests as parallel subtests.
+
 import "testing"
 
 // suiteTest is one subtest of a suite over harness H.

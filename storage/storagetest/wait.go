@@ -1,5 +1,8 @@
 package storagetest
 
+// How the suites wait: polling for the event they expect, and for the
+// store's clock past a time, with deadlines that only bound a hang.
+
 import (
 	"context"
 	"errors"

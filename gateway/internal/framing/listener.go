@@ -27,8 +27,9 @@ import (
 //
 // With tlsConfig the listener terminates TLS itself (the scanner must see
 // plaintext) and Check returns each request's TLS state, so that the
-// handler can set the request's TLS field (X-Forwarded-Proto stays https). It serves HTTP/1.1 only: ALPN offers
-// http/1.1 and srv.Protocols is set to HTTP/1 (also without TLS: no h2c).
+// handler can set the request's TLS field (X-Forwarded-Proto stays
+// https). It serves HTTP/1.1 only: ALPN offers http/1.1 and srv.Protocols
+// is set to HTTP/1 (also without TLS: no h2c).
 //
 // Listener also sets srv.ConnContext and srv.ConnState (keeping any hooks
 // already there) and srv.DisableGeneralOptionsHandler, so that "OPTIONS *"
@@ -336,7 +337,7 @@ const (
 // once. A close with unread bytes in the socket is a TCP reset (RFC 9293
 // 3.6.1), and the client's kernel drops what it had not read yet: the
 // client loses the 400 and sees "connection reset by peer" instead
-// (DESIGN.md: bad input gets a 4xx, never a reset). After the answers of
+// (docs/design.md, guarantee 8: bad input gets a 4xx, never a reset). After the answers of
 // handlers, net/http half-closes and waits (closeWriteAndWait, and then
 // halfClosed is set and this does nothing); after the ones it sends before
 // them, it does not. So here the gateway says it is done writing (TLS

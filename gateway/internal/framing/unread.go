@@ -2,6 +2,9 @@
 
 package framing
 
+// Whether bytes wait unread on a connection (a non-blocking peek, Unix),
+// for the lingering close.
+
 import (
 	"net"
 	"syscall"

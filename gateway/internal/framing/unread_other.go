@@ -2,6 +2,8 @@
 
 package framing
 
+// Without Unix: no peek at unread bytes.
+
 import "net"
 
 // unreadBytes: without a non-blocking peek, connections close as they did

@@ -2,8 +2,10 @@
 -- idempotency_keys: one row per idempotency key in use, scoped by resource,
 -- upstream and principal ('' without authentication). A row is written as
 -- in_progress before the write is forwarded and finished (completed, with
--- the upstream's answer, or unknown) before the answer goes back. seq is
--- the insertion order: past the bound, the oldest go first. owner is the
+-- the upstream's answer, or unknown) when the request ends: before the
+-- answer goes back if the store takes it within a second, in the
+-- background otherwise (docs/idempotency.md, "When the store is slow").
+-- seq is the insertion order: past the bound, the oldest go first. owner is the
 -- gateway process that began the row: on a clean shutdown it turns its own
 -- rows still in progress into unknown outcomes; a crashed one's rows turn
 -- unknown at their deadline.

@@ -1,4 +1,6 @@
-package main
+package mode
+
+// The PostgreSQL fence's metrics, part of Mode.Collectors.
 
 import (
 	"sync/atomic"
