@@ -73,7 +73,7 @@ func start(tb testing.TB, mode string) *env {
 		store, locker, keys = st, tokens.NewLocalLocker(), st
 	case "postgres", "postgres-redis":
 		schema := pgtest.NewSchema(tb)
-		store, locker, fencer, keys = openPostgres(tb, mode, schema, log)
+		store, fencer, keys = openPostgres(tb, mode, schema, log)
 	default:
 		tb.Fatalf("unknown mode %q", mode)
 	}
@@ -102,7 +102,7 @@ func start(tb testing.TB, mode string) *env {
 // openPostgres opens one replica of a PostgreSQL mode on schema, wired as
 // cmd/fencegw wires it: writes admitted by the replica's fence, and
 // Idempotency-Key records in PostgreSQL (also in the Redis mode).
-func openPostgres(tb testing.TB, mode, schema string, log *slog.Logger) (tokens.Store, tokens.Locker, tokens.Fencer, tokens.IdempotencyStore) {
+func openPostgres(tb testing.TB, mode, schema string, log *slog.Logger) (tokens.Store, tokens.Fencer, tokens.IdempotencyStore) {
 	tb.Helper()
 	pg := pgtest.Open(tb, schema, postgres.Options{Logger: log})
 	var store tokens.Store = pg
@@ -119,7 +119,7 @@ func openPostgres(tb testing.TB, mode, schema string, log *slog.Logger) (tokens.
 		tb.Fatal(err)
 	}
 	tb.Cleanup(fence.Close)
-	return store, fence, fence, pg
+	return store, fence, pg
 }
 
 func redisURL() string {
@@ -398,8 +398,8 @@ func BenchmarkHandover(b *testing.B) {
 			schema := pgtest.NewSchema(b)
 			var svcs [2]*tokens.Service
 			for i := range svcs {
-				store, locker, fencer, _ := openPostgres(b, mode, schema, log)
-				svcs[i] = tokens.New(tokens.Config{Store: store, Locker: locker, Fencer: fencer, Logger: log})
+				store, fencer, _ := openPostgres(b, mode, schema, log)
+				svcs[i] = tokens.New(tokens.Config{Store: store, Fencer: fencer, Logger: log})
 			}
 			resource := "handover-" + runID()
 			ctx := context.Background()

@@ -19,14 +19,11 @@ type LockerHarness struct {
 	// in-process locker returns one locker n times (one process is one
 	// replica). Cleanup is registered with t.
 	Replicas func(t *testing.T, n int) []tokens.Locker
-	// YieldIsFinal: shared requests that queued behind an exclusive one
-	// wait for the shared holders of that time to leave even if the
-	// exclusive request gives up (postgres.Fence: a replica that began
-	// giving its fence up finishes doing so). Otherwise they get in at once.
-	YieldIsFinal bool
 }
 
-// RunLocker runs the conformance suite of tokens.Locker: shared holders
+// RunLocker runs the conformance suite of tokens.Locker (the embedded
+// mode's tokens.LocalLocker; a tokens.Fencer's lock is RunFenceLock's,
+// fencelock.go): shared holders
 // coexist, exclusive excludes both, a waiting exclusive request is not
 // overtaken by later shared ones (writer preference), a wait ends with its
 // context and leaves no one queued behind it, unlock may be called again,
@@ -275,8 +272,7 @@ func testLockWaitEnds(t *testing.T, h LockerHarness, want error, end func(contex
 }
 
 // An exclusive request that gives up while shared requests queue behind it
-// lets them in: the queue it caused goes with it (with YieldIsFinal, once
-// the holders it waited for have left).
+// lets them in at once: the queue it caused goes with it.
 func testLockGivenUpWaitFreesQueue(t *testing.T, h LockerHarness) {
 	ls := h.Replicas(t, 2)
 	r := resourceName(t, "r")
@@ -290,16 +286,10 @@ func testLockGivenUpWaitFreesQueue(t *testing.T, h LockerHarness) {
 	queuedB.waits(t, "shared on b behind the waiting exclusive")
 	cancel()
 	ex.failed(t, "cancelled exclusive")
-	if h.YieldIsFinal {
-		s()
-	}
-	// Without YieldIsFinal s is still held: the queued requests go in
-	// beside it.
+	// s is still held: the queued requests go in beside it.
 	queuedA.granted(t, "shared on a after the exclusive gave up")()
 	queuedB.granted(t, "shared on b after the exclusive gave up")()
-	if !h.YieldIsFinal {
-		s()
-	}
+	s()
 	lockNow(t, exclusive(ls[1]), r, "exclusive after every shared left")()
 }
 
