@@ -23,12 +23,12 @@ type LockerHarness struct {
 
 // RunLocker runs the conformance suite of tokens.Locker (the embedded
 // mode's tokens.LocalLocker; a tokens.Fencer's lock is RunFenceLock's,
-// fencelock.go): shared holders
-// coexist, exclusive excludes both, a waiting exclusive request is not
-// overtaken by later shared ones (writer preference), a wait ends with its
-// context and leaves no one queued behind it, unlock may be called again,
-// and resources are independent. Each property is checked across two
-// replicas, so that a backend shared by replicas is tested as it is used.
+// fencelock.go): shared holders coexist, exclusive excludes both, a
+// waiting exclusive request is not overtaken by later shared ones (writer
+// preference), a wait ends with its context and leaves no one queued
+// behind it, unlock may be called again, and resources are independent.
+// Each property is checked across two replicas, so that a backend shared
+// by replicas is tested as it is used.
 //
 // What did not happen is checked by waiting a while for it (lockQuiet): such
 // a check can pass wrongly on a slow machine, never fail wrongly.
