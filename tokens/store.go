@@ -126,9 +126,10 @@ type Locker interface {
 // storage/postgres/fence.go). With a Fencer, Service.Admit asks it instead
 // of the Store, and grants, releases and revokes take its exclusive side
 // (Excluder) first, so that every replica gives its fence up and forgets
-// the lease before they return. The Excluder's rules hold between Hold's
-// fences and Exclusive as between a Locker's two sides:
-// storage/storagetest.RunFenceLock checks them.
+// the lease before they return. Hold's fences and Exclusive keep a
+// Locker's rules between its two sides, except that writes queued behind
+// an exclusive request that gives up still wait for the writes it waited
+// for: storage/storagetest.RunFenceLock checks them.
 type Fencer interface {
 	Excluder
 	// Hold judges a write under leaseID by the fence rule (Judge) and

@@ -37,9 +37,9 @@ import (
 //   - Writer preference comes for free: PostgreSQL's lock manager queues a
 //     new request behind a waiting request it conflicts with, so a waiting
 //     pg_advisory_lock (exclusive) blocks later pg_advisory_lock_shared
-//     calls even though the current holders are shared (the fence lock
-//     suite, TestFenceLockConformance/WriterPreference, checks it across
-//     two replicas).
+//     calls even though the current holders are shared (the Locker suite
+//     on the fence, TestFenceLockConformance/WriterPreference, checks it
+//     across two replicas).
 //   - Waits are bounded: each call sets lock_timeout from the caller's
 //     deadline (capped by Options.LockTimeout), and a context cancellation
 //     cancels the query, which breaks the connection; a connection whose

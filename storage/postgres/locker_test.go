@@ -64,9 +64,9 @@ func mustHappen(t *testing.T, ch <-chan func(), what string) func() {
 }
 
 // The fence (postgres.Fence, whose lock both PostgreSQL modes serve with:
-// the Redis mode locks in PostgreSQL too) passes the fence lock suite,
-// writes holding it through Hold and grants taking it with Exclusive, with
-// each replica on its own pool of one schema.
+// the Redis mode locks in PostgreSQL too) passes the Locker suite as the
+// Service takes it: writes through Hold, grants with Exclusive
+// (RunFenceLock), each replica on its own pool of one schema.
 func TestFenceLockConformance(t *testing.T) {
 	pgtest.Require(t)
 	storagetest.RunFenceLock(t, storagetest.FenceHarness{
