@@ -29,6 +29,7 @@ import (
 	"github.com/fencegw/fencegw/replica"
 	"github.com/fencegw/fencegw/storage/bolt"
 	"github.com/fencegw/fencegw/storage/mode"
+	"github.com/fencegw/fencegw/tokens"
 )
 
 // UpstreamName is the name the gateway knows the benchmark upstream by.
@@ -219,6 +220,13 @@ func StartPostgresGateway(ctx context.Context, pgURL, schema string, upstream *u
 	return startGateway(ctx, "gateway-postgres", mode.Config{Postgres: pgURL, Schema: schema}, upstream, addr, cfg)
 }
 
+// StartModeGateway serves a gateway on the storage mode m (any of the
+// three), on an ephemeral loopback port, forwarding UpstreamName to
+// upstream; its goroutines are labelled server=role in CPU profiles.
+func StartModeGateway(ctx context.Context, role string, m mode.Config, upstream *url.URL) (*Gateway, error) {
+	return startGateway(ctx, role, m, upstream, "127.0.0.1:0", nil)
+}
+
 // startGateway builds the replica and serves it with its goroutines (each
 // connection's, and the upstream connections its handlers dial) labelled
 // server=role in CPU profiles, as ServeAs does.
@@ -240,6 +248,10 @@ func startGateway(ctx context.Context, role string, m mode.Config, upstream *url
 	}
 	return &Gateway{URL: u, replica: r}, nil
 }
+
+// Service is the replica's tokens.Service, for benchmarks that drive it
+// from Go.
+func (g *Gateway) Service() *tokens.Service { return g.replica.Service() }
 
 // Close stops the server, the gateway and the store.
 func (g *Gateway) Close() error {

@@ -30,6 +30,12 @@ type switchFencer struct {
 	checks atomic.Int64
 }
 
+// Exclusive is the local lock's: grants, releases and revokes wait for the
+// writes Hold admitted.
+func (s *switchFencer) Exclusive(ctx context.Context, resource string) (func(), error) {
+	return s.locker.Exclusive(ctx, resource)
+}
+
 func (s *switchFencer) Hold(ctx context.Context, leaseID string) (tokens.Verdict, error) {
 	lease, err := s.store.Lease(ctx, leaseID)
 	if err != nil {
@@ -140,9 +146,8 @@ func startSwitchGateway(t *testing.T, upstream *httptest.Server) (*Gateway, *tok
 	}
 	t.Cleanup(func() { _ = store.Close() })
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	locker := tokens.NewLocalLocker()
-	fencer := &switchFencer{store: store, locker: locker}
-	svc := tokens.New(tokens.Config{Store: store, Locker: locker, Fencer: fencer, Logger: log, DrainPeriod: time.Minute})
+	fencer := &switchFencer{store: store, locker: tokens.NewLocalLocker()}
+	svc := tokens.New(tokens.Config{Store: store, Fencer: fencer, Logger: log, DrainPeriod: time.Minute})
 	target, _ := url.Parse(upstream.URL)
 	g := New(svc, Config{Upstreams: map[string]*url.URL{"svc": target}, Logger: log})
 	if upstream.TLS != nil {

@@ -64,9 +64,11 @@ type Config struct {
 	Registry       *prometheus.Registry
 	TracerProvider trace.TracerProvider // nil: no tracing
 
-	// WrapLocker, if set, wraps the mode's Locker before the Service gets
-	// it: tests watch the lock calls with it. Production leaves it nil.
-	WrapLocker func(tokens.Locker) tokens.Locker
+	// WrapExcluder, if set, wraps the exclusive side of the mode's lock
+	// (its Locker's, or in the PostgreSQL modes its Fencer's) before the
+	// Service gets it: tests watch grants, releases and revokes take it.
+	// Production leaves it nil.
+	WrapExcluder func(tokens.Excluder) tokens.Excluder
 }
 
 // Replica is one replica built and listening; Start or Run serves it.
@@ -121,9 +123,14 @@ func New(ctx context.Context, cfg Config) (_ *Replica, err error) {
 			return nil, fmt.Errorf("register the store's metrics: %w", err)
 		}
 	}
-	locker := r.mode.Locker
-	if cfg.WrapLocker != nil {
-		locker = cfg.WrapLocker(locker)
+	locker, fencer := r.mode.Locker, r.mode.Fencer
+	if w := cfg.WrapExcluder; w != nil {
+		if locker != nil {
+			locker = wrappedLocker{locker, w(locker)}
+		}
+		if fencer != nil {
+			fencer = wrappedFencer{fencer, w(fencer)}
+		}
 	}
 	// Accepted-write counts: counted in memory on the write path, added to
 	// the store once a second (every storage mode keeps them), so the
@@ -133,7 +140,7 @@ func New(ctx context.Context, cfg Config) (_ *Replica, err error) {
 	r.svc = tokens.New(tokens.Config{
 		Store:       r.mode.Store,
 		Locker:      locker,
-		Fencer:      r.mode.Fencer,
+		Fencer:      fencer,
 		GrantWait:   cfg.GrantWait,
 		DrainPeriod: cfg.Mode.DrainPeriod,
 		Logger:      log,

@@ -187,7 +187,7 @@ func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil ti
 	if !readBound.Equal(fenceUntil) {
 		lockCtx, cancel = context.WithDeadline(caller, fenceUntil)
 	}
-	unlock, err := s.locker.Exclusive(lockCtx, req.Resource)
+	unlock, err := s.exclusive.Exclusive(lockCtx, req.Resource)
 	cancel()
 	if err != nil {
 		if caller.Err() != nil {

@@ -83,7 +83,7 @@ func (s *Service) forget(ctx context.Context, leaseID string) (func(), error) {
 	}
 	lockCtx, cancel := context.WithTimeout(ctx, s.grantWait)
 	defer cancel()
-	unlock, err := s.locker.Exclusive(lockCtx, lease.Resource)
+	unlock, err := s.exclusive.Exclusive(lockCtx, lease.Resource)
 	if err != nil {
 		// The lock's bound and the call's (storeBound) are one: its end
 		// is the writes', not the caller's.

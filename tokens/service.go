@@ -17,10 +17,13 @@ const (
 
 // Config wires a Service.
 type Config struct {
-	Store  Store
+	Store Store
+	// Exactly one of Locker and Fencer is set: Locker in the embedded
+	// mode, which locks per write; Fencer in the replicated (PostgreSQL)
+	// modes, whose writes it admits. Grants, and with a Fencer releases
+	// and revokes, take the exclusive side of whichever is set. New
+	// panics unless exactly one is.
 	Locker Locker
-	// Fencer, if set, admits writes (see Fencer); Locker must then be its
-	// exclusive side.
 	Fencer Fencer
 	// Now is the gateway's clock; nil means time.Now. Stores that measure
 	// time themselves report their clock in Resource.Now, which wins.
@@ -44,14 +47,17 @@ type Config struct {
 	Logger     *slog.Logger
 }
 
-// Service applies the fence rules on top of a Store and a Locker.
+// Service applies the fence rules on top of a Store and a Locker or a
+// Fencer.
 //
 // The safety argument, in one place:
 //
 //  1. A token is durable before it is returned (Store.Grant), and grants of
-//     a resource are serialised by its exclusive lock, so tokens strictly
+//     a resource are serialised by its exclusive lock (Excluder: the
+//     Locker's, or with a Fencer the Fencer's), so tokens strictly
 //     increase and no crash can make a store hand one out twice.
-//  2. A write holds the resource's shared lock from the moment its lease is
+//  2. A write holds the resource's shared lock (Locker.Shared; with a
+//     Fencer, its shared fence: Fencer.Hold) from the moment its lease is
 //     checked until the upstream has answered (Permit.Done). A grant takes
 //     the exclusive lock before it changes the token. So when a grant
 //     returns, every write admitted under an older token has finished, and
@@ -90,13 +96,14 @@ type Config struct {
 //     shared fence across many writes and admits them on what it read under
 //     it (storage/postgres/fence.go has the argument in full). Points 2 and 4
 //     still hold because whatever changes the fence state (a grant, a
-//     release, a revoke) first takes the exclusive lock, which makes every
-//     replica give its shared fence up and forget what it read; only expiry
-//     moves without the lock, and it is judged on a clock that runs ahead of
-//     the store's. A replica's death is an unknown outcome for every write
-//     it may have had in flight (guarantee 7): it leaves a presence row for
-//     each fence it held, and the next exclusive taker of such a resource
-//     starts a drain period of the drain period plus the session check.
+//     release, a revoke) first takes the Fencer's exclusive lock, which
+//     makes every replica give its shared fence up and forget what it
+//     read; only expiry moves without the lock, and it is judged on a
+//     clock that runs ahead of the store's. A replica's death is an
+//     unknown outcome for every write it may have had in flight
+//     (guarantee 7): it leaves a presence row for each fence it held, and
+//     the next exclusive taker of such a resource starts a drain period
+//     of the drain period plus the session check.
 //     No byte of an admitted write is sent unless its fence is proven held
 //     at that moment (Permit.Check, before every write system call to the
 //     upstream): a replica that lost its session stops sending within the
@@ -109,8 +116,9 @@ type Config struct {
 //     of nanoseconds) sends what it proved a moment before it stopped.
 type Service struct {
 	store       Store
-	locker      Locker
+	locker      Locker // without a Fencer
 	fencer      Fencer
+	exclusive   Excluder // the Locker's or the Fencer's
 	now         func() time.Time
 	limits      Limits
 	grantWait   time.Duration
@@ -125,12 +133,17 @@ type Service struct {
 	late        late      // rejections recorded in the background (late.go)
 }
 
-// New returns a Service; Store and Locker are required.
+// New returns a Service. Store is required, and exactly one of Locker and
+// Fencer: New panics otherwise, a wiring mistake no configuration can make.
 func New(cfg Config) *Service {
+	if cfg.Store == nil || (cfg.Locker == nil) == (cfg.Fencer == nil) {
+		panic("tokens.New: Config needs a Store and exactly one of Locker and Fencer")
+	}
 	s := &Service{
 		store:       cfg.Store,
 		locker:      cfg.Locker,
 		fencer:      cfg.Fencer,
+		exclusive:   cfg.Locker,
 		now:         cfg.Now,
 		limits:      cfg.Limits,
 		grantWait:   cfg.GrantWait,
@@ -140,6 +153,9 @@ func New(cfg Config) *Service {
 		log:         cfg.Logger,
 		stale:       newStaleCache(),
 		waiters:     newWaiters(),
+	}
+	if cfg.Fencer != nil {
+		s.exclusive = cfg.Fencer
 	}
 	if s.now == nil {
 		s.now = time.Now

@@ -96,27 +96,42 @@ type Store interface {
 	Ping(ctx context.Context) error
 }
 
-// Locker is the per-resource shared/exclusive lock that a write holds across
-// its forward (shared) and a grant takes before changing the token
-// (exclusive). Shared holders coexist; an exclusive holder is alone, across
-// every replica that shares the lock. Implementations must not let new
-// shared holders overtake a waiting exclusive one, or a steady stream of
-// writes would starve grants. A wait ends with its context, with an error
-// that wraps ctx.Err(), and leaves no one queued behind it for longer than
-// the holders it waited for. The returned unlock may be called more than once; later calls do
-// nothing. storage/storagetest.RunLocker checks all of this.
-type Locker interface {
-	Shared(ctx context.Context, resource string) (unlock func(), err error)
+// Excluder is the exclusive side of a resource's lock: a grant takes it
+// before changing the token (and, with a Fencer, a release or revoke before
+// changing the lease), and holds it alone, across every replica that shares
+// the lock, while writes admitted under it (Locker.Shared, Fencer.Hold) wait.
+// New writes must not overtake a waiting exclusive request, or a steady
+// stream of writes would starve grants. A wait ends with its context, with
+// an error that wraps ctx.Err(). The returned unlock may be called more than
+// once; later calls do nothing.
+type Excluder interface {
 	Exclusive(ctx context.Context, resource string) (unlock func(), err error)
+}
+
+// Locker is the per-resource shared/exclusive lock of the embedded mode,
+// which locks per write: a write holds the shared side across its forward,
+// a grant takes the exclusive side (Excluder). Shared holders coexist; an
+// exclusive holder is alone. A waiting exclusive request is not overtaken
+// by later shared ones (writer preference), and a shared wait, like an
+// exclusive one, ends with its context and leaves no one queued behind it
+// for longer than the holders it waited for. storage/storagetest.RunLocker
+// checks all of this.
+type Locker interface {
+	Excluder
+	Shared(ctx context.Context, resource string) (unlock func(), err error)
 }
 
 // Fencer admits writes under shared fences that a process keeps across many
 // writes instead of locking per write (the PostgreSQL modes: see
 // storage/postgres/fence.go). With a Fencer, Service.Admit asks it instead
-// of the Store and the Locker, and releases and revokes take the Locker's
-// exclusive lock first, so that every replica forgets the lease before they
-// return.
+// of the Store, and grants, releases and revokes take its exclusive side
+// (Excluder) first, so that every replica gives its fence up and forgets
+// the lease before they return. Hold's fences and Exclusive keep a
+// Locker's rules between its two sides, except that writes queued behind
+// an exclusive request that gives up still wait for the writes it waited
+// for: storage/storagetest.RunFenceLock checks them.
 type Fencer interface {
+	Excluder
 	// Hold judges a write under leaseID by the fence rule (Judge) and
 	// returns its verdict. This is where a fenced write is judged: each
 	// state Hold reads (or remembers) is judged here once, and the Service

@@ -10,12 +10,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	mrand "math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,11 +26,8 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/fencegw/fencegw/bench"
-	"github.com/fencegw/fencegw/gateway"
-	"github.com/fencegw/fencegw/storage/bolt"
-	"github.com/fencegw/fencegw/storage/postgres"
+	storagemode "github.com/fencegw/fencegw/storage/mode"
 	"github.com/fencegw/fencegw/storage/postgres/pgtest"
-	fgredis "github.com/fencegw/fencegw/storage/redis"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -54,72 +49,60 @@ type env struct {
 	body   []byte
 }
 
+// start serves one replica in mode, built as fencegw serve builds it
+// (replica.New, through bench.StartModeGateway).
 func start(tb testing.TB, mode string) *env {
 	tb.Helper()
-	log := slog.New(slog.DiscardHandler)
-	var (
-		store  tokens.Store
-		locker tokens.Locker
-		fencer tokens.Fencer
-		keys   tokens.IdempotencyStore // Idempotency-Key records: the durable store
-	)
-	switch mode {
-	case "embedded":
-		st, err := bolt.Open(filepath.Join(tb.TempDir(), "fencegw.db"), bolt.Options{Logger: log})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		tb.Cleanup(func() { _ = st.Close() })
-		store, locker, keys = st, tokens.NewLocalLocker(), st
-	case "postgres", "postgres-redis":
-		schema := pgtest.NewSchema(tb)
-		store, locker, fencer, keys = openPostgres(tb, mode, schema, log)
-	default:
-		tb.Fatalf("unknown mode %q", mode)
-	}
 	up, err := bench.StartUpstream()
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = up.Close() })
-	svc := tokens.New(tokens.Config{Store: store, Locker: locker, Fencer: fencer, Logger: log})
-	gw := gateway.New(svc, gateway.Config{Upstreams: map[string]*url.URL{bench.UpstreamName: up.URL}, Logger: log,
-		Idempotency: tokens.NewIdempotency(tokens.IdempotencyConfig{Store: keys,
-			InFlight: gateway.DefaultForwardTimeout + gateway.DefaultBodyTimeout, Logger: log})})
-	srv, err := bench.Serve(gw)
-	if err != nil {
-		tb.Fatal(err)
+	var schema string
+	if mode != "embedded" {
+		schema = pgtest.NewSchema(tb)
 	}
-	tb.Cleanup(func() {
-		_ = srv.Close()
-		gw.Close()
-	})
+	gw := startReplica(tb, modeConfig(tb, mode, schema, 0), up.URL)
 	c := bench.NewClient(max(*conc, 64))
 	tb.Cleanup(c.CloseIdleConnections)
-	return &env{mode: mode, up: up, base: srv.URL, client: c, body: bytes.Repeat([]byte("x"), *bodySize)}
+	return &env{mode: mode, up: up, base: gw.URL, client: c, body: bytes.Repeat([]byte("x"), *bodySize)}
 }
 
-// openPostgres opens one replica of a PostgreSQL mode on schema, wired as
-// cmd/fencegw wires it: writes admitted by the replica's fence, and
-// Idempotency-Key records in PostgreSQL (also in the Redis mode).
-func openPostgres(tb testing.TB, mode, schema string, log *slog.Logger) (tokens.Store, tokens.Locker, tokens.Fencer, tokens.IdempotencyStore) {
+// startReplica serves a replica on the storage mode m, forwarding to
+// upstream, until the benchmark ends.
+func startReplica(tb testing.TB, m storagemode.Config, upstream *url.URL) *bench.Gateway {
 	tb.Helper()
-	pg := pgtest.Open(tb, schema, postgres.Options{Logger: log})
-	var store tokens.Store = pg
-	var state postgres.StateReader = pg
-	if mode == "postgres-redis" {
-		rdb := requireRedis(tb)
-		prefix := "fencegw-bench:" + schema + ":"
-		tb.Cleanup(func() { deletePrefix(rdb, prefix) })
-		rs := fgredis.New(rdb, pg, fgredis.Options{Prefix: prefix, Logger: log})
-		store, state = rs, rs
-	}
-	fence, err := pg.NewFence(context.Background(), postgres.FenceOptions{OrphanDrain: 31 * time.Second, State: state})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	gw, err := bench.StartModeGateway(ctx, "server", m, upstream)
 	if err != nil {
-		tb.Fatal(err)
+		tb.Fatalf("start a %s replica: %v", m.Postgres+m.Data, err)
 	}
-	tb.Cleanup(fence.Close)
-	return store, fence, fence, pg
+	tb.Cleanup(func() { _ = gw.Close() })
+	return gw
+}
+
+// modeConfig is the storage configuration of mode: the embedded store in
+// a temporary directory, or replica i of a PostgreSQL mode on schema (and,
+// with Redis, a key prefix of the schema's, deleted when the benchmark
+// ends). Everything else is fencegw serve's defaults.
+func modeConfig(tb testing.TB, mode, schema string, i int) storagemode.Config {
+	tb.Helper()
+	switch mode {
+	case "embedded":
+		return storagemode.Config{Data: tb.TempDir()}
+	case "postgres", "postgres-redis":
+		cfg := storagemode.Config{Postgres: pgtest.URL(), Schema: schema, Replica: fmt.Sprintf("bench/%d", i)}
+		if mode == "postgres-redis" {
+			rdb := requireRedis(tb)
+			cfg.Redis = redisURL()
+			cfg.RedisPrefix = "fencegw-bench:" + schema + ":"
+			tb.Cleanup(func() { deletePrefix(rdb, cfg.RedisPrefix) })
+		}
+		return cfg
+	}
+	tb.Fatalf("unknown mode %q", mode)
+	return storagemode.Config{}
 }
 
 func redisURL() string {
@@ -394,17 +377,19 @@ func walSyncs(tb testing.TB, mode string) int64 {
 func BenchmarkHandover(b *testing.B) {
 	for _, mode := range modeNames[1:] {
 		b.Run(mode, func(b *testing.B) {
-			log := slog.New(slog.DiscardHandler)
 			schema := pgtest.NewSchema(b)
+			up, err := bench.StartUpstream()
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = up.Close() })
 			var svcs [2]*tokens.Service
 			for i := range svcs {
-				store, locker, fencer, _ := openPostgres(b, mode, schema, log)
-				svcs[i] = tokens.New(tokens.Config{Store: store, Locker: locker, Fencer: fencer, Logger: log})
+				svcs[i] = startReplica(b, modeConfig(b, mode, schema, i), up.URL).Service()
 			}
 			resource := "handover-" + runID()
 			ctx := context.Background()
 			var held tokens.Lease
-			var err error
 			if held, err = svcs[0].Acquire(ctx, tokens.AcquireRequest{Resource: resource, Holder: "w", TTL: time.Minute}); err != nil {
 				b.Fatal(err)
 			}

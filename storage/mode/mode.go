@@ -63,11 +63,13 @@ type Config struct {
 type Mode struct {
 	// Name is shown in the start banner: "embedded (path)", "postgres",
 	// "postgres+redis".
-	Name   string
-	Store  tokens.Store
+	Name  string
+	Store tokens.Store
+	// Exactly one of Locker and Fencer is set, as tokens.Config wants:
+	// Locker in the embedded mode, which locks per write; Fencer (the
+	// PostgreSQL fence, which also takes the exclusive lock of grants,
+	// releases and revokes) in the PostgreSQL modes.
 	Locker tokens.Locker
-	// Fencer admits writes in the PostgreSQL modes (Locker is then its
-	// exclusive side); nil in the embedded mode, which locks per write.
 	Fencer tokens.Fencer
 	// Keys keeps Idempotency-Key records: the bolt file, or PostgreSQL
 	// (also in the Redis mode: Redis is not durable).
@@ -246,7 +248,7 @@ func OpenPostgres(ctx context.Context, cfg Config) (_ *Mode, err error) {
 		return nil, fmt.Errorf("start PostgreSQL fences: %w", err)
 	}
 	m.closers = append(m.closers, fence.Close)
-	m.fence, m.Locker, m.Fencer = fence, fence, fence
+	m.fence, m.Fencer = fence, fence
 	m.Collectors = fenceMetrics(fence)
 
 	// Every replica, this one included, hears each rejection once through

@@ -115,7 +115,7 @@ func TestAdmitRefusesEndedLeasesWithoutAFence(t *testing.T) {
 func recordingService(r *storagetest.FenceReplica) (svc *tokens.Service, rejections func() []tokens.Rejection) {
 	var mu sync.Mutex
 	var recorded []tokens.Rejection
-	svc = tokens.New(tokens.Config{Store: r.Store, Locker: r.Locker, Fencer: r.Fencer, OnRejection: func(r tokens.Rejection) {
+	svc = tokens.New(tokens.Config{Store: r.Store, Fencer: r.Fencer, OnRejection: func(r tokens.Rejection) {
 		mu.Lock()
 		recorded = append(recorded, r)
 		mu.Unlock()

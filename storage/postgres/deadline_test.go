@@ -31,7 +31,7 @@ func TestStoreCallsEndByTheClientsBound(t *testing.T) {
 	}
 	t.Cleanup(fence.Close) // before the store's Close
 	const grantWait = time.Second
-	svc := tokens.New(tokens.Config{Store: s, Locker: fence, Fencer: fence, GrantWait: grantWait})
+	svc := tokens.New(tokens.Config{Store: s, Fencer: fence, GrantWait: grantWait})
 	held, err := svc.Acquire(ctx, tokens.AcquireRequest{Resource: "held", Holder: "w", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)

@@ -148,9 +148,9 @@ type StateReader interface {
 	LeaseState(ctx context.Context, leaseID string) (tokens.Lease, tokens.Resource, error)
 }
 
-// Fence is a tokens.Fencer and tokens.Locker on PostgreSQL advisory locks,
-// with shared fences kept across writes (see the comment above). One per
-// replica; Close gives every fence up.
+// Fence is a tokens.Fencer on PostgreSQL advisory locks, with shared
+// fences kept across writes (see the comment above). One per replica;
+// Close gives every fence up.
 type Fence struct {
 	store    *Store
 	opts     FenceOptions
@@ -183,10 +183,7 @@ type FenceStats struct {
 // Stats returns the fence's counters.
 func (f *Fence) Stats() *FenceStats { return &f.stats }
 
-var (
-	_ tokens.Fencer = (*Fence)(nil)
-	_ tokens.Locker = (*Fence)(nil)
-)
+var _ tokens.Fencer = (*Fence)(nil)
 
 type fenceStatus int
 
@@ -360,24 +357,6 @@ func (f *Fence) remember(hf *heldFence, state tokens.Resource, readStart time.Ti
 func (hf *heldFence) estimate(now time.Time) time.Time {
 	elapsed := now.Sub(hf.readStart)
 	return hf.state.Now.Add(elapsed + elapsed/1000 + time.Millisecond)
-}
-
-func (f *Fence) releaser(hf *heldFence) func() {
-	var once atomic.Bool
-	return func() {
-		if !once.Swap(true) {
-			f.release(hf)
-		}
-	}
-}
-
-// Shared holds the resource's shared fence until unlock (tokens.Locker).
-func (f *Fence) Shared(ctx context.Context, resource string) (func(), error) {
-	hf, err := f.hold(ctx, resource)
-	if err != nil {
-		return nil, err
-	}
-	return f.releaser(hf), nil
 }
 
 // errFenceLimit: every fence this replica may hold is busy.
@@ -643,7 +622,7 @@ func (f *Fence) janitor() {
 }
 
 // Exclusive takes the resource's exclusive fence across all replicas
-// (tokens.Locker): it asks every replica (this one too) to give up its
+// (tokens.Excluder): it asks every replica (this one too) to give up its
 // shared fence, waits for the lock, and starts a drain period if a dead
 // session left a presence row (see the comment at the top of this file).
 // A wait cut short by ctx's deadline wraps context.DeadlineExceeded.

@@ -38,8 +38,8 @@ import (
 //     new request behind a waiting request it conflicts with, so a waiting
 //     pg_advisory_lock (exclusive) blocks later pg_advisory_lock_shared
 //     calls even though the current holders are shared (the Locker suite
-//     on postgres.Fence, TestFenceLockerConformance/WriterPreference,
-//     checks it across two replicas).
+//     on the fence, TestFenceLockConformance/WriterPreference, checks it
+//     across two replicas).
 //   - Waits are bounded: each call sets lock_timeout from the caller's
 //     deadline (capped by Options.LockTimeout), and a context cancellation
 //     cancels the query, which breaks the connection; a connection whose

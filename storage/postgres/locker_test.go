@@ -63,24 +63,16 @@ func mustHappen(t *testing.T, ch <-chan func(), what string) func() {
 	return nil
 }
 
-// The fence (postgres.Fence, the Locker both PostgreSQL modes serve with:
-// the Redis mode locks in PostgreSQL too) passes the Locker suite, with
-// each replica on its own pool of one schema.
-func TestFenceLockerConformance(t *testing.T) {
+// The fence (postgres.Fence, whose lock both PostgreSQL modes serve with:
+// the Redis mode locks in PostgreSQL too) passes the Locker suite as the
+// Service takes it: writes through Hold, grants with Exclusive
+// (RunFenceLock), each replica on its own pool of one schema.
+func TestFenceLockConformance(t *testing.T) {
 	pgtest.Require(t)
-	storagetest.RunLocker(t, storagetest.LockerHarness{
-		Replicas: func(t *testing.T, n int) []tokens.Locker {
-			var out []tokens.Locker
-			for _, r := range pgtest.FenceReplicas(t, n, storagetest.FenceOptions{}, nil) {
-				out = append(out, r.Locker)
-			}
-			return out
+	storagetest.RunFenceLock(t, storagetest.FenceHarness{
+		Replicas: func(t *testing.T, n int, opts storagetest.FenceOptions) []*storagetest.FenceReplica {
+			return pgtest.FenceReplicas(t, n, opts, nil)
 		},
-		// A replica asked to give its fence up does so even if the
-		// exclusive request gives up first: the writes that queued on it
-		// meanwhile wait for the ones in flight (bounded by the forward
-		// timeout), then take the fence anew.
-		YieldIsFinal: true,
 	})
 }
 

@@ -1,13 +1,12 @@
 // Package postgres implements tokens.Store on PostgreSQL (pgx v5), and
-// tokens.Fencer and tokens.Locker with Fence, for the "--postgres URL"
-// storage mode: several gateways share one database. Tokens, fences,
-// leases, the lease history and the rejection log live in tables; lease
-// expiry is decided by the database's clock; the per-resource
-// shared/exclusive lock is a PostgreSQL advisory lock, so it holds across
-// replicas: its shared side kept by each replica's fence across writes
-// (fence.go), its exclusive side taken per grant, release or revoke
-// (locker.go); rejections fan out to every replica with LISTEN/NOTIFY (see
-// notify.go).
+// tokens.Fencer with Fence, for the "--postgres URL" storage mode: several
+// gateways share one database. Tokens, fences, leases, the lease history
+// and the rejection log live in tables; lease expiry is decided by the
+// database's clock; the per-resource shared/exclusive lock is a PostgreSQL
+// advisory lock, so it holds across replicas: its shared side kept by each
+// replica's fence across writes (fence.go), its exclusive side taken per
+// grant, release or revoke (locker.go); rejections fan out to every
+// replica with LISTEN/NOTIFY (see notify.go).
 //
 // The package also serves as the durable ledger of the Redis mode
 // (storage/redis): GrantClaimed, RenewClaimed, ReleaseClaimed, LeaseAt and
@@ -41,8 +40,7 @@ const (
 	// DefaultMaxLockConns bounds the lock pool, whose connections wait for
 	// or hold advisory locks one at a time: with a Fence, the exclusive
 	// locks of grants, releases and revokes in progress (writes hold their
-	// shared fences on the Fence's few sessions instead). Used directly
-	// (Store.Shared), every in-flight write holds one for its forward.
+	// shared fences on the Fence's few sessions instead).
 	DefaultMaxLockConns = DefaultExclusiveConns
 	// DefaultStatementTimeout: no query of this package should take longer;
 	// a hung database must turn into 503s, not into hung requests.
@@ -96,7 +94,7 @@ type Options struct {
 }
 
 // Store is a tokens.Store backed by PostgreSQL (its Fence, NewFence, is
-// the mode's Fencer and Locker). It is safe for concurrent use by many
+// the mode's Fencer). It is safe for concurrent use by many
 // goroutines and many replicas.
 type Store struct {
 	pool     *pgxpool.Pool // queries

@@ -110,7 +110,7 @@ type Options struct {
 
 // Store is a tokens.Store with leases in Redis and everything durable in a
 // Ledger. Use the Ledger's fence (postgres.Fence, reading through
-// LeaseState) as its Fencer and Locker.
+// LeaseState) as its Fencer.
 type Store struct {
 	rdb    goredis.UniversalClient
 	ledger Ledger

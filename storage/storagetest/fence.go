@@ -31,7 +31,6 @@ type FenceOptions struct {
 // FenceReplica is one gateway replica's storage.
 type FenceReplica struct {
 	Store  tokens.Store
-	Locker tokens.Locker
 	Fencer tokens.Fencer
 	// Reads is how many times the fencer has read lease state from the store.
 	Reads func() int64
@@ -61,7 +60,7 @@ type FenceReplica struct {
 // Service is the replica's tokens.Service (drain period and a 3 s grant wait).
 func (r *FenceReplica) Service(opts FenceOptions) *tokens.Service {
 	if r.svc == nil {
-		r.svc = tokens.New(tokens.Config{Store: countingResource{r.Store, &r.attempts}, Locker: countingExclusive{r.Locker, &r.exclusive}, Fencer: r.Fencer,
+		r.svc = tokens.New(tokens.Config{Store: countingResource{r.Store, &r.attempts}, Fencer: countingExclusive{r.Fencer, &r.exclusive},
 			DrainPeriod: opts.DrainPeriod, GrantWait: 3 * time.Second})
 	}
 	return r.svc
@@ -82,13 +81,13 @@ func (c countingResource) Resource(ctx context.Context, name string) (tokens.Res
 
 // countingExclusive counts requests for exclusive locks when they are made.
 type countingExclusive struct {
-	tokens.Locker
+	tokens.Fencer
 	n *atomic.Int64
 }
 
 func (c countingExclusive) Exclusive(ctx context.Context, resource string) (func(), error) {
 	c.n.Add(1)
-	return c.Locker.Exclusive(ctx, resource)
+	return c.Fencer.Exclusive(ctx, resource)
 }
 
 // RunFence runs the fence conformance suite: the rules of tokens.Fencer and

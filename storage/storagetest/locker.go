@@ -22,19 +22,32 @@ type LockerHarness struct {
 	// in-process locker returns one locker n times (one process is one
 	// replica). Cleanup is registered with t.
 	Replicas func(t *testing.T, n int) []tokens.Locker
-	// YieldIsFinal: shared requests that queued behind an exclusive one
+}
+
+// lockHarness is what the lock suite runs on: a Locker's two sides, or a
+// Fencer's (fencelock.go), on two replicas.
+type lockHarness struct {
+	// replicas returns two replicas' sides of one lock space, in which
+	// the given resources may be locked.
+	replicas func(t *testing.T, resources ...string) []lockSides
+	// yieldIsFinal: shared requests that queued behind an exclusive one
 	// wait for the shared holders of that time to leave even if the
 	// exclusive request gives up (postgres.Fence: a replica that began
 	// giving its fence up finishes doing so). Otherwise they get in at once.
-	YieldIsFinal bool
+	yieldIsFinal bool
 }
 
-// RunLocker runs the conformance suite of tokens.Locker: shared holders
-// coexist, exclusive excludes both, a waiting exclusive request is not
-// overtaken by later shared ones (writer preference), a wait ends with its
-// context and leaves no one queued behind it, unlock may be called again,
-// and resources are independent. Each property is checked across two
-// replicas, so that a backend shared by replicas is tested as it is used.
+// lockSides is one replica's two ways into a resource's lock.
+type lockSides struct{ shared, exclusive lockFunc }
+
+// RunLocker runs the conformance suite of tokens.Locker (the embedded
+// mode's tokens.LocalLocker; a tokens.Fencer's lock is RunFenceLock's,
+// fencelock.go): shared holders coexist, exclusive excludes both, a
+// waiting exclusive request is not overtaken by later shared ones (writer
+// preference), a wait ends with its context and leaves no one queued
+// behind it, unlock may be called again, and resources are independent.
+// Each property is checked across two replicas, so that a backend shared
+// by replicas is tested as it is used.
 //
 // What did not happen is checked by waiting a while for it (lockQuiet): such
 // a check can pass wrongly on a slow machine, never fail wrongly.
@@ -42,7 +55,18 @@ func RunLocker(t *testing.T, h LockerHarness) {
 	if h.Replicas == nil {
 		t.Fatal("storagetest: LockerHarness.Replicas is required")
 	}
-	tests := []suiteTest[LockerHarness]{
+	runLockSuite(t, lockHarness{replicas: func(t *testing.T, _ ...string) []lockSides {
+		var out []lockSides
+		for _, l := range h.Replicas(t, 2) {
+			out = append(out, lockSides{l.Shared, l.Exclusive})
+		}
+		return out
+	}})
+}
+
+// runLockSuite runs the lock suite (RunLocker's and RunFenceLock's).
+func runLockSuite(t *testing.T, h lockHarness) {
+	tests := []suiteTest[lockHarness]{
 		{"SharedHoldersCoexist", testLockSharedCoexist},
 		{"ExclusiveWaitsForShared", testLockExclusiveWaitsForShared},
 		{"SharedWaitsForExclusive", testLockSharedWaitsForExclusive},
@@ -62,9 +86,6 @@ func RunLocker(t *testing.T, h LockerHarness) {
 const lockQuiet = 200 * time.Millisecond
 
 type lockFunc func(context.Context, string) (func(), error)
-
-func shared(l tokens.Locker) lockFunc    { return l.Shared }
-func exclusive(l tokens.Locker) lockFunc { return l.Exclusive }
 
 // lockNow takes a lock that nothing holds against it.
 func lockNow(t *testing.T, lock lockFunc, resource, what string) func() {
@@ -138,23 +159,23 @@ func (p *pending) failed(t *testing.T, what string) error {
 	}
 }
 
-func testLockSharedCoexist(t *testing.T, h LockerHarness) {
-	ls := h.Replicas(t, 2)
+func testLockSharedCoexist(t *testing.T, h lockHarness) {
 	r := resourceName(t, "r")
-	a1 := lockNow(t, shared(ls[0]), r, "first shared on a")
-	a2 := lockNow(t, shared(ls[0]), r, "second shared on a")
-	b := lockNow(t, shared(ls[1]), r, "shared on b beside a's")
+	ls := h.replicas(t, r)
+	a1 := lockNow(t, ls[0].shared, r, "first shared on a")
+	a2 := lockNow(t, ls[0].shared, r, "second shared on a")
+	b := lockNow(t, ls[1].shared, r, "shared on b beside a's")
 	a1()
 	a2()
 	b()
 }
 
-func testLockExclusiveWaitsForShared(t *testing.T, h LockerHarness) {
-	ls := h.Replicas(t, 2)
+func testLockExclusiveWaitsForShared(t *testing.T, h lockHarness) {
 	r := resourceName(t, "r")
-	sa := lockNow(t, shared(ls[0]), r, "shared on a")
-	sb := lockNow(t, shared(ls[1]), r, "shared on b")
-	ex := lockAsync(t.Context(), exclusive(ls[1]), r)
+	ls := h.replicas(t, r)
+	sa := lockNow(t, ls[0].shared, r, "shared on a")
+	sb := lockNow(t, ls[1].shared, r, "shared on b")
+	ex := lockAsync(t.Context(), ls[1].exclusive, r)
 	ex.waits(t, "exclusive while a and b hold shared")
 	sa()
 	ex.waits(t, "exclusive while b holds shared")
@@ -162,12 +183,12 @@ func testLockExclusiveWaitsForShared(t *testing.T, h LockerHarness) {
 	ex.granted(t, "exclusive after the shared holders left")()
 }
 
-func testLockSharedWaitsForExclusive(t *testing.T, h LockerHarness) {
-	ls := h.Replicas(t, 2)
+func testLockSharedWaitsForExclusive(t *testing.T, h lockHarness) {
 	r := resourceName(t, "r")
-	ex := lockNow(t, exclusive(ls[0]), r, "exclusive on a")
-	sa := lockAsync(t.Context(), shared(ls[0]), r)
-	sb := lockAsync(t.Context(), shared(ls[1]), r)
+	ls := h.replicas(t, r)
+	ex := lockNow(t, ls[0].exclusive, r, "exclusive on a")
+	sa := lockAsync(t.Context(), ls[0].shared, r)
+	sb := lockAsync(t.Context(), ls[1].shared, r)
 	sa.waits(t, "shared on a while a holds exclusive")
 	sb.waits(t, "shared on b while a holds exclusive")
 	ex()
@@ -175,12 +196,12 @@ func testLockSharedWaitsForExclusive(t *testing.T, h LockerHarness) {
 	sb.granted(t, "shared on b after the exclusive")()
 }
 
-func testLockExclusiveWaitsForExclusive(t *testing.T, h LockerHarness) {
-	ls := h.Replicas(t, 2)
+func testLockExclusiveWaitsForExclusive(t *testing.T, h lockHarness) {
 	r := resourceName(t, "r")
-	first := lockNow(t, exclusive(ls[0]), r, "exclusive on a")
-	other := lockAsync(t.Context(), exclusive(ls[1]), r)
-	same := lockAsync(t.Context(), exclusive(ls[0]), r)
+	ls := h.replicas(t, r)
+	first := lockNow(t, ls[0].exclusive, r, "exclusive on a")
+	other := lockAsync(t.Context(), ls[1].exclusive, r)
+	same := lockAsync(t.Context(), ls[0].exclusive, r)
 	other.waits(t, "exclusive on b while a holds exclusive")
 	same.waits(t, "second exclusive on a while a holds exclusive")
 	first()
@@ -202,15 +223,15 @@ func testLockExclusiveWaitsForExclusive(t *testing.T, h LockerHarness) {
 // A waiting exclusive request blocks later shared ones, on every replica,
 // although the lock is only shared-held: a steady stream of writes must not
 // starve a grant.
-func testLockWriterPreference(t *testing.T, h LockerHarness) {
-	ls := h.Replicas(t, 2)
+func testLockWriterPreference(t *testing.T, h lockHarness) {
 	r := resourceName(t, "r")
+	ls := h.replicas(t, r)
 	ctx := t.Context()
-	s := lockNow(t, shared(ls[0]), r, "shared on a")
-	ex := lockAsync(ctx, exclusive(ls[1]), r)
+	s := lockNow(t, ls[0].shared, r, "shared on a")
+	ex := lockAsync(ctx, ls[1].exclusive, r)
 	ex.waits(t, "exclusive while a holds shared")
-	lateA := lockAsync(ctx, shared(ls[0]), r)
-	lateB := lockAsync(ctx, shared(ls[1]), r)
+	lateA := lockAsync(ctx, ls[0].shared, r)
+	lateB := lockAsync(ctx, ls[1].shared, r)
 	lateA.waits(t, "a later shared on a overtaking the waiting exclusive")
 	lateB.waits(t, "a later shared on b overtaking the waiting exclusive")
 	s()
@@ -222,13 +243,13 @@ func testLockWriterPreference(t *testing.T, h LockerHarness) {
 	lateB.granted(t, "later shared on b after the exclusive")()
 }
 
-func testLockResourcesIndependent(t *testing.T, h LockerHarness) {
-	ls := h.Replicas(t, 2)
+func testLockResourcesIndependent(t *testing.T, h lockHarness) {
 	r, other := resourceName(t, "r"), resourceName(t, "other")
-	ex := lockNow(t, exclusive(ls[0]), r, "exclusive on r")
-	so := lockNow(t, shared(ls[1]), other, "shared on another resource beside r's exclusive")
+	ls := h.replicas(t, r, other)
+	ex := lockNow(t, ls[0].exclusive, r, "exclusive on r")
+	so := lockNow(t, ls[1].shared, other, "shared on another resource beside r's exclusive")
 	so()
-	eo := lockNow(t, exclusive(ls[1]), other, "exclusive on another resource beside r's exclusive")
+	eo := lockNow(t, ls[1].exclusive, other, "exclusive on another resource beside r's exclusive")
 	eo()
 	ex()
 }
@@ -237,13 +258,13 @@ func testLockResourcesIndependent(t *testing.T, h LockerHarness) {
 // (tokens.Service tells a timeout from a broken store by it), for either
 // kind of request: past its deadline (DeadlineExceeded) or cancelled
 // (Canceled).
-func testLockDeadline(t *testing.T, h LockerHarness) {
+func testLockDeadline(t *testing.T, h lockHarness) {
 	testLockWaitEnds(t, h, context.DeadlineExceeded, func(ctx context.Context) (context.Context, func()) {
 		return context.WithTimeout(ctx, lockQuiet)
 	})
 }
 
-func testLockCancel(t *testing.T, h LockerHarness) {
+func testLockCancel(t *testing.T, h lockHarness) {
 	testLockWaitEnds(t, h, context.Canceled, func(ctx context.Context) (context.Context, func()) {
 		ctx, cancel := context.WithCancel(ctx)
 		time.AfterFunc(lockQuiet, cancel)
@@ -253,15 +274,15 @@ func testLockCancel(t *testing.T, h LockerHarness) {
 
 // testLockWaitEnds: a wait under a context from end fails with want, and
 // the locker is usable afterwards.
-func testLockWaitEnds(t *testing.T, h LockerHarness, want error, end func(context.Context) (context.Context, func())) {
-	ls := h.Replicas(t, 2)
+func testLockWaitEnds(t *testing.T, h lockHarness, want error, end func(context.Context) (context.Context, func())) {
 	r := resourceName(t, "r")
+	ls := h.replicas(t, r)
 	for _, c := range []struct {
 		hold, wait lockFunc
 		what       string
 	}{
-		{shared(ls[0]), exclusive(ls[1]), "Exclusive while a holds shared"},
-		{exclusive(ls[0]), shared(ls[1]), "Shared while a holds exclusive"},
+		{ls[0].shared, ls[1].exclusive, "Exclusive while a holds shared"},
+		{ls[0].exclusive, ls[1].shared, "Shared while a holds exclusive"},
 	} {
 		unlock := lockNow(t, c.hold, r, "a's lock")
 		ctx, cancel := end(t.Context())
@@ -274,49 +295,49 @@ func testLockWaitEnds(t *testing.T, h LockerHarness, want error, end func(contex
 		cancel()
 		unlock()
 	}
-	lockNow(t, exclusive(ls[1]), r, "exclusive on b after the waits ended")()
+	lockNow(t, ls[1].exclusive, r, "exclusive on b after the waits ended")()
 }
 
 // An exclusive request that gives up while shared requests queue behind it
-// lets them in: the queue it caused goes with it (with YieldIsFinal, once
+// lets them in: the queue it caused goes with it (with yieldIsFinal, once
 // the holders it waited for have left).
-func testLockGivenUpWaitFreesQueue(t *testing.T, h LockerHarness) {
-	ls := h.Replicas(t, 2)
+func testLockGivenUpWaitFreesQueue(t *testing.T, h lockHarness) {
 	r := resourceName(t, "r")
-	s := lockNow(t, shared(ls[0]), r, "shared on a")
+	ls := h.replicas(t, r)
+	s := lockNow(t, ls[0].shared, r, "shared on a")
 	ctx, cancel := context.WithCancel(t.Context())
-	ex := lockAsync(ctx, exclusive(ls[1]), r)
+	ex := lockAsync(ctx, ls[1].exclusive, r)
 	ex.waits(t, "exclusive while a holds shared")
-	queuedA := lockAsync(t.Context(), shared(ls[0]), r)
-	queuedB := lockAsync(t.Context(), shared(ls[1]), r)
+	queuedA := lockAsync(t.Context(), ls[0].shared, r)
+	queuedB := lockAsync(t.Context(), ls[1].shared, r)
 	queuedA.waits(t, "shared on a behind the waiting exclusive")
 	queuedB.waits(t, "shared on b behind the waiting exclusive")
 	cancel()
 	ex.failed(t, "cancelled exclusive")
-	if h.YieldIsFinal {
+	if h.yieldIsFinal {
 		s()
 	}
-	// Without YieldIsFinal s is still held: the queued requests go in
+	// Without yieldIsFinal s is still held: the queued requests go in
 	// beside it.
 	queuedA.granted(t, "shared on a after the exclusive gave up")()
 	queuedB.granted(t, "shared on b after the exclusive gave up")()
-	if !h.YieldIsFinal {
+	if !h.yieldIsFinal {
 		s()
 	}
-	lockNow(t, exclusive(ls[1]), r, "exclusive after every shared left")()
+	lockNow(t, ls[1].exclusive, r, "exclusive after every shared left")()
 }
 
 // Calling unlock again does nothing: in particular a second call for one
 // shared hold does not release another holder's.
-func testLockUnlockTwice(t *testing.T, h LockerHarness) {
-	ls := h.Replicas(t, 2)
+func testLockUnlockTwice(t *testing.T, h lockHarness) {
 	r := resourceName(t, "r")
-	sa := lockNow(t, shared(ls[0]), r, "shared on a")
-	sa2 := lockNow(t, shared(ls[0]), r, "second shared on a")
-	sb := lockNow(t, shared(ls[1]), r, "shared on b")
+	ls := h.replicas(t, r)
+	sa := lockNow(t, ls[0].shared, r, "shared on a")
+	sa2 := lockNow(t, ls[0].shared, r, "second shared on a")
+	sb := lockNow(t, ls[1].shared, r, "shared on b")
 	sa()
 	sa()
-	ex := lockAsync(t.Context(), exclusive(ls[1]), r)
+	ex := lockAsync(t.Context(), ls[1].exclusive, r)
 	ex.waits(t, "exclusive while a's second and b's shared are held, after one unlock called twice")
 	sb()
 	ex.waits(t, "exclusive while a's second shared is held")
@@ -324,19 +345,19 @@ func testLockUnlockTwice(t *testing.T, h LockerHarness) {
 	u := ex.granted(t, "exclusive after every shared left")
 	sb() // late repeats change nothing
 	sa2()
-	late := lockAsync(t.Context(), shared(ls[0]), r)
+	late := lockAsync(t.Context(), ls[0].shared, r)
 	late.waits(t, "shared during the exclusive, after repeated unlocks")
 	u()
 	u()
 	late.granted(t, "shared after the exclusive")()
-	lockNow(t, exclusive(ls[0]), r, "exclusive after every unlock")()
+	lockNow(t, ls[0].exclusive, r, "exclusive after every unlock")()
 }
 
 // Under concurrent shared and exclusive requests from two replicas, an
 // exclusive holder is always alone.
-func testLockMutualExclusion(t *testing.T, h LockerHarness) {
-	ls := h.Replicas(t, 2)
+func testLockMutualExclusion(t *testing.T, h lockHarness) {
 	r := resourceName(t, "r")
+	ls := h.replicas(t, r)
 	var readers, writers atomic.Int32
 	var wg sync.WaitGroup
 	for i := range 8 {
@@ -345,7 +366,7 @@ func testLockMutualExclusion(t *testing.T, h LockerHarness) {
 			for range 25 {
 				ctx, cancel := context.WithTimeout(t.Context(), waitLimit)
 				if i%4 == 0 {
-					u, err := l.Exclusive(ctx, r)
+					u, err := l.exclusive(ctx, r)
 					cancel()
 					if err != nil {
 						t.Errorf("Exclusive: %v", err)
@@ -357,7 +378,7 @@ func testLockMutualExclusion(t *testing.T, h LockerHarness) {
 					writers.Add(-1)
 					u()
 				} else {
-					u, err := l.Shared(ctx, r)
+					u, err := l.shared(ctx, r)
 					cancel()
 					if err != nil {
 						t.Errorf("Shared: %v", err)

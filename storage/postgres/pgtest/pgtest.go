@@ -148,7 +148,6 @@ func FenceReplicas(t *testing.T, n int, opts storagetest.FenceOptions,
 		t.Cleanup(fence.Close) // before the store's Close
 		r := &storagetest.FenceReplica{
 			Store:  store,
-			Locker: fence,
 			Fencer: fence,
 			Reads:  counted.reads.Load,
 			Close:  fence.Close,
