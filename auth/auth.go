@@ -206,6 +206,7 @@ func newEntry(k Key) (*entry, error) {
 			burst = max(1, math.Ceil(k.Rate))
 		}
 		e.bucket = &bucket{rate: k.Rate, burst: burst}
+		e.principal.Rate, e.principal.Burst = k.Rate, int(min(burst, math.MaxInt32))
 	}
 	return e, nil
 }
@@ -231,7 +232,11 @@ func checkHeader(name, value string) error {
 }
 
 // Keys is a gateway.Authenticator over the keys of an auth file. It is safe
-// for concurrent use. Rate budgets are kept in memory, per gateway replica.
+// for concurrent use. Its rate budgets are kept in memory, per gateway
+// replica: exact in the embedded mode, where the process is the only
+// replica; in the replicated modes the gateway takes from a bucket in the
+// store (gateway.RateStore) and falls back on these only when the store
+// does not answer.
 type Keys struct {
 	all    []*entry
 	byName map[string]*entry
@@ -316,7 +321,8 @@ func (k *Keys) match(key string) *entry {
 	return found
 }
 
-// Allow implements gateway.Authenticator with one token bucket per key.
+// Allow implements gateway.Authenticator with one token bucket per key, in
+// this process.
 func (k *Keys) Allow(p *Principal) (bool, time.Duration) {
 	e := k.byName[p.Name]
 	if e == nil || e.bucket == nil {

@@ -61,6 +61,12 @@ type Principal struct {
 	// (tokens.GrantRequest.MaxLeases), so concurrent acquires, on any
 	// replica, never overshoot it.
 	MaxLeases int
+	// Rate is the key's requests/s (0: unlimited) and Burst the most it may
+	// save up (at least 1 when Rate is set): what a bucket shared by every
+	// replica is taken with (gateway.RateStore), so that a reload's new
+	// values apply at the next request.
+	Rate  float64
+	Burst int
 }
 
 // MayUse reports whether p may use resource (a prefix match).

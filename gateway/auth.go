@@ -37,8 +37,10 @@ type Authenticator interface {
 	// Authenticate returns the caller of r, or an error wrapping
 	// ErrUnauthenticated (no key, an unknown key, a malformed header).
 	Authenticate(r *http.Request) (*Principal, error)
-	// Allow takes one request from p's rate budget. When none is left it
-	// returns false and how long until there is one.
+	// Allow takes one request from p's rate budget in this process. When
+	// none is left it returns false and how long until there is one. With
+	// Config.Rates, a key with a rate is metered there instead, and Allow
+	// only when the store does not answer (ratelimit.go).
 	Allow(p *Principal) (ok bool, retryAfter time.Duration)
 }
 
@@ -138,7 +140,7 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 			writeProblem(w, r, g.log, err)
 			return
 		}
-		if ok, wait := keys.Allow(p); !ok {
+		if ok, wait := g.allow(r.Context(), keys, p); !ok {
 			writeProblem(w, r, g.log, &tokens.Error{Kind: problems.ErrRateLimited, RetryAfter: wait,
 				Detail: "key " + strconv.Quote(p.Name) + " is over its request rate"})
 			return

@@ -101,6 +101,12 @@ type Config struct {
 	// header of its acquires and renewals (share it with the dashboard).
 	// Nil: one of the gateway's own.
 	Clocks *tokens.Clocks
+	// Rates, if set, holds the keys' request budgets shared by every
+	// replica (the replicated modes' store): each request of a key with a
+	// rate takes from it, within a short deadline, before its key's
+	// per-replica bucket is consulted as the fallback (ratelimit.go). Nil:
+	// the per-replica buckets alone, exact when there is one replica.
+	Rates RateStore
 	// Idempotency, if set, applies Idempotency-Key on fenced writes
 	// (idempotency.go). Nil: a write with the header is refused (400),
 	// never forwarded without the protection its caller asked for.
@@ -144,7 +150,8 @@ type Gateway struct {
 	// routes, observation (live.go). Requests load it once, in dispatch.
 	live    atomic.Pointer[live]
 	streams *streamSlots
-	keys    *keys    // nil without Config.Idempotency
+	keys    *keys // nil without Config.Idempotency
+	rates   *rateLimiter
 	tr      *tracing // nil without Config.TracerProvider
 	// stopping: the process is shutting down, and /readyz says so, so that
 	// a load balancer takes the replica out before it stops serving.
@@ -191,6 +198,7 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	}
 	cfg.Registry.MustRegister(newClockCollector(cfg.Clocks, now))
 	g.keys = newKeys(cfg.Idempotency, cfg.Registry, cfg.Logger)
+	g.rates = newRateLimiter(cfg.Rates, cfg.Registry)
 	g.buffers, g.proxyLog = newBufferPool(), slogErrorLog(g.log)
 	si := g.controlServer(false)
 	g.handler = g.framing(g.dispatch(g.routes(si), g.acquireHandler(si)))

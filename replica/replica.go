@@ -173,6 +173,7 @@ func New(ctx context.Context, cfg Config) (_ *Replica, err error) {
 		Routes:          live.Routes,
 		Observe:         live.Observe,
 		Clocks:          clocks,
+		Rates:           r.mode.Rates,
 		ForwardTimeout:  cfg.ForwardTimeout,
 		MaxBody:         cfg.MaxBody,
 		BodyTimeout:     cfg.BodyTimeout,

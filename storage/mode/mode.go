@@ -76,6 +76,12 @@ type Mode struct {
 	Keys tokens.IdempotencyStore
 	// Feed carries each recorded rejection to every replica's live stream.
 	Feed feed.Feed
+	// Rates holds the API keys' request budgets that every replica shares
+	// (gateway.RateStore): PostgreSQL's, or Redis's in the Redis mode. Nil
+	// in the embedded mode, whose one process meters keys exactly itself.
+	Rates interface {
+		Take(ctx context.Context, key string, rate float64, burst int) (ok bool, retryAfter time.Duration, err error)
+	}
 	// Collectors are the store's own metrics (the embedded store's commit
 	// durations, the PostgreSQL fence's admits and yields), for the
 	// gateway's registry.
@@ -201,7 +207,7 @@ func OpenPostgres(ctx context.Context, cfg Config) (_ *Mode, err error) {
 			log.Error("close PostgreSQL store", "err", err)
 		}
 	})
-	m.Store, m.Keys = pg, pg
+	m.Store, m.Keys, m.Rates = pg, pg, pg
 	transport := feed.Transport(pg)
 	var state postgres.StateReader // nil: PostgreSQL's own
 
@@ -228,7 +234,7 @@ func OpenPostgres(ctx context.Context, cfg Config) (_ *Mode, err error) {
 			prefix = redis.SchemaPrefix(cfg.Schema)
 		}
 		rs := redis.New(rdb, pg, redis.Options{Prefix: prefix, Logger: log})
-		m.Name, m.Store, transport, state = "postgres+redis", rs, rs, rs
+		m.Name, m.Store, transport, state, m.Rates = "postgres+redis", rs, rs, rs, rs
 	}
 
 	replica := cfg.Replica

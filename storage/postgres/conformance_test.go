@@ -69,3 +69,15 @@ func TestKeysConformance(t *testing.T) {
 		},
 	})
 }
+
+// TestRatesConformance runs the shared rate-limit suite on two stores in
+// one schema, as two replicas.
+func TestRatesConformance(t *testing.T) {
+	pgtest.Require(t)
+	storagetest.RunRates(t, storagetest.RateHarness{
+		Replicas: func(t *testing.T) (a, b storagetest.RateTaker) {
+			schema := pgtest.NewSchema(t)
+			return pgtest.Open(t, schema, postgres.Options{}), pgtest.Open(t, schema, postgres.Options{})
+		},
+	})
+}

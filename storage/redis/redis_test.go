@@ -283,3 +283,15 @@ func TestCapFreedByLostClaim(t *testing.T) {
 		t.Fatalf("a second resource under a cap of 1: %v, want ErrTooManyLeases", err)
 	}
 }
+
+// TestRatesConformance runs the shared rate-limit suite on two stores on
+// one prefix, each with a Redis client of its own, as two replicas.
+func TestRatesConformance(t *testing.T) {
+	client(t, -1)
+	storagetest.RunRates(t, storagetest.RateHarness{
+		Replicas: func(t *testing.T) (a, b storagetest.RateTaker) {
+			e := open(t, -1)
+			return e.store, redis.New(client(t, -1), e.ledger, redis.Options{Prefix: e.prefix})
+		},
+	})
+}
