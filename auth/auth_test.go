@@ -56,7 +56,8 @@ func TestParseYAML(t *testing.T) {
 		t.Fatalf("upstream headers = %v", h)
 	}
 	p := c.Keys.byName["billing"].principal
-	if p.Role != RoleWorker || p.MaxTTL != time.Minute || p.MaxLeases != 5 || len(p.Resources) != 2 {
+	if p.Role != RoleWorker || p.MaxTTL != time.Minute || p.MaxLeases != 5 || len(p.Resources) != 2 ||
+		p.Rate != 2 || p.Burst != 3 {
 		t.Fatalf("principal = %+v", p)
 	}
 }
@@ -161,6 +162,21 @@ func TestMayUse(t *testing.T) {
 	}
 	if v := keys.byName["dash"].principal; !v.MayUse("anything") {
 		t.Error("a key without prefixes may use every resource")
+	}
+}
+
+// A principal carries the rate and the burst a shared bucket is taken
+// with: an unset burst is the rate rounded up, at least 1.
+func TestPrincipalRate(t *testing.T) {
+	for _, c := range []struct {
+		line  string
+		rate  float64
+		burst int
+	}{{"", 0, 0}, {", rate: 0.5", 0.5, 1}, {", rate: 2.5", 2.5, 3}, {", rate: 2, burst: 9", 2, 9}} {
+		keys := mustParse(t, "keys:\n  - {name: k, sha256: "+Hash("secret")+", role: worker"+c.line+"}\n").Keys
+		if p := keys.byName["k"].principal; p.Rate != c.rate || p.Burst != c.burst {
+			t.Errorf("%q: rate %v, burst %d; want %v, %d", c.line, p.Rate, p.Burst, c.rate, c.burst)
+		}
 	}
 }
 
