@@ -1,0 +1,83 @@
+package e2e
+
+// A key's request rate holds across replicas: in the replicated modes
+// every replica takes from the key's one bucket in the store.
+
+import (
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/fencegw/fencegw/auth"
+	"github.com/fencegw/fencegw/gateway"
+	"github.com/fencegw/fencegw/replica"
+	storagemode "github.com/fencegw/fencegw/storage/mode"
+	"github.com/fencegw/fencegw/storage/postgres/pgtest"
+)
+
+// A key with rate 1/s and burst 5 sends 20 requests alternating between
+// two replicas: together they let through its burst and what the time
+// taken refilled, not a burst each; the rest are 429 rate_limited with
+// Retry-After.
+func TestRateSharedAcrossReplicas(t *testing.T) {
+	const key, rate, burst, requests = "fgk_test-shared-rate", 1.0, 5, 20
+	authFile := fmt.Appendf(nil, "keys:\n  - {name: shared, sha256: %s, role: worker, rate: %v, burst: %d}\n",
+		auth.Hash(key), rate, burst)
+	modes := []struct {
+		name string
+		mode func(t *testing.T, schema string) storagemode.Config
+	}{
+		{"postgres", func(t *testing.T, schema string) storagemode.Config {
+			return storagemode.Config{Schema: schema}
+		}},
+		{"postgres-redis", func(t *testing.T, schema string) storagemode.Config {
+			requireRedis(t)
+			return storagemode.Config{Schema: schema, Redis: redisURL(), RedisPrefix: "fencegw-e2e-rate:" + schema + ":"}
+		}},
+	}
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			pgtest.Require(t)
+			schema := pgtest.NewSchema(t)
+			var gws []*gw
+			for i := range 2 {
+				// Each replica reads the file itself, as separate
+				// processes do: one Keys would share its buckets.
+				keys, err := auth.Parse(authFile)
+				if err != nil {
+					t.Fatal(err)
+				}
+				gws = append(gws, startReplica(t, replica.Config{
+					Mode: pgMode(t, m.mode(t, schema), i),
+					Live: gateway.Live{Auth: keys.Keys},
+				}))
+			}
+			ok := 0
+			start := time.Now()
+			for i := range requests {
+				a := do(t, "GET", gws[i%2].URL+"/v1/rejections", nil, bearer(key)...)
+				if a.Status == http.StatusOK {
+					ok++
+					continue
+				}
+				wantProblem(t, a, http.StatusTooManyRequests, "rate_limited")
+				if s, err := strconv.Atoi(a.Header.Get("Retry-After")); err != nil || s < 1 {
+					t.Fatalf("request %d: Retry-After %q, want whole seconds >= 1", i, a.Header.Get("Retry-After"))
+				}
+			}
+			// The burst, and what refilled while the requests went out,
+			// rounded up: 6 when they take under a second, where a bucket
+			// per replica would let through 10.
+			took := time.Since(start)
+			most := burst + int(math.Ceil(took.Seconds()*rate))
+			t.Logf("%d of %d requests let through in %v", ok, requests, took.Round(time.Millisecond))
+			if ok < burst || ok > most {
+				t.Fatalf("%d of %d requests over two replicas let through in %v; want the burst, %d, and at most %d",
+					ok, requests, took.Round(time.Millisecond), burst, most)
+			}
+		})
+	}
+}
