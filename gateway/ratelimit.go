@@ -60,9 +60,29 @@ func (g *Gateway) allow(ctx context.Context, keys Authenticator, p *Principal) (
 	}
 	ctx, cancel := context.WithTimeout(ctx, rateTakeTimeout)
 	defer cancel()
-	ok, wait, err := l.store.Take(ctx, p.Name, p.Rate, p.Burst)
-	if err == nil {
-		return ok, wait
+	// The take runs beside the request, which waits for it only until the
+	// deadline: not every client stops at its context's deadline (go-redis
+	// bounds a read by its own ReadTimeout unless ContextTimeoutEnabled),
+	// and the take left behind ends within the client's own bounds.
+	type taken struct {
+		ok   bool
+		wait time.Duration
+		err  error
+	}
+	done := make(chan taken, 1)
+	go func() {
+		ok, wait, err := l.store.Take(ctx, p.Name, p.Rate, p.Burst)
+		done <- taken{ok, wait, err}
+	}()
+	var err error
+	select {
+	case t := <-done:
+		if t.err == nil {
+			return t.ok, t.wait
+		}
+		err = t.err
+	case <-ctx.Done():
+		err = ctx.Err()
 	}
 	l.fallbacks.Inc()
 	now := time.Now().UnixNano()

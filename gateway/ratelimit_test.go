@@ -4,29 +4,44 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// sharedRates is a RateStore that answers as told, or waits out the
-// caller's deadline when hang is set.
+// sharedRates is a RateStore that answers as told, or, when hang is set,
+// not until the test ends, whatever its context says (a Redis client
+// bounds reads by its own timeout, not the context's deadline).
 type sharedRates struct {
-	ok    bool
-	wait  time.Duration
-	err   error
-	hang  bool
+	ok   bool
+	wait time.Duration
+	err  error
+	hang chan struct{}
+	hung chan struct{} // a take is waiting on hang
+
+	mu    sync.Mutex
 	calls []take // each take's key, rate and burst
 }
 
-func (s *sharedRates) Take(ctx context.Context, key string, rate float64, burst int) (bool, time.Duration, error) {
+func (s *sharedRates) Take(_ context.Context, key string, rate float64, burst int) (bool, time.Duration, error) {
+	s.mu.Lock()
 	s.calls = append(s.calls, take{key, rate, burst})
-	if s.hang {
-		<-ctx.Done()
-		return false, 0, ctx.Err()
+	s.mu.Unlock()
+	if s.hang != nil {
+		s.hung <- struct{}{}
+		<-s.hang
+		return false, 0, errors.New("read timeout")
 	}
 	return s.ok, s.wait, s.err
+}
+
+func (s *sharedRates) takes() []take {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.calls)
 }
 
 type take struct {
@@ -62,11 +77,14 @@ func TestSharedRateAndItsFallback(t *testing.T) {
 		{"store grants", &sharedRates{ok: true}, limited, true, 0, 0, 0},
 		{"store refuses", &sharedRates{wait: 3 * time.Second}, limited, false, 3 * time.Second, 0, 0},
 		{"store fails", &sharedRates{err: errors.New("connection refused")}, limited, false, 42 * time.Second, 1, 1},
-		{"store does not answer", &sharedRates{hang: true}, limited, false, 42 * time.Second, 1, 1},
+		{"store does not answer", &sharedRates{hang: make(chan struct{}), hung: make(chan struct{}, 1)}, limited, false, 42 * time.Second, 1, 1},
 		{"key without a rate", &sharedRates{ok: true}, &Principal{Name: "free"}, false, 42 * time.Second, 1, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			if c.store.hang != nil {
+				t.Cleanup(func() { close(c.store.hang) })
+			}
 			reg := prometheus.NewRegistry()
 			g := New(nil, Config{Rates: c.store, Registry: reg})
 			local := &localRates{}
@@ -80,11 +98,15 @@ func TestSharedRateAndItsFallback(t *testing.T) {
 			if got := counterValue(t, reg, "fencegw_rate_fallbacks_total"); got != c.fallbacks {
 				t.Errorf("fencegw_rate_fallbacks_total = %v, want %v", got, c.fallbacks)
 			}
-			if c.p.Rate > 0 && (len(c.store.calls) != 1 || c.store.calls[0] != take{"billing", 2.5, 7}) {
-				t.Errorf("takes %+v, want one of billing at 2.5/s, burst 7", c.store.calls)
+			if c.store.hang != nil {
+				<-c.store.hung // the take allow gave up on did start
 			}
-			if c.p.Rate == 0 && len(c.store.calls) != 0 {
-				t.Errorf("a key without a rate paid %d round trips", len(c.store.calls))
+			takes := c.store.takes()
+			if c.p.Rate > 0 && (len(takes) != 1 || takes[0] != take{"billing", 2.5, 7}) {
+				t.Errorf("takes %+v, want one of billing at 2.5/s, burst 7", takes)
+			}
+			if c.p.Rate == 0 && len(takes) != 0 {
+				t.Errorf("a key without a rate paid %d round trips", len(takes))
 			}
 		})
 	}
