@@ -41,6 +41,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/fencegw/fencegw/gateway/internal/engine"
 )
 
@@ -105,7 +107,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 		out.Body, out.TransferEncoding, out.Trailer = r.Body, r.TransferEncoding, r.Trailer
 	}
 	// The reverse proxy's steps before its Rewrite (ServeHTTP).
-	te := valuesContainToken(h["Te"], "trailers")
+	te := httpguts.HeaderValuesContainsToken(h["Te"], "trailers") // as the reverse proxy asks
 	removeHopByHop(h)
 	if te {
 		// As the reverse proxy: an upstream may learn that trailers of
@@ -261,35 +263,6 @@ func (d *directHooks) Got1xx(code int, header textproto.MIMEHeader) error {
 }
 
 var teTrailers = []string{"trailers"}
-
-// valuesContainToken reports whether a comma-separated list in vs has
-// token (lower-case ASCII), in any ASCII case, as
-// httpguts.HeaderValuesContainsToken, which the reverse proxy asks of the
-// client's Te.
-func valuesContainToken(vs []string, token string) bool {
-	for _, v := range vs {
-		for t := range strings.SplitSeq(v, ",") {
-			if t = strings.Trim(t, " \t"); len(t) == len(token) && asciiLowerIs(t, token) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// asciiLowerIs: s, of len(lower) bytes, is lower in any ASCII case.
-func asciiLowerIs(s, lower string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if c != lower[i] {
-			return false
-		}
-	}
-	return true
-}
 
 // hopHeaders are removed from requests and answers alike, with those a
 // Connection field names (the reverse proxy's removeHopByHopHeaders).

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/tokens"
 )
@@ -131,7 +133,7 @@ func checkWriteRequest(r *http.Request) error {
 	if r.Method == http.MethodConnect {
 		return &tunnelError{method: true}
 	}
-	if len(r.Header["Upgrade"]) > 0 || hasToken(r.Header["Connection"], "upgrade") {
+	if len(r.Header["Upgrade"]) > 0 || httpguts.HeaderValuesContainsToken(r.Header["Connection"], "upgrade") {
 		return &tunnelError{}
 	}
 	if len(r.Header[HeaderLease]) > 1 {
@@ -178,19 +180,6 @@ func (e *tunnelError) detail() string {
 		return "CONNECT is not forwarded" + why
 	}
 	return "protocol upgrades (WebSocket, h2c) are not forwarded" + why
-}
-
-// hasToken reports whether comma-separated header values hold token (ASCII
-// case-insensitive).
-func hasToken(values []string, token string) bool {
-	for _, v := range values {
-		for part := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(part), token) {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // truncateUTF8 cuts s to at most n bytes without splitting a character,

@@ -17,6 +17,8 @@ import (
 	"net/textproto"
 	"os"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // expectsContinue reports whether req asks the upstream's leave to send
@@ -27,48 +29,7 @@ func expectsContinue(req *http.Request) bool {
 		return false
 	}
 	vs := req.Header["Expect"]
-	return len(vs) > 0 && hasToken(vs[0], "100-continue")
-}
-
-// hasToken reports whether the comma-separated list v has token (lower
-// case), in any ASCII case.
-func hasToken(v, token string) bool {
-	for len(v) > 0 {
-		var t string
-		t, v, _ = cut(v, ',')
-		for len(t) > 0 && (t[0] == ' ' || t[0] == '\t') {
-			t = t[1:]
-		}
-		for len(t) > 0 && (t[len(t)-1] == ' ' || t[len(t)-1] == '\t') {
-			t = t[:len(t)-1]
-		}
-		if len(t) == len(token) && lowerIs(t, token) {
-			return true
-		}
-	}
-	return false
-}
-
-func cut(s string, sep byte) (before, after string, found bool) {
-	for i := 0; i < len(s); i++ {
-		if s[i] == sep {
-			return s[:i], s[i+1:], true
-		}
-	}
-	return s, "", false
-}
-
-func lowerIs(s, lower string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if c != lower[i] {
-			return false
-		}
-	}
-	return true
+	return len(vs) > 0 && httpguts.HeaderValuesContainsToken(vs[:1], "100-continue")
 }
 
 // errBodyNotSent: the upstream answered before it asked for the body and
