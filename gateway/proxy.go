@@ -1,5 +1,11 @@
 package gateway
 
+// The fenced write's handler: serveProxy takes /v1/proxy/{upstream}/...,
+// checks the request, admits it (tokens.Service.Admit), and hands it to the
+// one road (direct.go, over the engine); forward is the write's state from
+// admission to answer, rewrite builds the upstream's request, and the
+// forward's failures are answered here.
+
 import (
 	"errors"
 	"net"

@@ -1,5 +1,9 @@
 package gateway
 
+// The OpenAPI document served at /v1/openapi.yaml and /v1/openapi.json,
+// and the API index: api/openapi.yaml, embedded, converted once per
+// process.
+
 import (
 	"encoding/json"
 	"fmt"

@@ -1,5 +1,9 @@
 package tokens
 
+// Acquiring a lease: Service.Acquire, its wait for a held resource (in
+// arrival order per resource, woken by releases and expiries), and the grant
+// step it asks of the Store under the resource's exclusive lock.
+
 import (
 	"context"
 	"errors"

@@ -1,5 +1,10 @@
 package tokens
 
+// Admitting a fenced write: Service.Admit judges the lease against its
+// resource's state (the fence rule, Judge) and returns a Permit that holds
+// the resource's shared side until Done; the embedded mode's path (a
+// Locker) and the replicated modes' (a Fencer's verdict) end here.
+
 import (
 	"context"
 	"errors"

@@ -1,5 +1,8 @@
 package tokens
 
+// Renewing, releasing and revoking a lease: each a store change under the
+// resource's exclusive lock, bounded by the grant wait (storeBound).
+
 import (
 	"context"
 	"errors"

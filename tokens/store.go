@@ -1,5 +1,12 @@
 package tokens
 
+// The interfaces tokens needs from a storage mode, defined here on the
+// consumer's side: Store (tokens, leases, history, the rejection log),
+// Excluder, Locker and Fencer (the per-resource lock, in one process or
+// across replicas), Held (a write's proof of its fence) and the
+// Idempotency-Key records' store. storage/storagetest checks every backend
+// against them.
+
 import (
 	"context"
 	"time"

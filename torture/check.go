@@ -1,5 +1,10 @@
 package torture
 
+// The checker: the rules a torture run's history must keep (tokens never go
+// down at the upstream, no write of a superseded token lands after the next
+// grant, no refused write reaches the upstream, ...) and the Violations it
+// reports.
+
 import (
 	"cmp"
 	"fmt"

@@ -1,5 +1,8 @@
 package torture
 
+// The nemesis: which faults a run injects, when, and into what (processes,
+// stores, network, disk), and how each is undone.
+
 import (
 	"context"
 	"errors"

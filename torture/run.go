@@ -1,5 +1,9 @@
 package torture
 
+// One torture run (Run): the storage mode, the gateway replicas, the worker
+// processes and the upstream, the nemesis, and the checked history at the
+// end; WorkerMain is a worker process's side.
+
 import (
 	"bufio"
 	"context"

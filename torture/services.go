@@ -1,5 +1,9 @@
 package torture
 
+// The machine's PostgreSQL and Redis as a torture run drives them: stopped,
+// started, checked and seeded through their own commands, each bounded in
+// time.
+
 import (
 	"context"
 	"fmt"

@@ -1,5 +1,8 @@
 package bolt
 
+// Seed: sets up a store file with resources already granted up to a token
+// (tests and load runs).
+
 import (
 	"fmt"
 

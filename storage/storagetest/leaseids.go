@@ -1,5 +1,8 @@
 package storagetest
 
+// Conformance for lease ids made before ids were time-ordered: a store
+// still finds, renews and releases them after an upgrade.
+
 import (
 	"crypto/rand"
 	"encoding/base32"

@@ -2,6 +2,9 @@
 
 package engine
 
+// The liveness check of an idle upstream connection before it is reused
+// (Linux and the BSDs: a non-blocking peek).
+
 import "syscall"
 
 // alive reports whether an idle connection may carry the next request: the

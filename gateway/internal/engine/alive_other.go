@@ -2,6 +2,9 @@
 
 package engine
 
+// Where a non-blocking peek is not available, idle upstream connections
+// are not reused.
+
 // alive: without a non-blocking peek an idle connection cannot be checked,
 // so none is reused.
 func (c *engineConn) alive() bool { return false }
