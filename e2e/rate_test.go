@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,7 +19,7 @@ import (
 	"github.com/fencegw/fencegw/storage/postgres/pgtest"
 )
 
-// A key with rate 1/s and burst 5 sends 20 requests alternating between
+// A key with rate 1/s and burst 5 sends 20 requests at once, half to each of
 // two replicas: together they let through its burst and what the time
 // taken refilled, not a burst each; the rest are 429 rate_limited with
 // Retry-After.
@@ -55,10 +56,22 @@ func TestRateSharedAcrossReplicas(t *testing.T) {
 					Live: gateway.Live{Auth: keys.Keys},
 				}))
 			}
-			ok := 0
+			// All at once, half on each replica: the shared take must hold
+			// under concurrency, not only in sequence. The answers are
+			// judged on the test's goroutine.
+			answers := make([]answer, requests)
+			var wg sync.WaitGroup
 			start := time.Now()
 			for i := range requests {
-				a := do(t, "GET", gws[i%2].URL+"/v1/rejections", nil, bearer(key)...)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					answers[i] = do(t, "GET", gws[i%2].URL+"/v1/rejections", nil, bearer(key)...)
+				}()
+			}
+			wg.Wait()
+			ok := 0
+			for i, a := range answers {
 				if a.Status == http.StatusOK {
 					ok++
 					continue
