@@ -53,7 +53,10 @@ func lookEtcd(server, locks string) (serverBin, locksBin string, err error) {
 }
 
 // runEtcdLocks starts a one-member etcd in a directory of its own, drives
-// it with acquirers for d after warmup, and stops it.
+// it with acquirers for d after warmup, and stops it. Acquisitions etcd
+// refused (its own "request timed out" when its WAL's fsync stalls on a
+// loaded machine) are the peer's figure, counted in the result; only a
+// run with none that succeeded is an error.
 func runEtcdLocks(ctx context.Context, serverBin, locksBin string, acquirers int, d, warmup time.Duration) (etcdResult, error) {
 	client, dir, err := childPlace("etcd")
 	if err != nil {
@@ -107,8 +110,8 @@ func runEtcdLocks(ctx context.Context, serverBin, locksBin string, acquirers int
 	if r.Acquisitions > 0 {
 		r.ServerCPU = (bench.GroupCPU(p.cmd.Process.Pid) - cpu0) / time.Duration(r.Acquisitions)
 	}
-	if r.Errors > 0 {
-		return r, fmt.Errorf("%d etcd acquisitions failed; first: %s", r.Errors, r.FirstError)
+	if r.Acquisitions == 0 && r.Errors > 0 {
+		return r, fmt.Errorf("no etcd acquisition succeeded (%d failed); first: %s", r.Errors, r.FirstError)
 	}
 	return r, nil
 }

@@ -98,6 +98,11 @@ func runFigures(ctx context.Context, o options, args []string, out io.Writer) er
 	if g.etcdErr != nil {
 		return g.etcdErr
 	}
+	if g.etcd.Errors > 0 {
+		// A figure beside a peer that failed some acquisitions is not
+		// the peer's honest rate: measure again.
+		return fmt.Errorf("%d etcd acquisitions failed; first: %s", g.etcd.Errors, g.etcd.FirstError)
+	}
 	if g.gateway.Errors > 0 {
 		return fmt.Errorf("%d grants failed; first: %w", g.gateway.Errors, g.gateway.FirstErr)
 	}

@@ -44,6 +44,9 @@ func runGrants(ctx context.Context, o options, out io.Writer) error {
 	if g.memory != "" {
 		fmt.Fprintln(out, g.memory)
 	}
+	if g.etcd != nil && g.etcd.Errors > 0 {
+		fmt.Fprintf(out, "etcd refused %d acquisitions (not counted in its rate); first: %s\n", g.etcd.Errors, g.etcd.FirstError)
+	}
 	if r.Errors > 0 {
 		return fmt.Errorf("%d grants failed; first: %w", r.Errors, r.FirstErr)
 	}

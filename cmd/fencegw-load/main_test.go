@@ -231,9 +231,12 @@ func TestGrantsBesideEtcd(t *testing.T) {
 	if code := run([]string{"-grants", "-duration", "1s", "-warmup", "200ms", "-acquirers", "4", "-etcd-locks", locks}, &out, &errOut); code != 0 {
 		t.Fatalf("exit %d\n%s\n%s", code, out.String(), errOut.String())
 	}
-	row := regexp.MustCompile(`etcd \(LeaseGrant \+ put-if-absent\)\s+([0-9]+)\s+0\s+([0-9]+)`).FindStringSubmatch(out.String())
+	// etcd may refuse an acquisition on a loaded machine ("request timed
+	// out" when its fsync stalls): that is the peer's figure, printed in its
+	// row, not a failure of the tool.
+	row := regexp.MustCompile(`etcd \(LeaseGrant \+ put-if-absent\)\s+([0-9]+)\s+([0-9]+)\s+([0-9]+)`).FindStringSubmatch(out.String())
 	if row == nil || row[1] == "0" {
-		t.Fatalf("no etcd row with acquisitions and no errors in\n%s", out.String())
+		t.Fatalf("no etcd row with acquisitions in\n%s", out.String())
 	}
 	if !strings.Contains(out.String(), "grants ÷ etcd acquisitions: ") {
 		t.Fatalf("no ratio in\n%s", out.String())
