@@ -155,3 +155,52 @@ func TestUnknownLeaseFloodIsNotAllRecorded(t *testing.T) {
 		t.Fatalf("%d recorded after 50 keyed refusals, want 150", got)
 	}
 }
+
+// A viewer's key may not write: its fenced write under a live lease is
+// answered 403 forbidden, never reaches the upstream, and is recorded like
+// every refused write (guarantee 5), naming the viewer as the presenter
+// and the lease's resource, holder and token; metrics count it. The lease
+// keeps working for its holder (the refusal took no lock and changed
+// nothing). Without a lease there is nothing to attribute: 403, unrecorded.
+func TestViewerWriteIsRefusedAndRecorded(t *testing.T) {
+	up := newRecorder(t)
+	tg := startFraming(t, up.URL, Config{
+		Auth: keyring{"kv": {Name: "watcher", Role: RoleViewer}, "kw": {Name: "worker", Role: RoleWorker}},
+	}, false)
+	lease, err := tg.svc.Acquire(t.Context(), tokens.AcquireRequest{Resource: "acct:7", Holder: "w", Owner: "worker", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, p, body := tg.rawAnswer(t, post("/v1/proxy/svc/ledger", "Host: gw\r\nAuthorization: Bearer kv\r\nFencing-Lease: "+lease.ID+"\r\n", "x"))
+	if resp.StatusCode != http.StatusForbidden || p.Code != tokens.CodeForbidden {
+		t.Fatalf("viewer's write: %d %s", resp.StatusCode, body)
+	}
+	resp, p, body = tg.rawAnswer(t, post("/v1/proxy/svc/ledger", "Host: gw\r\nAuthorization: Bearer kv\r\n", "x"))
+	if resp.StatusCode != http.StatusForbidden || p.Code != tokens.CodeForbidden {
+		t.Fatalf("viewer's write without a lease: %d %s", resp.StatusCode, body)
+	}
+	rejs, err := tg.svc.Rejections(t.Context(), tokens.RejectionQuery{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rejs) != 1 {
+		t.Fatalf("%d rejections recorded, want the one under a lease: %+v", len(rejs), rejs)
+	}
+	r := rejs[0]
+	if r.Code != tokens.CodeForbidden || r.Principal != "watcher" || r.Resource != "acct:7" || r.Holder != "w" ||
+		r.Token != lease.Token || r.CurrentToken != lease.Token || r.Upstream != "svc" || r.Path != "/ledger" || r.Method != "POST" {
+		t.Fatalf("recorded %+v", r)
+	}
+	if len(up.seen()) != 0 {
+		t.Fatalf("the upstream got %v", up.seen())
+	}
+	_, _, body = tg.rawAnswer(t, "GET /metrics HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer kv\r\n\r\n")
+	if !strings.Contains(body, `fencegw_rejections_total{reason="forbidden"} 1`) ||
+		!strings.Contains(body, `fencegw_rejections_by_principal_total{principal="watcher",reason="forbidden"} 1`) {
+		t.Fatalf("metrics:\n%s", body)
+	}
+	resp, _, body = tg.rawAnswer(t, post("/v1/proxy/svc/ledger", "Host: gw\r\nAuthorization: Bearer kw\r\nFencing-Lease: "+lease.ID+"\r\n", "x"))
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the holder's write after the viewer's: %d %s", resp.StatusCode, body)
+	}
+}

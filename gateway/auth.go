@@ -146,11 +146,36 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 			return
 		}
 		if need := requiredRole(r); p.Role < need {
-			writeProblem(w, r, g.log, &tokens.Error{Kind: problems.ErrForbidden,
-				Detail: "key " + strconv.Quote(p.Name) + " has role " + p.Role.String() + "; this call needs " + need.String()})
+			err := &tokens.Error{Kind: problems.ErrForbidden,
+				Detail: "key " + strconv.Quote(p.Name) + " has role " + p.Role.String() + "; this call needs " + need.String()}
+			if strings.HasPrefix(r.URL.Path, proxyPrefix) {
+				g.recordForbiddenWrite(r, p, err)
+			}
+			writeProblem(w, r, g.log, err)
 			return
 		}
 		s.principal = p
 		next.ServeHTTP(w, r)
 	})
+}
+
+// recordForbiddenWrite records a fenced write refused because its key's
+// role may not write (a viewer's), under the lease it presented, as every
+// refused write is recorded (DESIGN.md, guarantee 5): the rejection log
+// then shows which principal tried to write with whose lease. A write
+// without a lease is answered 403 and not recorded, as a worker's would be
+// answered 400 missing_lease and not recorded.
+func (g *Gateway) recordForbiddenWrite(r *http.Request, p *Principal, refusal error) {
+	leaseID := r.Header.Get(HeaderLease)
+	if leaseID == "" {
+		return
+	}
+	name, path := strings.TrimPrefix(r.URL.Path, proxyPrefix), "/"
+	if i := strings.IndexByte(name, '/'); i >= 0 {
+		name, path = name[:i], name[i:]
+	}
+	write := tokens.Write{Method: r.Method, Upstream: truncateUTF8(name, 64), Path: truncateUTF8(path, 512), Principal: p.Name}
+	err := g.svc.RefuseUnadmitted(r.Context(), leaseID, refusal, write)
+	g.metrics.refused(err)
+	g.metrics.refusedBy(write.Principal, err)
 }

@@ -33,3 +33,26 @@ func (p *Permit) Refuse(ctx context.Context, refusal error, w Write) error {
 	state := Resource{Name: p.Lease.Resource, Token: p.Lease.Token, Lease: &p.Lease}
 	return p.svc.reject(ctx, refusal, p.Lease, state, w)
 }
+
+// RefuseUnadmitted records the refusal of a write turned away before
+// admission because of who sent it (its key's role may not write at all),
+// under the lease it presented, and returns refusal (the HTTP layer's
+// forbidden). It takes no lock and judges nothing, so a key that may not
+// write cannot delay a grant; it reads the lease and its resource, within
+// rejectionWait, only to say whose lease it was. A lease the store does
+// not know (or cannot read in time) is recorded under its hint alone.
+func (s *Service) RefuseUnadmitted(ctx context.Context, leaseID string, refusal error, w Write) error {
+	rctx, cancel := context.WithTimeout(ctx, rejectionWait)
+	defer cancel()
+	lease, err := s.store.Lease(rctx, leaseID)
+	if err != nil {
+		lease = Lease{ID: leaseID}
+	}
+	var state Resource
+	if lease.Resource != "" {
+		if st, err := s.store.Resource(rctx, lease.Resource); err == nil {
+			state = st
+		}
+	}
+	return s.reject(ctx, refusal, lease, state, w)
+}
