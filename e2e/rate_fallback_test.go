@@ -277,6 +277,7 @@ type lockedRateRow struct {
 	schema, key string
 	conn        *pgx.Conn
 	tx          pgx.Tx
+	tokens      float64 // the bucket's when the row was locked
 }
 
 func (l *lockedRateRow) table() string { return pgx.Identifier{l.schema, "rate_buckets"}.Sanitize() }
@@ -293,8 +294,7 @@ func (l *lockedRateRow) stall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var held string
-	if err := tx.QueryRow(ctx, "SELECT key_name FROM "+l.table()+" WHERE key_name = $1 FOR UPDATE", l.key).Scan(&held); err != nil {
+	if err := tx.QueryRow(ctx, "SELECT tokens FROM "+l.table()+" WHERE key_name = $1 FOR UPDATE", l.key).Scan(&l.tokens); err != nil {
 		t.Fatalf("lock the rate_buckets row of %q: %v", l.key, err)
 	}
 	l.conn, l.tx = conn, tx
@@ -336,7 +336,7 @@ SELECT count(*) FROM w`).Scan(&waiting); err != nil {
 	if err != nil {
 		t.Fatalf("empty the rate_buckets row after the release: %v", err)
 	}
-	t.Logf("released: %d takes were still waiting on the row; the bucket then held %.2f tokens", waiting, tokens)
+	t.Logf("released: %d takes were still waiting on the row; the bucket held %.2f tokens, %.2f when locked", waiting, tokens, l.tokens)
 }
 
 // pausedRedis stalls every take in a private Redis: CLIENT PAUSE WRITE
@@ -344,13 +344,19 @@ SELECT count(*) FROM w`).Scan(&waiting); err != nil {
 type pausedRedis struct {
 	rdb    *goredis.Client
 	bucket string
+	tokens string // the bucket's when paused
 }
 
 func (p *pausedRedis) stall(t *testing.T) {
 	t.Helper()
+	ctx := context.Background()
+	var err error
+	if p.tokens, err = p.rdb.HGet(ctx, p.bucket, "tokens").Result(); err != nil {
+		t.Fatalf("the bucket %s: %v", p.bucket, err)
+	}
 	// The pause ends by itself after a minute, should the test not get to
 	// release it.
-	if err := p.rdb.Do(context.Background(), "CLIENT", "PAUSE", time.Minute.Milliseconds(), "WRITE").Err(); err != nil {
+	if err := p.rdb.Do(ctx, "CLIENT", "PAUSE", time.Minute.Milliseconds(), "WRITE").Err(); err != nil {
 		t.Fatalf("CLIENT PAUSE: %v", err)
 	}
 }
@@ -362,7 +368,8 @@ func (p *pausedRedis) release(t *testing.T) {
 		t.Fatalf("CLIENT UNPAUSE: %v", err)
 	}
 	// Redis runs the scripts it held before it reads another command, so
-	// the takes left behind have run by now.
+	// the takes left behind (those whose connection go-redis has not
+	// closed yet) have run by now.
 	tokens, err := p.rdb.HGet(ctx, p.bucket, "tokens").Result()
 	if err != nil {
 		t.Fatalf("the bucket %s after the release: %v", p.bucket, err)
@@ -370,7 +377,7 @@ func (p *pausedRedis) release(t *testing.T) {
 	if err := p.rdb.Del(ctx, p.bucket).Err(); err != nil {
 		t.Fatalf("empty the bucket %s: %v", p.bucket, err)
 	}
-	t.Logf("released: the bucket then held %s tokens", tokens)
+	t.Logf("released: the bucket held %s tokens, %s when paused", tokens, p.tokens)
 }
 
 // redisRateKey is the Redis hash of a key's bucket (storage/redis
