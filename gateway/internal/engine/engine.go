@@ -246,7 +246,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 		// answer; the engine looks for it before it gives up.
 		if resp == nil {
 			c.limit = e.maxHead() + int64(c.br.Size())
-			if resp, _ = http.ReadResponse(c.br, req); resp == nil || resp.StatusCode < 200 {
+			if resp, _ = readAnswer(c.br, req); resp == nil || resp.StatusCode < 200 {
 				return fail(err)
 			}
 		}
@@ -256,7 +256,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	c.limit = e.maxHead() + int64(c.br.Size())
 	for {
 		if resp == nil {
-			if resp, err = http.ReadResponse(c.br, req); err != nil {
+			if resp, err = readAnswer(c.br, req); err != nil {
 				return fail(err)
 			}
 		}
@@ -279,7 +279,10 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	c.limit = -1
 	b := &c.body
 	*b = engineBody{e: e, c: c, rc: resp.Body, stop: stop, reuse: !resp.Close && !req.Close && !broken}
-	if resp.Body == http.NoBody {
+	switch resp.Body {
+	case nil: // framed by the engine (read.go)
+		b.left = resp.ContentLength
+	case http.NoBody:
 		b.eof = true
 	}
 	resp.Body = b
@@ -517,11 +520,16 @@ func (c *engineConn) Write(p []byte) (int, error) {
 type engineBody struct {
 	e     *Transport
 	c     *engineConn
-	rc    io.ReadCloser // ReadResponse's body, framed by net/http
+	rc    io.ReadCloser // ReadResponse's body, framed by net/http; nil: framed here
 	stop  func() bool   // stops the context's abort; false if it ran
 	reuse bool          // neither side asked to close
 	eof   bool
 	done  bool
+	// The engine's own framing of a Content-Length body (rc nil), as
+	// net/http's body over an io.LimitedReader frames it: left bytes are
+	// still to come; srcEOF: its end (or an early one) was reached.
+	left   int64
+	srcEOF bool
 }
 
 func (b *engineBody) Read(p []byte) (int, error) {
@@ -531,9 +539,42 @@ func (b *engineBody) Read(p []byte) (int, error) {
 	if b.done {
 		return 0, errors.New("read on a closed response body")
 	}
-	n, err := b.rc.Read(p)
+	var n int
+	var err error
+	if b.rc != nil {
+		n, err = b.rc.Read(p)
+	} else {
+		n, err = b.readFramed(p)
+	}
 	if err == io.EOF {
 		b.eof = true
+	}
+	return n, err
+}
+
+// readFramed reads the body's next bytes from the connection's reader, up
+// to its length, returning what net/http's body over an io.LimitedReader
+// returns: io.EOF with the last bytes, io.ErrUnexpectedEOF if the
+// connection ends before them (and io.EOF on the reads after).
+func (b *engineBody) readFramed(p []byte) (int, error) {
+	if b.srcEOF || b.left <= 0 {
+		b.srcEOF = true
+		return 0, io.EOF
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.c.br.Read(p)
+	b.left -= int64(n)
+	switch {
+	case err == io.EOF:
+		b.srcEOF = true
+		if b.left > 0 {
+			err = io.ErrUnexpectedEOF
+		}
+	case err == nil && n > 0 && b.left == 0:
+		b.srcEOF = true
+		err = io.EOF
 	}
 	return n, err
 }
