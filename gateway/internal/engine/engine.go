@@ -14,8 +14,14 @@
 // and reads the answer on the calling goroutine, over a pool of keep-alive
 // HTTP/1.1 connections per upstream.
 //
-// It parses nothing itself: the response is read by net/http's
-// ReadResponse, with the Transport's head size limit. The request is
+// It parses as little as it can itself. The response is read by net/http's
+// ReadResponse, with the Transport's head size limit, except the common
+// answer (HTTP/1.1, a final status, plain header fields, a body framed by
+// Content-Length or none): readAnswer (read.go) parses that one's head in
+// the connection's buffer and frames its body itself, without
+// ReadResponse's allocations, and steps aside for every other answer, held
+// to ReadResponse's Response, body and connection state by
+// TestReadAnswerMatchesReadResponse and FuzzReadAnswer. The request is
 // serialised by net/http's own Request.Write (the function the Transport
 // uses, so the bytes are the same, Host, Content-Length, chunked framing
 // and trailer and all), except the head of a request with no body or one
@@ -597,9 +603,9 @@ func (b *engineBody) Close() error {
 		return nil
 	}
 	b.done = true
-	// ReadResponse's body at its end has nothing left to drain; before
-	// its end it is not closed (that would read the rest) but dropped with
-	// the connection.
+	// The body at its end (ReadResponse's or the engine's own) has
+	// nothing left to drain; before its end it is not closed (that would
+	// read the rest) but dropped with the connection.
 	if b.stop() && b.eof && b.reuse && b.c.br.Buffered() == 0 {
 		if b.c.deadline {
 			b.c.deadline = false
