@@ -10,7 +10,8 @@ package gateway
 // gateway's allocations when writes went through it, by the profile in
 // docs/benchmarks.md): through the same code where the code is exported
 // (ProxyRequest.SetURL inside the gateway's rewrite, which sets the
-// headers of SetXForwarded itself; Request.Write, ReadResponse) and as
+// headers of SetXForwarded itself; Request.Write, ReadResponse, where the
+// engine does not write or read the common case itself) and as
 // copies of its few lines where it is not (the hop-by-hop headers, Te:
 // trailers, the response's header, trailer and flush rules).
 // httputil.ReverseProxy is the tests' reference road (oracle_test.go):

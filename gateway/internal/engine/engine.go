@@ -14,8 +14,14 @@
 // and reads the answer on the calling goroutine, over a pool of keep-alive
 // HTTP/1.1 connections per upstream.
 //
-// It parses nothing itself: the response is read by net/http's
-// ReadResponse, with the Transport's head size limit. The request is
+// It parses as little as it can itself. The response is read by net/http's
+// ReadResponse, with the Transport's head size limit, except the common
+// answer (HTTP/1.1, a final status, plain header fields, a body framed by
+// Content-Length or none): readAnswer (read.go) parses that one's head in
+// the connection's buffer and frames its body itself, without
+// ReadResponse's allocations, and steps aside for every other answer, held
+// to ReadResponse's Response, body and connection state by
+// TestReadAnswerMatchesReadResponse and FuzzReadAnswer. The request is
 // serialised by net/http's own Request.Write (the function the Transport
 // uses, so the bytes are the same, Host, Content-Length, chunked framing
 // and trailer and all), except the head of a request with no body or one
@@ -191,8 +197,17 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 		c.deadline = true
 		_ = c.nc.SetDeadline(deadline)
 	}
-	// A context that ends unblocks the connection's I/O at once.
-	stop := context.AfterFunc(ctx, c.abort)
+	// A context that ends unblocks the connection's I/O at once. One
+	// that never ends needs no registration (context.AfterFunc's two
+	// allocations even then). The gateway's request contexts all can end
+	// (the client going away), and for them no cheaper registration that
+	// keeps the abort immediate was found: a watcher goroutine per
+	// connection would cost the goroutine switches this engine exists to
+	// avoid.
+	stop := neverAborted
+	if ctx.Done() != nil {
+		stop = context.AfterFunc(ctx, c.abort)
+	}
 	c.fw, c.writeFailed = w, false
 	fail := func(err error) (*http.Response, error) { return nil, c.failed(ctx, stop, deadline, err) }
 	var cb *continueBody
@@ -246,7 +261,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 		// answer; the engine looks for it before it gives up.
 		if resp == nil {
 			c.limit = e.maxHead() + int64(c.br.Size())
-			if resp, _ = http.ReadResponse(c.br, req); resp == nil || resp.StatusCode < 200 {
+			if resp, _ = readAnswer(c.br, req); resp == nil || resp.StatusCode < 200 {
 				return fail(err)
 			}
 		}
@@ -256,7 +271,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	c.limit = e.maxHead() + int64(c.br.Size())
 	for {
 		if resp == nil {
-			if resp, err = http.ReadResponse(c.br, req); err != nil {
+			if resp, err = readAnswer(c.br, req); err != nil {
 				return fail(err)
 			}
 		}
@@ -279,12 +294,19 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	c.limit = -1
 	b := &c.body
 	*b = engineBody{e: e, c: c, rc: resp.Body, stop: stop, reuse: !resp.Close && !req.Close && !broken}
-	if resp.Body == http.NoBody {
+	switch resp.Body {
+	case nil: // framed by the engine (read.go)
+		b.left = resp.ContentLength
+	case http.NoBody:
 		b.eof = true
 	}
 	resp.Body = b
 	return resp, nil
 }
+
+// neverAborted is the stop of an exchange whose context never ends: its
+// abort never runs.
+func neverAborted() bool { return true }
 
 // failed closes c after a failed exchange and returns err with what ended
 // it: ctx (its cause) or the deadline (context.DeadlineExceeded).
@@ -517,11 +539,16 @@ func (c *engineConn) Write(p []byte) (int, error) {
 type engineBody struct {
 	e     *Transport
 	c     *engineConn
-	rc    io.ReadCloser // ReadResponse's body, framed by net/http
+	rc    io.ReadCloser // ReadResponse's body, framed by net/http; nil: framed here
 	stop  func() bool   // stops the context's abort; false if it ran
 	reuse bool          // neither side asked to close
 	eof   bool
 	done  bool
+	// The engine's own framing of a Content-Length body (rc nil), as
+	// net/http's body over an io.LimitedReader frames it: left bytes are
+	// still to come; srcEOF: its end (or an early one) was reached.
+	left   int64
+	srcEOF bool
 }
 
 func (b *engineBody) Read(p []byte) (int, error) {
@@ -531,9 +558,42 @@ func (b *engineBody) Read(p []byte) (int, error) {
 	if b.done {
 		return 0, errors.New("read on a closed response body")
 	}
-	n, err := b.rc.Read(p)
+	var n int
+	var err error
+	if b.rc != nil {
+		n, err = b.rc.Read(p)
+	} else {
+		n, err = b.readFramed(p)
+	}
 	if err == io.EOF {
 		b.eof = true
+	}
+	return n, err
+}
+
+// readFramed reads the body's next bytes from the connection's reader, up
+// to its length, returning what net/http's body over an io.LimitedReader
+// returns: io.EOF with the last bytes, io.ErrUnexpectedEOF if the
+// connection ends before them (and io.EOF on the reads after).
+func (b *engineBody) readFramed(p []byte) (int, error) {
+	if b.srcEOF || b.left <= 0 {
+		b.srcEOF = true
+		return 0, io.EOF
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.c.br.Read(p)
+	b.left -= int64(n)
+	switch {
+	case err == io.EOF:
+		b.srcEOF = true
+		if b.left > 0 {
+			err = io.ErrUnexpectedEOF
+		}
+	case err == nil && n > 0 && b.left == 0:
+		b.srcEOF = true
+		err = io.EOF
 	}
 	return n, err
 }
@@ -543,9 +603,9 @@ func (b *engineBody) Close() error {
 		return nil
 	}
 	b.done = true
-	// ReadResponse's body at its end has nothing left to drain; before
-	// its end it is not closed (that would read the rest) but dropped with
-	// the connection.
+	// The body at its end (ReadResponse's or the engine's own) has
+	// nothing left to drain; before its end it is not closed (that would
+	// read the rest) but dropped with the connection.
 	if b.stop() && b.eof && b.reuse && b.c.br.Buffered() == 0 {
 		if b.c.deadline {
 			b.c.deadline = false

@@ -1,0 +1,290 @@
+package engine
+
+// The reader of the upstream's answer head: net/http's ReadResponse for
+// the common answer (HTTP/1.1, a final status, plain header fields, a
+// body framed by Content-Length or none), without its allocations (a
+// textproto reader, a string per value, a transfer reader, a LimitReader
+// and a body wrapper), the precedent being writeHead (write.go) on the
+// request side. Every other answer (1xx, HTTP/1.0, chunked, a body
+// delimited by the connection's close, anything odd or larger than the
+// connection's read buffer) is read by ReadResponse itself, from the same
+// reader, untouched: the engine's own parse only ever accepts what
+// ReadResponse would read to the same Response, and otherwise steps
+// aside. TestReadAnswerMatchesReadResponse and FuzzReadAnswer hold it to
+// that.
+//
+// What the Response references outlives the connection's next exchange:
+// forwardDirect hands its header's slices to the client's header map, and
+// net/http may write them after the connection went back to the pool. So
+// the head is copied once, into one string per answer, of which the
+// status, the keys (when already canonical) and the values are
+// substrings; the value slices share one array per answer, each capped at
+// its length so that an append to one never writes into the next.
+
+import (
+	"bufio"
+	"bytes"
+	"net/http"
+
+	"golang.org/x/net/http/httpguts"
+)
+
+// readAnswer reads the head of the upstream's answer to req from br: the
+// common case by readHead, every other by http.ReadResponse. A Response
+// with a nil Body is one whose body the engine frames itself (engineBody):
+// the next ContentLength bytes of br.
+func readAnswer(br *bufio.Reader, req *http.Request) (*http.Response, error) {
+	if resp := readHead(br, req); resp != nil {
+		return resp, nil
+	}
+	return http.ReadResponse(br, req)
+}
+
+// readHead parses the answer's head in br's buffer and consumes it, or
+// returns nil and leaves br as it found it but for bytes read into its
+// buffer. It reads more only while every complete line so far is one it
+// accepts (where ReadResponse too would read on), so it never waits for
+// bytes ReadResponse would not have waited for.
+func readHead(br *bufio.Reader, req *http.Request) *http.Response {
+	var h headScan
+	for {
+		buf, _ := br.Peek(br.Buffered())
+		h = scanHead(buf)
+		if h.state == headRefused {
+			return nil
+		}
+		if h.state == headComplete {
+			break
+		}
+		if len(buf) >= br.Size() {
+			return nil // larger than the buffer: ReadResponse's
+		}
+		if _, err := br.Peek(len(buf) + 1); err != nil {
+			return nil // ReadResponse meets the same end (or the bytes before it)
+		}
+	}
+	method := "GET" // readTransfer's, without a request
+	if req != nil {
+		method = req.Method
+	}
+	noBody := method == "HEAD" || h.code == http.StatusNoContent || h.code == http.StatusNotModified
+	if !noBody && h.length < 0 {
+		return nil // a body delimited by the connection's close
+	}
+
+	buf, _ := br.Peek(h.end)
+	head := string(buf)
+	// The Response and the value slices' array, in one allocation for a
+	// head of a few fields (the common answer's).
+	var resp *http.Response
+	var vals []string
+	if h.fields <= len(answer{}.vals) {
+		a := &answer{}
+		resp, vals = &a.resp, a.vals[:h.fields]
+	} else {
+		resp, vals = &http.Response{}, make([]string, h.fields)
+	}
+	*resp = http.Response{
+		Status:     head[len("HTTP/1.1 "):h.statusEnd],
+		StatusCode: h.code,
+		Proto:      "HTTP/1.1",
+		ProtoMajor: 1,
+		ProtoMinor: 1,
+		Request:    req,
+	}
+	hdr := make(http.Header, h.fields)
+	for line := head[h.statusEnd+2:]; len(line) > 2; {
+		eol := indexCRLF(line)
+		colon := indexColon(line[:eol])
+		key := http.CanonicalHeaderKey(line[:colon])
+		value := trimOWS(line[colon+1 : eol])
+		line = line[eol+2:]
+		if vv, ok := hdr[key]; ok {
+			hdr[key] = append(vv, value)
+			continue
+		}
+		vals[0] = value
+		hdr[key], vals = vals[:1:1], vals[1:]
+	}
+	// ReadResponse's fixPragmaCacheControl.
+	if hp, ok := hdr["Pragma"]; ok && len(hp) > 0 && hp[0] == "no-cache" {
+		if _, ok := hdr["Cache-Control"]; !ok {
+			hdr["Cache-Control"] = []string{"no-cache"}
+		}
+	}
+	// shouldClose for HTTP/1.1: Connection naming close is taken out.
+	if httpguts.HeaderValuesContainsToken(hdr["Connection"], "close") {
+		resp.Close = true
+		delete(hdr, "Connection")
+	}
+	resp.Header = hdr
+	switch {
+	case method == "HEAD":
+		resp.ContentLength, resp.Body = h.length, http.NoBody // -1 if none
+	case noBody || h.length == 0:
+		resp.Body = http.NoBody
+	default:
+		resp.ContentLength = h.length // Body nil: engineBody frames it
+	}
+	_, _ = br.Discard(h.end)
+	return resp
+}
+
+// answer is a Response and the array of its header's value slices.
+type answer struct {
+	resp http.Response
+	vals [8]string
+}
+
+// headScan is what scanHead found in a buffer.
+type headScan struct {
+	state     int
+	end       int   // the head's length, with its empty line
+	statusEnd int   // where the status line's CRLF begins
+	code      int   // the status code
+	fields    int   // header lines
+	length    int64 // the Content-Length, -1 if none
+}
+
+const (
+	headPartial  = iota // all complete lines are accepted; more to read
+	headComplete        // the whole head is there, and accepted
+	headRefused         // ReadResponse's to read
+)
+
+// scanHead checks the complete lines of buf against the common case:
+// "HTTP/1.1 " 3DIGIT (200 to 599) SP reason CRLF, then field lines
+// token ":" OWS value OWS CRLF (no obs-fold, no control bytes but HTAB,
+// no Transfer-Encoding, at most one Content-Length of at most 18 digits),
+// then CRLF.
+func scanHead(buf []byte) headScan {
+	h := headScan{length: -1}
+	eol := bytes.IndexByte(buf, '\n')
+	if eol < 0 {
+		return h
+	}
+	line := buf[:eol]
+	if len(line) < len("HTTP/1.1 200 \r") || string(line[:len("HTTP/1.1 ")]) != "HTTP/1.1 " || line[len(line)-1] != '\r' || line[12] != ' ' {
+		return headScan{state: headRefused}
+	}
+	d0, d1, d2 := line[9], line[10], line[11]
+	if d0 < '2' || d0 > '5' || !isDigit(d1) || !isDigit(d2) || !validValue(line[13:len(line)-1]) {
+		return headScan{state: headRefused}
+	}
+	h.code = int(d0-'0')*100 + int(d1-'0')*10 + int(d2-'0')
+	h.statusEnd = eol - 1
+	pos := eol + 1
+	for {
+		eol := bytes.IndexByte(buf[pos:], '\n')
+		if eol < 0 {
+			return h
+		}
+		line := buf[pos : pos+eol]
+		pos += eol + 1
+		if len(line) == 0 || line[len(line)-1] != '\r' {
+			return headScan{state: headRefused} // a bare LF
+		}
+		line = line[:len(line)-1]
+		if len(line) == 0 {
+			h.state, h.end = headComplete, pos
+			return h
+		}
+		colon := bytes.IndexByte(line, ':')
+		if colon <= 0 || !validName(line[:colon]) || !validValue(line[colon+1:]) {
+			return headScan{state: headRefused} // also a leading space: obs-fold
+		}
+		name, value := line[:colon], trimOWSBytes(line[colon+1:])
+		switch {
+		case asciiEqualFold(name, "Transfer-Encoding"):
+			return headScan{state: headRefused}
+		case asciiEqualFold(name, "Content-Length"):
+			if h.length >= 0 || len(value) == 0 || len(value) > 18 {
+				return headScan{state: headRefused}
+			}
+			h.length = 0
+			for _, c := range value {
+				if !isDigit(c) {
+					return headScan{state: headRefused}
+				}
+				h.length = h.length*10 + int64(c-'0')
+			}
+		}
+		h.fields++
+	}
+}
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
+
+// validName: a field name, httpguts.ValidHeaderFieldName's bytes.
+func validName(b []byte) bool {
+	for _, c := range b {
+		if !httpguts.IsTokenRune(rune(c)) {
+			return false
+		}
+	}
+	return len(b) > 0
+}
+
+// validValue: httpguts.ValidHeaderFieldValue's bytes (no control byte
+// but HTAB; obs-text allowed), which are textproto's too.
+func validValue(b []byte) bool {
+	for _, c := range b {
+		if c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// asciiEqualFold: b is s (ASCII letters, digits and '-') in any case.
+func asciiEqualFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range len(b) {
+		if b[i]|0x20 != s[i]|0x20 {
+			return false
+		}
+	}
+	return true
+}
+
+// trimOWS and trimOWSBytes trim spaces and tabs at both ends, as
+// textproto trims a field line and its value.
+func trimOWS(s string) string {
+	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
+		s = s[1:]
+	}
+	for len(s) > 0 && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+func trimOWSBytes(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
+		b = b[1:]
+	}
+	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+// indexCRLF and indexColon find a scanned line's end and colon (there is
+// one of each).
+func indexCRLF(s string) int {
+	for i := 0; ; i++ {
+		if s[i] == '\r' {
+			return i
+		}
+	}
+}
+
+func indexColon(s string) int {
+	for i := 0; ; i++ {
+		if s[i] == ':' {
+			return i
+		}
+	}
+}

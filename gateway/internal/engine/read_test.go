@@ -1,0 +1,367 @@
+package engine
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/net/http/httpguts"
+)
+
+// feedConn is an upstream connection that delivers input in pieces of
+// at most chunk bytes (0: all at once), then io.EOF, or if stall is set
+// errStalled: an upstream that sent its bytes and waits.
+type feedConn struct {
+	net.Conn // nil: only Read is used
+	input    []byte
+	chunk    int
+	stall    bool
+	stalled  int // reads that found no more input
+}
+
+var errStalled = errors.New("the upstream sent nothing more (a read would wait)")
+
+func (f *feedConn) Read(p []byte) (int, error) {
+	if len(f.input) == 0 {
+		f.stalled++
+		if f.stall {
+			return 0, errStalled
+		}
+		return 0, io.EOF
+	}
+	if f.chunk > 0 && len(p) > f.chunk {
+		p = p[:f.chunk]
+	}
+	n := copy(p, f.input)
+	f.input = f.input[n:]
+	return n, nil
+}
+
+// feedEngineConn is an engine connection reading input as the engine
+// reads an answer: through its head limit (maxHead beyond its buffer).
+func feedEngineConn(input []byte, chunk int, maxHead int64) *engineConn {
+	c := &engineConn{nc: &feedConn{input: input, chunk: chunk}}
+	c.br = bufio.NewReaderSize(c, 4<<10)
+	c.limit = maxHead + int64(c.br.Size())
+	return c
+}
+
+// bodyRead is what reading a body to its end gave.
+type bodyRead struct {
+	data  []byte
+	err   error // the first error but io.EOF, nil if io.EOF
+	after error // a Read's after the end
+	eof   bool  // engineBody's view: its end was reached
+}
+
+// readBody reads b with reads of size step (the engine's body, as
+// forwardDirect reads it) until an error, and once more.
+func readBody(b *engineBody, step int) bodyRead {
+	var r bodyRead
+	buf := make([]byte, step)
+	for i := 0; ; i++ {
+		n, err := b.Read(buf)
+		r.data = append(r.data, buf[:n]...)
+		if err != nil {
+			if err != io.EOF {
+				r.err = err
+			}
+			break
+		}
+		if i > 1<<20 {
+			r.err = errors.New("no end")
+			break
+		}
+	}
+	_, r.after = b.Read(buf)
+	r.eof = b.eof
+	return r
+}
+
+// checkReadAnswer requires readHead either to step aside (and leave the
+// reader to ReadResponse, which then reads what it reads on a reader of
+// its own), or to give ReadResponse's Response, body and what follows it.
+func checkReadAnswer(t *testing.T, name string, input []byte, method string, chunk int, maxHead int64, step int) {
+	t.Helper()
+	req := &http.Request{Method: method}
+	// readHead waits for bytes (reads on) only where ReadResponse would.
+	sw, sg := feedEngineConn(input, chunk, maxHead), feedEngineConn(input, chunk, maxHead)
+	sw.nc.(*feedConn).stall, sg.nc.(*feedConn).stall = true, true
+	_, _ = http.ReadResponse(sw.br, req)
+	_, _ = readAnswer(sg.br, req)
+	if sg.nc.(*feedConn).stalled > 0 && sw.nc.(*feedConn).stalled == 0 {
+		t.Fatalf("case %s: readAnswer waits for more bytes after %q, ReadResponse does not", name, truncate(string(input), 300))
+	}
+	wc := feedEngineConn(input, chunk, maxHead)
+	want, werr := http.ReadResponse(wc.br, req)
+	gc := feedEngineConn(input, chunk, maxHead)
+	got := readHead(gc.br, req)
+	if got == nil {
+		// The fallback reads the same answer from the same reader.
+		got, gerr := readAnswer(gc.br, req)
+		if (werr == nil) != (gerr == nil) {
+			t.Fatalf("case %s: after readHead stepped aside ReadResponse gives %v, on its own reader %v", name, gerr, werr)
+		}
+		if werr == nil && (got.StatusCode != want.StatusCode || !reflect.DeepEqual(got.Header, want.Header) || got.ContentLength != want.ContentLength) {
+			t.Fatalf("case %s: after readHead stepped aside ReadResponse reads %d %v %d, on its own reader %d %v %d", name, got.StatusCode, got.Header, got.ContentLength, want.StatusCode, want.Header, want.ContentLength)
+		}
+		return
+	}
+	if werr != nil {
+		t.Fatalf("case %s: readHead accepts what ReadResponse refuses (%v): %q", name, werr, truncate(string(input), 300))
+	}
+	type fields struct {
+		Status                 string
+		StatusCode             int
+		Proto                  string
+		ProtoMajor, ProtoMinor int
+		Header                 http.Header
+		ContentLength          int64
+		TransferEncoding       []string
+		Close, Uncompressed    bool
+		Trailer                http.Header
+		Request                *http.Request
+		NoBody                 bool
+	}
+	of := func(r *http.Response) fields {
+		return fields{r.Status, r.StatusCode, r.Proto, r.ProtoMajor, r.ProtoMinor, r.Header, r.ContentLength,
+			r.TransferEncoding, r.Close, r.Uncompressed, r.Trailer, r.Request, r.Body == http.NoBody}
+	}
+	if g, w := of(got), of(want); !reflect.DeepEqual(g, w) {
+		t.Fatalf("case %s: for %q\nreadHead:     %+v\nReadResponse: %+v", name, truncate(string(input), 300), g, w)
+	}
+	if got.Body != nil && got.Body != http.NoBody {
+		t.Fatalf("case %s: readHead's body is %T, not nil (the engine's) or NoBody", name, got.Body)
+	}
+	// Each value's slice is its own: an append to one (forwardDirect's
+	// dst.Add) must not write into another's.
+	before := got.Header.Clone()
+	for k := range got.Header {
+		_ = append(got.Header[k], "appended")
+	}
+	if !reflect.DeepEqual(before, got.Header) {
+		t.Fatalf("case %s: an append to one header value's slice changed another's", name)
+	}
+	// The bodies, through engineBody as Exchange wraps them.
+	wc.limit, gc.limit = -1, -1
+	wb := &engineBody{c: wc, rc: want.Body}
+	if want.Body == http.NoBody {
+		wb.eof = true
+	}
+	gb := &engineBody{c: gc, rc: got.Body}
+	switch got.Body {
+	case nil:
+		gb.left = got.ContentLength
+	case http.NoBody:
+		gb.eof = true
+	}
+	wr, gr := readBody(wb, step), readBody(gb, step)
+	if !bytes.Equal(wr.data, gr.data) || !errors.Is(gr.err, wr.err) || !errors.Is(wr.err, gr.err) || gr.after != wr.after || gr.eof != wr.eof {
+		t.Fatalf("case %s: body read by the engine %q %v (then %v, eof %t), by ReadResponse's %q %v (then %v, eof %t)",
+			name, truncate(string(gr.data), 100), gr.err, gr.after, gr.eof, truncate(string(wr.data), 100), wr.err, wr.after, wr.eof)
+	}
+	// What follows the body on the connection.
+	wrest, _ := io.ReadAll(wc.br)
+	grest, _ := io.ReadAll(gc.br)
+	if !bytes.Equal(wrest, grest) {
+		t.Fatalf("case %s: after the body the engine's reader holds %q, ReadResponse's %q", name, truncate(string(grest), 100), truncate(string(wrest), 100))
+	}
+}
+
+// answerSeeds are answers and would-be answers: the common ones readHead
+// reads, and the odd ones it must leave to ReadResponse or read as it does.
+var answerSeeds = []string{
+	"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+	"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nDate: Thu, 03 Dec 2026 16:00:00 GMT\r\nContent-Length: 12\r\n\r\nok /v1/write",
+	"HTTP/1.1 201 Created\r\nLocation: /x/1\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhelloHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi",
+	"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+	"HTTP/1.1 200 OK\r\nSet-Cookie: a=1\r\nX-A: 1\r\nSet-Cookie: b=2\r\nset-cookie: c=3\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\nx",
+	"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\nConnection: x-hop\r\nX-Hop: 1\r\nContent-Length: 1\r\n\r\nx",
+	"HTTP/1.1 200 OK\r\nConnection: closed\r\nContent-Length: 1\r\n\r\nx",
+	"HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\nhello",
+	"HTTP/1.1 200 OK\r\nContent-Length: 05\r\n\r\nhello",
+	"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+	"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+	"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\nx",
+	"HTTP/1.1 200 OK\r\nContent-Length: 999999999999999999\r\n\r\nx",
+	"HTTP/1.1 200 OK\r\nContent-Length: \r\n\r\n",
+	"HTTP/1.1 200 OK\r\nContent-Length:  7 \t\r\n\r\nsevenxx",
+	"HTTP/1.1 200 OK\r\nContent-Length: 1 2\r\n\r\nx",
+	"HTTP/1.1 200 OK\r\nX-Folded: a\r\n b\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\n X-Lead: a\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\nContent-Length: 0\n\n",
+	"HTTP/1.1 200 OK\r\nX-A: v\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nX-A: a\rb\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nX-A: a\x00b\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nX-A : v\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\n: v\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nNoColon\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nX-Tab:\tv\t \r\nX-Empty:\r\nX-Spaces:   \r\nX-Utf8: ünï\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nx-lower: 1\r\nCONTENT-TYPE: a\r\ncontent-length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nPragma: no-cache\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nPragma: no-cache\r\nCache-Control: max-age=1\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nTrailer: X-T\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\n\r\nuntil close",
+	"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok",
+	"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+	"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n",
+	"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+	"HTTP/1.1 204 No Content\r\n\r\n",
+	"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\nhello",
+	"HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\nEtag: \"x\"\r\n\r\n",
+	"HTTP/1.1 304 Not Modified\r\nContent-Length: x\r\n\r\n",
+	"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\n\r\nnot found",
+	"HTTP/1.1 599 Odd\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 600 Odd\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 \r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1  200 OK\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 2000 OK\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 20x OK\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 O\x01K\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n",
+	"HTTP/1.1 200 OK\r\nX-A: a\x00b\r\n",
+	"HTTP/1.1 200 OK\r\nX-A: v\n",
+	"HTTP/1.1 200 OK\n\n",
+	"HTTP/1.1 200 OK\r\n\n",
+	"HTTP/1.1 100 Continue\r\n",
+	"HTTP/1.0 200 OK\r\n",
+	"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n",
+	"HTTP/1.1 200 OK\r\nContent-Len",
+	"HTTP/1.1 200",
+	"",
+	"garbage\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nX-Big: " + strings.Repeat("b", 5000) + "\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nX-Big: " + strings.Repeat("b", 3000) + "\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n" + strings.Repeat("x", 5000) + "tail",
+}
+
+// manyHeaders is a head with n fields, some duplicated.
+func manyHeaders(n int) string {
+	var b strings.Builder
+	b.WriteString("HTTP/1.1 200 OK\r\n")
+	for i := range n {
+		b.WriteString("X-H" + strconv.Itoa(i%7) + ": v" + strconv.Itoa(i) + "\r\n")
+	}
+	b.WriteString("Content-Length: 3\r\n\r\nabc")
+	return b.String()
+}
+
+// readHead reads the common answers to the same Response, body and rest
+// as ReadResponse, and steps aside for every other (the seeds above,
+// each for GET and HEAD, whole and in pieces, with a head limit that
+// passes and one that does not).
+func TestReadAnswerMatchesReadResponse(t *testing.T) {
+	seeds := append(answerSeeds, manyHeaders(3), manyHeaders(40), manyHeaders(200))
+	for i, s := range seeds {
+		for _, method := range []string{"GET", "HEAD", "POST", ""} {
+			for _, chunk := range []int{0, 1, 7, 100} {
+				for _, maxHead := range []int64{10 << 20, 10} {
+					for _, step := range []int{1, 3, 4096} {
+						name := strconv.Itoa(i) + "/" + method + "/" + strconv.Itoa(chunk) + "/" + strconv.FormatInt(maxHead, 10) + "/" + strconv.Itoa(step)
+						checkReadAnswer(t, name, []byte(s), method, chunk, maxHead, step)
+					}
+				}
+			}
+		}
+	}
+}
+
+// readHead reads the common answer itself (it does not leave it to
+// ReadResponse), and what it returns does not change when the
+// connection reads its next answer into the same buffer.
+func TestReadAnswerReadsTheCommonCaseAndOutlivesTheConnection(t *testing.T) {
+	first := "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Id: first\r\nContent-Length: 2\r\n\r\nok"
+	second := "HTTP/1.1 201 Created\r\nContent-Type: text/other\r\nX-Id: secnd\r\nContent-Length: 0\r\n\r\n"
+	c := feedEngineConn([]byte(first+second), 0, 10<<20)
+	req := &http.Request{Method: "POST"}
+	res := readHead(c.br, req)
+	if res == nil {
+		t.Fatal("readHead left a common answer to ReadResponse")
+	}
+	b := &engineBody{c: c, left: res.ContentLength}
+	if r := readBody(b, 512); string(r.data) != "ok" || r.err != nil {
+		t.Fatalf("body %q %v", r.data, r.err)
+	}
+	if res2 := readHead(c.br, req); res2 == nil || res2.StatusCode != 201 {
+		t.Fatalf("the second answer: %v", res2)
+	}
+	c.br.Reset(strings.NewReader(strings.Repeat("Z", 4096)))
+	_, _ = c.br.Peek(4096)
+	if res.Status != "200 OK" || res.Header.Get("X-Id") != "first" || res.Header.Get("Content-Type") != "text/plain" {
+		t.Fatalf("the first answer changed with the connection's buffer: %q %v", res.Status, res.Header)
+	}
+}
+
+// The bytes readHead accepts in names and values are httpguts's.
+func TestReadAnswerBytesAreHttpgutsBytes(t *testing.T) {
+	for c := range 256 {
+		b := []byte{byte(c)}
+		if validName(b) != httpguts.ValidHeaderFieldName(string(b)) {
+			t.Errorf("name byte %#x: validName %t", c, validName(b))
+		}
+		if validValue(b) != httpguts.ValidHeaderFieldValue(string(b)) {
+			t.Errorf("value byte %#x: validValue %t", c, validValue(b))
+		}
+	}
+}
+
+// FuzzReadAnswer: for any bytes from an upstream, readHead steps aside
+// for ReadResponse, or reads the Response, body and rest ReadResponse
+// reads; it never accepts what ReadResponse refuses.
+// go test -fuzz FuzzReadAnswer ./gateway/internal/engine/
+func FuzzReadAnswer(f *testing.F) {
+	for i, s := range answerSeeds {
+		f.Add([]byte(s), i%3 == 0, uint8(i%5), i%4 == 0, uint8(i))
+	}
+	f.Add([]byte(manyHeaders(30)), false, uint8(0), false, uint8(0))
+	f.Fuzz(func(t *testing.T, input []byte, head bool, chunk uint8, smallLimit bool, step uint8) {
+		method := "GET"
+		if head {
+			method = "HEAD"
+		}
+		maxHead := int64(10 << 20)
+		if smallLimit {
+			maxHead = 16
+		}
+		checkReadAnswer(t, "fuzz", input, method, int(chunk), maxHead, 1+int(step))
+	})
+}
+
+// BenchmarkReadAnswer: the common answer's head, by readHead and by
+// ReadResponse.
+func BenchmarkReadAnswer(b *testing.B) {
+	answer := []byte("HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nDate: Thu, 03 Dec 2026 16:00:00 GMT\r\nContent-Length: 2\r\n\r\nok")
+	req := &http.Request{Method: "POST"}
+	r := bytes.NewReader(answer)
+	br := bufio.NewReaderSize(r, 4<<10)
+	for _, bc := range []struct {
+		name string
+		read func() *http.Response
+	}{
+		{"readHead", func() *http.Response { return readHead(br, req) }},
+		{"ReadResponse", func() *http.Response { res, _ := http.ReadResponse(br, req); return res }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				r.Reset(answer)
+				br.Reset(r)
+				if bc.read() == nil {
+					b.Fatal("no answer")
+				}
+			}
+		})
+	}
+}
