@@ -23,8 +23,9 @@ import (
 // the capped key (max_leases: 1), for leases that outlast the burst,
 // alternately to two gateways on one
 // PostgreSQL schema (and one Redis prefix): exactly one is granted, every
-// other is 429 too_many_leases with Retry-After. The embedded mode has one
-// gateway, which gets them all.
+// other is 429 too_many_leases with Retry-After (or, on a loaded machine,
+// 503 fence_busy: then none may be granted, never two). The embedded mode
+// has one gateway, which gets them all.
 func TestLeaseCapAcrossReplicas(t *testing.T) {
 	modes := []struct {
 		name  string
@@ -62,14 +63,21 @@ func TestLeaseCapAcrossReplicas(t *testing.T) {
 				t.Run(fmt.Sprint(n), func(t *testing.T) {
 					answers := acquireAtOnce(t, gws, n)
 					var granted []string
+					busy := 0
 					for i, a := range answers {
 						switch {
 						case a.err != nil:
 							t.Fatalf("acquire %d: %v", i, a.err)
 						case a.status == http.StatusCreated:
 							granted = append(granted, a.leaseID)
+						case a.status == http.StatusServiceUnavailable && a.code == "fence_busy" && a.retryAfter != "":
+							// A grant that waited past --grant-wait for
+							// the resource's fence (a loaded machine, 200
+							// grants queued on the store's connections):
+							// not granted, and said so.
+							busy++
 						case a.status != http.StatusTooManyRequests || a.code != "too_many_leases" || a.retryAfter == "":
-							t.Fatalf("acquire %d: %d %q (Retry-After %q), want 201 or 429 too_many_leases with Retry-After", i, a.status, a.code, a.retryAfter)
+							t.Fatalf("acquire %d: %d %q (Retry-After %q), want 201, 429 too_many_leases or 503 fence_busy, with Retry-After", i, a.status, a.code, a.retryAfter)
 						}
 					}
 					// Released first (on either replica), so that the next burst
@@ -79,8 +87,13 @@ func TestLeaseCapAcrossReplicas(t *testing.T) {
 							t.Fatalf("release: %d %s", rel.Status, rel.Body)
 						}
 					}
-					if len(granted) != 1 {
-						t.Fatalf("%d concurrent acquires over %d replicas under max_leases 1: %d granted, want exactly 1", n, len(gws), len(granted))
+					if busy > 0 {
+						t.Logf("%d of %d acquires answered fence_busy", busy, n)
+					}
+					// Never more than the cap; fewer only if a grant gave
+					// up waiting (the one that would have had the slot).
+					if len(granted) > 1 || len(granted) == 0 && busy == 0 {
+						t.Fatalf("%d concurrent acquires over %d replicas under max_leases 1: %d granted (%d fence_busy), want exactly 1", n, len(gws), len(granted), busy)
 					}
 				})
 			}
