@@ -513,15 +513,15 @@ func (c *engineConn) Read(p []byte) (int, error) {
 }
 
 // Write sends p, the bytes of c.fw's request, if c.fw's fence is still
-// provably held (sendcheck.go); else it resets the connection and sends
-// nothing. The exchange then fails and closes c.
+// provably held (sendcheck.go); else it resets the connection at once and
+// sends nothing. The exchange then fails (and closes c again, a no-op).
 func (c *engineConn) Write(p []byte) (int, error) {
 	w := c.fw
 	if w == nil {
 		return c.nc.Write(p)
 	}
 	if err := w.CheckSend(); err != nil {
-		resetOnClose(c.tcp)
+		resetNow(c.tcp)
 		return 0, err
 	}
 	n, err := c.nc.Write(p)

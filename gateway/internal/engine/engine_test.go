@@ -243,6 +243,61 @@ func TestLostFenceMidBodyCutsIt(t *testing.T) {
 	}
 }
 
+// closingBody is a request body whose Close waits until released, as the
+// body of a request to net/http's server does: its Close reads the rest of
+// the client's body (up to 256 KiB), however long the client takes.
+type closingBody struct {
+	io.Reader
+	closing chan struct{} // closed when Close is called
+	release chan struct{} // Close returns once it is closed
+}
+
+func (b *closingBody) Close() error {
+	close(b.closing)
+	<-b.release
+	return nil
+}
+
+// A failed proof resets the upstream's exchange at once, not once the
+// client's body is closed: Request.Write closes the body before it
+// returns, and that Close may wait for the client (closingBody), while the
+// upstream would hold a cut request open.
+func TestLostFenceCutsBeforeTheBodyCloses(t *testing.T) {
+	up := newUpstream(t)
+	e, _ := newTestTransport(t)
+	w := &testWrite{}
+	pr, pw := io.Pipe()
+	body := &closingBody{Reader: pr, closing: make(chan struct{}), release: make(chan struct{})}
+	defer close(body.release)
+	done := make(chan error, 1)
+	go func() {
+		resp, err := post(t, e, up.URL+"/stream", w, body, -1)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	if _, err := io.WriteString(pw, strings.Repeat("a", 100)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-up.firstIn:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first part of the body never reached the upstream")
+	}
+	w.lost.Store(true)
+	go func() { _, _ = io.WriteString(pw, strings.Repeat("b", 100)) }()
+	select {
+	case <-body.closing:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the body was never closed after the proof failed")
+	}
+	got := up.waitFor(t, 1)[0] // while the body's Close still waits
+	if !strings.HasSuffix(got, "(cut)") || strings.Contains(got, "b") {
+		t.Fatalf("the upstream got %q: want the first part only, cut", got)
+	}
+}
+
 // put closes the connections that were idle too long, oldest first, and
 // keeps at most maxIdle.
 func TestEnginePutPrunes(t *testing.T) {

@@ -14,8 +14,9 @@ package engine
 // call, for the engine's 4 KiB flushes); the handshake carries none of
 // them.
 //
-// A failed proof aborts the exchange: the connection is reset (SO_LINGER
-// 0, which also throws away what the kernel had not yet transmitted) and
+// A failed proof aborts the exchange: the connection is reset at once
+// (SO_LINGER 0, which also throws away what the kernel had not yet
+// transmitted: resetNow) and
 // never completes the body, so the upstream sees a request cut short, not
 // a shorter one. The gateway then answers 503 fence_lost saying whether
 // anything had been sent (Write.Sent); if it had, the outcome is unknown
@@ -23,10 +24,17 @@ package engine
 
 import "net"
 
-// resetOnClose makes the next Close of nc a reset (RST), which discards
-// what the kernel still holds unsent.
-func resetOnClose(nc net.Conn) {
+// resetNow resets nc (RST), which discards what the kernel still holds
+// unsent. At once, on the write that failed its proof, not when the
+// exchange fails: before Request.Write returns that failure it closes the
+// request's body, and the Close of a body from net/http's server reads the
+// rest of the client's body (up to 256 KiB) first, for as long as the
+// client takes (up to the body timeout). A reset on the exchange's failure
+// came that much later: the upstream held a cut request open, which it
+// might still act on, past the next holder's grant and write.
+func resetNow(nc net.Conn) {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetLinger(0)
 	}
+	_ = nc.Close()
 }
