@@ -29,6 +29,12 @@ func (f *forward) CheckSend() error {
 	return nil
 }
 
+// Lost is closed once f's fence is definitely lost (tokens.Permit.Lost;
+// nil if it cannot be): the engine watches it while a streamed body is
+// half-sent, and resets the exchange on it even when the client sends
+// nothing (its next CheckSend then marks f).
+func (f *forward) Lost() <-chan struct{} { return f.permit.Lost() }
+
 // Sent records that n bytes of f's request went to the kernel.
 func (f *forward) Sent(n int) {
 	if n > 0 && !f.sent.Load() {

@@ -76,6 +76,11 @@ func (h *switchHeld) Check(time.Time) error {
 	return nil
 }
 
+// Lost is nil: the test declares a fence lost and found again (lost), which
+// only Check can say; a fence that is lost for good closes its Lost
+// channel (storage/postgres), and the engine's tests cover the watch.
+func (h *switchHeld) Lost() <-chan struct{} { return nil }
+
 // recordingUpstream records what each request's body brought: the bytes,
 // and whether it ended cleanly (a complete body) or was cut short.
 type recordingUpstream struct {

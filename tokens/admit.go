@@ -61,6 +61,19 @@ func (p *Permit) Check(deadline time.Time) error {
 	return p.held.Check(deadline)
 }
 
+// Lost returns a channel closed once the write's fence is definitely lost
+// (see Held.Lost), for a write that has nothing to send and must not stay
+// half-sent at the upstream after its fence is gone. Nil (never closed)
+// where Check is always nil: without a Fencer (the embedded mode's lock
+// cannot be lost while the process lives), for an observed write, and in
+// the build without the proof.
+func (p *Permit) Lost() <-chan struct{} {
+	if p.held == nil || failpoint.NoSendCheck {
+		return nil
+	}
+	return p.held.Lost()
+}
+
 // Admit checks that leaseID is its resource's current live lease and holds
 // the resource's shared lock until Permit.Done. A refused write is recorded
 // and returned as ErrStaleToken, ErrLeaseExpired, ErrLeaseReleased,

@@ -187,6 +187,14 @@ type Held interface {
 	// past deadline: no wait). The gateway passes the forward's deadline,
 	// so a proof never holds a write past its forward timeout.
 	Check(deadline time.Time) error
+	// Lost returns a channel that is closed once the fence is definitely
+	// lost: dropped, or its lock session destroyed (from then on Check
+	// fails at once, and for good). A session that is only not confirmed
+	// lately (Check's wait) does not close it. It lets a write that has
+	// nothing to send, a streamed body whose client went quiet, watch its
+	// fence without polling (the engine resets its half-sent request on
+	// it). Nil if the fence cannot be lost.
+	Lost() <-chan struct{}
 }
 
 // EventKind names what happened to a lease.

@@ -719,6 +719,16 @@ func (f *Fence) Close() {
 	close(f.stop)
 	f.wg.Wait()
 	f.closeSessions()
+	// A fence whose writes did not finish in time went with its session:
+	// dropped, so that those writes see it lost (heldRef.Lost), as after
+	// a session's failure (lockSession.fail).
+	f.mu.Lock()
+	for _, hf := range f.byResource {
+		if hf.status != fenceAcquiring {
+			f.dropLocked(hf)
+		}
+	}
+	f.mu.Unlock()
 }
 
 func (f *Fence) closeSessions() {

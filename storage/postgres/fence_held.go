@@ -52,6 +52,14 @@ func (h *heldRef) Check(deadline time.Time) error {
 	return h.waitConfirmed(deadline)
 }
 
+// Lost is the fence's gone channel (tokens.Held.Lost), closed when the
+// fence is dropped (Check's dropped condition). A session destroyed drops
+// every fence that was taken on it (lockSession.fail, Fence.Close), so
+// Check's other condition, a session generation that changed, closes it
+// too. A fence is dropped under a write only if it is lost: one given up
+// (yielded) is unlocked only once no write holds it.
+func (h *heldRef) Lost() <-chan struct{} { return h.hf.gone }
+
 // waitConfirmed is Check's slow path: it waits for the session's health
 // check in progress to settle, until deadline at the latest.
 func (h *heldRef) waitConfirmed(deadline time.Time) error {

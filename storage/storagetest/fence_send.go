@@ -29,6 +29,17 @@ func testFenceSessionKilledLosesProof(t *testing.T, h FenceHarness) {
 	if err := p.Check(proofDeadline()); err != nil {
 		t.Fatalf("a write on a live session lost its proof after three session checks: %v", err)
 	}
+	// Nor does it say the fence is lost (Permit.Lost, which the engine
+	// watches while a request is half-sent).
+	lost := p.Lost()
+	if lost == nil {
+		t.Fatal("a fenced write has no Lost signal: a half-sent request could not be reset when its fence is lost")
+	}
+	select {
+	case <-lost:
+		t.Fatal("a write on a live session was told its fence is lost")
+	default:
+	}
 
 	rs[0].KillSessions(t)
 	l, err := b.Acquire(t.Context(), tokens.AcquireRequest{Resource: "proof", Holder: "new", TTL: 10 * time.Second,
@@ -39,6 +50,13 @@ func testFenceSessionKilledLosesProof(t *testing.T, h FenceHarness) {
 	if err := p.Check(proofDeadline()); !errors.Is(err, tokens.ErrFenceLost) {
 		t.Fatalf("token %d was granted on another replica, and token %d's write on the replica whose session died could still send: Check = %v, want ErrFenceLost",
 			l.Token, old.Token, err)
+	}
+	// And the fence says it is lost for good, without a byte to send: the
+	// session's death dropped it.
+	select {
+	case <-lost:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the fence of a write whose session died was never signalled lost (Permit.Lost): a quiet half-sent request would stay open at the upstream")
 	}
 
 	// Liveness: the replica reconnects and writes under the new lease,

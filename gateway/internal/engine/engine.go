@@ -100,6 +100,12 @@ type Write interface {
 	// Sent tells that n bytes of the request went to the kernel (n may
 	// be 0): from then on, a failure leaves the outcome unknown.
 	Sent(n int)
+	// Lost returns a channel that is closed once the write's fence is
+	// definitely lost (CheckSend then fails at once, and for good); nil if
+	// it cannot be lost. The engine watches it while a request is
+	// half-sent, however long its body keeps it so (sendcheck.go). Called
+	// once per exchange whose body streams, never for a body in memory.
+	Lost() <-chan struct{}
 }
 
 // Transport carries the gateway's fenced writes to their upstreams
@@ -218,6 +224,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 		r2.Body = cb
 		req, cb.req = &r2, &r2
 	}
+	var watch *fenceWatch
 	switch {
 	case c.host != nil && req.Host == "" && cb == nil && inMemory(req, w):
 		// Request.Write's bytes without its allocations (write.go).
@@ -226,6 +233,12 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 			_, err = c.bw.Write(w.Body())
 		}
 	default:
+		if cb != nil || !inMemory(req, w) {
+			// The request may stay half-sent, for as long as its body
+			// (or the upstream's leave) keeps it: its fence is watched
+			// meanwhile (sendcheck.go).
+			watch = watchFence(w.Lost(), c.tcp)
+		}
 		// The connection's own trace tells when the head was written. A
 		// body that streams is framed by Request.Write (Content-Length,
 		// or chunked with its trailer), which flushes the head first and
@@ -249,6 +262,12 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	// One flush sends head and body (what is left of them).
 	if err == nil && (cb == nil || !cb.skipped) {
 		err = c.bw.Flush()
+	}
+	if watch.end() {
+		// The fence was lost while the request was half-sent, and the
+		// watch reset the connection: whatever the writes saw, the
+		// exchange failed on the fence.
+		return fail(errors.Join(lostFence(w), err))
 	}
 	broken := false
 	if err != nil {

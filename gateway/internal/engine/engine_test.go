@@ -14,14 +14,18 @@ import (
 	"time"
 )
 
-// testWrite is a Write whose fence the test declares lost (lost), and
-// which counts the checks and the bytes sent.
+// testWrite is a Write whose fence the test declares lost (lost, and
+// gone if not nil: closed by the test once the fence is lost for good),
+// and which counts the checks and the bytes sent.
 type testWrite struct {
 	body   []byte
 	lost   atomic.Bool
+	gone   chan struct{}
 	checks atomic.Int64
 	sent   atomic.Int64
 }
+
+func (w *testWrite) Lost() <-chan struct{} { return w.gone }
 
 var errLost = errors.New("the fence is lost")
 
@@ -295,6 +299,91 @@ func TestLostFenceCutsBeforeTheBodyCloses(t *testing.T) {
 	got := up.waitFor(t, 1)[0] // while the body's Close still waits
 	if !strings.HasSuffix(got, "(cut)") || strings.Contains(got, "b") {
 		t.Fatalf("the upstream got %q: want the first part only, cut", got)
+	}
+}
+
+// A streamed body whose client goes quiet after its fence is lost for good
+// (Write.Lost closed) is reset at once: the upstream does not hold the
+// half-sent request until the client sends again or gives up, though no
+// byte is pending and so no proof is taken. The exchange then fails on the
+// fence (sent), whether the client finishes its body or breaks it.
+func TestLostFenceResetsAQuietBody(t *testing.T) {
+	for _, then := range []string{"finishes", "breaks"} {
+		t.Run("client "+then, func(t *testing.T) {
+			up := newUpstream(t)
+			e, _ := newTestTransport(t)
+			w := &testWrite{gone: make(chan struct{})}
+			pr, pw := io.Pipe()
+			// Before the upstream closes (cleanups run last first): a
+			// failed test does not leave the body, and so the upstream's
+			// handler, blocked.
+			t.Cleanup(func() { _ = pw.CloseWithError(errors.New("the test is over")) })
+			done := make(chan error, 1)
+			go func() {
+				resp, err := post(t, e, up.URL+"/stream", w, pr, -1)
+				if err == nil {
+					resp.Body.Close()
+				}
+				done <- err
+			}()
+			if _, err := io.WriteString(pw, strings.Repeat("a", 100)); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-up.firstIn:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the first part of the body never reached the upstream")
+			}
+			w.lost.Store(true)
+			close(w.gone)
+			// The client sends nothing more until the upstream's handler
+			// has seen its request cut.
+			got := up.waitFor(t, 1)[0]
+			if !strings.HasSuffix(got, "(cut)") {
+				t.Fatalf("the upstream got %q: want the first part only, cut", got)
+			}
+			if then == "finishes" {
+				go func() {
+					_, _ = io.WriteString(pw, strings.Repeat("b", 100))
+					_ = pw.Close()
+				}()
+			} else {
+				_ = pw.CloseWithError(errors.New("the client went away"))
+			}
+			err := <-done
+			if !errors.Is(err, errLost) {
+				t.Fatalf("the exchange ended with %v; want the fence's error", err)
+			}
+			if w.sent.Load() == 0 {
+				t.Fatal("the exchange says nothing was sent, though the upstream got the head and a first part")
+			}
+			if got := up.seen(); len(got) != 1 || strings.Contains(got[0], "b") {
+				t.Fatalf("the upstream got %q: want one request, cut before the rest", got)
+			}
+		})
+	}
+}
+
+// The watch of a half-sent request ends with its write: the fence lost
+// after a streamed request was written whole does not reset its
+// connection, which goes back to the pool and carries the next write.
+func TestFenceWatchEndsWithTheRequest(t *testing.T) {
+	up := newUpstream(t)
+	e, dials := newTestTransport(t)
+	w := &testWrite{gone: make(chan struct{})}
+	if got := readAll(t)(post(t, e, up.URL+"/stream", w, strings.NewReader("streamed"), -1)); got != "ok /stream" {
+		t.Fatalf("the streamed write's answer: %q", got)
+	}
+	close(w.gone) // lost after the request left whole: not the exchange's to reset
+	next := &testWrite{body: []byte("in memory")}
+	if got := readAll(t)(post(t, e, up.URL+"/next", next, nil, int64(len(next.body)))); got != "ok /next" {
+		t.Fatalf("the next write's answer: %q", got)
+	}
+	if n := dials.Load(); n != 1 {
+		t.Fatalf("%d dials: the connection of the streamed write was not reused", n)
+	}
+	if got := up.waitFor(t, 2); got[0] != "/stream: streamed" || got[1] != "/next: in memory" {
+		t.Fatalf("the upstream got %q", got)
 	}
 }
 

@@ -22,7 +22,24 @@ package engine
 // anything had been sent (Write.Sent); if it had, the outcome is unknown
 // and the resource drains.
 
-import "net"
+// A request that is half-sent (its head has left, its body streams or
+// waits for the upstream's leave) may have nothing to send for a long
+// time: a client that goes quiet mid-body, up to the body timeout. No
+// proof is taken then, as no byte is pending, yet the upstream holds a
+// request cut short under the write's token, which it may act on (an
+// upstream that acts when a request's connection breaks) after a newer
+// holder's grant and write. So while such a request is being written its
+// fence is watched (watchFence): once the fence is definitely lost
+// (Write.Lost: dropped, its session destroyed; not merely unconfirmed
+// lately, which a load spike causes and the proof waits on) the connection
+// is reset at once, as a failed proof would reset it. A body in memory is
+// not watched: it leaves with the head in one write, never half-sent, and
+// its exchange pays nothing for the watch.
+
+import (
+	"errors"
+	"net"
+)
 
 // resetNow resets nc (RST), which discards what the kernel still holds
 // unsent. At once, on the write that failed its proof, not when the
@@ -37,4 +54,59 @@ func resetNow(nc net.Conn) {
 		_ = tc.SetLinger(0)
 	}
 	_ = nc.Close()
+}
+
+// fenceWatch resets a connection whose request is half-sent once the
+// write's fence is lost. One goroutine, from the start of the request's
+// write to its end (end), which waits for it: the watch never outlives
+// the write, and so never touches a connection back in the pool.
+type fenceWatch struct {
+	stop  chan struct{}
+	done  chan struct{}
+	fired bool // set before done is closed: it reset the connection
+}
+
+// watchFence watches lost (nil: the fence cannot be lost, and nothing is
+// watched) and resets tcp when it is closed, until end.
+func watchFence(lost <-chan struct{}, tcp net.Conn) *fenceWatch {
+	if lost == nil {
+		return nil
+	}
+	fw := &fenceWatch{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(fw.done)
+		select {
+		case <-lost:
+			fw.fired = true
+			resetNow(tcp)
+		case <-fw.stop:
+		}
+	}()
+	return fw
+}
+
+// end stops the watch and waits until it has stopped; it reports whether
+// the watch reset the connection (the fence was lost). A nil watch: false.
+func (fw *fenceWatch) end() bool {
+	if fw == nil {
+		return false
+	}
+	close(fw.stop)
+	<-fw.done
+	return fw.fired
+}
+
+// errLostWhileHalfSent is the exchange's error when the watch reset it
+// and the write's own proof, asked again, did not say why (its contract
+// is that it fails once Lost is closed).
+var errLostWhileHalfSent = errors.New("the write's fence was lost while its request was half-sent")
+
+// lostFence is the error of an exchange the watch reset: the write's own
+// proof, which fails at once on a lost fence (and so the write learns of
+// it, as from a failed proof before a send).
+func lostFence(w Write) error {
+	if err := w.CheckSend(); err != nil {
+		return err
+	}
+	return errLostWhileHalfSent
 }
