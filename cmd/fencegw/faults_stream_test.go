@@ -47,7 +47,36 @@ func TestFaultStreamedBodyAfterSessionsKilled(t *testing.T) {
 				if mode == "redis" {
 					args = append(args, "--redis", startRedis(t).URL())
 				}
-				testStreamedBody(t, pg, frozen, args...)
+				testStreamedBody(t, pg, frozen, false, args...)
+			})
+		}
+	}
+}
+
+// The same, but A's client goes quiet once the sessions are killed: it
+// sends nothing more until B has been granted R and has written, then
+// tries to finish its body. No byte is pending at replica 1, so no proof
+// fails there; replica 1 must reset the upstream's exchange of A's
+// half-sent request anyway, as soon as it knows its fence is lost (its
+// sessions' death drops the fence): before B's grant returned, not when
+// A's client speaks again or its body times out. An upstream that acts
+// when a request's connection breaks would otherwise act on A's request
+// after B's write. (Frozen, replica 1 can reset nothing until it runs
+// again, after B's grant: that variant checks the rest.)
+func TestFaultQuietStreamedBodyAfterSessionsKilled(t *testing.T) {
+	for _, mode := range []string{"postgres", "redis"} {
+		for _, frozen := range []bool{false, true} {
+			name := mode
+			if frozen {
+				name += "/frozen"
+			}
+			t.Run(name, func(t *testing.T) {
+				pg := startPostgres(t)
+				args := []string{"--postgres", pg.URL()}
+				if mode == "redis" {
+					args = append(args, "--redis", startRedis(t).URL())
+				}
+				testStreamedBody(t, pg, frozen, true, args...)
 			})
 		}
 	}
@@ -71,7 +100,9 @@ const (
 	streamEvery      = 100 * time.Millisecond
 )
 
-func testStreamedBody(t *testing.T, pg *pgCluster, frozen bool, args ...string) {
+// testStreamedBody is both tests; quiet: A's client sends nothing after the
+// fault until it is told to finish.
+func testStreamedBody(t *testing.T, pg *pgCluster, frozen, quiet bool, args ...string) {
 	up := newStreamUpstream(t)
 	ps := startReplicas(t, 2, append(args, "--upstream", "svc="+up.URL,
 		"--forward-timeout", streamForward.String(), "--drain-period", streamDrain.String(),
@@ -132,9 +163,18 @@ func testStreamedBody(t *testing.T, pg *pgCluster, frozen bool, args ...string) 
 	// three more; then the body's end. (It is told to finish: net/http's
 	// server reads the rest of a body before the answer goes out, see
 	// gateway/bodylimit.go, so A hears 503 only once its body ended.)
+	// Quiet, it sends nothing until then.
 	finish := make(chan struct{})
 	written := make(chan streamWriter, 1)
-	go func() { written <- writeStream(c, answered, finish) }()
+	go func() {
+		if quiet {
+			select {
+			case <-finish:
+			case <-answered:
+			}
+		}
+		written <- writeStream(c, answered, finish)
+	}()
 
 	// B asks for R on replica 2 once A's lease has expired: 503 fence_busy
 	// with Retry-After while the orphan drain lasts (or a wait within its
@@ -224,11 +264,18 @@ func testStreamedBody(t *testing.T, pg *pgCluster, frozen bool, args ...string) 
 	// exchange then (docs/design.md: the fence holds until the bytes
 	// leave), not when its client ends the body: its client sends a chunk
 	// every streamEvery, so the proof fails within a session check of the
-	// sessions' death, a drain period before B can be granted. (A frozen
-	// replica can reset nothing until it runs again.)
+	// sessions' death, a drain period before B can be granted. A client
+	// gone quiet sends nothing to prove: the replica resets the exchange
+	// when its sessions' death drops the fence (its health check, every
+	// session check / 10), as long before B's grant. (A frozen replica
+	// can reset nothing until it runs again.)
 	if !frozen && !cutSeen {
-		t.Errorf("A's exchange with the upstream was still open when B's grant returned: replica 1 lost its fence at the kill, but reset the exchange only %v after it",
-			end.at.Sub(killed).Round(time.Millisecond))
+		how := "its client kept sending"
+		if quiet {
+			how = "its client had gone quiet, with nothing pending to prove"
+		}
+		t.Errorf("A's exchange with the upstream was still open when B's grant returned (%s): replica 1 lost its fence at the kill, but reset the exchange only %v after it",
+			how, end.at.Sub(killed).Round(time.Millisecond))
 	}
 	up.checkOrder(t)
 
