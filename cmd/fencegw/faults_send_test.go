@@ -26,6 +26,17 @@ import (
 // its sessions are killed. Afterwards replica 1 serves again within
 // seconds. In both PostgreSQL modes.
 func TestFaultSlowBodyAfterSessionsKilled(t *testing.T) {
+	eachFenceMode(t, func(t *testing.T, pg *pgCluster, frozen bool, args []string) {
+		testSlowBody(t, func(t *testing.T, pid int) {
+			t.Logf("terminated replica 1's %d fence sessions", killFenceSessions(t, pg, pid))
+		}, frozen, args...)
+	})
+}
+
+// eachFenceMode runs test in both PostgreSQL modes (--postgres, and
+// --postgres --redis), with replica 1 running and frozen, each on a
+// PostgreSQL (and Redis) of its own: args are the gateway's storage flags.
+func eachFenceMode(t *testing.T, test func(t *testing.T, pg *pgCluster, frozen bool, args []string)) {
 	for _, mode := range []string{"postgres", "redis"} {
 		for _, frozen := range []bool{false, true} {
 			name := mode
@@ -38,9 +49,7 @@ func TestFaultSlowBodyAfterSessionsKilled(t *testing.T) {
 				if mode == "redis" {
 					args = append(args, "--redis", startRedis(t).URL())
 				}
-				testSlowBody(t, func(t *testing.T, pid int) {
-					t.Logf("terminated replica 1's %d fence sessions", killFenceSessions(t, pg, pid))
-				}, frozen, args...)
+				test(t, pg, frozen, args)
 			})
 		}
 	}

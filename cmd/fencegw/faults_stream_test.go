@@ -35,22 +35,9 @@ import (
 // session check) after the sessions died. Afterwards replica 1 serves
 // again. In both PostgreSQL modes.
 func TestFaultStreamedBodyAfterSessionsKilled(t *testing.T) {
-	for _, mode := range []string{"postgres", "redis"} {
-		for _, frozen := range []bool{false, true} {
-			name := mode
-			if frozen {
-				name += "/frozen"
-			}
-			t.Run(name, func(t *testing.T) {
-				pg := startPostgres(t)
-				args := []string{"--postgres", pg.URL()}
-				if mode == "redis" {
-					args = append(args, "--redis", startRedis(t).URL())
-				}
-				testStreamedBody(t, pg, frozen, false, args...)
-			})
-		}
-	}
+	eachFenceMode(t, func(t *testing.T, pg *pgCluster, frozen bool, args []string) {
+		testStreamedBody(t, pg, frozen, false, args...)
+	})
 }
 
 // The same, but A's client goes quiet once the sessions are killed: it
@@ -64,22 +51,9 @@ func TestFaultStreamedBodyAfterSessionsKilled(t *testing.T) {
 // after B's write. (Frozen, replica 1 can reset nothing until it runs
 // again, after B's grant: that variant checks the rest.)
 func TestFaultQuietStreamedBodyAfterSessionsKilled(t *testing.T) {
-	for _, mode := range []string{"postgres", "redis"} {
-		for _, frozen := range []bool{false, true} {
-			name := mode
-			if frozen {
-				name += "/frozen"
-			}
-			t.Run(name, func(t *testing.T) {
-				pg := startPostgres(t)
-				args := []string{"--postgres", pg.URL()}
-				if mode == "redis" {
-					args = append(args, "--redis", startRedis(t).URL())
-				}
-				testStreamedBody(t, pg, frozen, true, args...)
-			})
-		}
-	}
+	eachFenceMode(t, func(t *testing.T, pg *pgCluster, frozen bool, args []string) {
+		testStreamedBody(t, pg, frozen, true, args...)
+	})
 }
 
 const (

@@ -210,20 +210,19 @@ func TestLostFenceSendsNothing(t *testing.T) {
 	}
 }
 
-// A streamed body whose fence is lost midway is cut: the rest is not
-// sent, and the upstream never sees a complete body.
-func TestLostFenceMidBodyCutsIt(t *testing.T) {
-	up := newUpstream(t)
-	e, _ := newTestTransport(t)
-	w := &testWrite{}
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
+// streamFirstPart starts a chunked post of body (which the test feeds
+// through pw) to up's /stream under w, sends its first 100 bytes and waits
+// until they reached the upstream. done yields the exchange's error (its
+// answer's body closed).
+func streamFirstPart(t *testing.T, e *Transport, up *upstream, w *testWrite, body io.Reader, pw *io.PipeWriter) (done <-chan error) {
+	t.Helper()
+	errc := make(chan error, 1)
 	go func() {
-		resp, err := post(t, e, up.URL+"/stream", w, pr, -1)
+		resp, err := post(t, e, up.URL+"/stream", w, body, -1)
 		if err == nil {
 			resp.Body.Close()
 		}
-		done <- err
+		errc <- err
 	}()
 	if _, err := io.WriteString(pw, strings.Repeat("a", 100)); err != nil {
 		t.Fatal(err)
@@ -233,6 +232,17 @@ func TestLostFenceMidBodyCutsIt(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the first part of the body never reached the upstream")
 	}
+	return errc
+}
+
+// A streamed body whose fence is lost midway is cut: the rest is not
+// sent, and the upstream never sees a complete body.
+func TestLostFenceMidBodyCutsIt(t *testing.T) {
+	up := newUpstream(t)
+	e, _ := newTestTransport(t)
+	w := &testWrite{}
+	pr, pw := io.Pipe()
+	done := streamFirstPart(t, e, up, w, pr, pw)
 	w.lost.Store(true)
 	go func() {
 		_, _ = io.WriteString(pw, strings.Repeat("b", 100))
@@ -273,22 +283,7 @@ func TestLostFenceCutsBeforeTheBodyCloses(t *testing.T) {
 	pr, pw := io.Pipe()
 	body := &closingBody{Reader: pr, closing: make(chan struct{}), release: make(chan struct{})}
 	defer close(body.release)
-	done := make(chan error, 1)
-	go func() {
-		resp, err := post(t, e, up.URL+"/stream", w, body, -1)
-		if err == nil {
-			resp.Body.Close()
-		}
-		done <- err
-	}()
-	if _, err := io.WriteString(pw, strings.Repeat("a", 100)); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-up.firstIn:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the first part of the body never reached the upstream")
-	}
+	streamFirstPart(t, e, up, w, body, pw) // its outcome is the upstream's to tell
 	w.lost.Store(true)
 	go func() { _, _ = io.WriteString(pw, strings.Repeat("b", 100)) }()
 	select {
@@ -318,22 +313,7 @@ func TestLostFenceResetsAQuietBody(t *testing.T) {
 			// failed test does not leave the body, and so the upstream's
 			// handler, blocked.
 			t.Cleanup(func() { _ = pw.CloseWithError(errors.New("the test is over")) })
-			done := make(chan error, 1)
-			go func() {
-				resp, err := post(t, e, up.URL+"/stream", w, pr, -1)
-				if err == nil {
-					resp.Body.Close()
-				}
-				done <- err
-			}()
-			if _, err := io.WriteString(pw, strings.Repeat("a", 100)); err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case <-up.firstIn:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the first part of the body never reached the upstream")
-			}
+			done := streamFirstPart(t, e, up, w, pr, pw)
 			w.lost.Store(true)
 			close(w.gone)
 			// The client sends nothing more until the upstream's handler
