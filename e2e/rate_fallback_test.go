@@ -27,7 +27,6 @@ import (
 
 	"github.com/fencegw/fencegw/auth"
 	"github.com/fencegw/fencegw/gateway"
-	"github.com/fencegw/fencegw/replica"
 	storagemode "github.com/fencegw/fencegw/storage/mode"
 	"github.com/fencegw/fencegw/storage/postgres/pgtest"
 )
@@ -89,19 +88,7 @@ func TestRateFallsBackWhileTheStoreIsSlow(t *testing.T) {
 			// answerWithin, so that only the gateway's bound on the take
 			// can answer the requests in time.
 			cfg.StatementTimeout, cfg.LockTimeout = time.Minute, time.Minute
-			var gws []*gw
-			for i := range 2 {
-				// Each replica reads the file itself, as separate
-				// processes do: one Keys would share its buckets.
-				keys, err := auth.Parse(authFile)
-				if err != nil {
-					t.Fatal(err)
-				}
-				gws = append(gws, startReplica(t, replica.Config{
-					Mode: pgMode(t, cfg, i),
-					Live: gateway.Live{Auth: keys.Keys},
-				}))
-			}
+			gws := startKeyedReplicas(t, authFile, cfg)
 			// One request through the shared bucket, which creates the
 			// key's record in the store (the row the lock holds).
 			if a := do(t, "GET", gws[0].URL+"/v1/rejections", nil, bearer(key)...); a.Status != http.StatusOK {

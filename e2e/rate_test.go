@@ -40,19 +40,7 @@ func TestRateSharedAcrossReplicas(t *testing.T) {
 		t.Run(m.name, func(t *testing.T) {
 			pgtest.Require(t)
 			schema := pgtest.NewSchema(t)
-			var gws []*gw
-			for i := range 2 {
-				// Each replica reads the file itself, as separate
-				// processes do: one Keys would share its buckets.
-				keys, err := auth.Parse(authFile)
-				if err != nil {
-					t.Fatal(err)
-				}
-				gws = append(gws, startReplica(t, replica.Config{
-					Mode: pgMode(t, m.mode(t, schema), i),
-					Live: gateway.Live{Auth: keys.Keys},
-				}))
-			}
+			gws := startKeyedReplicas(t, authFile, m.mode(t, schema))
 			// All at once, half on each replica: the shared take must hold
 			// under concurrency, not only in sequence. The answers are
 			// judged on the test's goroutine.
@@ -69,4 +57,23 @@ func TestRateSharedAcrossReplicas(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startKeyedReplicas starts two replicas on one store (cfg), each with the
+// keys of authFile read by itself, as separate processes do: one Keys would
+// share its rate buckets.
+func startKeyedReplicas(t *testing.T, authFile []byte, cfg storagemode.Config) []*gw {
+	t.Helper()
+	var gws []*gw
+	for i := range 2 {
+		keys, err := auth.Parse(authFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gws = append(gws, startReplica(t, replica.Config{
+			Mode: pgMode(t, cfg, i),
+			Live: gateway.Live{Auth: keys.Keys},
+		}))
+	}
+	return gws
 }
