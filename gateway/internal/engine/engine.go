@@ -203,17 +203,11 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 		c.deadline = true
 		_ = c.nc.SetDeadline(deadline)
 	}
-	// A context that ends unblocks the connection's I/O at once. One
-	// that never ends needs no registration (context.AfterFunc's two
-	// allocations even then). The gateway's request contexts all can end
-	// (the client going away), and for them no cheaper registration that
-	// keeps the abort immediate was found: a watcher goroutine per
-	// connection would cost the goroutine switches this engine exists to
-	// avoid.
-	stop := neverAborted
-	if ctx.Done() != nil {
-		stop = context.AfterFunc(ctx, c.abort)
-	}
+	// A context that ends unblocks the connection's I/O at once. (No
+	// cheaper registration that keeps the abort immediate was found: a
+	// watcher goroutine per connection would cost the goroutine switches
+	// this engine exists to avoid.)
+	stop := context.AfterFunc(ctx, c.abort)
 	c.fw, c.writeFailed = w, false
 	fail := func(err error) (*http.Response, error) { return nil, c.failed(ctx, stop, deadline, err) }
 	var cb *continueBody
@@ -322,10 +316,6 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	resp.Body = b
 	return resp, nil
 }
-
-// neverAborted is the stop of an exchange whose context never ends: its
-// abort never runs.
-func neverAborted() bool { return true }
 
 // failed closes c after a failed exchange and returns err with what ended
 // it: ctx (its cause) or the deadline (context.DeadlineExceeded).
