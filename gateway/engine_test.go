@@ -132,6 +132,23 @@ type answer struct {
 	Early   []string // the Link of each 1xx seen
 }
 
+// diffClient is the differential tests' client: its own connections,
+// closed at the test's end.
+func diffClient(t *testing.T) *http.Client {
+	c := &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}
+	t.Cleanup(c.CloseIdleConnections)
+	return c
+}
+
+// headerOf is a header of name, value pairs.
+func headerOf(kv ...string) http.Header {
+	out := http.Header{}
+	for i := 0; i < len(kv); i += 2 {
+		out.Add(kv[i], kv[i+1])
+	}
+	return out
+}
+
 type diffCase struct {
 	method, path string
 	header       http.Header
@@ -266,15 +283,8 @@ func compare(t *testing.T, up *diffUpstream, eng, std *testGateway, engLease, st
 // the requests it hands to the Transport.
 func TestEngineMatchesReverseProxy(t *testing.T) {
 	up, eng, std, el, sl := startDiff(t)
-	c := &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}
-	t.Cleanup(c.CloseIdleConnections)
-	h := func(kv ...string) http.Header {
-		out := http.Header{}
-		for i := 0; i < len(kv); i += 2 {
-			out.Add(kv[i], kv[i+1])
-		}
-		return out
-	}
+	c := diffClient(t)
+	h := headerOf
 	cases := []diffCase{
 		{method: "POST", path: "/plain", body: "small body"},
 		{method: "POST", path: "/plain/a%2Fb/c?x=1&y=%20z", body: strings.Repeat("e", smallBody)},

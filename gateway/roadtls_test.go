@@ -32,15 +32,8 @@ func TestTLSUpstreamMatchesReverseProxy(t *testing.T) {
 		return dial(ctx, network, addr)
 	}
 	el, sl := eng.leaseTTL(t, "r", time.Hour), std.leaseTTL(t, "r", time.Hour)
-	c := &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}
-	t.Cleanup(c.CloseIdleConnections)
-	h := func(kv ...string) http.Header {
-		out := http.Header{}
-		for i := 0; i < len(kv); i += 2 {
-			out.Add(kv[i], kv[i+1])
-		}
-		return out
-	}
+	c := diffClient(t)
+	h := headerOf
 	cases := []diffCase{
 		{method: "POST", path: "/plain?a=1;b", body: "small body"},
 		{method: "PUT", path: "/plain", body: strings.Repeat("b", smallBody+1)},
