@@ -89,10 +89,11 @@ done
 # shorter than a restart here, so the runs above do not reach that case;
 # this one does. .ci/run turns it on; PG_OUTAGE_IN_WRITE=1 to run it.
 if [[ ${PG_OUTAGE_IN_WRITE:-0} == 1 && " $MODES " == *" postgres "* ]]; then
-	# 60 s (a later --duration wins): PostgreSQL restarting under it leaves
-	# few grants, and at 30 s one run in ten drew no route theft at all
-	# (5 % of grants) and came out void.
-	pg_lane+=("postgres-outage-in-write|run_mode postgres-outage-in-write postgres --forward-timeout 5s --drain-period 6s --faults restart-postgres-in-write,pause-worker --duration 60s")
+	# 60 s (a later --duration wins) and a theft after 20 % of grants:
+	# PostgreSQL restarting under it leaves few grants (about 40 in 30 s),
+	# and at 30 s with the default 5 % one run in ten drew no route theft
+	# at all and came out void.
+	pg_lane+=("postgres-outage-in-write|run_mode postgres-outage-in-write postgres --forward-timeout 5s --drain-period 6s --faults restart-postgres-in-write,pause-worker --duration 60s --theft-permille 200")
 fi
 # The embedded store on a disk whose writes stall (stall-disk: a loop
 # device held by the blkio throttle) needs root, as CI has; beside the kills

@@ -87,6 +87,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Int64Var(&cfg.TokenBase, "token-base", torture.DefaultTokenBase, "seed each resource's last token to this (above 2^53); 0: start at 1")
 	fs.StringVar(&faults, "faults", "", "comma-separated fault kinds (default: all of the mode's)")
 	fs.DurationVar(&cfg.FaultGap, "fault-gap", 1500*time.Millisecond, "pause between faults")
+	fs.IntVar(&cfg.TheftPermille, "theft-permille", 50, "per mille of worker rounds that steal a lease's key, and of grants followed by a write to another resource's path")
 	fs.Uint64Var(&seed, "seed", 0, "random seed (default: random, printed)")
 	fs.StringVar(&out, "dir", "", "directory for data, logs and history (default: a temporary one, kept on failure)")
 	fs.StringVar(&jsonPath, "json", "", "write the report as JSON to this file")
