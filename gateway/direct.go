@@ -59,7 +59,20 @@ type directState struct {
 	h     http.Header
 	vals  [4]string // the values rewrite sets
 	body  memBody   // a body in memory, as the outbound request's Body
+	open  openBody  // a body that streams, as the outbound request's Body
 }
+
+// openBody is the client's body that streams, as the outbound request's
+// Body, with a Close that leaves it open. Request.Write closes the body
+// it sends, also when the send fails (a failed proof of the fence, an
+// upstream gone), and the Close of a body from net/http's server first
+// reads the rest of the client's body (up to 256 KiB) for as long as the
+// client takes, up to the body timeout: the client would hear its answer
+// (503 fence_lost, 502) only then. net/http's server closes the body
+// itself, after the answer has gone out.
+type openBody struct{ io.Reader }
+
+func (*openBody) Close() error { return nil }
 
 // memBody is a body in memory (forward.buffered) as a request's Body. The
 // engine writes the bytes themselves (Write.Body) and reads it only when
@@ -105,7 +118,8 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 		// A body that streams: the client's, framed again by the engine
 		// (Request.Write), its trailer fields copied in at its end
 		// (forwardTrailer, in rewrite).
-		out.Body, out.TransferEncoding, out.Trailer = r.Body, r.TransferEncoding, r.Trailer
+		st.open.Reader = r.Body
+		out.Body, out.TransferEncoding, out.Trailer = &st.open, r.TransferEncoding, r.Trailer
 	}
 	// The reverse proxy's steps before its Rewrite (ServeHTTP).
 	te := httpguts.HeaderValuesContainsToken(h["Te"], "trailers") // as the reverse proxy asks

@@ -134,10 +134,10 @@ func testStreamedBody(t *testing.T, pg *pgCluster, frozen, quiet bool, args ...s
 
 	// A keeps sending: a chunk every streamEvery until it is answered, or
 	// until it is told to finish (after B's grant and write), and then
-	// three more; then the body's end. (It is told to finish: net/http's
-	// server reads the rest of a body before the answer goes out, see
-	// gateway/bodylimit.go, so A hears 503 only once its body ended.)
-	// Quiet, it sends nothing until then.
+	// three more; then the body's end. A running replica answers A while
+	// it still sends; a frozen one, or one whose client went quiet, once
+	// it runs or the client speaks again. Quiet, A sends nothing until it
+	// is told to finish.
 	finish := make(chan struct{})
 	written := make(chan streamWriter, 1)
 	go func() {
@@ -189,6 +189,7 @@ func testStreamedBody(t *testing.T, pg *pgCluster, frozen, quiet bool, args ...s
 	}
 
 	// The rest of A's body, then its end.
+	up.note(streamEvent{what: "A told to finish"})
 	close(finish)
 	var wr streamWriter
 	select {
@@ -219,8 +220,11 @@ func testStreamedBody(t *testing.T, pg *pgCluster, frozen, quiet bool, args ...s
 	}
 	var late int
 	grantSeen, cutSeen := false, false // cutSeen: before B's grant
+	answeredEarly := false             // A answered while its client still sent
 	for _, e := range up.log() {
 		switch {
+		case e.what == "A answered":
+			answeredEarly = !grantSeen
 		case e.what == "B granted":
 			grantSeen = true
 		case e.what == "A end":
@@ -250,6 +254,14 @@ func testStreamedBody(t *testing.T, pg *pgCluster, frozen, quiet bool, args ...s
 		}
 		t.Errorf("A's exchange with the upstream was still open when B's grant returned (%s): replica 1 lost its fence at the kill, but reset the exchange only %v after it",
 			how, end.at.Sub(killed).Round(time.Millisecond))
+	}
+	// A running replica answers A once its proof failed, while A's
+	// client still sends: the failed send does not wait for the rest of
+	// the client's body (gateway/direct.go openBody). A quiet client is
+	// answered when it sends again (its body's next read), a frozen
+	// replica's when it runs again.
+	if !frozen && !quiet && !answeredEarly {
+		t.Errorf("A's write was answered only after its client was told to finish its body (%v), not when replica 1's proof of the fence failed", aAns)
 	}
 	up.checkOrder(t)
 

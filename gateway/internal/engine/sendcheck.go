@@ -48,7 +48,10 @@ import (
 // rest of the client's body (up to 256 KiB) first, for as long as the
 // client takes (up to the body timeout). A reset on the exchange's failure
 // came that much later: the upstream held a cut request open, which it
-// might still act on, past the next holder's grant and write.
+// might still act on, past the next holder's grant and write. (The
+// gateway's forward now hands the engine a body whose Close does nothing,
+// so that its client hears the answer at once too; the engine does not
+// count on its callers doing so.)
 func resetNow(nc net.Conn) {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetLinger(0)
