@@ -319,19 +319,24 @@ func write(t testing.TB, base, upstreamName, path string, l leaseJSON, body stri
 }
 
 type rejectionsJSON struct {
-	Items []struct {
-		ID           int64  `json:"id"`
-		Resource     string `json:"resource"`
-		Code         string `json:"code"`
-		Token        int64  `json:"token"`
-		CurrentToken int64  `json:"current_token"`
-		Holder       string `json:"holder"`
-		Method       string `json:"method"`
-		Upstream     string `json:"upstream"`
-		Path         string `json:"path"`
-		LeaseHint    string `json:"lease_hint"`
-	} `json:"items"`
-	NextCursor string `json:"next_cursor"`
+	Items      []rejectionJSON `json:"items"`
+	NextCursor string          `json:"next_cursor"`
+}
+
+// rejectionJSON is one entry of the rejection log, as the list and the
+// live stream's events carry it.
+type rejectionJSON struct {
+	ID           int64  `json:"id"`
+	Resource     string `json:"resource"`
+	Code         string `json:"code"`
+	Token        int64  `json:"token"`
+	CurrentToken int64  `json:"current_token"`
+	Holder       string `json:"holder"`
+	Method       string `json:"method"`
+	Upstream     string `json:"upstream"`
+	Path         string `json:"path"`
+	LeaseHint    string `json:"lease_hint"`
+	Principal    string `json:"principal"`
 }
 
 func rejections(t testing.TB, base, query string) rejectionsJSON {

@@ -13,10 +13,11 @@ import (
 
 // scrape reads /metrics into series -> value; a series is the name and
 // its labels as the gateway prints them (`fencegw_drains_total`,
-// `fencegw_lease_refusals_total{cause="expired",op="renew"}`).
-func scrape(t testing.TB, base string) map[string]float64 {
+// `fencegw_lease_refusals_total{cause="expired",op="renew"}`). header:
+// do's, as a key for a gateway with authentication.
+func scrape(t testing.TB, base string, header ...string) map[string]float64 {
 	t.Helper()
-	a := do(t, "GET", base+"/metrics", nil)
+	a := do(t, "GET", base+"/metrics", nil, header...)
 	if a.Status != 200 {
 		t.Fatalf("GET /metrics: %d", a.Status)
 	}

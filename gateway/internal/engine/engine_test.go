@@ -1,8 +1,11 @@
 package engine
 
 import (
+	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -10,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -396,5 +400,140 @@ func TestEnginePutPrunes(t *testing.T) {
 	e.put(extra)
 	if len(e.idle[up]) != 2 || !closed(extraPeer) {
 		t.Fatalf("maxIdle 2: %d idle, the third not closed", len(e.idle[up]))
+	}
+}
+
+// heldContinue is an upstream that takes one request with Expect:
+// 100-continue and holds back its 100 Continue: it reads the head, says so
+// (headIn), and then only reads, reporting what reached it after the head
+// and how its connection ended (ended).
+type heldContinue struct {
+	addr   string
+	headIn chan struct{}
+	ended  chan heldContinueEnd
+}
+
+type heldContinueEnd struct {
+	body []byte // what came after the head
+	err  error  // the read that ended it (a reset: ECONNRESET)
+}
+
+// holdContinue starts a heldContinue, speaking TLS with cfg if it is not
+// nil.
+func holdContinue(t *testing.T, cfg *tls.Config) *heldContinue {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	if cfg != nil {
+		ln = tls.NewListener(ln, cfg)
+	}
+	u := &heldContinue{addr: ln.Addr().String(), headIn: make(chan struct{}), ended: make(chan heldContinueEnd, 1)}
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			u.ended <- heldContinueEnd{err: err}
+			return
+		}
+		defer c.Close()
+		// Bounds the test if nothing ends the connection; not a wait.
+		_ = c.SetReadDeadline(time.Now().Add(time.Minute))
+		br := bufio.NewReader(c)
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				u.ended <- heldContinueEnd{err: fmt.Errorf("head: %w", err)}
+				return
+			}
+			if line == "\r\n" {
+				break
+			}
+		}
+		close(u.headIn)
+		body, err := io.ReadAll(br)
+		u.ended <- heldContinueEnd{body: body, err: err}
+	}()
+	return u
+}
+
+// A write with Expect: 100-continue whose upstream holds back its 100 is
+// half-sent, as a quiet streamed body is: its head has left and it waits
+// for the upstream's leave, which may be long in coming (an hour here).
+// Once its fence is lost for good (Write.Lost closed) the connection is
+// reset at once, over TLS too, where the reset is made below TLS: the
+// upstream sees a reset, not a close it could take for the request's end,
+// and no byte of the body. The exchange fails on the fence, without
+// waiting for the 100 or its timeout. A body in memory is watched too:
+// only its wait for the 100 can leave it half-sent.
+func TestLostFenceResetsAWaitForContinue(t *testing.T) {
+	for _, tc := range []struct {
+		scheme   string
+		inMemory bool
+	}{{"http", true}, {"http", false}, {"https", true}, {"https", false}} {
+		scheme := tc.scheme
+		name := scheme + " streamed"
+		if tc.inMemory {
+			name = scheme + " in memory"
+		}
+		t.Run(name, func(t *testing.T) {
+			std := &http.Transport{ExpectContinueTimeout: time.Hour}
+			var serverTLS *tls.Config
+			if scheme == "https" {
+				certs := httptest.NewTLSServer(http.NotFoundHandler())
+				serverTLS = certs.TLS.Clone()
+				std.TLSClientConfig = certs.Client().Transport.(*http.Transport).TLSClientConfig.Clone()
+				certs.Close()
+			}
+			up := holdContinue(t, serverTLS)
+			e := New(std)
+			t.Cleanup(e.CloseIdleConnections)
+			w := &testWrite{gone: make(chan struct{})}
+			if tc.inMemory {
+				w.body = []byte("body")
+			}
+			req, err := http.NewRequest("POST", scheme+"://"+up.addr+"/x", io.NopCloser(strings.NewReader("body")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.ContentLength = 4
+			req.Header.Set("Expect", "100-continue")
+			done := make(chan error, 1)
+			go func() {
+				resp, err := e.Exchange(context.Background(), req, w, time.Now().Add(time.Hour), &hooksSeen{})
+				if err == nil {
+					_ = resp.Body.Close()
+				}
+				done <- err
+			}()
+			select {
+			case <-up.headIn:
+			case end := <-up.ended:
+				t.Fatalf("the upstream never got the head: %v", end.err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("the head never reached the upstream")
+			}
+			w.lost.Store(true)
+			close(w.gone)
+			select {
+			case err := <-done:
+				if !errors.Is(err, errLost) {
+					t.Fatalf("the exchange ended with %v; want the fence's error", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the exchange still waits for the upstream's 100 after its fence was lost")
+			}
+			end := <-up.ended
+			if !errors.Is(end.err, syscall.ECONNRESET) {
+				t.Errorf("the upstream's connection ended with %v; want a reset", end.err)
+			}
+			if len(end.body) != 0 {
+				t.Errorf("the upstream got %q of the body, whose fence was lost before its 100", end.body)
+			}
+			if w.sent.Load() == 0 {
+				t.Error("the exchange says nothing was sent, though the upstream got the head")
+			}
+		})
 	}
 }
