@@ -39,17 +39,23 @@ var errShortBody = errors.New("the request body ended before its Content-Length"
 // by net/http from the one Content-Length the framing check verified, so
 // the bytes read here are the bytes that check framed; nothing parses the
 // request a second way.
-func readSmallBody(body io.Reader, n int64) ([]byte, error) {
-	buf := make([]byte, n)
+//
+// At its end the body is closed: nothing reads it again, and net/http,
+// which otherwise reads an unclosed body once more before it writes the
+// answer's head (to find its end, with a LimitReader of its own), sees it
+// closed after its end and reads nothing.
+func readSmallBody(body io.ReadCloser, n int64) ([]byte, error) {
+	// One byte more than the body, to see its end in the same buffer.
+	buf := make([]byte, n, n+1)
 	if _, err := io.ReadFull(body, buf); err != nil {
 		if err == io.ErrUnexpectedEOF || err == io.EOF {
 			err = errShortBody
 		}
 		return nil, err
 	}
-	var one [1]byte
-	switch m, err := body.Read(one[:]); {
+	switch m, err := body.Read(buf[n : n+1]); {
 	case m == 0 && err == io.EOF:
+		_ = body.Close() // at its end: nothing is lost
 		return buf, nil
 	case err == nil || err == io.EOF:
 		// net/http's body reader never yields more than Content-Length.
