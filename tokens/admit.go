@@ -42,7 +42,8 @@ type Permit struct {
 	// holds no lock and its unknown outcome starts no drain.
 	WouldRefuse error
 	svc         *Service
-	unlock      func() // without a Fencer
+	unlock      func() // without a Fencer, from a Locker
+	local       hold   // without a Fencer, from a LocalLocker (lockShared)
 	held        Held   // with a Fencer
 }
 
@@ -106,7 +107,8 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 	if s.onLockWait != nil {
 		waited = s.onLockWait(ctx)
 	}
-	unlock, err := s.locker.Shared(ctx, lease.Resource)
+	p := &Permit{svc: s}
+	err = s.lockShared(ctx, lease.Resource, p)
 	if waited != nil {
 		waited()
 	}
@@ -118,7 +120,7 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 	}
 	state, err := s.store.Resource(ctx, lease.Resource)
 	if err != nil {
-		unlock()
+		p.release()
 		if errors.Is(err, ErrNotFound) { // a lease without a resource: the store lost it
 			err = Unavailable("resource state", err)
 		}
@@ -126,11 +128,24 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 	}
 	admitted, refusal := s.judge(lease, state)
 	if refusal != nil {
-		unlock()
+		p.release()
 		s.rememberStale(refusal, lease, state)
 		return s.refuse(ctx, refusal, lease, state, w)
 	}
-	return &Permit{Lease: admitted, svc: s, unlock: unlock}, nil
+	p.Lease = admitted
+	return p, nil
+}
+
+// lockShared takes the resource's shared lock for p, without a Fencer.
+// The embedded mode's LocalLocker keeps it in p itself: one allocation for
+// the permit and its lock.
+func (s *Service) lockShared(ctx context.Context, resource string, p *Permit) error {
+	if l, ok := s.locker.(*LocalLocker); ok {
+		return l.shared(ctx, resource, &p.local)
+	}
+	unlock, err := s.locker.Shared(ctx, resource)
+	p.unlock = unlock
+	return err
 }
 
 // refuse ends an admission the fence rule (Judge) turned down: refused and
@@ -220,15 +235,26 @@ const (
 // until the store has recorded it or it has passed (drain.go), so that no
 // grant can slip in between, whatever the store does meanwhile.
 func (p *Permit) Done(outcome Outcome) {
-	release := p.unlock
-	if p.held != nil {
-		release = p.held.Release
-	}
 	if outcome == OutcomeUnknown && p.WouldRefuse == nil {
-		p.svc.drain(p.Lease.Resource, release)
+		p.svc.drain(p.Lease.Resource, p.release)
 		return
 	}
-	release()
+	p.release()
+}
+
+// release gives up the permit's fence: its Fencer's hold, or its lock.
+// (A method, not a func field set at admission: a func value of the lock
+// would cost the common write an allocation.) Safe to call more than once
+// for a lock; a Fencer's hold is released once (Done).
+func (p *Permit) release() {
+	switch {
+	case p.held != nil:
+		p.held.Release()
+	case p.local.l != nil:
+		p.local.unlock()
+	case p.unlock != nil:
+		p.unlock()
+	}
 }
 
 func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state Resource, w Write) error {
