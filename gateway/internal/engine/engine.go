@@ -199,10 +199,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 		}
 		return nil, err
 	}
-	if !deadline.IsZero() {
-		c.deadline = true
-		_ = c.nc.SetDeadline(deadline)
-	}
+	c.setDeadline(deadline)
 	// A context that ends unblocks the connection's I/O at once. (No
 	// cheaper registration that keeps the abort immediate was found: a
 	// watcher goroutine per connection would cost the goroutine switches
@@ -344,7 +341,17 @@ func (e *Transport) get(ctx context.Context, key upstreamKey, deadline time.Time
 		list[len(list)-1] = nil
 		e.idle[key] = list[:len(list)-1]
 		e.mu.Unlock()
-		if (e.idleTimeout <= 0 || now.Sub(c.idleAt) < e.idleTimeout) && c.alive() {
+		if e.idleTimeout > 0 && now.Sub(c.idleAt) >= e.idleTimeout {
+			_ = c.nc.Close()
+			e.mu.Lock()
+			continue
+		}
+		if c.deadline && c.deadlineAt.Sub(now) < time.Second {
+			// The last exchange's deadline, left set, passed while c
+			// was idle (or is about to): the peek would fail on it.
+			c.setDeadline(time.Time{})
+		}
+		if c.alive() {
 			return c, nil
 		}
 		_ = c.nc.Close()
@@ -479,9 +486,9 @@ type engineConn struct {
 	bw     *bufio.Writer
 	limit  int64
 	idleAt time.Time
-	// deadline: the exchange set a deadline on nc, to be lifted before
-	// the connection is reused.
-	deadline bool
+	// deadline: a deadline is set on nc, deadlineAt (setDeadline).
+	deadline   bool
+	deadlineAt time.Time
 	// trace is a context whose ClientTrace sets wroteHead, for exchanges
 	// with hooks (one per connection, not one per request).
 	trace     context.Context
@@ -503,6 +510,18 @@ type engineConn struct {
 	peek    func(fd uintptr) bool
 	peekBuf [1]byte
 	peekOK  bool
+}
+
+// setDeadline sets an exchange's deadline (zero: none) on c's connection
+// in place of the last exchange's, which is left set while c is idle (a
+// deadline that passes there fails nothing, and lifting it would cost every
+// exchange a second SetDeadline).
+func (c *engineConn) setDeadline(t time.Time) {
+	if t.IsZero() && !c.deadline {
+		return
+	}
+	c.deadline, c.deadlineAt = !t.IsZero(), t
+	_ = c.nc.SetDeadline(t)
 }
 
 var errHeadTooLarge = errors.New("the upstream's response head is too large")
@@ -616,11 +635,7 @@ func (b *engineBody) Close() error {
 	// nothing left to drain; before its end it is not closed (that would
 	// read the rest) but dropped with the connection.
 	if b.stop() && b.eof && b.reuse && b.c.br.Buffered() == 0 {
-		if b.c.deadline {
-			b.c.deadline = false
-			_ = b.c.nc.SetDeadline(time.Time{})
-		}
-		b.e.put(b.c)
+		b.e.put(b.c) // its deadline stays until the next exchange's (setDeadline)
 		return nil
 	}
 	return b.c.nc.Close()
