@@ -148,7 +148,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	dst := w.Header()
 	for k, vv := range res.Header {
 		if len(dst[k]) == 0 {
-			dst[k] = vv // the response is this request's alone
+			dst[k] = vv // the value slices are this answer's alone (its map is the engine's, lent)
 		} else {
 			dst[k] = append(dst[k], vv...)
 		}

@@ -183,8 +183,9 @@ type Hooks interface {
 // Exchange writes req, which carries w (its body is w.Body() if that is
 // not nil, req.Body if it streams), on a connection to its upstream
 // (req.URL: http or https), and reads the answer's head; the body is read
-// through the returned response, which must be closed once and not read
-// after (its body is the connection's, lent). ctx ending aborts
+// through the returned response, which must be closed once, and neither
+// the response's body nor its Header map used after (both may be the
+// connection's, lent; the Header's value slices are the answer's own). ctx ending aborts
 // it (at any point until the body is closed), and so does deadline, if
 // set (a deadline on the connection: no timer of its own); the error then
 // says which (context.Cause(ctx), or context.DeadlineExceeded). hooks hear
@@ -271,7 +272,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 		// answer; the engine looks for it before it gives up.
 		if resp == nil {
 			c.limit = e.maxHead() + int64(c.br.Size())
-			if resp, _ = readAnswer(c.br, req); resp == nil || resp.StatusCode < 200 {
+			if resp, _ = readAnswer(c.br, req, c.header()); resp == nil || resp.StatusCode < 200 {
 				return fail(err)
 			}
 		}
@@ -281,7 +282,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	c.limit = e.maxHead() + int64(c.br.Size())
 	for {
 		if resp == nil {
-			if resp, err = readAnswer(c.br, req); err != nil {
+			if resp, err = readAnswer(c.br, req, c.header()); err != nil {
 				return fail(err)
 			}
 		}
@@ -389,6 +390,16 @@ func (e *Transport) get(ctx context.Context, key upstreamKey, deadline time.Time
 	return c, nil
 }
 
+// header is the map the answers' heads read by readHead are read into
+// (read.go), lent with the answer as its body is: one per connection, made
+// at its first answer.
+func (c *engineConn) header() http.Header {
+	if c.hdr == nil {
+		c.hdr = make(http.Header, 8)
+	}
+	return c.hdr
+}
+
 // dialAddr is the address to dial for key: its host, with the scheme's
 // port if it has none (as the Transport does).
 func dialAddr(key upstreamKey) string {
@@ -493,8 +504,9 @@ type engineConn struct {
 	// with hooks (one per connection, not one per request).
 	trace     context.Context
 	wroteHead bool
-	abort     func() // fails blocked I/O on nc at once (made once)
-	host      []byte // the Host line of its requests (write.go)
+	abort     func()      // fails blocked I/O on nc at once (made once)
+	host      []byte      // the Host line of its requests (write.go)
+	hdr       http.Header // the header of the answer being read (header)
 	// fw is the write whose request is being written, whose fence each
 	// write system call checks first (sendcheck.go); nil between requests.
 	fw Write
