@@ -122,6 +122,9 @@ type scope struct {
 	context.Context
 	live      *live
 	principal *Principal
+	// write is the storage of the state of the request's fenced write
+	// (newForward), nil where the scope was made without it (withScope).
+	write *forward
 }
 
 type scopeKey struct{}

@@ -199,9 +199,9 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	if r.Body != nil && r.Body != http.NoBody && !buffer {
 		r.Body = http.MaxBytesReader(w, r.Body, g.cfg.MaxBody)
 	}
-	// The write's state, in one allocation with its response controller
-	// and its body's guard (the rest is set once it is admitted).
-	f := new(forward)
+	// The write's state, with its response controller and its body's
+	// guard (the rest is set once it is admitted).
+	f := newForward(r)
 	f.rc = *http.NewResponseController(w)
 	// The write deadline set below is lifted by net/http itself once the
 	// answer is flushed (not earlier: the flush is bounded too).
@@ -310,6 +310,18 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.forwardDirect(w, rc, r, f) // direct.go
+}
+
+// newForward returns the storage of r's fenced write's state, zero: the
+// one its scope holds (the framing middleware's requestState, no
+// allocation of its own), or a new one.
+func newForward(r *http.Request) *forward {
+	if s, ok := r.Context().Value(scopeKey{}).(*scope); ok && s.write != nil {
+		f := s.write
+		s.write = nil // one write per request
+		return f
+	}
+	return new(forward)
 }
 
 // forwardFailed answers a forward that got no response from the upstream;
