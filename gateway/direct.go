@@ -278,9 +278,30 @@ func removeHopByHop(h http.Header) {
 			}
 		}
 	}
+	if len(h) < len(hopHeaders) {
+		// Fewer fields than hop-by-hop names (an answer's header, most
+		// requests'): one pass over the fields instead of a lookup of
+		// each name.
+		for k := range h {
+			if isHopHeader(k) {
+				delete(h, k)
+			}
+		}
+		return
+	}
 	for _, f := range hopHeaders {
 		delete(h, f)
 	}
+}
+
+// isHopHeader reports whether k is one of hopHeaders.
+func isHopHeader(k string) bool {
+	switch k {
+	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+		"Te", "Trailer", "Transfer-Encoding", "Upgrade":
+		return true
+	}
+	return false
 }
 
 // eventStream reports whether a Content-Type is text/event-stream, as the
