@@ -36,14 +36,17 @@ const proxyPrefix = "/v1/proxy/"
 // answer: the handler's, the engine's (its Write: sendcheck.go) and the
 // direct forward's (direct.go).
 type forward struct {
-	live     *live // the configuration that admitted it (live.go)
-	permit   *tokens.Permit
-	name     string // the upstream's name
-	upstream *url.URL
-	path     string // unescaped path below the upstream's base
-	rawPath  string // its escaped form, as the client sent it
-	token    string
-	instance string // the client's request path, for problem documents
+	live   *live // the configuration that admitted it (live.go)
+	permit *tokens.Permit
+	// admission is the storage of permit (Service.AdmitInto): one
+	// allocation less per write.
+	admission tokens.Permit
+	name      string // the upstream's name
+	upstream  *url.URL
+	path      string // unescaped path below the upstream's base
+	rawPath   string // its escaped form, as the client sent it
+	token     string
+	instance  string // the client's request path, for problem documents
 	// wroteRequest is set once the request's head was written to the
 	// upstream's connection (engine.Hooks.WroteHeaders, the one report of
 	// it): from then on, a failure leaves the outcome unknown.
@@ -223,7 +226,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	if wt != nil {
 		write.TraceID = wt.traceID()
 	}
-	permit, err := g.svc.Admit(actx, leaseID, write)
+	permit, err := g.svc.AdmitInto(actx, leaseID, write, &f.admission)
 	if err == nil {
 		// The owner acquired it within its prefixes; this catches a key
 		// whose prefixes were narrowed since. Both refusals are recorded.

@@ -80,16 +80,25 @@ func (p *Permit) Lost() <-chan struct{} {
 // and returned as ErrStaleToken, ErrLeaseExpired, ErrLeaseReleased,
 // ErrUnknownLease or ErrLeaseNotOwned.
 func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, error) {
+	return s.AdmitInto(ctx, leaseID, w, nil)
+}
+
+// AdmitInto is Admit with the Permit in into, the caller's storage (zero,
+// and unused until then; nil: a new Permit), which it returns if it admits
+// the write: a caller that keeps state of its own per write keeps the
+// Permit there, without an allocation of its own. The storage must then
+// live as long as the Permit is used (Done may keep it for a drain).
+func (s *Service) AdmitInto(ctx context.Context, leaseID string, w Write, into *Permit) (*Permit, error) {
 	if lease, state, ok := s.stale.get(leaseID); ok {
 		if err := ownedBy(lease, w.Principal); err != nil {
 			return nil, s.reject(ctx, err, lease, Resource{}, w)
 		}
 		if _, refusal := s.judge(lease, state); refusal != nil {
-			return s.refuse(ctx, refusal, lease, state, w)
+			return s.refuse(ctx, refusal, lease, state, w, into)
 		}
 	}
 	if s.fencer != nil {
-		return s.admitFenced(ctx, leaseID, w)
+		return s.admitFenced(ctx, leaseID, w, into)
 	}
 	lease, err := s.store.Lease(ctx, leaseID)
 	if errors.Is(err, ErrNotFound) {
@@ -107,7 +116,8 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 	if s.onLockWait != nil {
 		waited = s.onLockWait(ctx)
 	}
-	p := &Permit{svc: s}
+	p := permitIn(into)
+	p.svc = s
 	err = s.lockShared(ctx, lease.Resource, p)
 	if waited != nil {
 		waited()
@@ -130,10 +140,18 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 	if refusal != nil {
 		p.release()
 		s.rememberStale(refusal, lease, state)
-		return s.refuse(ctx, refusal, lease, state, w)
+		return s.refuse(ctx, refusal, lease, state, w, p)
 	}
 	p.Lease = admitted
 	return p, nil
+}
+
+// permitIn is the storage of a Permit: into, if not nil, else a new one.
+func permitIn(into *Permit) *Permit {
+	if into == nil {
+		return new(Permit)
+	}
+	return into
 }
 
 // lockShared takes the resource's shared lock for p, without a Fencer.
@@ -152,13 +170,16 @@ func (s *Service) lockShared(ctx context.Context, resource string, p *Permit) er
 // recorded, or, on an observing upstream (Write.Observe), recorded as would
 // refuse and admitted without a lock. Every caller has released the lock
 // it took: an observed write must not delay the grants of a resource it
-// is not fenced on.
-func (s *Service) refuse(ctx context.Context, refusal error, lease Lease, state Resource, w Write) (*Permit, error) {
+// is not fenced on. An admitted write's Permit is into (permitIn), whose
+// former use, if any, is over.
+func (s *Service) refuse(ctx context.Context, refusal error, lease Lease, state Resource, w Write, into *Permit) (*Permit, error) {
 	if !w.Observe {
 		return nil, s.reject(ctx, refusal, lease, state, w)
 	}
 	s.record(ctx, refusal, lease, state, w, true)
-	return &Permit{Lease: lease, WouldRefuse: refusal, svc: s, unlock: func() {}}, nil
+	p := permitIn(into)
+	*p = Permit{Lease: lease, WouldRefuse: refusal, svc: s, unlock: func() {}}
+	return p, nil
 }
 
 // judge applies the fence rule (Judge) to a write under lease, given its
@@ -179,7 +200,7 @@ func (s *Service) judge(lease Lease, state Resource) (Lease, error) {
 // admitFenced is Admit with a Fencer. The Fencer has judged the write
 // (Fencer.Hold), once per state it read, and its verdict is used as it
 // is: judging again here would decide the same thing twice.
-func (s *Service) admitFenced(ctx context.Context, leaseID string, w Write) (*Permit, error) {
+func (s *Service) admitFenced(ctx context.Context, leaseID string, w Write, into *Permit) (*Permit, error) {
 	var waited func()
 	if s.onLockWait != nil {
 		waited = s.onLockWait(ctx)
@@ -205,9 +226,11 @@ func (s *Service) admitFenced(ctx context.Context, leaseID string, w Write) (*Pe
 	}
 	if v.Refusal != nil {
 		s.rememberStale(v.Refusal, v.Lease, v.State)
-		return s.refuse(ctx, v.Refusal, v.Lease, v.State, w)
+		return s.refuse(ctx, v.Refusal, v.Lease, v.State, w, into)
 	}
-	return &Permit{Lease: v.Lease, svc: s, held: v.Held}, nil
+	p := permitIn(into)
+	*p = Permit{Lease: v.Lease, svc: s, held: v.Held}
+	return p, nil
 }
 
 // rememberStale caches a stale_token verdict (see staleCache). Expired and
