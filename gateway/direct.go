@@ -162,7 +162,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	dst := w.Header()
 	for k, vv := range res.Header {
 		if len(dst[k]) == 0 {
-			dst[k] = vv // the response is this request's alone
+			dst[k] = vv // the value slices are this answer's alone (its map is the engine's, lent)
 		} else {
 			dst[k] = append(dst[k], vv...)
 		}
@@ -292,9 +292,30 @@ func removeHopByHop(h http.Header) {
 			}
 		}
 	}
+	if len(h) < len(hopHeaders) {
+		// Fewer fields than hop-by-hop names (an answer's header, most
+		// requests'): one pass over the fields instead of a lookup of
+		// each name.
+		for k := range h {
+			if isHopHeader(k) {
+				delete(h, k)
+			}
+		}
+		return
+	}
 	for _, f := range hopHeaders {
 		delete(h, f)
 	}
+}
+
+// isHopHeader reports whether k is one of hopHeaders.
+func isHopHeader(k string) bool {
+	switch k {
+	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+		"Te", "Trailer", "Transfer-Encoding", "Upgrade":
+		return true
+	}
+	return false
 }
 
 // eventStream reports whether a Content-Type is text/event-stream, as the

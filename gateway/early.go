@@ -36,13 +36,17 @@ type unreadBody struct {
 	decided bool // the answer's head was written (or the watch is off)
 }
 
-// watchBody wraps r's body and w when r has one; otherwise it returns them
-// as they are (no cost to requests without a body).
-func watchBody(w http.ResponseWriter, r *http.Request) (http.ResponseWriter, *http.Request) {
+// watchBody wraps r's body and w, with u (the caller's storage, unused
+// until then), when r has a body; otherwise it returns them as they are.
+// r must be a copy of the request Go's server made, not that request
+// itself: the server looks at its own request's body (its type) once the
+// answer starts, to tell whether the handler read it to its end or closed
+// it early, and must see its own.
+func watchBody(w http.ResponseWriter, r *http.Request, u *unreadBody) (http.ResponseWriter, *http.Request) {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
 		return w, r
 	}
-	u := &unreadBody{ResponseWriter: w, body: r.Body, length: r.ContentLength}
+	*u = unreadBody{ResponseWriter: w, body: r.Body, length: r.ContentLength}
 	r.Body = (*unreadReader)(u)
 	return u, r
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -245,5 +246,22 @@ func TestEarlyRefusalsDoNotHoldConnections(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
+	}
+}
+
+// The gateway wraps the body of a copy of the request Go's server hands
+// it, never that request's own: the server looks at its own request's body
+// once the answer starts (whether it was read to its end, or closed early)
+// and must find its own there.
+func TestGatewayLeavesTheServersRequestBody(t *testing.T) {
+	tg := startFraming(t, "http://127.0.0.1:1", Config{}, false)
+	for _, path := range []string{"/v1/proxy/svc/x", "/v1/leases", "/healthz"} {
+		body := io.NopCloser(strings.NewReader("{}"))
+		r := httptest.NewRequest(http.MethodPost, path, nil)
+		r.Body, r.ContentLength = body, 2
+		tg.g.ServeHTTP(httptest.NewRecorder(), r)
+		if r.Body != body {
+			t.Errorf("POST %s: the server's request's body was replaced by a %T", path, r.Body)
+		}
 	}
 }

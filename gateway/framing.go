@@ -68,8 +68,15 @@ func framingRefusal(status int, field, reason string) []byte {
 // Listener (a test server, an embedder) only that last rule applies.
 func (g *Gateway) framing(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		keepTrailer(r)         // before anything copies r (trailers.go)
-		w, r = watchBody(w, r) // early.go
+		keepTrailer(r) // before anything copies r (trailers.go)
+		// The request's own state, in one allocation: its scope, in the
+		// context of a copy of r (live.go), the watch on that copy's
+		// body (early.go) and, if it is a fenced write, its state
+		// (proxy.go).
+		st := new(requestState)
+		r = g.scopeInto(r, &st.scope)
+		st.scope.write = &st.write
+		w, r = watchBody(w, r, &st.body)
 		v, scanned := framing.Check(r)
 		if !scanned {
 			if len(r.TransferEncoding) > 0 {
@@ -96,6 +103,13 @@ func (g *Gateway) framing(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// requestState is what the framing middleware keeps of each request.
+type requestState struct {
+	scope scope
+	body  unreadBody
+	write forward
 }
 
 // refusalLinger is how long a refused request's connection may still be

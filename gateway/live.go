@@ -113,13 +113,18 @@ func (g *Gateway) ReloadRefused() { g.metrics.reloads[false].Inc() }
 // Generation counts the reloads applied (0: the configuration New was given).
 func (g *Gateway) Generation() uint64 { return g.live.Load().gen }
 
-// scope is a request's own state, put in its context once by dispatch:
+// scope is a request's own state, put in its context once by the framing
+// middleware (or by dispatch, for a request that did not go through it):
 // the live configuration it is judged under, and its caller once
-// authenticate knows it. It is the context itself (one allocation).
+// authenticate knows it. It is the context itself (no allocation of its
+// own: part of the framing middleware's requestState).
 type scope struct {
 	context.Context
 	live      *live
 	principal *Principal
+	// write is the storage of the state of the request's fenced write
+	// (newForward), nil where the scope was made without it (withScope).
+	write *forward
 }
 
 type scopeKey struct{}
@@ -138,8 +143,15 @@ func (g *Gateway) withScope(r *http.Request) (*http.Request, *scope) {
 	if s, ok := r.Context().Value(scopeKey{}).(*scope); ok {
 		return r, s
 	}
-	s := &scope{Context: r.Context(), live: g.live.Load()}
-	return r.WithContext(s), s
+	s := new(scope)
+	return g.scopeInto(r, s), s
+}
+
+// scopeInto gives r the scope s (the caller's storage, unused until then)
+// under the current live configuration: a copy of r.
+func (g *Gateway) scopeInto(r *http.Request, s *scope) *http.Request {
+	*s = scope{Context: r.Context(), live: g.live.Load()}
+	return r.WithContext(s)
 }
 
 // liveOf is the live configuration r is judged under: its scope's, or (a

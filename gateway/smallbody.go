@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"sync"
 )
 
 // smallBody is the largest request body a fenced write reads in whole
@@ -29,6 +30,12 @@ func bufferable(r *http.Request) bool {
 	return r.ContentLength > 0 && r.ContentLength <= smallBody && len(r.Header["Expect"]) == 0 && len(r.TransferEncoding) == 0
 }
 
+// smallBodies lends readSmallBody its buffers, of smallBody bytes and one
+// more to see the body's end. serveProxy gives one back once the direct
+// forward is over: the engine writes a body in memory from the handler's
+// goroutine and keeps nothing of it after its exchange.
+var smallBodies = sync.Pool{New: func() any { b := make([]byte, smallBody+1); return &b }}
+
 // errShortBody: the client's body ended (or its connection broke) before
 // its Content-Length.
 var errShortBody = errors.New("the request body ended before its Content-Length")
@@ -39,17 +46,29 @@ var errShortBody = errors.New("the request body ended before its Content-Length"
 // by net/http from the one Content-Length the framing check verified, so
 // the bytes read here are the bytes that check framed; nothing parses the
 // request a second way.
-func readSmallBody(body io.Reader, n int64) ([]byte, error) {
-	buf := make([]byte, n)
+//
+// At its end the body is closed: nothing reads it again, and net/http,
+// which otherwise reads an unclosed body once more before it writes the
+// answer's head (to find its end, with a LimitReader of its own), sees it
+// closed after its end and reads nothing.
+//
+// The body is read into buf if it holds it and one byte more (to see its
+// end in the same buffer), else into a new one.
+func readSmallBody(body io.ReadCloser, n int64, buf []byte) ([]byte, error) {
+	if int64(cap(buf)) > n {
+		buf = buf[:n]
+	} else {
+		buf = make([]byte, n, n+1)
+	}
 	if _, err := io.ReadFull(body, buf); err != nil {
 		if err == io.ErrUnexpectedEOF || err == io.EOF {
 			err = errShortBody
 		}
 		return nil, err
 	}
-	var one [1]byte
-	switch m, err := body.Read(one[:]); {
+	switch m, err := body.Read(buf[n : n+1]); {
 	case m == 0 && err == io.EOF:
+		_ = body.Close() // at its end: nothing is lost
 		return buf, nil
 	case err == nil || err == io.EOF:
 		// net/http's body reader never yields more than Content-Length.

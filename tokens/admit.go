@@ -42,7 +42,8 @@ type Permit struct {
 	// holds no lock and its unknown outcome starts no drain.
 	WouldRefuse error
 	svc         *Service
-	unlock      func() // without a Fencer
+	unlock      func() // without a Fencer, from a Locker
+	local       hold   // without a Fencer, from a LocalLocker (lockShared)
 	held        Held   // with a Fencer
 }
 
@@ -79,16 +80,25 @@ func (p *Permit) Lost() <-chan struct{} {
 // and returned as ErrStaleToken, ErrLeaseExpired, ErrLeaseReleased,
 // ErrUnknownLease or ErrLeaseNotOwned.
 func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, error) {
+	return s.AdmitInto(ctx, leaseID, w, nil)
+}
+
+// AdmitInto is Admit with the Permit in into, the caller's storage (zero,
+// and unused until then; nil: a new Permit), which it returns if it admits
+// the write: a caller that keeps state of its own per write keeps the
+// Permit there, without an allocation of its own. The storage must then
+// live as long as the Permit is used (Done may keep it for a drain).
+func (s *Service) AdmitInto(ctx context.Context, leaseID string, w Write, into *Permit) (*Permit, error) {
 	if lease, state, ok := s.stale.get(leaseID); ok {
 		if err := ownedBy(lease, w.Principal); err != nil {
 			return nil, s.reject(ctx, err, lease, Resource{}, w)
 		}
 		if _, refusal := s.judge(lease, state); refusal != nil {
-			return s.refuse(ctx, refusal, lease, state, w)
+			return s.refuse(ctx, refusal, lease, state, w, into)
 		}
 	}
 	if s.fencer != nil {
-		return s.admitFenced(ctx, leaseID, w)
+		return s.admitFenced(ctx, leaseID, w, into)
 	}
 	lease, err := s.store.Lease(ctx, leaseID)
 	if errors.Is(err, ErrNotFound) {
@@ -106,7 +116,9 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 	if s.onLockWait != nil {
 		waited = s.onLockWait(ctx)
 	}
-	unlock, err := s.locker.Shared(ctx, lease.Resource)
+	p := permitIn(into)
+	p.svc = s
+	err = s.lockShared(ctx, lease.Resource, p)
 	if waited != nil {
 		waited()
 	}
@@ -118,7 +130,7 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 	}
 	state, err := s.store.Resource(ctx, lease.Resource)
 	if err != nil {
-		unlock()
+		p.release()
 		if errors.Is(err, ErrNotFound) { // a lease without a resource: the store lost it
 			err = Unavailable("resource state", err)
 		}
@@ -126,24 +138,48 @@ func (s *Service) Admit(ctx context.Context, leaseID string, w Write) (*Permit, 
 	}
 	admitted, refusal := s.judge(lease, state)
 	if refusal != nil {
-		unlock()
+		p.release()
 		s.rememberStale(refusal, lease, state)
-		return s.refuse(ctx, refusal, lease, state, w)
+		return s.refuse(ctx, refusal, lease, state, w, p)
 	}
-	return &Permit{Lease: admitted, svc: s, unlock: unlock}, nil
+	p.Lease = admitted
+	return p, nil
+}
+
+// permitIn is the storage of a Permit: into, if not nil, else a new one.
+func permitIn(into *Permit) *Permit {
+	if into == nil {
+		return new(Permit)
+	}
+	return into
+}
+
+// lockShared takes the resource's shared lock for p, without a Fencer.
+// The embedded mode's LocalLocker keeps it in p itself: one allocation for
+// the permit and its lock.
+func (s *Service) lockShared(ctx context.Context, resource string, p *Permit) error {
+	if l, ok := s.locker.(*LocalLocker); ok {
+		return l.shared(ctx, resource, &p.local)
+	}
+	unlock, err := s.locker.Shared(ctx, resource)
+	p.unlock = unlock
+	return err
 }
 
 // refuse ends an admission the fence rule (Judge) turned down: refused and
 // recorded, or, on an observing upstream (Write.Observe), recorded as would
 // refuse and admitted without a lock. Every caller has released the lock
 // it took: an observed write must not delay the grants of a resource it
-// is not fenced on.
-func (s *Service) refuse(ctx context.Context, refusal error, lease Lease, state Resource, w Write) (*Permit, error) {
+// is not fenced on. An admitted write's Permit is into (permitIn), whose
+// former use, if any, is over.
+func (s *Service) refuse(ctx context.Context, refusal error, lease Lease, state Resource, w Write, into *Permit) (*Permit, error) {
 	if !w.Observe {
 		return nil, s.reject(ctx, refusal, lease, state, w)
 	}
 	s.record(ctx, refusal, lease, state, w, true)
-	return &Permit{Lease: lease, WouldRefuse: refusal, svc: s, unlock: func() {}}, nil
+	p := permitIn(into)
+	*p = Permit{Lease: lease, WouldRefuse: refusal, svc: s, unlock: func() {}}
+	return p, nil
 }
 
 // judge applies the fence rule (Judge) to a write under lease, given its
@@ -164,7 +200,7 @@ func (s *Service) judge(lease Lease, state Resource) (Lease, error) {
 // admitFenced is Admit with a Fencer. The Fencer has judged the write
 // (Fencer.Hold), once per state it read, and its verdict is used as it
 // is: judging again here would decide the same thing twice.
-func (s *Service) admitFenced(ctx context.Context, leaseID string, w Write) (*Permit, error) {
+func (s *Service) admitFenced(ctx context.Context, leaseID string, w Write, into *Permit) (*Permit, error) {
 	var waited func()
 	if s.onLockWait != nil {
 		waited = s.onLockWait(ctx)
@@ -190,9 +226,11 @@ func (s *Service) admitFenced(ctx context.Context, leaseID string, w Write) (*Pe
 	}
 	if v.Refusal != nil {
 		s.rememberStale(v.Refusal, v.Lease, v.State)
-		return s.refuse(ctx, v.Refusal, v.Lease, v.State, w)
+		return s.refuse(ctx, v.Refusal, v.Lease, v.State, w, into)
 	}
-	return &Permit{Lease: v.Lease, svc: s, held: v.Held}, nil
+	p := permitIn(into)
+	*p = Permit{Lease: v.Lease, svc: s, held: v.Held}
+	return p, nil
 }
 
 // rememberStale caches a stale_token verdict (see staleCache). Expired and
@@ -220,15 +258,26 @@ const (
 // until the store has recorded it or it has passed (drain.go), so that no
 // grant can slip in between, whatever the store does meanwhile.
 func (p *Permit) Done(outcome Outcome) {
-	release := p.unlock
-	if p.held != nil {
-		release = p.held.Release
-	}
 	if outcome == OutcomeUnknown && p.WouldRefuse == nil {
-		p.svc.drain(p.Lease.Resource, release)
+		p.svc.drain(p.Lease.Resource, p.release)
 		return
 	}
-	release()
+	p.release()
+}
+
+// release gives up the permit's fence: its Fencer's hold, or its lock.
+// (A method, not a func field set at admission: a func value of the lock
+// would cost the common write an allocation.) Safe to call more than once
+// for a lock; a Fencer's hold is released once (Done).
+func (p *Permit) release() {
+	switch {
+	case p.held != nil:
+		p.held.Release()
+	case p.local.l != nil:
+		p.local.unlock()
+	case p.unlock != nil:
+		p.unlock()
+	}
 }
 
 func (s *Service) reject(ctx context.Context, refusal error, lease Lease, state Resource, w Write) error {

@@ -12,7 +12,8 @@ import (
 // shared/exclusive lock per resource whose waits honour the context. Entries
 // exist only while someone holds or waits for them, so memory follows the
 // number of busy resources, not of resources ever seen. An uncontended
-// shared lock costs one map lookup and one small allocation.
+// shared lock costs one map lookup and one small allocation (none for
+// Service.Admit, which keeps it in its Permit).
 type LocalLocker struct {
 	mu      sync.Mutex
 	entries map[string]*lockEntry
@@ -124,19 +125,30 @@ func (h *hold) unlock() {
 // Shared takes the resource's shared lock. It waits behind a waiting
 // exclusive holder (writer preference).
 func (l *LocalLocker) Shared(ctx context.Context, resource string) (func(), error) {
+	h := new(hold)
+	if err := l.shared(ctx, resource, h); err != nil {
+		return nil, err
+	}
+	return h.unlock, nil
+}
+
+// shared is Shared into h, storage of the caller's that is unused until
+// then: Admit keeps the hold in its Permit and calls h.unlock itself, so
+// an admitted write's lock costs no allocation of its own.
+func (l *LocalLocker) shared(ctx context.Context, resource string, h *hold) error {
 	l.mu.Lock()
 	e := l.entry(resource)
 	for e.writer || e.writersWaiting > 0 {
 		if err := l.wait(ctx, e); err != nil {
 			l.put(e)
 			l.mu.Unlock()
-			return nil, err
+			return err
 		}
 	}
 	e.readers++
 	l.mu.Unlock()
-	h := &hold{l: l, e: e}
-	return h.unlock, nil
+	h.l, h.e = l, e
+	return nil
 }
 
 // Exclusive takes the resource's exclusive lock, waiting for every shared

@@ -183,8 +183,9 @@ type Hooks interface {
 // Exchange writes req, which carries w (its body is w.Body() if that is
 // not nil, req.Body if it streams), on a connection to its upstream
 // (req.URL: http or https), and reads the answer's head; the body is read
-// through the returned response, which must be closed once and not read
-// after (its body is the connection's, lent). ctx ending aborts
+// through the returned response, which must be closed once, and neither
+// the response's body nor its Header map used after (both may be the
+// connection's, lent; the Header's value slices are the answer's own). ctx ending aborts
 // it (at any point until the body is closed), and so does deadline, if
 // set (a deadline on the connection: no timer of its own); the error then
 // says which (context.Cause(ctx), or context.DeadlineExceeded). hooks hear
@@ -199,10 +200,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 		}
 		return nil, err
 	}
-	if !deadline.IsZero() {
-		c.deadline = true
-		_ = c.nc.SetDeadline(deadline)
-	}
+	c.setDeadline(deadline)
 	// A context that ends unblocks the connection's I/O at once. (No
 	// cheaper registration that keeps the abort immediate was found: a
 	// watcher goroutine per connection would cost the goroutine switches
@@ -274,7 +272,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 		// answer; the engine looks for it before it gives up.
 		if resp == nil {
 			c.limit = e.maxHead() + int64(c.br.Size())
-			if resp, _ = readAnswer(c.br, req); resp == nil || resp.StatusCode < 200 {
+			if resp, _ = readAnswer(c.br, req, c.header()); resp == nil || resp.StatusCode < 200 {
 				return fail(err)
 			}
 		}
@@ -284,7 +282,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	c.limit = e.maxHead() + int64(c.br.Size())
 	for {
 		if resp == nil {
-			if resp, err = readAnswer(c.br, req); err != nil {
+			if resp, err = readAnswer(c.br, req, c.header()); err != nil {
 				return fail(err)
 			}
 		}
@@ -344,7 +342,17 @@ func (e *Transport) get(ctx context.Context, key upstreamKey, deadline time.Time
 		list[len(list)-1] = nil
 		e.idle[key] = list[:len(list)-1]
 		e.mu.Unlock()
-		if (e.idleTimeout <= 0 || now.Sub(c.idleAt) < e.idleTimeout) && c.alive() {
+		if e.idleTimeout > 0 && now.Sub(c.idleAt) >= e.idleTimeout {
+			_ = c.nc.Close()
+			e.mu.Lock()
+			continue
+		}
+		if c.deadline && c.deadlineAt.Sub(now) < time.Second {
+			// The last exchange's deadline, left set, passed while c
+			// was idle (or is about to): the peek would fail on it.
+			c.setDeadline(time.Time{})
+		}
+		if c.alive() {
 			return c, nil
 		}
 		_ = c.nc.Close()
@@ -380,6 +388,16 @@ func (e *Transport) get(ctx context.Context, key upstreamKey, deadline time.Time
 	c.br = bufio.NewReaderSize(c, 4<<10)
 	c.bw = bufio.NewWriterSize(c, 4<<10)
 	return c, nil
+}
+
+// header is the map the answers' heads read by readHead are read into
+// (read.go), lent with the answer as its body is: one per connection, made
+// at its first answer.
+func (c *engineConn) header() http.Header {
+	if c.hdr == nil {
+		c.hdr = make(http.Header, 8)
+	}
+	return c.hdr
 }
 
 // dialAddr is the address to dial for key: its host, with the scheme's
@@ -479,15 +497,16 @@ type engineConn struct {
 	bw     *bufio.Writer
 	limit  int64
 	idleAt time.Time
-	// deadline: the exchange set a deadline on nc, to be lifted before
-	// the connection is reused.
-	deadline bool
+	// deadline: a deadline is set on nc, deadlineAt (setDeadline).
+	deadline   bool
+	deadlineAt time.Time
 	// trace is a context whose ClientTrace sets wroteHead, for exchanges
 	// with hooks (one per connection, not one per request).
 	trace     context.Context
 	wroteHead bool
-	abort     func() // fails blocked I/O on nc at once (made once)
-	host      []byte // the Host line of its requests (write.go)
+	abort     func()      // fails blocked I/O on nc at once (made once)
+	host      []byte      // the Host line of its requests (write.go)
+	hdr       http.Header // the header of the answer being read (header)
 	// fw is the write whose request is being written, whose fence each
 	// write system call checks first (sendcheck.go); nil between requests.
 	fw Write
@@ -503,6 +522,18 @@ type engineConn struct {
 	peek    func(fd uintptr) bool
 	peekBuf [1]byte
 	peekOK  bool
+}
+
+// setDeadline sets an exchange's deadline (zero: none) on c's connection
+// in place of the last exchange's, which is left set while c is idle (a
+// deadline that passes there fails nothing, and lifting it would cost every
+// exchange a second SetDeadline).
+func (c *engineConn) setDeadline(t time.Time) {
+	if t.IsZero() && !c.deadline {
+		return
+	}
+	c.deadline, c.deadlineAt = !t.IsZero(), t
+	_ = c.nc.SetDeadline(t)
 }
 
 var errHeadTooLarge = errors.New("the upstream's response head is too large")
@@ -616,11 +647,7 @@ func (b *engineBody) Close() error {
 	// nothing left to drain; before its end it is not closed (that would
 	// read the rest) but dropped with the connection.
 	if b.stop() && b.eof && b.reuse && b.c.br.Buffered() == 0 {
-		if b.c.deadline {
-			b.c.deadline = false
-			_ = b.c.nc.SetDeadline(time.Time{})
-		}
-		b.e.put(b.c)
+		b.e.put(b.c) // its deadline stays until the next exchange's (setDeadline)
 		return nil
 	}
 	return b.c.nc.Close()

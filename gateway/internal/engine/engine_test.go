@@ -537,3 +537,46 @@ func TestLostFenceResetsAWaitForContinue(t *testing.T) {
 		})
 	}
 }
+
+// An exchange's deadline stays on its connection while the connection is
+// idle (lifting it would cost each exchange a second SetDeadline): one
+// that passed there neither fails the liveness check of the connection's
+// reuse nor the next exchange, and an exchange without a deadline lifts it.
+func TestIdleConnectionOutlivesItsDeadline(t *testing.T) {
+	up := newUpstream(t)
+	e, dials := newTestTransport(t)
+	exchange := func(deadline time.Time) {
+		t.Helper()
+		req, err := http.NewRequest("POST", up.URL+"/x", strings.NewReader("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := &testWrite{body: []byte("x")}
+		if got := readAll(t)(e.Exchange(context.Background(), req, w, deadline, &hooksSeen{})); got != "ok /x" {
+			t.Fatalf("answer %q", got)
+		}
+	}
+	idle := func() *engineConn {
+		t.Helper()
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		for _, list := range e.idle {
+			if len(list) == 1 {
+				return list[0]
+			}
+		}
+		t.Fatal("no idle connection")
+		return nil
+	}
+	exchange(time.Now().Add(time.Hour))
+	// As if the hour had passed while the connection was idle.
+	idle().setDeadline(time.Now().Add(-time.Second))
+	exchange(time.Now().Add(time.Hour))
+	exchange(time.Time{})
+	if c := idle(); c.deadline {
+		t.Errorf("an exchange without a deadline left the last one's (%v) on its connection", c.deadlineAt)
+	}
+	if n := dials.Load(); n != 1 {
+		t.Errorf("3 exchanges dialled %d connections, want 1 kept alive", n)
+	}
+}

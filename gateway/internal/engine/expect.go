@@ -93,7 +93,7 @@ func (b *continueBody) wait() error {
 			}
 			return err
 		}
-		resp, err := readAnswer(c.br, b.req)
+		resp, err := readAnswer(c.br, b.req, c.header())
 		c.limit = -1
 		if err != nil {
 			return err

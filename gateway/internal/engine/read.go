@@ -19,7 +19,9 @@ package engine
 // the head is copied once, into one string per answer, of which the
 // status, the keys (when already canonical) and the values are
 // substrings; the value slices share one array per answer, each capped at
-// its length so that an append to one never writes into the next.
+// its length so that an append to one never writes into the next. The
+// header map itself is the connection's, lent as its body is (Exchange):
+// forwardDirect copies its slices out before it closes the body.
 
 import (
 	"bufio"
@@ -30,11 +32,11 @@ import (
 )
 
 // readAnswer reads the head of the upstream's answer to req from br: the
-// common case by readHead, every other by http.ReadResponse. A Response
-// with a nil Body is one whose body the engine frames itself (engineBody):
-// the next ContentLength bytes of br.
-func readAnswer(br *bufio.Reader, req *http.Request) (*http.Response, error) {
-	if resp := readHead(br, req); resp != nil {
+// common case by readHead (into hdr, if not nil), every other by
+// http.ReadResponse. A Response with a nil Body is one whose body the
+// engine frames itself (engineBody): the next ContentLength bytes of br.
+func readAnswer(br *bufio.Reader, req *http.Request, hdr http.Header) (*http.Response, error) {
+	if resp := readHead(br, req, hdr); resp != nil {
 		return resp, nil
 	}
 	return http.ReadResponse(br, req)
@@ -44,8 +46,10 @@ func readAnswer(br *bufio.Reader, req *http.Request) (*http.Response, error) {
 // returns nil and leaves br as it found it but for bytes read into its
 // buffer. It reads more only while every complete line so far is one it
 // accepts (where ReadResponse too would read on), so it never waits for
-// bytes ReadResponse would not have waited for.
-func readHead(br *bufio.Reader, req *http.Request) *http.Response {
+// bytes ReadResponse would not have waited for. The answer's header is hdr,
+// emptied first, if it is not nil (a map lent by the caller), else a new
+// map.
+func readHead(br *bufio.Reader, req *http.Request, hdr http.Header) *http.Response {
 	var h headScan
 	for {
 		buf, _ := br.Peek(br.Buffered())
@@ -92,7 +96,11 @@ func readHead(br *bufio.Reader, req *http.Request) *http.Response {
 		ProtoMinor: 1,
 		Request:    req,
 	}
-	hdr := make(http.Header, h.fields)
+	if hdr == nil {
+		hdr = make(http.Header, h.fields)
+	} else {
+		clear(hdr)
+	}
 	for line := head[h.statusEnd+2:]; len(line) > 2; {
 		eol := indexCRLF(line)
 		colon := indexColon(line[:eol])
