@@ -202,15 +202,15 @@ func packLeaseID(id string) (p [packedLeaseIDLen]byte, ok bool) {
 	s := id[len(leaseIDPrefix):]
 	var bad byte // any value over 31: a character outside base32hex
 	for g := range leaseIDChars / 8 {
+		c := s[g*8:][:8]
 		var acc uint64
-		for _, c := range []byte(s[g*8 : g*8+8]) {
-			v := base32hexValues[c]
+		for i := range 8 {
+			v := base32hexValues[c[i]]
 			bad |= v
 			acc = acc<<5 | uint64(v)
 		}
-		for j := range 5 {
-			p[g*5+j] = byte(acc >> (32 - 8*j))
-		}
+		q := p[g*5:][:5]
+		q[0], q[1], q[2], q[3], q[4] = byte(acc>>32), byte(acc>>24), byte(acc>>16), byte(acc>>8), byte(acc)
 	}
 	v0, v1 := base32hexValues[s[40]], base32hexValues[s[41]] // leaseIDChars is 42 (below)
 	bad |= v0 | v1
