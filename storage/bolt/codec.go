@@ -189,35 +189,55 @@ const (
 	base32hexDigits  = "0123456789abcdefghijklmnopqrstuv"
 )
 
+// packLeaseID packs a time-ordered id, eight characters (40 bits, five
+// bytes) at a time, the last two into the last two bytes. A grant packs
+// its id three times in the committer's transaction (the unused check, the
+// record's key, the resource state's reference), where every instruction
+// is spent while the batch behind it waits: a character at a time, with a
+// branch for each, it was ~5 % of a grant's instructions there.
 func packLeaseID(id string) (p [packedLeaseIDLen]byte, ok bool) {
 	if len(id) != len(leaseIDPrefix)+leaseIDChars || id[:len(leaseIDPrefix)] != leaseIDPrefix {
 		return p, false
 	}
-	var acc uint32
-	bits, j := 0, 0
-	for i := len(leaseIDPrefix); i < len(id); i++ {
-		c := id[i]
-		var v byte
-		switch {
-		case c >= '0' && c <= '9':
-			v = c - '0'
-		case c >= 'a' && c <= 'v':
-			v = c - 'a' + 10
-		default:
-			return p, false
+	s := id[len(leaseIDPrefix):]
+	var bad byte // any value over 31: a character outside base32hex
+	for g := range leaseIDChars / 8 {
+		c := s[g*8:][:8]
+		var acc uint64
+		for i := range 8 {
+			v := base32hexValues[c[i]]
+			bad |= v
+			acc = acc<<5 | uint64(v)
 		}
-		acc = acc<<5 | uint32(v)
-		if bits += 5; bits >= 8 {
-			bits -= 8
-			p[j] = byte(acc >> bits)
-			j++
-		}
+		q := p[g*5:][:5]
+		q[0], q[1], q[2], q[3], q[4] = byte(acc>>32), byte(acc>>24), byte(acc>>16), byte(acc>>8), byte(acc)
 	}
-	p[j] = byte(acc << (8 - bits)) // the last 2 bits, then 6 zero bits
+	v0, v1 := base32hexValues[s[40]], base32hexValues[s[41]] // leaseIDChars is 42 (below)
+	bad |= v0 | v1
+	p[25] = v0<<3 | v1>>2
+	p[26] = v1 << 6 // its last 2 bits, then 6 zero bits
 	// A first byte of 0xff (ids of the year 35,000 on) is left to the
 	// other ids' form: it tags them in leaseKey.
-	return p, p[0] != otherLeaseKey
+	return p, bad < 32 && p[0] != otherLeaseKey
 }
+
+// The groups above and the last two characters are 42 characters.
+var (
+	_ [leaseIDChars - 42]struct{}
+	_ [42 - leaseIDChars]struct{}
+)
+
+// base32hexValues maps a base32hex digit to its value, anything else to
+// 0xff.
+var base32hexValues = func() (t [256]byte) {
+	for i := range t {
+		t[i] = 0xff
+	}
+	for i := range len(base32hexDigits) {
+		t[base32hexDigits[i]] = byte(i)
+	}
+	return t
+}()
 
 func unpackLeaseID(p []byte) string {
 	id := make([]byte, len(leaseIDPrefix), len(leaseIDPrefix)+leaseIDChars)

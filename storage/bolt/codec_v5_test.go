@@ -3,6 +3,7 @@ package bolt
 import (
 	"bytes"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,5 +98,63 @@ func TestCodecV5RoundTrip(t *testing.T) {
 	}
 	if _, err := decodeEvent("r", []byte{codecVersion, 2, byte(len(eventKinds)), 0}); err == nil {
 		t.Fatal("an event of an unknown kind number decoded")
+	}
+}
+
+// packLeaseIDByChar is packLeaseID as it was, a character at a time: the
+// reference the grouped version must agree with, byte for byte.
+func packLeaseIDByChar(id string) (p [packedLeaseIDLen]byte, ok bool) {
+	if len(id) != len(leaseIDPrefix)+leaseIDChars || id[:len(leaseIDPrefix)] != leaseIDPrefix {
+		return p, false
+	}
+	var acc uint32
+	bits, j := 0, 0
+	for i := len(leaseIDPrefix); i < len(id); i++ {
+		c := id[i]
+		var v byte
+		switch {
+		case c >= '0' && c <= '9':
+			v = c - '0'
+		case c >= 'a' && c <= 'v':
+			v = c - 'a' + 10
+		default:
+			return p, false
+		}
+		acc = acc<<5 | uint32(v)
+		if bits += 5; bits >= 8 {
+			bits -= 8
+			p[j] = byte(acc >> bits)
+			j++
+		}
+	}
+	p[j] = byte(acc << (8 - bits))
+	return p, p[0] != otherLeaseKey
+}
+
+// TestPackLeaseIDAgreesByChar: fresh ids, ids with each character
+// replaced by every byte value (base32hex digits or not), the highest
+// digits and ids starting at 0xff's digits, packed both ways.
+func TestPackLeaseIDAgreesByChar(t *testing.T) {
+	check := func(id string) {
+		t.Helper()
+		got, gotOK := packLeaseID(id)
+		want, wantOK := packLeaseIDByChar(id)
+		if gotOK != wantOK || (wantOK && got != want) {
+			t.Fatalf("packLeaseID(%q) = %x, %v; character by character %x, %v", id, got, gotOK, want, wantOK)
+		}
+	}
+	base := tokens.NewLeaseID()
+	check(base)
+	check(leaseIDPrefix + strings.Repeat("v", leaseIDChars))
+	check(leaseIDPrefix + strings.Repeat("0", leaseIDChars))
+	check(leaseIDPrefix + "vs" + strings.Repeat("0", leaseIDChars-2)) // packs to a first byte of 0xff
+	check(leaseIDPrefix + "vr" + strings.Repeat("v", leaseIDChars-2))
+	for i := len(leaseIDPrefix); i < len(base); i++ {
+		for c := range 256 {
+			check(base[:i] + string([]byte{byte(c)}) + base[i+1:])
+		}
+	}
+	for range 1000 {
+		check(tokens.NewLeaseID())
 	}
 }

@@ -355,3 +355,10 @@ func TestGroupCommitEagerCallSkipsTheGap(t *testing.T) {
 	}
 	assertIdle(t, g)
 }
+
+// pendingAtLeast tells whether n calls or more wait for a commit.
+func (g *groupCommit) pendingAtLeast(n int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.pending) >= n
+}

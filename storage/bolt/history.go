@@ -88,7 +88,8 @@ func (s *Store) addEvent(tx *bbolt.Tx, ev tokens.Event) error {
 		seq = last + 1
 	}
 	key := resourceKey(ev.Resource, seq)
-	s.fills.noteKey(b, &s.fills.events, key, fillAppendedEvents)
+	// New: seq is past the resource's last event.
+	s.fills.noteNewKey(b, &s.fills.events, key, fillAppendedEvents)
 	if err := b.Put(key, encodeEvent(&ev)); err != nil {
 		return err
 	}

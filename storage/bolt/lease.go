@@ -25,7 +25,7 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 	// A grant whose caller is gone before it runs is not made: nobody
 	// would hear of its lease, which would hold the resource for its TTL.
 	return s.mutate(ctx, "grant", true, unlock, func(tx *bbolt.Tx, now time.Time, m *mutation) error {
-		cur, err := getResource(tx, req.Resource)
+		cur, known, err := findResource(tx, req.Resource)
 		if err != nil {
 			return err
 		}
@@ -42,7 +42,8 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 				Detail: "draining: a write whose outcome is unknown may still land", RetryAfter: cur.drainUntil.Sub(now)}
 			return nil
 		}
-		if tx.Bucket(bucketLeases).Get(leaseKey(req.LeaseID)) != nil {
+		key := leaseKey(req.LeaseID) // packed once: for this check and the record
+		if tx.Bucket(bucketLeases).Get(key) != nil {
 			m.refusal = tokens.Invalid("lease_id", "already used")
 			return nil
 		}
@@ -59,10 +60,14 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 			TTL: req.TTL, GrantedAt: now, ExpiresAt: now.Add(req.TTL)}
 		m.st = resState{token: m.lease.Token, current: m.lease.ID, drainUntil: cur.drainUntil}
 		m.cached = true
-		if err := putLease(tx, &m.lease); err != nil {
+		if err := putLeaseAt(tx, key, &m.lease); err != nil {
 			return err
 		}
-		if err := s.putResource(tx, req.Resource, &m.st); err != nil {
+		put := s.putResource
+		if !known {
+			put = s.putNewResource
+		}
+		if err := put(tx, req.Resource, &m.st); err != nil {
 			return err
 		}
 		if err := unindexLive(tx, holder); err != nil {

@@ -20,15 +20,20 @@ import (
 var bucketResourcesByName = []byte("resources")
 
 func getResource(tx *bbolt.Tx, name string) (resState, error) {
+	st, _, err := findResource(tx, name)
+	return st, err
+}
+
+// findResource is getResource, and whether the file has a state for name.
+func findResource(tx *bbolt.Tx, name string) (st resState, found bool, err error) {
 	v := tx.Bucket(bucketResources).Get(resourcePrefix(name))
 	if v == nil {
-		return resState{}, nil
+		return resState{}, false, nil
 	}
-	st, err := decodeResource(v)
-	if err != nil {
-		return resState{}, fmt.Errorf("resource %q: %w", name, err)
+	if st, err = decodeResource(v); err != nil {
+		return resState{}, true, fmt.Errorf("resource %q: %w", name, err)
 	}
-	return st, nil
+	return st, true, nil
 }
 
 func getLease(tx *bbolt.Tx, id string) (*tokens.Lease, error) {
@@ -47,9 +52,14 @@ func getLease(tx *bbolt.Tx, id string) (*tokens.Lease, error) {
 }
 
 func putLease(tx *bbolt.Tx, l *tokens.Lease) error {
+	return putLeaseAt(tx, leaseKey(l.ID), l)
+}
+
+// putLeaseAt is putLease with l's key, leaseKey(l.ID), already made.
+func putLeaseAt(tx *bbolt.Tx, key []byte, l *tokens.Lease) error {
 	b := tx.Bucket(bucketLeases)
 	b.FillPercent = leasesFill
-	return b.Put(leaseKey(l.ID), encodeLease(l))
+	return b.Put(key, encodeLease(l))
 }
 
 // Leases are keyed by leaseKey(id): a time-ordered id (tokens.NewLeaseID)
@@ -92,6 +102,16 @@ func (s *Store) putResource(tx *bbolt.Tx, name string, st *resState) error {
 	b := tx.Bucket(bucketResources)
 	k := resourcePrefix(name)
 	s.fills.noteKey(b, &s.fills.res, k, fillAppendedStates)
+	return b.Put(k, encodeResource(st))
+}
+
+// putNewResource is putResource for a name the file has no state for
+// (findResource said so in this transaction): its key needs no lookup to
+// be known new.
+func (s *Store) putNewResource(tx *bbolt.Tx, name string, st *resState) error {
+	b := tx.Bucket(bucketResources)
+	k := resourcePrefix(name)
+	s.fills.noteNewKey(b, &s.fills.res, k, fillAppendedStates)
 	return b.Put(k, encodeResource(st))
 }
 
@@ -142,13 +162,22 @@ func (f *fillTracker) noteKey(b *bbolt.Bucket, slot *fillSlot, k []byte, appende
 	if b.FillPercent == fillInserted {
 		return // decided for this transaction
 	}
-	c := b.Cursor()
-	if got, _ := c.Seek(k); got != nil && bytes.Equal(got, k) {
+	if got, _ := b.Cursor().Seek(k); got != nil && bytes.Equal(got, k) {
 		return // replaces a value: no new key
+	}
+	f.noteNewKey(b, slot, k, appended)
+}
+
+// noteNewKey is noteKey for a k known not to be in b: the seek that would
+// tell is one of the few lookups a grant makes in the committer's
+// transaction.
+func (f *fillTracker) noteNewKey(b *bbolt.Bucket, slot *fillSlot, k []byte, appended float64) {
+	if b.FillPercent == fillInserted {
+		return // decided for this transaction
 	}
 	if slot.b != b || slot.txid != b.Tx().ID() { // the transaction's first new key in b
 		slot.b, slot.txid = b, b.Tx().ID()
-		last, _ := c.Last()
+		last, _ := b.Cursor().Last()
 		slot.last = bytes.Clone(last)
 	}
 	if slot.last == nil || bytes.Compare(k, slot.last) > 0 {
