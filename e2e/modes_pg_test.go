@@ -56,6 +56,28 @@ func pgMode(t *testing.T, cfg storagemode.Config, replica int) storagemode.Confi
 	return cfg
 }
 
+// sharedStoreMode is one of the modes in which replicas share a store.
+type sharedStoreMode struct {
+	name string
+	// config is the mode on a schema of the test's own; in the Redis
+	// mode its keys go under a prefix made of keyPrefix and the schema.
+	config func(t *testing.T, schema string) storagemode.Config
+}
+
+// sharedStoreModes are the PostgreSQL and the PostgreSQL + Redis modes;
+// keyPrefix names the test's Redis keys.
+func sharedStoreModes(keyPrefix string) []sharedStoreMode {
+	return []sharedStoreMode{
+		{"postgres", func(t *testing.T, schema string) storagemode.Config {
+			return storagemode.Config{Schema: schema}
+		}},
+		{"postgres-redis", func(t *testing.T, schema string) storagemode.Config {
+			requireRedis(t)
+			return storagemode.Config{Schema: schema, Redis: redisURL(), RedisPrefix: keyPrefix + schema + ":"}
+		}},
+	}
+}
+
 // redisURL is the test Redis (FENCEGW_TEST_REDIS, or the local one).
 func redisURL() string {
 	if url := os.Getenv("FENCEGW_TEST_REDIS"); url != "" {

@@ -24,23 +24,11 @@ func TestRateSharedAcrossReplicas(t *testing.T) {
 	const key, rate, burst, requests = "fgk_test-shared-rate", 1.0, 5, 20
 	authFile := fmt.Appendf(nil, "keys:\n  - {name: shared, sha256: %s, role: worker, rate: %v, burst: %d}\n",
 		auth.Hash(key), rate, burst)
-	modes := []struct {
-		name string
-		mode func(t *testing.T, schema string) storagemode.Config
-	}{
-		{"postgres", func(t *testing.T, schema string) storagemode.Config {
-			return storagemode.Config{Schema: schema}
-		}},
-		{"postgres-redis", func(t *testing.T, schema string) storagemode.Config {
-			requireRedis(t)
-			return storagemode.Config{Schema: schema, Redis: redisURL(), RedisPrefix: "fencegw-e2e-rate:" + schema + ":"}
-		}},
-	}
-	for _, m := range modes {
+	for _, m := range sharedStoreModes("fencegw-e2e-rate:") {
 		t.Run(m.name, func(t *testing.T) {
 			pgtest.Require(t)
 			schema := pgtest.NewSchema(t)
-			gws := startKeyedReplicas(t, authFile, m.mode(t, schema))
+			gws := startKeyedReplicas(t, authFile, m.config(t, schema))
 			// All at once, half on each replica: the shared take must hold
 			// under concurrency, not only in sequence. The answers are
 			// judged on the test's goroutine.

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	storagemode "github.com/fencegw/fencegw/storage/mode"
 	"github.com/fencegw/fencegw/storage/postgres/pgtest"
 )
 
@@ -26,19 +25,7 @@ import (
 // replica 2 then goes through. (The embedded mode:
 // gateway.TestViewerWriteIsRefusedAndRecorded.)
 func TestSecurityViewerWriteAcrossReplicas(t *testing.T) {
-	modes := []struct {
-		name string
-		mode func(t *testing.T, schema string) storagemode.Config
-	}{
-		{"postgres", func(t *testing.T, schema string) storagemode.Config {
-			return storagemode.Config{Schema: schema}
-		}},
-		{"postgres-redis", func(t *testing.T, schema string) storagemode.Config {
-			requireRedis(t)
-			return storagemode.Config{Schema: schema, Redis: redisURL(), RedisPrefix: "fencegw-e2e-viewer:" + schema + ":"}
-		}},
-	}
-	for _, m := range modes {
+	for _, m := range sharedStoreModes("fencegw-e2e-viewer:") {
 		t.Run(m.name, func(t *testing.T) {
 			pgtest.Require(t)
 			schema := pgtest.NewSchema(t)
@@ -46,7 +33,7 @@ func TestSecurityViewerWriteAcrossReplicas(t *testing.T) {
 			ups := map[string]string{"statements": up.URL}
 			var gws []*gw
 			for i := range 2 {
-				gws = append(gws, startSecure(t, pgMode(t, m.mode(t, schema), i), ups, secureOptions{}))
+				gws = append(gws, startSecure(t, pgMode(t, m.config(t, schema), i), ups, secureOptions{}))
 			}
 			one, two := gws[0].URL, gws[1].URL
 			res := "stmt:viewer:" + m.name
