@@ -191,10 +191,10 @@ const (
 
 // packLeaseID packs a time-ordered id, eight characters (40 bits, five
 // bytes) at a time, the last two into the last two bytes. A grant packs
-// its id three times in the committer's transaction (the unused check, the
-// record's key, the resource state's reference), where every instruction
-// is spent while the batch behind it waits: a character at a time, with a
-// branch for each, it was ~5 % of a grant's instructions there.
+// its id twice in the committer's transaction (the record's key, once for
+// the unused check and the write, and the resource state's reference),
+// where every instruction is spent while the batch behind it waits: table
+// lookups without a branch per character.
 func packLeaseID(id string) (p [packedLeaseIDLen]byte, ok bool) {
 	if len(id) != len(leaseIDPrefix)+leaseIDChars || id[:len(leaseIDPrefix)] != leaseIDPrefix {
 		return p, false
