@@ -104,6 +104,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "fencegw-torture: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
+	if cfg.TheftPermille < 1 || cfg.TheftPermille > 1000 {
+		fmt.Fprintf(stderr, "fencegw-torture: --theft-permille: %d is not between 1 and 1000\n", cfg.TheftPermille)
+		return 2
+	}
 	cfg.Seed = seed
 	if faults != "" {
 		cfg.Faults = strings.Split(faults, ",")
