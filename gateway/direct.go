@@ -142,6 +142,11 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	fw := &st.hooks
 	fw.w, fw.f = w, f
 	res, err := g.engine.Exchange(r.Context(), out, f, deadline, fw)
+	// The exchange is over: a client's body it did not read to its end (a
+	// send that failed, an upstream that answered early) is no longer the
+	// forward's, and the answer closes the connection rather than wait for
+	// the rest (early.go).
+	disownBody(w)
 	if err != nil {
 		g.forwardFailed(w, r, f, err, errors.Is(err, context.DeadlineExceeded) || !time.Now().Before(deadline))
 		return

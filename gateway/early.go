@@ -104,15 +104,35 @@ func (u *unreadBody) Unwrap() http.ResponseWriter { return u.ResponseWriter }
 // ownBody tells the watch on w, if any, that the handler took charge of
 // the request's body (an admitted write): its answer is the forward's.
 func ownBody(w http.ResponseWriter) {
+	if u := watchOf(w); u != nil {
+		u.off = true
+	}
+}
+
+// disownBody gives the body back to the watch once the forward's exchange
+// is over: if the body was not read to its end (the send to the upstream
+// failed, or the upstream answered before it had all of it), the answer
+// closes the connection. Otherwise net/http's server would read the rest,
+// up to 256 KiB, before the answer's head, and a client that waits for an
+// answer before it sends more (a stream it paces, a producer that stalls)
+// would get none: a 502 or 503 fence_lost would wait for the body timeout.
+func disownBody(w http.ResponseWriter) {
+	if u := watchOf(w); u != nil {
+		u.off = false
+	}
+}
+
+// watchOf finds the watch on w's request body, nil if there is none.
+func watchOf(w http.ResponseWriter) *unreadBody {
 	for w != nil {
 		if u, ok := w.(*unreadBody); ok {
-			u.off = true
-			return
+			return u
 		}
 		uw, ok := w.(interface{ Unwrap() http.ResponseWriter })
 		if !ok {
-			return
+			return nil
 		}
 		w = uw.Unwrap()
 	}
+	return nil
 }

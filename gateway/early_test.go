@@ -265,3 +265,103 @@ func TestGatewayLeavesTheServersRequestBody(t *testing.T) {
 		}
 	}
 }
+
+// An upstream that hangs up in the middle of a streamed body is answered
+// while the client is still sending it: the failed send ends the exchange
+// at once (502, the resource drains), without first waiting for the rest of
+// the client's body, which net/http's server would read, up to 256 KiB and
+// for as long as the client takes, if the forward closed the body it was
+// given (openBody). The client here sends the rest only after the answer.
+func TestUpstreamGoneMidBodyAnswersBeforeTheRest(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		head string // after the request line and Host
+		part func(string) string
+	}{
+		{"content-length", "Content-Length: 262144\r\n", func(s string) string { return s }},
+		{"chunked", "Transfer-Encoding: chunked\r\n", func(s string) string { return fmt.Sprintf("%x\r\n%s\r\n", len(s), s) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The upstream reads the head and some of the body, then resets
+			// the connection.
+			upLn, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = upLn.Close() })
+			go func() {
+				for {
+					c, err := upLn.Accept()
+					if err != nil {
+						return
+					}
+					go func() {
+						br := bufio.NewReader(c)
+						if _, err := http.ReadRequest(br); err == nil {
+							_, _ = io.CopyN(io.Discard, br, 8<<10)
+						}
+						_ = c.(*net.TCPConn).SetLinger(0)
+						_ = c.Close()
+					}()
+				}
+			}()
+			tg := earlyGateway(t, "http://"+upLn.Addr().String(), false, nil)
+			lease := tg.lease(t, "gone-"+tc.name)
+			c := tg.dial(t)
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+			if _, err := io.WriteString(c, "POST /v1/proxy/svc/gone HTTP/1.1\r\nHost: gw.example\r\n"+HeaderLease+": "+lease+"\r\n"+tc.head+"\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			// Parts until the gateway answers: its send to the reset
+			// upstream fails on one of them.
+			answer := make(chan *http.Response, 1)
+			go func() {
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					t.Errorf("no answer: %v", err)
+					close(answer)
+					return
+				}
+				answer <- resp
+			}()
+			// At most 192 KiB of the 256: what is left is less than
+			// net/http's server reads when a handler closes a body early,
+			// so a Close of the client's body would wait for the client.
+			part := tc.part(strings.Repeat("x", 16<<10))
+			var resp *http.Response
+		send:
+			for sent := 0; ; sent++ {
+				if sent == 12 {
+					select {
+					case resp = <-answer:
+						break send
+					case <-time.After(10 * time.Second):
+						t.Fatal("no answer after the upstream hung up, while the client holds the rest of its body")
+					}
+				}
+				if _, err := io.WriteString(c, part); err != nil {
+					t.Fatalf("sending part %d: %v", sent, err)
+				}
+				select {
+				case resp = <-answer:
+					break send
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+			if resp == nil {
+				return
+			}
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusBadGateway || !resp.Close {
+				t.Fatalf("answer %d (closes the connection: %v), want 502 closing it (the upstream hung up mid-body, the rest of the body is unread)",
+					resp.StatusCode, resp.Close)
+			}
+			if err := tg.svc.WaitDrains(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if st, err := tg.svc.Resource(t.Context(), "gone-"+tc.name); err != nil || st.DrainUntil.IsZero() {
+				t.Fatalf("resource after a write cut midway: %+v %v; want a drain (its outcome is unknown)", st, err)
+			}
+		})
+	}
+}
