@@ -55,14 +55,14 @@ func (c *control) AcquireLease(ctx context.Context, req server.AcquireLeaseReque
 			return nil, err
 		}
 	}
-	c.nameSpan(ctx, "acquire", attrResource.String(in.Resource))
+	c.nameSpan(ctx, "acquire", spanFacts{resource: in.Resource, hasResource: true})
 	lease, err := c.svc.Acquire(ctx, in)
 	c.metrics.grant(err)
 	c.endSpan(ctx, err)
 	if err != nil {
 		return nil, err
 	}
-	c.nameSpan(ctx, "acquire", attrToken.Int64(lease.Token))
+	c.nameSpan(ctx, "acquire", spanFacts{token: lease.Token, hasToken: true})
 	return server.AcquireLease201JSONResponse(leaseJSON(lease, tokens.StateCurrent, lease.TTL)), nil
 }
 
@@ -120,13 +120,13 @@ func (c *control) RenewLease(ctx context.Context, req server.RenewLeaseRequestOb
 	if p := principalFrom(ctx); p != nil {
 		renew.Principal, renew.MaxTTL = p.Name, p.MaxTTL
 	}
-	c.nameSpan(ctx, "renew")
+	c.nameSpan(ctx, "renew", spanFacts{})
 	lease, err := c.svc.Renew(ctx, renew)
 	c.endSpan(ctx, err)
 	if f := tokens.ErrorOf(err); f != nil {
-		c.nameSpan(ctx, "renew", leaseAttrs(f.Resource, f.Token)...)
+		c.nameSpan(ctx, "renew", leaseFacts(f.Resource, f.Token))
 	} else if err == nil {
-		c.nameSpan(ctx, "renew", leaseAttrs(lease.Resource, lease.Token)...)
+		c.nameSpan(ctx, "renew", leaseFacts(lease.Resource, lease.Token))
 	}
 	if err != nil {
 		c.metrics.leaseRefused("renew", req.LeaseId, err, c.svc.Now())
@@ -142,13 +142,13 @@ func (c *control) RenewLease(ctx context.Context, req server.RenewLeaseRequestOb
 }
 
 func (c *control) ReleaseLease(ctx context.Context, req server.ReleaseLeaseRequestObject) (server.ReleaseLeaseResponseObject, error) {
-	c.nameSpan(ctx, "release")
+	c.nameSpan(ctx, "release", spanFacts{})
 	lease, err := c.svc.Release(ctx, req.LeaseId, principalName(ctx))
 	c.endSpan(ctx, err)
 	if f := tokens.ErrorOf(err); f != nil {
-		c.nameSpan(ctx, "release", leaseAttrs(f.Resource, f.Token)...)
+		c.nameSpan(ctx, "release", leaseFacts(f.Resource, f.Token))
 	} else if err == nil {
-		c.nameSpan(ctx, "release", leaseAttrs(lease.Resource, lease.Token)...)
+		c.nameSpan(ctx, "release", leaseFacts(lease.Resource, lease.Token))
 	}
 	if err != nil {
 		c.metrics.leaseRefused("release", req.LeaseId, err, c.svc.Now())

@@ -71,11 +71,19 @@ func (g *Gateway) framing(next http.Handler) http.Handler {
 		keepTrailer(r) // before anything copies r (trailers.go)
 		// The request's own state, in one allocation: its scope, in the
 		// context of a copy of r (live.go), the watch on that copy's
-		// body (early.go) and, if it is a fenced write, its state
-		// (proxy.go).
-		st := new(requestState)
+		// body (early.go) and, for a request to the proxy, its fenced
+		// write's state (proxy.go). Other requests (grants, the
+		// dashboard) take the smaller state without the write's.
+		var st *requestBase
+		var write *forward
+		if strings.HasPrefix(r.URL.Path, proxyPrefix) {
+			pst := new(requestState)
+			st, write = &pst.requestBase, &pst.write
+		} else {
+			st = new(requestBase)
+		}
 		r = g.scopeInto(r, &st.scope)
-		st.scope.write = &st.write
+		st.scope.write = write
 		w, r = watchBody(w, r, &st.body)
 		v, scanned := framing.Check(r)
 		if !scanned {
@@ -105,10 +113,18 @@ func (g *Gateway) framing(next http.Handler) http.Handler {
 	})
 }
 
-// requestState is what the framing middleware keeps of each request.
-type requestState struct {
+// requestBase is what the framing middleware keeps of each request.
+type requestBase struct {
 	scope scope
 	body  unreadBody
+}
+
+// requestState is what it keeps of a request to the proxy: the base and
+// the fenced write's state, in one allocation. A request whose escaped
+// path alone names the proxy gets the base; serveProxy then allocates
+// the write's state itself (newForward).
+type requestState struct {
+	requestBase
 	write forward
 }
 

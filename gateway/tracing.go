@@ -140,15 +140,36 @@ func spanOf(ctx context.Context) trace.Span {
 }
 
 // nameSpan names the server span of ctx (acquire, renew, release) and sets
-// attrs on it, if tracing is on.
-func (c *control) nameSpan(ctx context.Context, name string, attrs ...attribute.KeyValue) {
+// the lease facts f has on it, if tracing is on. The facts are plain
+// values, so a call costs nothing when tracing is off: attributes built at
+// the call site would be allocated whether or not a span takes them.
+func (c *control) nameSpan(ctx context.Context, name string, f spanFacts) {
 	if !c.tracing {
 		return
 	}
 	if s := spanOf(ctx); s != nil {
 		s.SetName(name)
-		s.SetAttributes(attrs...)
+		switch {
+		case f.hasResource && f.hasToken:
+			s.SetAttributes(attrResource.String(f.resource), attrToken.Int64(f.token))
+		case f.hasResource:
+			s.SetAttributes(attrResource.String(f.resource))
+		case f.hasToken:
+			s.SetAttributes(attrToken.Int64(f.token))
+		}
 	}
+}
+
+// spanFacts are the facts of a lease a span may carry (never its id).
+type spanFacts struct {
+	resource              string
+	token                 int64
+	hasResource, hasToken bool
+}
+
+// leaseFacts: both facts of a lease.
+func leaseFacts(resource string, token int64) spanFacts {
+	return spanFacts{resource: resource, token: token, hasResource: true, hasToken: true}
 }
 
 // endSpan records the outcome of a control call on the server span: "ok" or
@@ -166,11 +187,6 @@ func (c *control) endSpan(ctx context.Context, err error) {
 		return
 	}
 	s.SetAttributes(attrOutcome.String("refused")) // the code: sendProblem
-}
-
-// leaseAttrs are a lease's facts a span may carry (never its id).
-func leaseAttrs(resource string, token int64) []attribute.KeyValue {
-	return []attribute.KeyValue{attrResource.String(resource), attrToken.Int64(token)}
 }
 
 // writeTrace is the tracing of one fenced write: the server span and the
@@ -207,7 +223,7 @@ func (wt *writeTrace) admitted(resource string, token int64, err, wouldRefuse er
 	if e := tokens.ErrorOf(err); e != nil && resource == "" {
 		resource, token = e.Resource, e.Token
 	}
-	attrs := leaseAttrs(resource, token)
+	attrs := []attribute.KeyValue{attrResource.String(resource), attrToken.Int64(token)} // never the lease id
 	if err != nil {
 		p, _ := problemFor(err)
 		attrs = append(attrs, attrOutcome.String(outcomeRejected), attrCode.String(p.Code))
