@@ -64,10 +64,22 @@ type bodyGuard struct {
 	timeout  time.Duration
 	done     atomic.Bool // read to its end
 	timedOut atomic.Bool // a read failed at the deadline
+	halted   atomic.Bool // reads fail at once from now on (halt)
 	// broken is the error of a read that failed by the client's fault (a
 	// malformed chunked body, a connection closed mid-body), if any.
 	broken atomic.Pointer[error]
 	body   deadlineBody // the reader limitBody puts in place of the request's body
+}
+
+// halt makes a read of the body that waits fail at once, and every later
+// one: the read deadline is moved to the past. It may be called from any
+// goroutine; nil: nothing.
+func (b *bodyGuard) halt() {
+	if b == nil {
+		return
+	}
+	b.halted.Store(true)
+	_ = b.body.rc.SetReadDeadline(time.Unix(1, 0))
 }
 
 // brokenBy returns the error that made the client's body unreadable (not
@@ -115,6 +127,9 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 			_ = b.rc.SetReadDeadline(time.Time{})
 		}
 	case err != nil && errors.Is(err, os.ErrDeadlineExceeded):
+		if b.guard.halted.Load() {
+			break // not the client's slowness: the forward was halted
+		}
 		b.guard.timedOut.Store(true)
 		err = b.guard.err(err)
 	case err != nil:

@@ -35,6 +35,13 @@ func (f *forward) CheckSend() error {
 // nothing (its next CheckSend then marks f).
 func (f *forward) Lost() <-chan struct{} { return f.permit.Lost() }
 
+// Halt fails a read of the client's body that waits, now and from then on:
+// the engine reset f's half-sent exchange on its lost fence, and the client
+// is to hear 503 fence_lost at once, not when it next sends (a client that
+// paces its body, or went quiet). Without a body timeout (no guard) the
+// read waits for the client as before.
+func (f *forward) Halt() { f.body.halt() }
+
 // Sent records that n bytes of f's request went to the kernel.
 func (f *forward) Sent(n int) {
 	if n > 0 && !f.sent.Load() {

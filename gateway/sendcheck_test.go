@@ -1,10 +1,12 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -28,6 +30,9 @@ type switchFencer struct {
 	locker *tokens.LocalLocker
 	lost   atomic.Bool
 	checks atomic.Int64
+	// gone, if set, is every fence's Lost: the test closes it (with lost
+	// set) to declare the fences lost for good.
+	gone chan struct{}
 }
 
 // Exclusive is the local lock's: grants, releases and revokes wait for the
@@ -76,10 +81,10 @@ func (h *switchHeld) Check(time.Time) error {
 	return nil
 }
 
-// Lost is nil: the test declares a fence lost and found again (lost), which
-// only Check can say; a fence that is lost for good closes its Lost
-// channel (storage/postgres), and the engine's tests cover the watch.
-func (h *switchHeld) Lost() <-chan struct{} { return nil }
+// Lost is the fencer's gone: nil unless the test declares fences lost for
+// good (as storage/postgres closes a fence's Lost when its session dies);
+// a fence lost and found again (lost alone) only Check can say.
+func (h *switchHeld) Lost() <-chan struct{} { return h.s.gone }
 
 // recordingUpstream records what each request's body brought: the bytes,
 // and whether it ended cleanly (a complete body) or was cut short.
@@ -311,6 +316,81 @@ func TestFenceLostMidBodyNeverCompletesIt(t *testing.T) {
 			state, err := svc.Resource(t.Context(), "r")
 			if err != nil || state.DrainUntil.IsZero() {
 				t.Fatalf("resource after a write cut midway: %+v %v; want a drain (its outcome is unknown)", state, err)
+			}
+		})
+	}
+}
+
+// A streamed body whose client goes quiet midway, and whose fence is then
+// lost for good (Lost closed, as when a PostgreSQL session dies), is
+// answered at once: 503 fence_lost, "sent": true, closing the connection,
+// while the client still holds the rest of its body. The engine's watch
+// resets the upstream's exchange and halts the forward, whose read of the
+// client's body fails then instead of waiting for the client (up to the
+// body timeout). The upstream never gets a complete body, and the resource
+// drains.
+func TestFenceLostWhileClientQuietAnswersAtOnce(t *testing.T) {
+	up := &recordingUpstream{firstIn: make(chan struct{})}
+	upstream := httptest.NewServer(up)
+	t.Cleanup(upstream.Close)
+	_, svc, fencer, addr := startSwitchGateway(t, upstream)
+	for _, tc := range []struct {
+		name  string
+		head  string
+		first string
+	}{
+		{"content-length", "Content-Length: 65536\r\n", strings.Repeat("a", 8<<10)},
+		{"chunked", "Transfer-Encoding: chunked\r\n", "2000\r\n" + strings.Repeat("a", 8<<10) + "\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up.once, up.firstIn = sync.Once{}, make(chan struct{})
+			fencer.lost.Store(false)
+			fencer.gone = make(chan struct{})
+			resource := "quiet-" + tc.name
+			lease, err := svc.Acquire(t.Context(), tokens.AcquireRequest{Resource: resource, Holder: "h", TTL: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := net.Dial("tcp", strings.TrimPrefix(addr, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Close() })
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+			path := "/stream-quiet-" + tc.name
+			if _, err := io.WriteString(c, "POST /v1/proxy/svc"+path+" HTTP/1.1\r\nHost: gw\r\n"+HeaderLease+": "+lease.ID+"\r\n"+tc.head+"\r\n"+tc.first); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-up.firstIn:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the first part of the body never reached the upstream")
+			}
+			// The client now sends nothing more; the fence is lost for good.
+			fencer.lost.Store(true)
+			close(fencer.gone)
+			lost := time.Now()
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer while the client stayed quiet after its fence was lost: %v", err)
+			}
+			if waited := time.Since(lost); waited > 5*time.Second {
+				t.Errorf("answered %v after the fence was lost", waited.Round(time.Millisecond))
+			}
+			if !resp.Close {
+				t.Error("the answer does not close the connection, though the rest of the body is unread")
+			}
+			if p := readFenceLost(t, resp); !*p.Sent {
+				t.Errorf("a write cut midway says sent: false")
+			}
+			if got := up.waitPath(t, path); got.complete {
+				t.Fatalf("the upstream got a complete body of %d bytes", len(got.body))
+			}
+			if err := svc.WaitDrains(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if st, err := svc.Resource(t.Context(), resource); err != nil || st.DrainUntil.IsZero() {
+				t.Fatalf("resource after a write cut midway: %+v %v; want a drain (its outcome is unknown)", st, err)
 			}
 		})
 	}

@@ -46,7 +46,8 @@ func TestFaultStreamedBodyAfterSessionsKilled(t *testing.T) {
 // fails there; replica 1 must reset the upstream's exchange of A's
 // half-sent request anyway, as soon as it knows its fence is lost (its
 // sessions' death drops the fence): before B's grant returned, not when
-// A's client speaks again or its body times out. An upstream that acts
+// A's client speaks again or its body times out; and answer A then, while
+// its client is still quiet (503 fence_lost). An upstream that acts
 // when a request's connection breaks would otherwise act on A's request
 // after B's write. (Frozen, replica 1 can reset nothing until it runs
 // again, after B's grant: that variant checks the rest.)
@@ -135,9 +136,9 @@ func testStreamedBody(t *testing.T, pg *pgCluster, frozen, quiet bool, args ...s
 	// A keeps sending: a chunk every streamEvery until it is answered, or
 	// until it is told to finish (after B's grant and write), and then
 	// three more; then the body's end. A running replica answers A while
-	// it still sends; a frozen one, or one whose client went quiet, once
-	// it runs or the client speaks again. Quiet, A sends nothing until it
-	// is told to finish.
+	// it still sends, or while it is quiet; a frozen one once it runs
+	// again. Quiet, A sends nothing until it is answered or told to
+	// finish.
 	finish := make(chan struct{})
 	written := make(chan streamWriter, 1)
 	go func() {
@@ -258,10 +259,15 @@ func testStreamedBody(t *testing.T, pg *pgCluster, frozen, quiet bool, args ...s
 	// A running replica answers A once its proof failed, while A's
 	// client still sends: the failed send does not wait for the rest of
 	// the client's body (gateway/direct.go openBody). A quiet client is
-	// answered when it sends again (its body's next read), a frozen
-	// replica's when it runs again.
-	if !frozen && !quiet && !answeredEarly {
-		t.Errorf("A's write was answered only after its client was told to finish its body (%v), not when replica 1's proof of the fence failed", aAns)
+	// answered as soon as the fence is dropped: the watch that resets the
+	// upstream's exchange halts the forward's read of the client's body
+	// (engine Write.Halt). A frozen replica answers when it runs again.
+	if !frozen && !answeredEarly {
+		how := "when replica 1's proof of the fence failed"
+		if quiet {
+			how = "when replica 1's fence was dropped"
+		}
+		t.Errorf("A's write was answered only after its client was told to finish its body (%v), not %s", aAns, how)
 	}
 	up.checkOrder(t)
 

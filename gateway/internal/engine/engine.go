@@ -106,6 +106,13 @@ type Write interface {
 	// half-sent, however long its body keeps it so (sendcheck.go). Called
 	// once per exchange whose body streams, never for a body in memory.
 	Lost() <-chan struct{}
+	// Halt is called, on the watch's goroutine, once the watch has reset a
+	// half-sent request on its lost fence: a read of the request's body
+	// that waits (a client gone quiet mid-body) is to fail now, so that
+	// the exchange ends and its client is answered at once, not when it
+	// sends again. The exchange then fails on the fence, whatever error
+	// that read returns.
+	Halt()
 }
 
 // Transport carries the gateway's fenced writes to their upstreams
@@ -229,7 +236,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 			// The request may stay half-sent, for as long as its body
 			// (or the upstream's leave) keeps it: its fence is watched
 			// meanwhile (sendcheck.go).
-			watch = watchFence(w.Lost(), c.tcp)
+			watch = watchFence(w, c.tcp)
 		}
 		// The connection's own trace tells when the head was written. A
 		// body that streams is framed by Request.Write (Content-Length,

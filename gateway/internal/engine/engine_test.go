@@ -27,9 +27,18 @@ type testWrite struct {
 	gone   chan struct{}
 	checks atomic.Int64
 	sent   atomic.Int64
+	halts  atomic.Int64 // Halt calls
+	onHalt func()       // run by Halt, if set
 }
 
 func (w *testWrite) Lost() <-chan struct{} { return w.gone }
+
+func (w *testWrite) Halt() {
+	w.halts.Add(1)
+	if w.onHalt != nil {
+		w.onHalt()
+	}
+}
 
 var errLost = errors.New("the fence is lost")
 
@@ -304,10 +313,12 @@ func TestLostFenceCutsBeforeTheBodyCloses(t *testing.T) {
 // A streamed body whose client goes quiet after its fence is lost for good
 // (Write.Lost closed) is reset at once: the upstream does not hold the
 // half-sent request until the client sends again or gives up, though no
-// byte is pending and so no proof is taken. The exchange then fails on the
-// fence (sent), whether the client finishes its body or breaks it.
+// byte is pending and so no proof is taken, and the write is halted
+// (Write.Halt), once. The exchange then fails on the fence (sent), whether
+// the client finishes its body or breaks it, or, with a Halt that fails the
+// body's read as the gateway's does, at once while the client stays quiet.
 func TestLostFenceResetsAQuietBody(t *testing.T) {
-	for _, then := range []string{"finishes", "breaks"} {
+	for _, then := range []string{"finishes", "breaks", "stays quiet"} {
 		t.Run("client "+then, func(t *testing.T) {
 			up := newUpstream(t)
 			e, _ := newTestTransport(t)
@@ -318,6 +329,9 @@ func TestLostFenceResetsAQuietBody(t *testing.T) {
 			// handler, blocked.
 			t.Cleanup(func() { _ = pw.CloseWithError(errors.New("the test is over")) })
 			done := streamFirstPart(t, e, up, w, pr, pw)
+			if then == "stays quiet" {
+				w.onHalt = func() { _ = pw.CloseWithError(errors.New("halted")) }
+			}
 			w.lost.Store(true)
 			close(w.gone)
 			// The client sends nothing more until the upstream's handler
@@ -326,17 +340,26 @@ func TestLostFenceResetsAQuietBody(t *testing.T) {
 			if !strings.HasSuffix(got, "(cut)") {
 				t.Fatalf("the upstream got %q: want the first part only, cut", got)
 			}
-			if then == "finishes" {
+			switch then {
+			case "finishes":
 				go func() {
 					_, _ = io.WriteString(pw, strings.Repeat("b", 100))
 					_ = pw.Close()
 				}()
-			} else {
+			case "breaks":
 				_ = pw.CloseWithError(errors.New("the client went away"))
 			}
-			err := <-done
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the exchange did not end after its fence was lost, while its client sent nothing")
+			}
 			if !errors.Is(err, errLost) {
 				t.Fatalf("the exchange ended with %v; want the fence's error", err)
+			}
+			if n := w.halts.Load(); n != 1 {
+				t.Fatalf("the write was halted %d times; want once, after the reset", n)
 			}
 			if w.sent.Load() == 0 {
 				t.Fatal("the exchange says nothing was sent, though the upstream got the head and a first part")

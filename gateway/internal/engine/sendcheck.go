@@ -32,7 +32,9 @@ package engine
 // fence is watched (watchFence): once the fence is definitely lost
 // (Write.Lost: dropped, its session destroyed; not merely unconfirmed
 // lately, which a load spike causes and the proof waits on) the connection
-// is reset at once, as a failed proof would reset it. A body in memory is
+// is reset at once, as a failed proof would reset it, and the write is
+// halted (Write.Halt), so that a read of the client's body that waits fails
+// and the exchange ends now, its client answered. A body in memory is
 // not watched: it leaves with the head in one write, never half-sent, and
 // its exchange pays nothing for the watch.
 
@@ -69,9 +71,12 @@ type fenceWatch struct {
 	fired bool // set before done is closed: it reset the connection
 }
 
-// watchFence watches lost (nil: the fence cannot be lost, and nothing is
-// watched) and resets tcp when it is closed, until end.
-func watchFence(lost <-chan struct{}, tcp net.Conn) *fenceWatch {
+// watchFence watches w's fence (w.Lost; nil: it cannot be lost, and
+// nothing is watched) and, when it is lost before end, resets tcp and
+// halts w (Write.Halt: a read of the client's body that waits fails, so
+// the exchange ends now).
+func watchFence(w Write, tcp net.Conn) *fenceWatch {
+	lost := w.Lost()
 	if lost == nil {
 		return nil
 	}
@@ -82,6 +87,7 @@ func watchFence(lost <-chan struct{}, tcp net.Conn) *fenceWatch {
 		case <-lost:
 			fw.fired = true
 			resetNow(tcp)
+			w.Halt()
 		case <-fw.stop:
 		}
 	}()
