@@ -75,8 +75,8 @@ type bodyGuard struct {
 // one: the read deadline is moved to the past. It may be called from any
 // goroutine; nil: nothing.
 func (b *bodyGuard) halt() {
-	if b == nil {
-		return
+	if b == nil || b.done.Load() {
+		return // no read left to fail (the next request sets its own deadline)
 	}
 	b.halted.Store(true)
 	_ = b.body.rc.SetReadDeadline(time.Unix(1, 0))
