@@ -141,7 +141,14 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	f.deadline = deadline
 	fw := &st.hooks
 	fw.w, fw.f = w, f
-	res, err := g.engine.Exchange(r.Context(), out, f, deadline, fw)
+	// The whole request is the gateway's to carry from here: a client that
+	// goes away (or only half-closes its connection, which net/http's
+	// server takes for gone) does not abort the exchange. Aborted, the
+	// write would not be unsent, only its outcome made unknown (a drain)
+	// and a half-closed client refused its answer; carried on, it ends by
+	// the upstream's answer or the forward timeout, as with the client
+	// there. A client gone mid-body still ends it: its body's read fails.
+	res, err := g.engine.Exchange(context.WithoutCancel(r.Context()), out, f, deadline, fw)
 	// The exchange is over: a client's body it did not read to its end (a
 	// send that failed, an upstream that answered early) is no longer the
 	// forward's, and the answer closes the connection rather than wait for

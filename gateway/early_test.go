@@ -365,3 +365,84 @@ func TestUpstreamGoneMidBodyAnswersBeforeTheRest(t *testing.T) {
 		})
 	}
 }
+
+// A client that half-closes its connection once its request is sent (as
+// `nc -N` does, or a script's shutdown(SHUT_WR)) still reads its answer:
+// net/http's server takes the EOF for a client gone and cancels the
+// request's context, but a fenced write whose request reached the gateway
+// is carried to its answer (direct.go), not aborted into an unknown
+// outcome. The upstream's answer comes back, and the resource does not
+// drain.
+func TestHalfClosedClientGetsItsAnswer(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		time.Sleep(100 * time.Millisecond) // past the gateway's sight of the half-close
+		fmt.Fprintf(w, "got %d", n)
+	}))
+	t.Cleanup(up.Close)
+	tg := earlyGateway(t, up.URL, false, nil)
+	big := strings.Repeat("x", 16<<10)
+	for _, tc := range []struct{ name, head, body string }{
+		{"small", "Content-Length: 4\r\n", "abcd"},
+		{"streamed", "Content-Length: 16384\r\n", big},
+		{"chunked", "Transfer-Encoding: chunked\r\n", "4000\r\n" + big + "\r\n0\r\n\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resource := "half-" + tc.name
+			lease := tg.lease(t, resource)
+			c := tg.dial(t)
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+			if _, err := io.WriteString(c, "POST /v1/proxy/svc/half HTTP/1.1\r\nHost: gw.example\r\n"+HeaderLease+": "+lease+"\r\n"+tc.head+"\r\n"+tc.body); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer after the client half-closed: %v", err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			want := fmt.Sprintf("got %d", len(big))
+			if tc.name == "small" {
+				want = "got 4"
+			}
+			if resp.StatusCode != http.StatusOK || string(b) != want {
+				t.Fatalf("answer %d %q; want the upstream's 200 %q", resp.StatusCode, b, want)
+			}
+			if err := tg.svc.WaitDrains(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if st, err := tg.svc.Resource(t.Context(), resource); err != nil || !st.DrainUntil.IsZero() {
+				t.Fatalf("resource after a write carried to its answer: %+v %v; want no drain", st, err)
+			}
+		})
+	}
+}
+
+// A control call whose client half-closes its connection after the
+// request is never answered with a 5xx: net/http's server takes the EOF
+// for a client gone and cancels the call, which then ends unanswered (the
+// connection closed) unless it finished first (its 201).
+func TestHalfClosedControlCallIsNotA5xx(t *testing.T) {
+	tg := earlyGateway(t, "http://127.0.0.1:1", false, nil)
+	for i := range 20 {
+		c := tg.dial(t)
+		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		body := fmt.Sprintf(`{"resource":"half-acquire-%d","holder":"h","ttl_ms":5000}`, i)
+		if _, err := fmt.Fprintf(c, "POST /v1/leases HTTP/1.1\r\nHost: gw.example\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			continue // unanswered: the call was abandoned
+		}
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusCreated {
+			t.Fatalf("a half-closed acquire got %d %s; want its 201 or no answer", resp.StatusCode, b)
+		}
+	}
+}

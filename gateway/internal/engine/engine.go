@@ -44,8 +44,10 @@
 //     close, RFC 9112 9.6) may do it after the peek; the write then fails
 //     after it left, an unknown outcome (502, the resource drains). The
 //     Transport's read goroutine narrows that window, it does not shut it.
-//   - The request's context ending (forward timeout, client gone) aborts a
-//     blocked read or write through the connection's deadline.
+//   - The exchange's context ending aborts a blocked read or write through
+//     the connection's deadline. A context that cannot end (the gateway's:
+//     a write is carried to its answer when its client goes away) costs
+//     nothing: no abort is registered.
 //   - Hooks.WroteHeaders reports the moment the Transport's ClientTrace
 //     would, so the drain rule sees the same "the request left" moment;
 //     1xx answers go to Hooks.Got1xx as the Transport's go to
@@ -212,7 +214,10 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	// cheaper registration that keeps the abort immediate was found: a
 	// watcher goroutine per connection would cost the goroutine switches
 	// this engine exists to avoid.)
-	stop := context.AfterFunc(ctx, c.abort)
+	stop := neverAborted
+	if ctx.Done() != nil {
+		stop = context.AfterFunc(ctx, c.abort)
+	}
 	c.fw, c.writeFailed = w, false
 	fail := func(err error) (*http.Response, error) { return nil, c.failed(ctx, stop, deadline, err) }
 	var cb *continueBody
@@ -335,6 +340,10 @@ func (c *engineConn) failed(ctx context.Context, stop func() bool, deadline time
 	}
 	return err
 }
+
+// neverAborted is the stop of an exchange whose context cannot end: the
+// abort never runs (true: as if stopped in time).
+func neverAborted() bool { return true }
 
 // aLongTimeAgo is a deadline in the past: it fails blocked I/O at once.
 var aLongTimeAgo = time.Unix(1, 0)
