@@ -133,8 +133,15 @@ func writeProblem(w http.ResponseWriter, r *http.Request, log *slog.Logger, err 
 			// The client went away (it cancelled the call, as an SDK does
 			// with a renewal it no longer needs, or its connection broke):
 			// the store call failed because of that, not because of the
-			// gateway, and nobody reads this answer. Not an error.
+			// gateway. Not an error, and no 500 either: a client that only
+			// half-closed its connection, which net/http's server takes for
+			// gone, would read it. The connection is closed unanswered, as
+			// after any broken exchange (the call may have taken effect: a
+			// grant already committing is made; its lease expires).
 			log.Debug("request abandoned by its client", "method", r.Method, "path", logPath(r), "err", logErr(err))
+			if r.Context().Value(http.ServerContextKey) != nil {
+				panic(http.ErrAbortHandler)
+			}
 		} else {
 			log.Error("request failed", "method", r.Method, "path", logPath(r), "err", logErr(err))
 		}
