@@ -190,3 +190,73 @@ func TestChunkedBodyPastMaxBodyMidStream(t *testing.T) {
 		t.Fatalf("resource after a write cut midway: %+v %v; want a drain (its outcome is unknown)", st, err)
 	}
 }
+
+// An upstream that refuses a paced body at once (413, closing its
+// connection with the body unread, which resets it), or that cannot be
+// reached at all, is answered before the client sent the rest of its
+// body: the upstream's answer, or 502, closing the connection. The
+// upstream answered, or got nothing: the outcome is known and the
+// resource does not drain.
+func TestRefusalOfAPacedBodyAnswersBeforeTheRest(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		code int
+		up   func(t *testing.T) string
+	}{
+		{"413 closing", http.StatusRequestEntityTooLarge, func(t *testing.T) string {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = ln.Close() })
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+						_, _ = io.WriteString(c, "HTTP/1.1 413 Content Too Large\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+					}
+					_ = c.Close()
+				}
+			}()
+			return "http://" + ln.Addr().String()
+		}},
+		{"unreachable", http.StatusBadGateway, func(t *testing.T) string {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := ln.Addr().String()
+			_ = ln.Close()
+			return "http://" + addr
+		}},
+	} {
+		for _, chunked := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s chunked=%v", tc.name, chunked), func(t *testing.T) {
+				tg := earlyGateway(t, tc.up(t), false, nil)
+				resource := fmt.Sprintf("refused-%d-%v", tc.code, chunked)
+				lease := tg.lease(t, resource)
+				framing := "Content-Length: 262144\r\n" // what is left, less than Go's server reads after an answer
+				if chunked {
+					framing = "Transfer-Encoding: chunked\r\n"
+				}
+				c := tg.dial(t)
+				br := bufio.NewReader(c)
+				head := "POST /v1/proxy/svc/refused HTTP/1.1\r\nHost: gw.example\r\n" + HeaderLease + ": " + lease + "\r\n" + framing + "\r\n"
+				resp, body, sent := pacedSend(t, c, br, head, chunked, 16)
+				if resp.StatusCode != tc.code || !resp.Close || sent == 16 {
+					t.Fatalf("after %d of 16 parts: answer %d (closes the connection: %v), want %d closing it before the whole body\n%s",
+						sent, resp.StatusCode, resp.Close, tc.code, body)
+				}
+				if err := tg.svc.WaitDrains(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+				if st, err := tg.svc.Resource(t.Context(), resource); err != nil || !st.DrainUntil.IsZero() {
+					t.Fatalf("resource after a write the upstream refused, or never got: %+v %v; want no drain", st, err)
+				}
+			})
+		}
+	}
+}
