@@ -70,7 +70,24 @@ type directState struct {
 // client takes, up to the body timeout: the client would hear its answer
 // (503 fence_lost, 502) only then. net/http's server closes the body
 // itself, after the answer has gone out.
-type openBody struct{ io.Reader }
+//
+// It keeps the error of a failed read of the client's body: Request.Write
+// returns that error inside a type of net/http's own, which errors.As does
+// not see through (the Transport takes it out; the engine cannot name it),
+// and forwardFailed must see it to answer for the client's body (413 for
+// a chunked body past MaxBody).
+type openBody struct {
+	io.Reader
+	err error
+}
+
+func (b *openBody) Read(p []byte) (int, error) {
+	n, err := b.Reader.Read(p)
+	if err != nil && err != io.EOF {
+		b.err = err
+	}
+	return n, err
+}
 
 func (*openBody) Close() error { return nil }
 
@@ -155,6 +172,9 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	// the rest (early.go).
 	disownBody(w)
 	if err != nil {
+		if st.open.err != nil {
+			err = errors.Join(st.open.err, err)
+		}
 		g.forwardFailed(w, r, f, err, errors.Is(err, context.DeadlineExceeded) || !time.Now().Before(deadline))
 		return
 	}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -273,6 +274,14 @@ func TestGatewayLeavesTheServersRequestBody(t *testing.T) {
 // for as long as the client takes, if the forward closed the body it was
 // given (openBody). The client here sends the rest only after the answer.
 func TestUpstreamGoneMidBodyAnswersBeforeTheRest(t *testing.T) {
+	for _, ends := range []struct{ client, upstream bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+		t.Run(fmt.Sprintf("tls client=%v upstream=%v", ends.client, ends.upstream), func(t *testing.T) {
+			upstreamGoneMidBody(t, ends.client, ends.upstream)
+		})
+	}
+}
+
+func upstreamGoneMidBody(t *testing.T, clientTLS, upstreamTLS bool) {
 	for _, tc := range []struct {
 		name string
 		head string // after the request line and Host
@@ -289,6 +298,7 @@ func TestUpstreamGoneMidBodyAnswersBeforeTheRest(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = upLn.Close() })
+			serverTLS, clientConfig := testCertificate(t)
 			go func() {
 				for {
 					c, err := upLn.Accept()
@@ -296,7 +306,11 @@ func TestUpstreamGoneMidBodyAnswersBeforeTheRest(t *testing.T) {
 						return
 					}
 					go func() {
-						br := bufio.NewReader(c)
+						var rc net.Conn = c
+						if upstreamTLS {
+							rc = tls.Server(c, serverTLS)
+						}
+						br := bufio.NewReader(rc)
 						if _, err := http.ReadRequest(br); err == nil {
 							_, _ = io.CopyN(io.Discard, br, 8<<10)
 						}
@@ -305,7 +319,12 @@ func TestUpstreamGoneMidBodyAnswersBeforeTheRest(t *testing.T) {
 					}()
 				}
 			}()
-			tg := earlyGateway(t, "http://"+upLn.Addr().String(), false, nil)
+			scheme := "http://"
+			if upstreamTLS {
+				scheme = "https://"
+			}
+			tg := earlyGateway(t, scheme+upLn.Addr().String(), clientTLS, nil)
+			tg.g.transport.TLSClientConfig = clientConfig
 			lease := tg.lease(t, "gone-"+tc.name)
 			c := tg.dial(t)
 			_ = c.SetDeadline(time.Now().Add(20 * time.Second))

@@ -3,7 +3,9 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -328,12 +330,33 @@ func TestFenceLostMidBodyNeverCompletesIt(t *testing.T) {
 // resets the upstream's exchange and halts the forward, whose read of the
 // client's body fails then instead of waiting for the client (up to the
 // body timeout). The upstream never gets a complete body, and the resource
-// drains.
+// drains. Over TLS on either side too.
 func TestFenceLostWhileClientQuietAnswersAtOnce(t *testing.T) {
+	for _, ends := range []struct{ client, upstream bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+		t.Run(fmt.Sprintf("tls client=%v upstream=%v", ends.client, ends.upstream), func(t *testing.T) {
+			fenceLostWhileClientQuiet(t, ends.client, ends.upstream)
+		})
+	}
+}
+
+func fenceLostWhileClientQuiet(t *testing.T, clientTLS, upstreamTLS bool) {
 	up := &recordingUpstream{firstIn: make(chan struct{})}
-	upstream := httptest.NewServer(up)
+	upstream := httptest.NewUnstartedServer(up)
+	if upstreamTLS {
+		upstream.StartTLS()
+	} else {
+		upstream.Start()
+	}
 	t.Cleanup(upstream.Close)
-	_, svc, fencer, addr := startSwitchGateway(t, upstream)
+	g, svc, fencer, addr := startSwitchGateway(t, upstream)
+	dial := func() (net.Conn, error) { return net.Dial("tcp", strings.TrimPrefix(addr, "http://")) }
+	if clientTLS {
+		front := httptest.NewUnstartedServer(g)
+		front.StartTLS()
+		t.Cleanup(front.Close)
+		cfg := front.Client().Transport.(*http.Transport).TLSClientConfig
+		dial = func() (net.Conn, error) { return tls.Dial("tcp", strings.TrimPrefix(front.URL, "https://"), cfg) }
+	}
 	for _, tc := range []struct {
 		name  string
 		head  string
@@ -351,7 +374,7 @@ func TestFenceLostWhileClientQuietAnswersAtOnce(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c, err := net.Dial("tcp", strings.TrimPrefix(addr, "http://"))
+			c, err := dial()
 			if err != nil {
 				t.Fatal(err)
 			}
