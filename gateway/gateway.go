@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/trace"
@@ -266,6 +267,26 @@ func (g *Gateway) dispatch(router, acquire http.Handler) http.Handler {
 	})
 }
 
+// allowedMethods lists the methods routes takes at req's path, for a 405's
+// Allow field ("" if none).
+func allowedMethods(routes chi.Routes, req *http.Request) string {
+	path := req.URL.RawPath
+	if path == "" {
+		path = req.URL.Path
+	}
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		look := m
+		if m == http.MethodHead {
+			look = http.MethodGet // GetHead
+		}
+		if routes.Match(chi.NewRouteContext(), look, path) {
+			allow = append(allow, m)
+		}
+	}
+	return strings.Join(allow, ", ")
+}
+
 // chiRoutes reports whether chi routes method (its methodMap); it answers
 // any other 405.
 func chiRoutes(method string) bool {
@@ -294,13 +315,21 @@ func (g *Gateway) middleware() []func(http.Handler) http.Handler {
 func (g *Gateway) routes(si server.ServerInterface) http.Handler {
 	r := chi.NewRouter()
 	r.Use(g.middleware()...)
+	// HEAD is served wherever GET is (RFC 9110 9.1: load balancers probe
+	// /healthz with it), by the GET handler: net/http's server drops the
+	// body.
+	r.Use(middleware.GetHead)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		p := problemOf(tokens.ErrNotFound)
 		p.Detail = "no such endpoint; resource names in paths are percent-encoded (inventory%2FSKU-001)"
 		sendProblem(w, r, p)
 	})
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		sendProblem(w, r, problemOf(problems.ErrMethodNotAllowed))
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		// RFC 9110 15.5.6: a 405 lists the methods the endpoint takes.
+		if allow := allowedMethods(r, req); allow != "" {
+			w.Header().Set("Allow", allow)
+		}
+		sendProblem(w, req, problemOf(problems.ErrMethodNotAllowed))
 	})
 
 	r.HandleFunc(proxyPrefix+"*", g.serveProxy)

@@ -263,7 +263,7 @@ func TestControlPipelining(t *testing.T) {
 		{"GET with a body", head("GET", "/v1/resources/q1", "Content-Length: 5\r\n\r\nhello"), "", 200, true},
 		{"DELETE with a body", head("DELETE", "/v1/leases/fl_nope", "Content-Length: 5\r\n\r\nhello"), "not_found", 404, true},
 		{"GET chunked", head("GET", "/v1/resources/q1", "Transfer-Encoding: chunked\r\n\r\n"+chunk("hi")+"0\r\n\r\n"), "", 200, true},
-		{"HEAD", head("HEAD", "/v1/resources/q1", "\r\n"), "", 405, false},
+		{"HEAD", head("HEAD", "/v1/resources/q1", "\r\n"), "", 200, false},
 		{"OPTIONS", head("OPTIONS", "/v1/leases", "\r\n"), "method_not_allowed", 405, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -158,6 +158,9 @@ func newTransport() *http.Transport {
 func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	if err := checkWriteRequest(r); err != nil { // pathrule.go
 		g.metrics.write(outcomeBadRequest)
+		if errors.Is(err, problems.ErrMethodNotAllowed) {
+			w.Header().Set("Allow", proxyMethods) // RFC 9110 15.5.6
+		}
 		writeProblem(w, r, g.log, err)
 		return
 	}
@@ -314,6 +317,10 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	g.forwardDirect(w, rc, r, f) // direct.go
 }
+
+// proxyMethods are the methods the proxy forwards (every one but CONNECT),
+// as a 405's Allow field names them.
+const proxyMethods = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE"
 
 // newForward returns the storage of r's fenced write's state, zero: the
 // one its scope holds (the framing middleware's requestState, no

@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fencegw/fencegw/tokens"
 )
@@ -233,6 +234,53 @@ func BenchmarkRouteCheck(b *testing.B) {
 	for b.Loop() {
 		if table.check("statements", "/accounts/88213/lines", "stmt:acct:88213", 1) != nil {
 			b.Fatal("refused")
+		}
+	}
+}
+
+// HEAD is served wherever GET is, with GET's status and header and no body
+// (RFC 9110 9.1; load balancers probe /healthz with it), the live stream
+// included, which then holds nothing open. A 405 names the methods the
+// endpoint takes in Allow (RFC 9110 15.5.6), the proxy's CONNECT refusal
+// too.
+func TestHeadAndAllow(t *testing.T) {
+	tg := startFraming(t, "http://127.0.0.1:1", Config{}, false)
+	c := &http.Client{Timeout: 10 * time.Second}
+	base := "http://" + tg.addr
+	for _, path := range []string{"/healthz", "/readyz", "/v1/resources/r1", "/v1/rejections", "/metrics", "/v1/rejections/stream"} {
+		get, err := c.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = get.Body.Close()
+		head, err := c.Head(base + path)
+		if err != nil {
+			t.Fatalf("HEAD %s: %v", path, err)
+		}
+		_ = head.Body.Close()
+		if head.StatusCode != get.StatusCode || head.Header.Get("Content-Type") != get.Header.Get("Content-Type") {
+			t.Errorf("HEAD %s: %d %q; GET: %d %q", path, head.StatusCode, head.Header.Get("Content-Type"), get.StatusCode, get.Header.Get("Content-Type"))
+		}
+	}
+	for _, tc := range []struct{ method, path, allow string }{
+		{"PUT", "/healthz", "GET, HEAD"},
+		{"HEAD", "/v1/leases", "POST"},
+		{"GET", "/v1/leases/fl_x/renew", "POST"},
+		{"POST", "/v1/leases/fl_x", "GET, HEAD, DELETE"},
+		{"OPTIONS", "/v1/leases", "POST"},
+		{"CONNECT", "/v1/proxy/svc/x", proxyMethods},
+	} {
+		req, _ := http.NewRequest(tc.method, base+tc.path, nil)
+		if tc.method == "CONNECT" {
+			req.URL.Opaque = tc.path
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != tc.allow {
+			t.Errorf("%s %s: %d, Allow %q; want 405, Allow %q", tc.method, tc.path, resp.StatusCode, resp.Header.Get("Allow"), tc.allow)
 		}
 	}
 }

@@ -94,6 +94,13 @@ const (
 // id is the last rejection it covers. Every rejection matching the filters
 // is therefore either sent or counted, in id order, and a client that
 // reconnects with the last id it saw resumes exactly after it.
+// streamHeader is the live stream's header.
+func streamHeader(h http.Header) {
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no")
+}
+
 func (g *Gateway) serveStream(w http.ResponseWriter, r *http.Request) {
 	flusher, ok := w.(http.Flusher)
 	if !ok {
@@ -126,6 +133,13 @@ func (g *Gateway) serveStream(w http.ResponseWriter, r *http.Request) {
 		lastID = id
 		break // a reconnect's Last-Event-ID wins over the first connection's ?after=
 	}
+	if r.Method == http.MethodHead {
+		// The head a GET would get, and no stream: a HEAD has no body to
+		// hold open.
+		streamHeader(w.Header())
+		w.WriteHeader(http.StatusOK)
+		return
+	}
 	release, err := g.streams.take(principalName(r.Context())) // streamcap.go
 	if err != nil {
 		writeProblem(w, r, g.log, err)
@@ -138,10 +152,7 @@ func (g *Gateway) serveStream(w http.ResponseWriter, r *http.Request) {
 	g.metrics.subs.Inc()
 	defer g.metrics.subs.Dec()
 
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Accel-Buffering", "no")
+	streamHeader(w.Header())
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write([]byte("retry: 1000\n\n"))
 
