@@ -133,6 +133,16 @@ func (u *recordingUpstream) seen() []upstreamRequest {
 	return append([]upstreamRequest(nil), u.requests...)
 }
 
+// waitFirstIn waits until a byte of a streamed body has arrived.
+func (u *recordingUpstream) waitFirstIn(t *testing.T) {
+	t.Helper()
+	select {
+	case <-u.firstIn:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first part of the body never reached the upstream")
+	}
+}
+
 // waitPath waits until the upstream has finished with a request to path.
 func (u *recordingUpstream) waitPath(t *testing.T, path string) upstreamRequest {
 	t.Helper()
@@ -290,11 +300,7 @@ func TestFenceLostMidBodyNeverCompletesIt(t *testing.T) {
 			if _, err := io.WriteString(pw, first); err != nil {
 				t.Fatal(err)
 			}
-			select {
-			case <-up.firstIn:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the first part of the body never reached the upstream")
-			}
+			up.waitFirstIn(t)
 			fencer.lost.Store(true)
 			go func() {
 				_, _ = io.WriteString(pw, strings.Repeat("b", smallBody))
@@ -384,11 +390,7 @@ func fenceLostWhileClientQuiet(t *testing.T, clientTLS, upstreamTLS bool) {
 			if _, err := io.WriteString(c, "POST /v1/proxy/svc"+path+" HTTP/1.1\r\nHost: gw\r\n"+HeaderLease+": "+lease.ID+"\r\n"+tc.head+"\r\n"+tc.first); err != nil {
 				t.Fatal(err)
 			}
-			select {
-			case <-up.firstIn:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the first part of the body never reached the upstream")
-			}
+			up.waitFirstIn(t)
 			// The client now sends nothing more; the fence is lost for good.
 			fencer.lost.Store(true)
 			close(fencer.gone)
