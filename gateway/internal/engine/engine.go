@@ -68,6 +68,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -299,6 +300,12 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 			}
 		}
 		code := resp.StatusCode
+		if code < 100 {
+			// No HTTP status (ReadResponse takes any three digits), and
+			// one net/http's server would panic on (WriteHeader): no
+			// answer, as if the head had been malformed.
+			return fail(fmt.Errorf("the upstream answered with status code %d", code))
+		}
 		if code == http.StatusSwitchingProtocols {
 			// Upgrades go to the Transport; an upstream that switches
 			// protocols unasked is broken.

@@ -1,0 +1,144 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// scriptedUpstream answers a request for /case/<name> with the exact
+// bytes answers[name], and /ok with a plain 200 "ok", on keep-alive
+// connections.
+func scriptedUpstream(t testing.TB, answers map[string]string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	serve := func(c net.Conn) {
+		defer c.Close()
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, req.Body)
+			a, ok := answers[strings.TrimPrefix(req.URL.Path, "/case/")]
+			if !ok {
+				a = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+			}
+			if _, err := io.WriteString(c, a); err != nil {
+				return
+			}
+		}
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go serve(c)
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+// An upstream's hostile or odd answer reaches the client as the reference
+// road would relay it, or as a 502 where the answer is no answer: never a
+// malformed answer, never bytes past the answer's framed end (on the
+// client's connection or read as the answer to the next write on the
+// upstream's), never a hop-by-hop field; the client's connection stays
+// usable, and the resource drains exactly when no answer head came.
+func TestHostileUpstreamAnswers(t *testing.T) {
+	cases := []struct {
+		name, answer string
+		status       int
+		body         string
+		drain        bool
+	}{
+		// A status below 100 is no HTTP status (RFC 9110 15): net/http's
+		// server panics on it (WriteHeader), as the reference road does.
+		{"status-0", "HTTP/1.1 000 Zero\r\nSet-Cookie: s=1\r\nContent-Length: 2\r\n\r\nhi", 502, "", true},
+		{"status-99", "HTTP/1.1 099 X\r\nContent-Length: 2\r\n\r\nhi", 502, "", true},
+		{"status-99-after-103", "HTTP/1.1 103 Early Hints\r\n\r\nHTTP/1.1 099 X\r\nContent-Length: 2\r\n\r\nhi", 502, "", true},
+		{"status-999", "HTTP/1.1 999 X\r\nContent-Length: 2\r\n\r\nhi", 999, "hi", false},
+		{"body-past-length", "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhiHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nFAKE!", 200, "hi", false},
+		{"chunked-then-more", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nFAKE!", 200, "hi", false},
+		{"204-with-body", "HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\nSMUGG", 204, "", false},
+		{"304-chunked", "HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nSMUGG\r\n0\r\n\r\n", 304, "", false},
+		{"length-and-chunked", "HTTP/1.1 200 OK\r\nContent-Length: 50\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n", 200, "hi", false},
+		{"lengths-differ", "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nhi!", 502, "", true},
+		{"gzip-chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n", 502, "", true},
+		{"length-plus", "HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\nhi", 502, "", true},
+		{"hop-by-hop", "HTTP/1.1 200 OK\r\nConnection: X-Secret\r\nX-Secret: s\r\nKeep-Alive: a\r\nProxy-Connection: b\r\nUpgrade: h2c\r\nContent-Length: 2\r\n\r\nhi", 200, "hi", false},
+		{"101-unasked", "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi", 502, "", true},
+	}
+	answers := map[string]string{}
+	for _, c := range cases {
+		answers[c.name] = c.answer
+	}
+	tg := startFraming(t, scriptedUpstream(t, answers), Config{ForwardTimeout: 5 * time.Second}, false)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			lease := tg.lease(t, tc.name)
+			c := tg.dial(t)
+			br := bufio.NewReader(c)
+			send := func(path string) (*http.Response, string) {
+				t.Helper()
+				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+				if _, err := io.WriteString(c, "POST /v1/proxy/svc"+path+" HTTP/1.1\r\nHost: gw\r\nFencing-Lease: "+lease+"\r\nContent-Length: 1\r\n\r\nb"); err != nil {
+					t.Fatal(err)
+				}
+				resp, err := http.ReadResponse(br, nil)
+				for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 {
+					resp, err = http.ReadResponse(br, nil)
+				}
+				if err != nil {
+					t.Fatalf("%s: no answer: %v", path, err)
+				}
+				b, err := io.ReadAll(resp.Body)
+				if err != nil {
+					t.Fatalf("%s: a broken answer: %d, %v", path, resp.StatusCode, err)
+				}
+				return resp, string(b)
+			}
+			resp, body := send("/case/" + tc.name)
+			if resp.StatusCode != tc.status || tc.status != 502 && body != tc.body {
+				t.Fatalf("the client got %d %q, want %d %q", resp.StatusCode, body, tc.status, tc.body)
+			}
+			if tc.status == 502 && !strings.Contains(body, "upstream_unreachable") {
+				t.Fatalf("a 502 that is not the gateway's problem: %q", body)
+			}
+			for _, k := range []string{"Connection", "X-Secret", "Keep-Alive", "Proxy-Connection", "Upgrade", "Transfer-Encoding", "Set-Cookie"} {
+				if v := resp.Header[k]; v != nil && !(k == "Connection" && v[0] == "close") {
+					t.Errorf("%s reached the client: %q", k, v)
+				}
+			}
+			// The client's connection, and the upstream's, carry the next
+			// write's own answer.
+			if resp, body := send("/ok"); resp.StatusCode != 200 || body != "ok" {
+				t.Fatalf("the next write got %d %q, want 200 \"ok\"", resp.StatusCode, body)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := tg.svc.WaitDrains(ctx); err != nil {
+				t.Fatal(err)
+			}
+			res, err := tg.svc.Resource(ctx, tc.name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if drain := res.DrainUntil.After(time.Now()); drain != tc.drain {
+				t.Fatalf("drain %v, want %v", drain, tc.drain)
+			}
+		})
+	}
+}
