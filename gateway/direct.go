@@ -157,7 +157,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	deadline := time.Now().Add(g.cfg.ForwardTimeout)
 	f.deadline = deadline
 	fw := &st.hooks
-	fw.w, fw.f = w, f
+	fw.w, fw.f, fw.http10 = w, f, !r.ProtoAtLeast(1, 1)
 	// The whole request is the gateway's to carry from here: a client that
 	// goes away (or only half-closes its connection, which net/http's
 	// server takes for gone) does not abort the exchange. Aborted, the
@@ -280,8 +280,9 @@ func (g *Gateway) copyAnswer(w http.ResponseWriter, rc *http.ResponseController,
 
 // directHooks hears an exchange of the direct forward.
 type directHooks struct {
-	w http.ResponseWriter
-	f *forward
+	w      http.ResponseWriter
+	f      *forward
+	http10 bool // the client speaks HTTP/1.0, which has no 1xx
 }
 
 var _ engine.Hooks = (*directHooks)(nil)
@@ -293,9 +294,12 @@ func (d *directHooks) WroteHeaders() { d.f.wroteRequest.Store(true) }
 // Got1xx forwards an informational answer, as the reverse proxy's trace,
 // but for 100 Continue (as continueOnce): the gateway's own server sends
 // one to a client that asked when the body is first read, which the
-// upstream's 100 triggers.
+// upstream's 100 triggers. Nor does an HTTP/1.0 client get any (RFC 9110
+// 15.2): it would take the 1xx for the final answer, and the final
+// answer's bytes for its body or the next answer; net/http's server
+// writes one to it all the same, as the reverse proxy has it do.
 func (d *directHooks) Got1xx(code int, header textproto.MIMEHeader) error {
-	if code == http.StatusContinue {
+	if code == http.StatusContinue || d.http10 {
 		return nil
 	}
 	h := d.w.Header()

@@ -142,3 +142,33 @@ func TestHostileUpstreamAnswers(t *testing.T) {
 		})
 	}
 }
+
+// HTTP/1.0 knows no 1xx: an HTTP/1.0 client takes an upstream's 103 or
+// 102, relayed, for the final answer, and the final answer's bytes for its
+// body or the next answer (RFC 9110 15.2: a server must not send it one).
+// An HTTP/1.1 client still gets them.
+func TestUpstream1xxNotRelayedToHTTP10Client(t *testing.T) {
+	info := "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n"
+	up := scriptedUpstream(t, map[string]string{"hints": info + "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"})
+	tg := startFraming(t, up, Config{}, false)
+	lease := tg.lease(t, "r")
+	for _, proto := range []string{"HTTP/1.0", "HTTP/1.1"} {
+		c := tg.dial(t)
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		// Connection: close, so that both protocols end the same way.
+		if _, err := io.WriteString(c, "POST /v1/proxy/svc/case/hints "+proto+"\r\nHost: gw\r\nFencing-Lease: "+lease+"\r\nConnection: close\r\nContent-Length: 1\r\n\r\nb"); err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(c)
+		if err != nil {
+			t.Fatalf("%s: %v", proto, err)
+		}
+		want := proto + " 200 OK\r\n"
+		if proto == "HTTP/1.1" {
+			want = "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n" + want
+		}
+		if !strings.HasPrefix(string(got), want) || !strings.HasSuffix(string(got), "\r\n\r\nhi") {
+			t.Errorf("%s client got %q, want %q... then the body", proto, got, want)
+		}
+	}
+}
