@@ -282,10 +282,11 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 		// The upstream stopped taking the request (a write to it failed):
 		// it may have answered already, as one that refuses a body early
 		// does (413, 401). The Transport's read goroutine would hear that
-		// answer; the engine looks for it before it gives up.
+		// answer; the engine looks for it before it gives up. A 1xx
+		// first (103) is heard, and the answer after it read, below.
 		if resp == nil {
 			c.limit = e.maxHead() + int64(c.br.Size())
-			if resp, _ = readAnswer(c.br, req, c.header()); resp == nil || resp.StatusCode < 200 {
+			if resp, _ = readAnswer(c.br, req, c.header()); resp == nil {
 				return fail(err)
 			}
 		}

@@ -149,32 +149,45 @@ func TestExpectContinue(t *testing.T) {
 
 // An upstream that answers before it has read the body, and stops taking
 // it (a 413 for a body too large), is heard: its answer is the exchange's,
-// not a broken connection, as the Transport's read goroutine hears it. The
-// connection is not kept.
+// not a broken connection, as the Transport's read goroutine hears it,
+// also after a 1xx (103), which is heard too. The connection is not kept.
 func TestEarlyAnswerDuringBody(t *testing.T) {
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.ReadFull(r.Body, make([]byte, 10))
-		w.Header().Set("Connection", "close")
-		w.WriteHeader(http.StatusRequestEntityTooLarge)
-	}))
-	t.Cleanup(up.Close)
-	e, _ := newTestTransport(t)
-	w := &testWrite{}
-	const size = 64 << 20 // more than any socket buffer holds
-	resp, err := post(t, e, up.URL+"/big", w, io.LimitReader(zeros{}, size), size)
-	if err != nil {
-		t.Fatalf("the upstream's early answer was not heard: %v", err)
-	}
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusRequestEntityTooLarge || w.sent.Load() == 0 || w.sent.Load() >= size {
-		t.Fatalf("answer %d after %d bytes sent; want 413 after some of the body", resp.StatusCode, w.sent.Load())
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for _, list := range e.idle {
-		if len(list) > 0 {
-			t.Fatal("a connection whose request was cut short was kept")
+	for _, hints := range []bool{false, true} {
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.ReadFull(r.Body, make([]byte, 10))
+			if hints {
+				w.Header().Set("Link", "</a.css>; rel=preload")
+				w.WriteHeader(http.StatusEarlyHints)
+				w.Header().Del("Link")
+			}
+			w.Header().Set("Connection", "close")
+			w.WriteHeader(http.StatusRequestEntityTooLarge)
+		}))
+		t.Cleanup(up.Close)
+		e, _ := newTestTransport(t)
+		w := &testWrite{}
+		const size = 64 << 20 // more than any socket buffer holds
+		req, _ := http.NewRequest("POST", up.URL+"/big", io.LimitReader(zeros{}, size))
+		req.ContentLength = size
+		heard := &hooksSeen{}
+		resp, err := e.Exchange(context.Background(), req, w, time.Time{}, heard)
+		if err != nil {
+			t.Fatalf("hints %v: the upstream's early answer was not heard: %v", hints, err)
 		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge || w.sent.Load() == 0 || w.sent.Load() >= size {
+			t.Fatalf("hints %v: answer %d after %d bytes sent; want 413 after some of the body", hints, resp.StatusCode, w.sent.Load())
+		}
+		if want := map[bool]string{false: "[]", true: "[103]"}[hints]; fmt.Sprint(heard.info) != want {
+			t.Errorf("hints %v: 1xx heard %v, want %s", hints, heard.info, want)
+		}
+		e.mu.Lock()
+		for _, list := range e.idle {
+			if len(list) > 0 {
+				t.Errorf("hints %v: a connection whose request was cut short was kept", hints)
+			}
+		}
+		e.mu.Unlock()
 	}
 }
 
