@@ -13,7 +13,8 @@ import (
 
 // scriptedUpstream answers a request for /case/<name> with the exact
 // bytes answers[name], and /ok with a plain 200 "ok", on keep-alive
-// connections.
+// connections; it closes the connection after the answer if name begins
+// with "close-".
 func scriptedUpstream(t testing.TB, answers map[string]string) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -34,7 +35,7 @@ func scriptedUpstream(t testing.TB, answers map[string]string) string {
 			if !ok {
 				a = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 			}
-			if _, err := io.WriteString(c, a); err != nil {
+			if _, err := io.WriteString(c, a); err != nil || strings.HasPrefix(req.URL.Path, "/case/close-") {
 				return
 			}
 		}
@@ -60,7 +61,7 @@ func scriptedUpstream(t testing.TB, answers map[string]string) string {
 func TestHostileUpstreamAnswers(t *testing.T) {
 	cases := []struct {
 		name, answer string
-		status       int
+		status       int // 0: the answer is cut short (no complete answer at the client)
 		body         string
 		drain        bool
 	}{
@@ -79,6 +80,11 @@ func TestHostileUpstreamAnswers(t *testing.T) {
 		{"gzip-chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n", 502, "", true},
 		{"length-plus", "HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\nhi", 502, "", true},
 		{"hop-by-hop", "HTTP/1.1 200 OK\r\nConnection: X-Secret\r\nX-Secret: s\r\nKeep-Alive: a\r\nProxy-Connection: b\r\nUpgrade: h2c\r\nContent-Length: 2\r\n\r\nhi", 200, "hi", false},
+		// A drain exactly when no complete answer head came.
+		{"close-head-cut", "HTTP/1.1 200 OK\r\nContent-Le", 502, "", true},
+		{"close-after-1xx", "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n", 502, "", true},
+		{"close-body-cut", "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhi", 0, "", false},
+		{"close-chunked-cut", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n", 0, "", false},
 		{"101-unasked", "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi", 502, "", true},
 	}
 	answers := map[string]string{}
@@ -91,6 +97,8 @@ func TestHostileUpstreamAnswers(t *testing.T) {
 			lease := tg.lease(t, tc.name)
 			c := tg.dial(t)
 			br := bufio.NewReader(c)
+			// send writes a request on c and reads its answer: nil if the
+			// answer is cut short (the gateway then closes c).
 			send := func(path string) (*http.Response, string) {
 				t.Helper()
 				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
@@ -102,30 +110,41 @@ func TestHostileUpstreamAnswers(t *testing.T) {
 					resp, err = http.ReadResponse(br, nil)
 				}
 				if err != nil {
-					t.Fatalf("%s: no answer: %v", path, err)
+					return nil, err.Error()
 				}
 				b, err := io.ReadAll(resp.Body)
 				if err != nil {
-					t.Fatalf("%s: a broken answer: %d, %v", path, resp.StatusCode, err)
+					return nil, err.Error()
 				}
 				return resp, string(b)
 			}
 			resp, body := send("/case/" + tc.name)
-			if resp.StatusCode != tc.status || tc.status != 502 && body != tc.body {
+			if tc.status == 0 {
+				if resp != nil {
+					t.Fatalf("a cut answer reached the client whole: %d %q", resp.StatusCode, body)
+				}
+				c = tg.dial(t)
+				br = bufio.NewReader(c)
+			} else if resp == nil {
+				t.Fatalf("no answer: %s", body)
+			} else if resp.StatusCode != tc.status || tc.status != 502 && body != tc.body {
 				t.Fatalf("the client got %d %q, want %d %q", resp.StatusCode, body, tc.status, tc.body)
 			}
 			if tc.status == 502 && !strings.Contains(body, "upstream_unreachable") {
 				t.Fatalf("a 502 that is not the gateway's problem: %q", body)
 			}
 			for _, k := range []string{"Connection", "X-Secret", "Keep-Alive", "Proxy-Connection", "Upgrade", "Transfer-Encoding", "Set-Cookie"} {
+				if resp == nil {
+					break
+				}
 				if v := resp.Header[k]; v != nil && !(k == "Connection" && v[0] == "close") {
 					t.Errorf("%s reached the client: %q", k, v)
 				}
 			}
 			// The client's connection, and the upstream's, carry the next
 			// write's own answer.
-			if resp, body := send("/ok"); resp.StatusCode != 200 || body != "ok" {
-				t.Fatalf("the next write got %d %q, want 200 \"ok\"", resp.StatusCode, body)
+			if resp, body := send("/ok"); resp == nil || resp.StatusCode != 200 || body != "ok" {
+				t.Fatalf("the next write got %v %q, want 200 \"ok\"", resp != nil, body)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
