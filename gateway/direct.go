@@ -297,11 +297,14 @@ func (d *directHooks) WroteHeaders() { d.f.wroteRequest.Store(true) }
 // upstream's 100 triggers. Nor does an HTTP/1.0 client get any (RFC 9110
 // 15.2): it would take the 1xx for the final answer, and the final
 // answer's bytes for its body or the next answer; net/http's server
-// writes one to it all the same, as the reverse proxy has it do.
+// writes one to it all the same, as the reverse proxy has it do. A 1xx
+// loses its hop-by-hop fields as the final answer does (RFC 9110 7.6.1;
+// the reverse proxy relays them): they were the upstream's to the gateway.
 func (d *directHooks) Got1xx(code int, header textproto.MIMEHeader) error {
 	if code == http.StatusContinue || d.http10 {
 		return nil
 	}
+	removeHopByHop(http.Header(header)) // the 1xx's own map
 	h := d.w.Header()
 	for k, vv := range header {
 		for _, v := range vv {

@@ -165,9 +165,10 @@ func TestHostileUpstreamAnswers(t *testing.T) {
 // HTTP/1.0 knows no 1xx: an HTTP/1.0 client takes an upstream's 103 or
 // 102, relayed, for the final answer, and the final answer's bytes for its
 // body or the next answer (RFC 9110 15.2: a server must not send it one).
-// An HTTP/1.1 client still gets them.
-func TestUpstream1xxNotRelayedToHTTP10Client(t *testing.T) {
-	info := "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n"
+// An HTTP/1.1 client still gets them, without their hop-by-hop fields
+// (RFC 9110 7.6.1), as the final answer's.
+func TestUpstream1xxRelay(t *testing.T) {
+	info := "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\nConnection: X-Hop\r\nX-Hop: h\r\nKeep-Alive: k\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n"
 	up := scriptedUpstream(t, map[string]string{"hints": info + "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"})
 	tg := startFraming(t, up, Config{}, false)
 	lease := tg.lease(t, "r")
