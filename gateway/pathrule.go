@@ -24,7 +24,8 @@ import (
 //
 //   - a segment, with anything from its first ';' cut off, is made only of
 //     dots and spaces and has a dot (".", "..", "..;x", ". .", "..."), in any
-//     percent-encoding;
+//     percent-encoding, and counting as spaces the Unicode spaces NFKC turns
+//     into one (U+00A0, U+2000-U+200A, ...: nfkcSpace);
 //   - it has a backslash (raw or %5c);
 //   - it has a '%' (an encoded percent, %25: a second decoding would change
 //     the path);
@@ -88,8 +89,40 @@ func checkProxyPath(raw string) (string, error) {
 				return "", tokens.Invalid("path", pathLookalike)
 			}
 		}
+		// A Unicode space that NFKC turns into ' ' beside a dot: ". "
+		// reads as ". " once normalised, which Windows trims to ".".
+		for seg := range strings.SplitSeq(path, "/") {
+			if dotSegmentNFKC(seg) {
+				return "", tokens.Invalid("path", pathDotSegment)
+			}
+		}
 	}
 	return path, nil
+}
+
+// nfkcSpace reports whether r (not ASCII) is one of the spaces whose NFKC
+// form is ' ' (TestNFKCSpaceIsComplete derives the list from
+// golang.org/x/text).
+func nfkcSpace(r rune) bool {
+	return r == 0x00A0 || 0x2000 <= r && r <= 0x200A || r == 0x202F || r == 0x205F || r == 0x3000
+}
+
+// dotSegmentNFKC is dotSegment for seg once NFKC-normalised: a segment of
+// dots and spaces, those of nfkcSpace included, with at least one dot.
+func dotSegmentNFKC(seg string) bool {
+	dot := false
+	for _, r := range seg {
+		switch {
+		case r == ';':
+			return dot
+		case r == '.':
+			dot = true
+		case r == ' ' || nfkcSpace(r):
+		default:
+			return false
+		}
+	}
+	return dot
 }
 
 // nfkcUnsafe reports whether r's NFKC form holds '.', '/', '\', ';' or

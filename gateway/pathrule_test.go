@@ -53,6 +53,9 @@ func TestCheckProxyPath(t *testing.T) {
 		{"/%c0%ae%c0%ae/x", "", "UTF-8"},
 		{"/%e0%80%ae", "", "UTF-8"},
 		{"/%ff", "", "UTF-8"},
+		{"/.%e2%80%80/x", "", "dot segments"}, // '.' U+2000, NFKC ". "
+		{"/%c2%a0..%e3%80%80;x/y", "", "dot segments"},
+		{"/a.%c2%a0b", "/a. b", ""},
 		{"/%ef%bc%8e%ef%bc%8e/x", "", "NFKC"}, // U+FF0E U+FF0E
 		{"/\u2025/x", "", "NFKC"},
 		{"/a\uFF0Fb", "", "NFKC"},
@@ -97,6 +100,18 @@ func TestNFKCUnsafeIsComplete(t *testing.T) {
 	}
 }
 
+func TestNFKCSpaceIsComplete(t *testing.T) {
+	for r := rune(utf8.RuneSelf); r <= utf8.MaxRune; r++ {
+		if !utf8.ValidRune(r) {
+			continue
+		}
+		n := norm.NFKC.String(string(r))
+		if want := n != "" && strings.Trim(n, " ") == ""; nfkcSpace(r) != want {
+			t.Errorf("nfkcSpace(%U) = %v, NFKC %q", r, !want, n)
+		}
+	}
+}
+
 // upstreamReadings are ways upstreams are known to read a path: as is,
 // decoded again, NFKC-normalised, with '\' for '/', with ";parameters"
 // dropped from each segment, and with trailing dots and spaces trimmed
@@ -131,7 +146,7 @@ func upstreamReadings(p string) []string {
 // every upstream reading above.
 func FuzzCheckProxyPath(f *testing.F) {
 	for _, s := range []string{"/a/b", "/a/../b", "/%2e%2e/x", "/a%2Fb", "/%00", "/./", "/", "/..;/x", "/%252e%252e",
-		"/%c0%ae", "/..%5c", "/a\\b", "/\uff0e\uff0e/x", "/%e2%80%a5", "/a;b/c;d", "/. ./"} {
+		"/%c0%ae", "/..%5c", "/a\\b", "/\uff0e\uff0e/x", "/%e2%80%a5", "/a;b/c;d", "/. ./", ".%e2%80%80"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, raw string) {
