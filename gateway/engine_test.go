@@ -213,7 +213,9 @@ func startDiffWith(t testing.TB, setup func(*bolt.Store, *Config, *http.Server))
 	countDirect(t)
 	up = newDiffUpstream(t)
 	eng = startFramingWith(t, up.URL, Config{}, false, setup)
-	std = startFramingWith(t, up.URL, Config{}, false, setup)
+	// The reference: the reverse proxy, served by Go's server alone (no
+	// own loop: framing.Listener without Own).
+	std = withNetHTTPOnly(func() *testGateway { return startFramingWith(t, up.URL, Config{}, false, setup) })
 	useReverseProxy(std)
 	// Leases as long as allowed: a fuzz run outlives a minute, and every
 	// write after its lease ran out would be refused alike by both

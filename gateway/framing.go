@@ -8,6 +8,7 @@ package gateway
 // cannot see it); here is the middleware that answers what Check finds.
 
 import (
+	"bytes"
 	"crypto/tls"
 	"encoding/json"
 	"net"
@@ -35,8 +36,33 @@ import (
 // "chunked", an HTTP version it does not speak: the client's fault, never
 // the gateway's), 431 invalid_request for a head too large, 417
 // invalid_request for an expectation other than 100-continue.
-func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config) net.Listener {
-	return framing.Listener(srv, ln, tlsConfig, framingRefusal)
+//
+// Fenced writes (plain HTTP/1.1 requests under /v1/proxy/ with a
+// Content-Length or no body) are served by the listener's own connection
+// loop, without Go's server (gateway/internal/framing, own.go); every other
+// request is Go's server's, on the same connection. Call the listener's
+// Shutdown after srv.Shutdown: it waits for the writes the loop serves.
+func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config) ServingListener {
+	return framing.Listener(srv, ln, tlsConfig, framingRefusal, ownsRequest)
+}
+
+// ServingListener is the listener Listener returns.
+type ServingListener = framing.ServingListener
+
+// ownsRequest tells the listener which requests its own loop serves, from
+// the start of the request line: the methods of a fenced write that has
+// no need of Go's server's rules for HEAD, and a target under
+// /v1/proxy/ (the escaped path the proxy is dispatched on: dispatch).
+func ownsRequest(line []byte) bool {
+	method, target, ok := bytes.Cut(line, []byte(" "))
+	if !ok || !bytes.HasPrefix(target, []byte(proxyPrefix)) {
+		return false
+	}
+	switch string(method) {
+	case http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodGet:
+		return true
+	}
+	return false
 }
 
 // framingRefusal renders the invalid_request problem (status 400 or 431)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"github.com/fencegw/fencegw/gateway/internal/framing"
 	"io"
 	"log/slog"
 	"net"
@@ -119,13 +120,32 @@ func startFramingWith(t testing.TB, up string, cfg Config, tlsOn bool, setup fun
 	if tlsOn {
 		serverTLS, tg.tls = testCertificate(t)
 	}
-	ln = Listener(srv, ln, serverTLS)
-	go func() { _ = srv.Serve(ln) }()
+	served := listenFraming(srv, ln, serverTLS)
+	go func() { _ = srv.Serve(served) }()
 	t.Cleanup(func() {
 		g.Close()
 		_ = srv.Close()
 	})
 	return tg
+}
+
+// listenFraming is how startFramingWith serves its gateway: Listener, the
+// gateway's own loop in front of Go's server, unless a test says otherwise
+// (netHTTPOnly).
+var listenFraming = Listener
+
+// netHTTPOnly serves every request with Go's server alone, as the
+// reference the own loop is held to: the listener without the loop.
+func netHTTPOnly(srv *http.Server, ln net.Listener, tlsConfig *tls.Config) ServingListener {
+	return framing.Listener(srv, ln, tlsConfig, framingRefusal, nil)
+}
+
+// withNetHTTPOnly runs start with the gateways it starts served by Go's
+// server alone.
+func withNetHTTPOnly[T any](start func() T) T {
+	listenFraming = netHTTPOnly
+	defer func() { listenFraming = Listener }()
+	return start()
 }
 
 func testCertificate(t testing.TB) (server, client *tls.Config) {

@@ -80,7 +80,7 @@ type Replica struct {
 	keys       *tokens.Idempotency
 	gw         *gateway.Gateway
 	srv        *http.Server
-	ln         net.Listener
+	ln         gateway.ServingListener
 	endFeed    context.CancelFunc
 	stopCounts func()
 	served     chan error // nil until Start
@@ -300,6 +300,11 @@ func (r *Replica) Shutdown(hurry <-chan struct{}) error {
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ForwardTimeout+5*time.Second)
 	defer cancel()
 	if err := r.srv.Shutdown(shutdownCtx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	// The fenced writes the listener's own loop serves are not Go's
+	// server's to wait for.
+	if err := r.ln.Shutdown(shutdownCtx); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	// Drains the store could not record yet hold their fences until it

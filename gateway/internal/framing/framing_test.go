@@ -44,7 +44,7 @@ func serveChecks(t *testing.T, tlsConfig *tls.Config) (addr string, seen func() 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln = Listener(srv, ln, tlsConfig, nil)
+	ln = Listener(srv, ln, tlsConfig, nil, nil)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return ln.Addr().String(), func() []checked {
@@ -175,7 +175,7 @@ func TestOwnAnswerOnTheWire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln = Listener(srv, ln, nil, nil)
+	ln = Listener(srv, ln, nil, nil, nil)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	for _, tc := range []struct {
@@ -231,7 +231,7 @@ func TestOwnAnswerNotInAHandlersAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln = Listener(srv, ln, nil, nil)
+	ln = Listener(srv, ln, nil, nil, nil)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	c, err := net.Dial("tcp", ln.Addr().String())

@@ -84,7 +84,7 @@ func TestServerCloseDoesNotWaitForEachLinger(t *testing.T) {
 	}
 	var seq atomic.Int64
 	var firstClosed atomic.Int64 // seq of the first connection closed underneath; 0: none yet
-	ln := Listener(srv, closeSignalListener{inner.(*net.TCPListener), func() { firstClosed.CompareAndSwap(0, seq.Add(1)) }}, nil, nil)
+	ln := Listener(srv, closeSignalListener{inner.(*net.TCPListener), func() { firstClosed.CompareAndSwap(0, seq.Add(1)) }}, nil, nil, nil)
 	served := make(chan struct{})
 	go func() { defer close(served); _ = srv.Serve(ln) }()
 	const conns = 6

@@ -45,7 +45,11 @@ import (
 // unsupported Transfer-Encoding and 505 for an HTTP version it does not
 // speak, which are the client's fault too), and 400 with no field for a
 // plain HTTP request to the TLS port (tls.go); nil: a bare problem.
-func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config, refuse func(status int, field, reason string) []byte) net.Listener {
+//
+// With own, the listener serves the requests own takes itself, and lends
+// Go's server the rest (own.go): pass the listener to srv.Serve all the
+// same, and call its Shutdown after srv.Shutdown.
+func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config, refuse func(status int, field, reason string) []byte, own Own) ServingListener {
 	maxHeader := srv.MaxHeaderBytes
 	if maxHeader <= 0 {
 		maxHeader = http.DefaultMaxHeaderBytes
@@ -63,6 +67,9 @@ func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config, refuse f
 	if l.refuse == nil {
 		l.refuse = bareRefusal
 	}
+	if own != nil {
+		l.own = newOwnLoop(srv, own)
+	}
 	if tlsConfig != nil {
 		l.tls = tlsConfig.Clone()
 		l.tls.NextProtos = []string{"http/1.1"}
@@ -73,6 +80,9 @@ func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config, refuse f
 	srv.DisableGeneralOptionsHandler = true
 	connContext := srv.ConnContext
 	srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+		if lc, ok := c.(*lent); ok {
+			c = lc.conn
+		}
 		if fc, ok := c.(*conn); ok {
 			ctx = context.WithValue(ctx, connKey{}, fc)
 		}
@@ -83,6 +93,10 @@ func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config, refuse f
 	}
 	connState := srv.ConnState
 	srv.ConnState = func(c net.Conn, s http.ConnState) {
+		if lc, ok := c.(*lent); ok {
+			lc.idle.Store(s == http.StateIdle)
+			c = lc.conn
+		}
 		if fc, ok := c.(*conn); ok {
 			switch s {
 			case http.StateHijacked:
@@ -116,8 +130,18 @@ func handshakeTimeout(srv *http.Server) time.Duration {
 
 type connKey struct{}
 
+// ServingListener is the listener Listener returns: pass it to
+// http.Server.Serve. Shutdown waits for the requests its own loop serves
+// (Go's server's Shutdown waits for the others): call it after the
+// server's Shutdown, which closes the listener.
+type ServingListener interface {
+	net.Listener
+	Shutdown(ctx context.Context) error
+}
+
 type listener struct {
 	net.Listener
+	own       *ownLoop // nil: Go's server serves every connection
 	tls       *tls.Config
 	maxHead   int
 	hsTimeout time.Duration
@@ -126,6 +150,26 @@ type listener struct {
 }
 
 func (l *listener) Accept() (net.Conn, error) {
+	if l.own != nil {
+		return l.acceptOwn()
+	}
+	c, err := l.acceptConn()
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Close closes the listener; the own loop's connections stop keep-alive.
+func (l *listener) Close() error {
+	err := l.Listener.Close()
+	if l.own != nil {
+		l.own.close()
+	}
+	return err
+}
+
+func (l *listener) acceptConn() (*conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err

@@ -1,0 +1,408 @@
+package framing
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// takesOwn is the Own of these tests: POST and PUT under /own/.
+func takesOwn(line []byte) bool {
+	return bytes.HasPrefix(line, []byte("POST /own/")) || bytes.HasPrefix(line, []byte("PUT /own/"))
+}
+
+// serveBoth serves h through Listener with own (nil: Go's server alone).
+func serveBoth(t *testing.T, h http.Handler, own Own, setup func(*http.Server)) (addr string, srv *http.Server, ln ServingListener) {
+	t.Helper()
+	srv = &http.Server{ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, Handler: h}
+	if setup != nil {
+		setup(srv)
+	}
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln = Listener(srv, inner, nil, nil, own)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return inner.Addr().String(), srv, ln
+}
+
+// servedBy answers which server served the request, and what Check said.
+func servedBy(w http.ResponseWriter, r *http.Request) {
+	v, scanned := Check(r)
+	body, err := io.ReadAll(r.Body)
+	server := "go"
+	if _, ok := w.(*response); ok {
+		server = "own"
+	}
+	if v.TransferEncoding || v.Field != "" {
+		w.Header().Set("Connection", "close")
+	}
+	fmt.Fprintf(w, "%s %s %s scanned=%v field=%q body=%q err=%v", server, r.Method, r.URL.Path, scanned, v.Field, body, err)
+}
+
+// readAnswers reads n answers from br.
+func readAnswers(t *testing.T, br *bufio.Reader, n int) []string {
+	t.Helper()
+	var got []string
+	for range n {
+		resp, err := http.ReadResponse(br, nil)
+		for err == nil && resp.StatusCode == http.StatusContinue {
+			resp, err = http.ReadResponse(br, nil)
+		}
+		if err != nil {
+			t.Fatalf("after %d answers %q: %v", len(got), got, err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, strconv.Itoa(resp.StatusCode)+" "+string(b))
+	}
+	return got
+}
+
+// One keep-alive connection carries requests for both servers, one at a
+// time and pipelined: the loop serves the requests Own takes and lends the
+// rest to Go's server, which gives the connection back when the next
+// request is the loop's; every request is checked against its scanned head
+// on either road, in order.
+func TestOwnLoopSharesAConnectionWithGoServer(t *testing.T) {
+	addr, _, _ := serveBoth(t, http.HandlerFunc(servedBy), takesOwn, nil)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	steps := []struct {
+		raw  string
+		want []string
+	}{
+		{"POST /own/a HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi",
+			[]string{`200 own POST /own/a scanned=true field="" body="hi" err=<nil>`}},
+		{"GET /ctl HTTP/1.1\r\nHost: x\r\n\r\n",
+			[]string{`200 go GET /ctl scanned=true field="" body="" err=<nil>`}},
+		{"POST /own/b HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nb",
+			[]string{`200 own POST /own/b scanned=true field="" body="b" err=<nil>`}},
+		// Pipelined: the loop's, then Go's, which serves what it was lent
+		// with it.
+		{"PUT /own/c HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\ncGET /ctl2 HTTP/1.1\r\nHost: x\r\n\r\nPOST /own/d HTTP/1.1\r\nHost: x\r\n\r\n",
+			[]string{`200 own PUT /own/c scanned=true field="" body="c" err=<nil>`, `200 go GET /ctl2 scanned=true field="" body="" err=<nil>`, `200 go POST /own/d scanned=true field="" body="" err=<nil>`}},
+		{"POST /own/d2 HTTP/1.1\r\nHost: x\r\n\r\n",
+			[]string{`200 own POST /own/d2 scanned=true field="" body="" err=<nil>`}},
+		// Requests the loop never takes whatever Own says: Expect, HTTP/1.0,
+		// a bare LF, no Host.
+		{"POST /own/e HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\ne",
+			[]string{`200 go POST /own/e scanned=true field="" body="e" err=<nil>`}},
+		{"POST /own/f HTTP/1.1\nHost: x\nContent-Length: 1\n\nf",
+			[]string{`200 go POST /own/f scanned=true field="" body="f" err=<nil>`}},
+		{"POST /own/g HTTP/1.1\r\nHost: x\r\n\r\n",
+			[]string{`200 own POST /own/g scanned=true field="" body="" err=<nil>`}},
+		// A POST's trailing CRLF is dropped as Go's server drops it.
+		{"POST /own/h HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nh\r\nPOST /own/i HTTP/1.1\r\nHost: x\r\n\r\n",
+			[]string{`200 own POST /own/h scanned=true field="" body="h" err=<nil>`, `200 own POST /own/i scanned=true field="" body="" err=<nil>`}},
+		// Chunked: Go's server, and the connection ends after it.
+		{"POST /own/j HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nj\r\n0\r\n\r\n",
+			[]string{`200 go POST /own/j scanned=true field="" body="j" err=<nil>`}},
+	}
+	for i, s := range steps {
+		if _, err := io.WriteString(c, s.raw); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		got := readAnswers(t, br, len(s.want))
+		if strings.Join(got, "\n") != strings.Join(s.want, "\n") {
+			t.Errorf("step %d: got\n%s\nwant\n%s", i, strings.Join(got, "\n"), strings.Join(s.want, "\n"))
+		}
+	}
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Errorf("after the chunked request the connection stays open: %v", err)
+	}
+}
+
+// A request the loop refuses before any handler (a header Go's server
+// refuses) gets Go's answer, as the gateway's refusal replaces it.
+func TestOwnLoopRefusesWhatGoRefuses(t *testing.T) {
+	for _, own := range []Own{takesOwn, nil} {
+		addr, _, _ := serveBoth(t, http.HandlerFunc(servedBy), own, nil)
+		for _, raw := range []string{
+			"POST /own/a HTTP/1.1\r\nHost: x\r\nBad Name: 1\r\n\r\n",
+			"POST /own/a HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n",
+			"POST /own/a HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
+			"POST /own/a HTTP/1.1\r\nHost: x y\r\n\r\n",
+			"POST /own/a HTTP/1.1\r\n\r\n",
+			"POST /own/a%zz HTTP/1.1\r\nHost: x\r\n\r\n",
+			"POST /own/a HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+			"POST /own/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+		} {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			_, _ = io.WriteString(c, raw)
+			all, _ := io.ReadAll(c)
+			c.Close()
+			if !bytes.HasPrefix(all, []byte("HTTP/1.1 400 ")) || !bytes.Contains(all, []byte("application/problem+json")) {
+				t.Errorf("own=%v: %q got %q, want a 400 problem", own != nil, raw, all)
+			}
+		}
+	}
+}
+
+var (
+	dateField = regexp.MustCompile(`(?m)^Date: .*\r\n`)
+	zs        = regexp.MustCompile(`z{10,}`)
+)
+
+// The loop's answers are Go's server's, byte for byte (but for Date), and
+// so is whether the connection carries the next request: for every kind of
+// answer a handler can write.
+func TestOwnLoopAnswersAsGoServer(t *testing.T) {
+	big := strings.Repeat("z", 5000)
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		Check(r)
+		h := w.Header()
+		switch r.URL.Path {
+		case "/own/short": // a length and a sniffed type added
+			_, _ = io.WriteString(w, "<html>hi")
+		case "/own/typed":
+			h.Set("Content-Type", "application/json")
+			h.Set("Content-Length", "2")
+			_, _ = io.WriteString(w, "{}")
+		case "/own/long": // chunked
+			_, _ = io.WriteString(w, big)
+		case "/own/flushed":
+			_, _ = io.WriteString(w, "a")
+			w.(http.Flusher).Flush()
+			_, _ = io.WriteString(w, "b")
+		case "/own/empty":
+		case "/own/204":
+			h.Set("Content-Length", "5")
+			h.Set("Content-Type", "text/plain")
+			w.WriteHeader(http.StatusNoContent)
+			_, err := io.WriteString(w, "x")
+			h.Set("X-Err", fmt.Sprint(err))
+		case "/own/304":
+			h.Set("Content-Type", "text/plain")
+			h.Set("Etag", `"1"`)
+			w.WriteHeader(http.StatusNotModified)
+		case "/own/1xx":
+			h.Set("Link", "</a>")
+			w.WriteHeader(http.StatusEarlyHints)
+			h.Del("Link")
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, "made")
+		case "/own/trailers":
+			h.Set("Trailer", "X-Sum, Content-Length")
+			w.WriteHeader(http.StatusOK)
+			_, _ = io.WriteString(w, "body")
+			h.Set("X-Sum", "42")
+			h.Set(http.TrailerPrefix+"X-Late", "1")
+		case "/own/prefix-trailer":
+			_, _ = io.WriteString(w, "body")
+			h.Set(http.TrailerPrefix+"X-Late", "1")
+		case "/own/short-length": // declared 10, wrote 3: the connection ends
+			h.Set("Content-Length", "10")
+			_, _ = io.WriteString(w, "abc")
+		case "/own/over-length":
+			h.Set("Content-Length", "2")
+			_, err := io.WriteString(w, "abc")
+			_, _ = io.WriteString(w, fmt.Sprint(err))
+		case "/own/bad-length":
+			h.Set("Content-Length", "x")
+			_, _ = io.WriteString(w, "ok")
+		case "/own/close":
+			h.Set("Connection", "close")
+			_, _ = io.WriteString(w, "bye")
+		case "/own/identity":
+			h.Set("Transfer-Encoding", "identity")
+			_, _ = io.WriteString(w, "raw")
+		case "/own/chunked-set":
+			h.Set("Transfer-Encoding", "chunked")
+			h.Set("Content-Length", "3")
+			_, _ = io.WriteString(w, "abc")
+		case "/own/after-header":
+			w.WriteHeader(http.StatusAccepted)
+			h.Set("X-After", "not sent")
+			_, _ = io.WriteString(w, "x")
+		case "/own/encoded":
+			h.Set("Content-Encoding", "gzip")
+			_, _ = io.WriteString(w, "\x1f\x8b")
+		case "/own/odd-status":
+			w.WriteHeader(299)
+		case "/own/headers":
+			h["X-Multi"] = []string{"1", "2"}
+			h.Set("X-Newline", "a\nb")
+			h["Bad Name"] = []string{"dropped"}
+			h.Set("Date", "Mon, 01 Jan 2024 00:00:00 GMT")
+			_, _ = io.WriteString(w, "h")
+		case "/own/read-half": // reads part of the body: the rest is read and dropped
+			var b [2]byte
+			_, _ = io.ReadFull(r.Body, b[:])
+			_, _ = io.WriteString(w, string(b[:]))
+		case "/own/close-body":
+			_ = r.Body.Close()
+			_, _ = io.WriteString(w, "closed")
+		}
+	})
+	ownAddr, _, _ := serveBoth(t, handler, takesOwn, nil)
+	goAddr, _, _ := serveBoth(t, handler, nil, nil)
+	exchange := func(addr, raw string) string {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		_, _ = io.WriteString(c, raw+"POST /own/short HTTP/1.1\r\nHost: x\r\n\r\n")
+		var rec bytes.Buffer
+		br := bufio.NewReader(io.TeeReader(c, &rec))
+		var out []string
+		for finals := 0; finals < 2; {
+			resp, err := http.ReadResponse(br, nil)
+			if err == nil && resp.StatusCode < 200 {
+				continue
+			}
+			finals++
+			if err != nil {
+				out = append(out, "read: "+err.Error())
+				break
+			}
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				out = append(out, "body: "+err.Error())
+				break
+			}
+		}
+		got := dateField.ReplaceAllString(rec.String(), "Date: -\r\n") + "\n" + strings.Join(out, "\n")
+		return zs.ReplaceAllStringFunc(got, func(z string) string { return "z*" + strconv.Itoa(len(z)) })
+	}
+	for _, path := range []string{"short", "typed", "long", "flushed", "empty", "204", "304", "1xx", "trailers",
+		"prefix-trailer", "short-length", "over-length", "bad-length", "close", "identity", "chunked-set",
+		"after-header", "encoded", "odd-status", "headers", "read-half", "close-body"} {
+		for _, req := range []string{
+			"POST /own/" + path + " HTTP/1.1\r\nHost: x\r\n\r\n",
+			"PUT /own/" + path + " HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nabcdef",
+			"POST /own/" + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 1\r\n\r\na",
+		} {
+			if got, want := exchange(ownAddr, req), exchange(goAddr, req); got != want {
+				t.Errorf("%q:\nthe loop:\n%s\nGo's server:\n%s", req, got, want)
+			}
+		}
+	}
+}
+
+// A body larger than 256 KiB that the handler leaves unread closes the
+// connection, as with Go's server; a smaller one is read and dropped.
+func TestOwnLoopUnreadBody(t *testing.T) {
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		Check(r)
+		_, _ = io.WriteString(w, "ok")
+	})
+	for _, size := range []int{10, 300 << 10} {
+		for _, own := range []Own{takesOwn, nil} {
+			addr, _, _ := serveBoth(t, handler, own, nil)
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			go func() {
+				_, _ = io.WriteString(c, "POST /own/a HTTP/1.1\r\nHost: x\r\nContent-Length: "+strconv.Itoa(size)+"\r\n\r\n"+strings.Repeat("b", size)+
+					"POST /own/b HTTP/1.1\r\nHost: x\r\n\r\n")
+			}()
+			br := bufio.NewReader(c)
+			n := 0
+			for n < 2 {
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					break
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				n++
+			}
+			c.Close()
+			want := 2
+			if size > maxPostHandlerReadBytes {
+				want = 1
+			}
+			if n != want {
+				t.Errorf("own=%v, an unread body of %d bytes: %d answers, want %d", own != nil, size, n, want)
+			}
+		}
+	}
+}
+
+// The listener's Shutdown waits for the requests the loop serves; its
+// close ends the loop's idle connections at once and the busy ones after
+// their answer, which says Connection: close.
+func TestOwnLoopShutdown(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		Check(r)
+		if r.URL.Path == "/own/slow" {
+			once.Do(func() { close(entered) })
+			<-release
+		}
+		_, _ = io.WriteString(w, "ok")
+	})
+	addr, srv, ln := serveBoth(t, handler, takesOwn, nil)
+	idle, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	_ = idle.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(idle, "POST /own/a HTTP/1.1\r\nHost: x\r\n\r\n")
+	ib := bufio.NewReader(idle)
+	readAnswers(t, ib, 1)
+
+	busy, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	_ = busy.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(busy, "POST /own/slow HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-entered
+
+	if err := srv.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ib.ReadByte(); err != io.EOF {
+		t.Errorf("an idle connection of the loop after the listener closed: %v, want EOF", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	if err := ln.Shutdown(ctx); err != context.DeadlineExceeded {
+		t.Errorf("Shutdown with a request in the loop: %v, want it to wait", err)
+	}
+	cancel()
+	close(release)
+	if err := ln.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(busy), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.Close {
+		t.Errorf("the answer of a request served during shutdown keeps the connection: %v", resp.Header)
+	}
+}
