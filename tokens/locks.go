@@ -122,6 +122,20 @@ func (h *hold) unlock() {
 	l.mu.Unlock()
 }
 
+// HeldShared reports how many shared locks are held. In the embedded mode
+// each is a fenced write admitted and not yet done, or one whose unknown
+// outcome keeps its lock until its drain is recorded (drain.go): the
+// embedded store reads it when it closes (storage/bolt Options.InFlight).
+func (l *LocalLocker) HeldShared() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, e := range l.entries {
+		n += e.readers
+	}
+	return n
+}
+
 // Shared takes the resource's shared lock. It waits behind a waiting
 // exclusive holder (writer preference).
 func (l *LocalLocker) Shared(ctx context.Context, resource string) (func(), error) {

@@ -176,6 +176,30 @@ func TestCrash(t *testing.T) {
 	}
 }
 
+// A Close while Options.InFlight reports writes leaves the file unmarked:
+// the next Open drains as after a crash. With none in flight it is clean.
+func TestCloseWithWritesInFlightIsUnclean(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fencegw.db")
+	inFlight := 1
+	s := openAt(t, path, Options{InFlight: func() int { return inFlight }})
+	ctx := t.Context()
+	if _, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", Holder: "h", TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	const crashDrain = time.Minute
+	opened := time.Now()
+	s = reopen(t, s, Options{CrashDrain: crashDrain, InFlight: func() int { return inFlight }})
+	r, err := s.Resource(ctx, "r")
+	if err != nil || !r.DrainUntil.After(opened) {
+		t.Fatalf("after a close with a write in flight DrainUntil = %v, %v; want about open+%v", r.DrainUntil, err, crashDrain)
+	}
+	inFlight = 0
+	s = reopen(t, s, Options{CrashDrain: time.Hour})
+	if r2, err := s.Resource(ctx, "r"); err != nil || !r2.DrainUntil.Equal(r.DrainUntil) {
+		t.Fatalf("after a close with nothing in flight DrainUntil = %v, %v; want unchanged %v", r2.DrainUntil, err, r.DrainUntil)
+	}
+}
+
 // After a crash, only leases that ended within twice the crash drain (a
 // write's forward timeout and its drain) are drained: one released or
 // expired long before is granted at once, one released recently is not.

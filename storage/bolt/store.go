@@ -75,6 +75,13 @@ type Options struct {
 	CacheEntries int
 	// Logger receives operational messages; nil means slog.Default().
 	Logger *slog.Logger
+	// InFlight, if set, reports how many fenced writes may still be on
+	// their way to an upstream: in the embedded mode, the shared holds of
+	// the mode's lock (tokens.LocalLocker.HeldShared). Close asks it once
+	// no call is left and new ones fail; if it reports any, the file is
+	// closed without the clean-shutdown marker, and the next Open drains
+	// as after a crash (recover.go).
+	InFlight func() int
 }
 
 // Bucket names.
@@ -208,7 +215,11 @@ func Open(path string, opts Options) (*Store, error) {
 }
 
 // Close waits for every call in flight (and every commit a caller gave up
-// waiting for), marks the file as closed cleanly and closes it.
+// waiting for), marks the file as closed cleanly and closes it. With
+// fenced writes still in flight (Options.InFlight: a shutdown that gave
+// up on a write whose body was still streaming in) it leaves the marker
+// out: the process may exit with such a write half-forwarded, and the
+// next Open must drain its resource as after a crash.
 func (s *Store) Close() error {
 	// Stop the collector first: it enters like any operation.
 	s.stopOnce.Do(func() { close(s.stopGC) })
@@ -219,10 +230,19 @@ func (s *Store) Close() error {
 		return nil
 	}
 	// No call is left: a caller holds life until its commit has ended,
-	// also one that gave up waiting for it (update).
-	err := s.db.Update(func(tx *bbolt.Tx) error {
-		return tx.Bucket(bucketMeta).Put(keyClean, []byte{1})
-	})
+	// also one that gave up waiting for it (update). A write admitted from
+	// now on is not: the embedded mode admits under the shared lock and
+	// then reads the resource, which fails once closed is set. So a write
+	// that read it holds its lock now, and InFlight counts it.
+	var err error
+	if n := s.inFlight(); n > 0 {
+		s.log.Warn("closing the store with fenced writes in flight: not marked clean, so the next start drains their resources as after a crash",
+			"writes_in_flight", n)
+	} else {
+		err = s.db.Update(func(tx *bbolt.Tx) error {
+			return tx.Bucket(bucketMeta).Put(keyClean, []byte{1})
+		})
+	}
 	if cerr := s.db.Close(); err == nil {
 		err = cerr
 	}
@@ -230,6 +250,14 @@ func (s *Store) Close() error {
 		return tokens.Unavailable("close store", err)
 	}
 	return nil
+}
+
+// inFlight is Options.InFlight's count, 0 without it.
+func (s *Store) inFlight() int {
+	if s.opts.InFlight == nil {
+		return 0
+	}
+	return s.opts.InFlight()
 }
 
 var errClosed = errors.New("store closed")

@@ -144,10 +144,15 @@ func OpenEmbedded(cfg Config) (_ *Mode, err error) {
 		return nil, fmt.Errorf("create data directory: %w", err)
 	}
 	path := filepath.Join(cfg.Data, "fencegw.db")
+	// Every fenced write holds its resource's shared lock until it is done
+	// or its drain is recorded: the store closed while any is held is not
+	// marked clean, so that the next open drains as after a crash.
+	locker := tokens.NewLocalLocker()
 	store, err := bolt.Open(path, bolt.Options{
 		CrashDrain:            cfg.DrainPeriod,
 		MaxIdempotencyRecords: cfg.IdempotencyMaxRecords,
 		Logger:                cfg.Logger,
+		InFlight:              locker.HeldShared,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open embedded store in %s: %w", cfg.Data, err)
@@ -160,7 +165,7 @@ func OpenEmbedded(cfg Config) (_ *Mode, err error) {
 		Name:       "embedded (" + path + ")",
 		Store:      store,
 		Keys:       store,
-		Locker:     tokens.NewLocalLocker(),
+		Locker:     locker,
 		Feed:       f,
 		Collectors: store.Collectors(),
 		closers: []func(){func() {
