@@ -180,7 +180,11 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	}
 
 	f.status = res.StatusCode
-	// The reverse proxy's steps after its RoundTrip.
+	// The reverse proxy's steps after its RoundTrip. The engine keeps the
+	// answer's Connection field where ReadResponse takes it out (it names
+	// close), so the fields it names go too (RFC 9110 7.6.1); it names
+	// the trailer fields that do not go on either (answerTrailer).
+	conn := res.Header["Connection"]
 	removeHopByHop(res.Header)
 	if f.keyed != nil {
 		// Its ModifyResponse, for a keyed write: the answer is recorded
@@ -203,9 +207,13 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	if announcedTrailers > 0 {
 		trailerKeys := make([]string, 0, len(res.Trailer))
 		for k := range res.Trailer {
-			trailerKeys = append(trailerKeys, k)
+			if answerTrailer(k, conn) {
+				trailerKeys = append(trailerKeys, k)
+			}
 		}
-		dst.Add("Trailer", strings.Join(trailerKeys, ", "))
+		if len(trailerKeys) > 0 {
+			dst.Add("Trailer", strings.Join(trailerKeys, ", "))
+		}
 	}
 	w.WriteHeader(res.StatusCode)
 	// A body of unknown length, or an event stream, is flushed as it
@@ -231,6 +239,9 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	}
 	if len(res.Trailer) == announcedTrailers {
 		for k, vv := range res.Trailer {
+			if !answerTrailer(k, conn) {
+				continue
+			}
 			for _, v := range vv {
 				dst.Add(k, v)
 			}
@@ -238,11 +249,48 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 		return
 	}
 	for k, vv := range res.Trailer {
+		if !answerTrailer(k, conn) {
+			continue
+		}
 		k = http.TrailerPrefix + k
 		for _, v := range vv {
 			dst.Add(k, v)
 		}
 	}
+}
+
+// answerTrailer reports whether an answer's trailer field named k (as
+// the answer's Trailer map keys it) goes on to the client, conn being the
+// answer's Connection field. The reverse proxy relays every one, and
+// net/http's server writes those not announced (TrailerPrefix) as they
+// are; the road drops what may not be a trailer field or is not the
+// client's: an invalid name, a hop-by-hop field or one conn names (RFC
+// 9110 7.6.1), and the fields RFC 9110 6.5.1 keeps out of trailers:
+// framing, routing, request modifiers, authentication, response control
+// and content processing (httpguts.ValidTrailerHeader's list, which
+// net/http's server applies to the announced ones, and the cookies,
+// authentication and response control fields it lacks).
+func answerTrailer(k string, conn []string) bool {
+	if !validFieldName(k) {
+		return false
+	}
+	k = http.CanonicalHeaderKey(k) // as it is already, from textproto
+	if isHopHeader(k) || !httpguts.ValidTrailerHeader(k) {
+		return false
+	}
+	switch k {
+	case "Set-Cookie", "Cookie", "Authentication-Info", "Proxy-Authentication-Info",
+		"Age", "Date", "Expires", "Location", "Retry-After", "Vary", "Warning":
+		return false
+	}
+	for _, v := range conn {
+		for name := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(textproto.TrimString(name), k) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // copyAnswer copies the answer's body to the client, as the reverse

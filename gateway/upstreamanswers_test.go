@@ -80,6 +80,12 @@ func TestHostileUpstreamAnswers(t *testing.T) {
 		{"gzip-chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n", 502, "", true},
 		{"length-plus", "HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\nhi", 502, "", true},
 		{"hop-by-hop", "HTTP/1.1 200 OK\r\nConnection: X-Secret\r\nX-Secret: s\r\nKeep-Alive: a\r\nProxy-Connection: b\r\nUpgrade: h2c\r\nContent-Length: 2\r\n\r\nhi", 200, "hi", false},
+		// Connection naming close and a field: ReadResponse (and the
+		// engine's own reader, as it) takes the field out, and with it the
+		// names it lists; the road still drops the fields named.
+		{"close-hop-named", "HTTP/1.1 200 OK\r\nConnection: close, X-Secret\r\nX-Secret: s\r\nContent-Length: 2\r\n\r\nhi", 200, "hi", false},
+		{"close-hop-named-chunked", "HTTP/1.1 200 OK\r\nConnection: X-Secret, close\r\nX-Secret: s\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n", 200, "hi", false},
+		{"close-hop-named-http10", "HTTP/1.0 200 OK\r\nConnection: close, X-Secret\r\nX-Secret: s\r\nContent-Length: 2\r\n\r\nhi", 200, "hi", false},
 		// A drain exactly when no complete answer head came.
 		{"close-head-cut", "HTTP/1.1 200 OK\r\nContent-Le", 502, "", true},
 		{"close-after-1xx", "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n", 502, "", true},
@@ -168,7 +174,8 @@ func TestHostileUpstreamAnswers(t *testing.T) {
 // An HTTP/1.1 client still gets them, without their hop-by-hop fields
 // (RFC 9110 7.6.1), as the final answer's.
 func TestUpstream1xxRelay(t *testing.T) {
-	info := "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\nConnection: X-Hop\r\nX-Hop: h\r\nKeep-Alive: k\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n"
+	info := "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\nConnection: X-Hop\r\nX-Hop: h\r\nKeep-Alive: k\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n" +
+		"HTTP/1.1 103 Early Hints\r\nLink: </b>\r\nConnection: close, X-Hop\r\nX-Hop: h\r\n\r\n"
 	up := scriptedUpstream(t, map[string]string{"hints": info + "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"})
 	tg := startFraming(t, up, Config{}, false)
 	lease := tg.lease(t, "r")
@@ -185,10 +192,119 @@ func TestUpstream1xxRelay(t *testing.T) {
 		}
 		want := proto + " 200 OK\r\n"
 		if proto == "HTTP/1.1" {
-			want = "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n" + want
+			want = "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </b>\r\n\r\n" + want
 		}
 		if !strings.HasPrefix(string(got), want) || !strings.HasSuffix(string(got), "\r\n\r\nhi") {
 			t.Errorf("%s client got %q, want %q... then the body", proto, got, want)
 		}
+	}
+}
+
+// An upstream's trailer fields reach the client only if they may be
+// trailer fields at all: no hop-by-hop field (nor one the answer's
+// Connection names), no framing, routing, authentication or payload
+// processing field (RFC 9110 6.5.1; httpguts.ValidTrailerHeader, which
+// net/http's server applies to announced trailers only), announced or
+// not; the Trailer field the client gets names only those that go on.
+func TestUpstreamAnswerTrailers(t *testing.T) {
+	bad := "Connection: close\r\nKeep-Alive: k\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\nTrailer: X-Sum\r\n" +
+		"Host: evil\r\nAuthorization: a\r\nSet-Cookie: s=1\r\nContent-Type: text/x\r\nProxy-Authenticate: p\r\nTe: trailers\r\nX-Named: n\r\n"
+	cases := map[string]string{
+		// Announced, one named by Connection, some that may not be trailers.
+		"announced": "HTTP/1.1 200 OK\r\nConnection: X-Named\r\nTrailer: X-Sum, X-Named, Keep-Alive, Set-Cookie\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			"2\r\nhi\r\n0\r\nX-Sum: 1\r\nX-Named: n\r\nKeep-Alive: k\r\nSet-Cookie: s=1\r\n\r\n",
+		// Not announced (each goes as a trailer of its own, TrailerPrefix).
+		"unannounced": "HTTP/1.1 200 OK\r\nConnection: X-Named\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\nX-Sum: 1\r\n" + bad + "\r\n",
+		// Announced in part, so sent as if none were.
+		"partly": "HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Named\r\nTrailer: X-Sum\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\nX-Sum: 1\r\n" + bad + "\r\n",
+	}
+	tg := startFraming(t, scriptedUpstream(t, cases), Config{}, false)
+	lease := tg.lease(t, "t")
+	for name := range cases {
+		t.Run(name, func(t *testing.T) {
+			c := tg.dial(t)
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			if _, err := io.WriteString(c, "POST /v1/proxy/svc/case/"+name+" HTTP/1.1\r\nHost: gw\r\nFencing-Lease: "+lease+"\r\nTe: trailers\r\nContent-Length: 1\r\n\r\nb"); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := io.ReadAll(resp.Body)
+			if err != nil || string(b) != "hi" {
+				t.Fatalf("body %q %v", b, err)
+			}
+			if len(resp.Trailer) != 1 || resp.Trailer.Get("X-Sum") != "1" {
+				t.Errorf("the client got the trailer %q, want only X-Sum: 1", resp.Trailer)
+			}
+			if v := resp.Header["Trailer"]; v != nil && (len(v) != 1 || v[0] != "X-Sum") {
+				t.Errorf("the client's Trailer field is %q, want X-Sum or none", v)
+			}
+		})
+	}
+}
+
+// An upstream that answers 1xx after 1xx (an endless 103 flood) gets no
+// more than the forward timeout: past 100 informational answers the
+// exchange is broken, 502, and as its request left, the resource drains.
+func TestUpstream1xxFlood(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, req.Body)
+				for i := 0; i < 1e6; i++ {
+					if _, err := io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	tg := startFraming(t, "http://"+ln.Addr().String(), Config{ForwardTimeout: time.Minute}, false)
+	lease := tg.lease(t, "flood")
+	c := tg.dial(t)
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, "POST /v1/proxy/svc/x HTTP/1.1\r\nHost: gw\r\nFencing-Lease: "+lease+"\r\nContent-Length: 1\r\n\r\nb"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	infos := 0
+	resp, err := http.ReadResponse(br, nil)
+	for ; err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200; resp, err = http.ReadResponse(br, nil) {
+		infos++
+	}
+	if err != nil {
+		t.Fatalf("after %d 1xx answers: %v", infos, err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 502 || !strings.Contains(string(b), "upstream_unreachable") || infos > 100 {
+		t.Fatalf("the client got %d 1xx answers, then %d %q; want at most 100, then the gateway's 502", infos, resp.StatusCode, b)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := tg.svc.WaitDrains(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := tg.svc.Resource(ctx, "flood")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.DrainUntil.After(time.Now()) {
+		t.Fatal("the resource does not drain: the request left, its outcome is unknown")
 	}
 }

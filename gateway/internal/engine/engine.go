@@ -51,7 +51,8 @@
 //   - Hooks.WroteHeaders reports the moment the Transport's ClientTrace
 //     would, so the drain rule sees the same "the request left" moment;
 //     1xx answers go to Hooks.Got1xx as the Transport's go to
-//     Got1xxResponse.
+//     Got1xxResponse, at most max1xx of them, and all the heads of an
+//     answer, 1xx and final, within one MaxResponseHeaderBytes (heard1xx).
 //
 // It carries bodies in memory and bodies that stream (Content-Length or
 // chunked, with trailers; Expect: 100-continue: expect.go), to http and
@@ -141,8 +142,8 @@ type upstreamKey struct {
 // request): it dials through std.DialContext (read at each dial), speaks
 // TLS to https upstreams by std.TLSClientConfig within
 // std.TLSHandshakeTimeout, keeps std.MaxIdleConnsPerHost idle connections
-// per upstream for std.IdleConnTimeout, allows a response head
-// std.MaxResponseHeaderBytes and waits std.ExpectContinueTimeout for 100
+// per upstream for std.IdleConnTimeout, allows the heads of an answer (its
+// 1xx and its final head) std.MaxResponseHeaderBytes in all and waits std.ExpectContinueTimeout for 100
 // Continue (read at each exchange), as std would.
 func New(std *http.Transport) *Transport {
 	return &Transport{
@@ -220,6 +221,9 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 		stop = context.AfterFunc(ctx, c.abort)
 	}
 	c.fw, c.writeFailed = w, false
+	// The answer's heads, 1xx and final, share one budget of bytes
+	// (heard1xx).
+	c.limit, c.infos = e.maxHead()+int64(c.br.Size()), 0
 	fail := func(err error) (*http.Response, error) { return nil, c.failed(ctx, stop, deadline, err) }
 	var cb *continueBody
 	if expectsContinue(req) {
@@ -285,18 +289,16 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 		// answer; the engine looks for it before it gives up. A 1xx
 		// first (103) is heard, and the answer after it read, below.
 		if resp == nil {
-			c.limit = e.maxHead() + int64(c.br.Size())
-			if resp, _ = readAnswer(c.br, req, c.header()); resp == nil {
+			if resp, _ = readAnswer(c, req); resp == nil {
 				return fail(err)
 			}
 		}
 		broken = true
 	}
 	c.fw = nil // all of the request has left, or all it will
-	c.limit = e.maxHead() + int64(c.br.Size())
 	for {
 		if resp == nil {
-			if resp, err = readAnswer(c.br, req, c.header()); err != nil {
+			if resp, err = readAnswer(c, req); err != nil {
 				return fail(err)
 			}
 		}
@@ -315,12 +317,14 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 		if code < 100 || code > 199 {
 			break
 		}
+		if err := c.heard1xx(); err != nil {
+			return fail(err)
+		}
 		info := textproto.MIMEHeader(resp.Header)
 		resp = nil
 		if err := hooks.Got1xx(code, info); err != nil {
 			return fail(err)
 		}
-		c.limit = e.maxHead() + int64(c.br.Size())
 	}
 	c.limit = -1
 	b := &c.body
@@ -531,6 +535,11 @@ type engineConn struct {
 	abort     func()      // fails blocked I/O on nc at once (made once)
 	host      []byte      // the Host line of its requests (write.go)
 	hdr       http.Header // the header of the answer being read (header)
+	infos     int         // the exchange's 1xx answers so far (heard1xx)
+	// rec holds the bytes read while recording (readAnswer: a head read
+	// by ReadResponse), whose Connection field ReadResponse may take out.
+	rec       []byte
+	recording bool
 	// fw is the write whose request is being written, whose fence each
 	// write system call checks first (sendcheck.go); nil between requests.
 	fw Write
@@ -562,6 +571,31 @@ func (c *engineConn) setDeadline(t time.Time) {
 
 var errHeadTooLarge = errors.New("the upstream's response head is too large")
 
+// max1xx is the most informational (1xx) answers an exchange takes before
+// its final answer: CPython's http.client's bound (_MAXINTERIMRESPONSES),
+// and Ruby's and fasthttp's.
+const max1xx = 100
+
+var errTooMany1xx = fmt.Errorf("the upstream sent more than %d informational (1xx) answers", max1xx)
+
+// heard1xx counts an informational answer of the exchange, and fails once
+// there are more than max1xx. net/http's Transport hands each 1xx to the
+// ClientTrace that asks for them (the reverse proxy's does, to relay them)
+// with a head limit of its own each, leaving the bound to it; the bound is
+// the engine's, for the gateway relays them. Bounded so, and by one budget
+// of head bytes for all the heads of an exchange, 1xx and final (the
+// Transport's rule for the 1xx it hands to no one, c.limit, set once per
+// exchange), an upstream that sends 1xx after 1xx (a 103 flood) ends its
+// exchange at once, not at its deadline: a broken exchange, as for a
+// malformed answer.
+func (c *engineConn) heard1xx() error {
+	c.infos++
+	if c.infos > max1xx {
+		return errTooMany1xx
+	}
+	return nil
+}
+
 func (c *engineConn) Read(p []byte) (int, error) {
 	if c.limit == 0 {
 		return 0, errHeadTooLarge
@@ -572,6 +606,9 @@ func (c *engineConn) Read(p []byte) (int, error) {
 	n, err := c.nc.Read(p)
 	if c.limit > 0 {
 		c.limit -= int64(n)
+	}
+	if c.recording {
+		c.rec = append(c.rec, p[:n]...)
 	}
 	return n, err
 }

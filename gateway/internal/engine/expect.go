@@ -81,25 +81,25 @@ func (b *continueBody) wait() error {
 		if err := b.setReadDeadline(until); err != nil {
 			return err
 		}
-		c.limit = b.e.maxHead() + int64(c.br.Size())
-		_, err := c.br.Peek(1)
+		_, err := c.br.Peek(1) // within the exchange's head budget (c.limit)
 		if err := b.setReadDeadline(b.deadline); err != nil {
 			return err
 		}
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) && (b.deadline.IsZero() || until.Before(b.deadline)) {
-				c.limit = -1
 				return nil // no answer in ExpectContinueTimeout: the body goes
 			}
 			return err
 		}
-		resp, err := readAnswer(c.br, b.req, c.header())
-		c.limit = -1
+		resp, err := readAnswer(c, b.req)
 		if err != nil {
 			return err
 		}
 		code := resp.StatusCode
 		if code == http.StatusContinue || code > 101 && code < 200 {
+			if err := c.heard1xx(); err != nil {
+				return err
+			}
 			if b.got1xx != nil {
 				if err := b.got1xx(code, textproto.MIMEHeader(resp.Header)); err != nil {
 					return err

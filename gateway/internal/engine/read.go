@@ -13,6 +13,17 @@ package engine
 // aside. TestReadAnswerMatchesReadResponse and FuzzReadAnswer hold it to
 // that.
 //
+// One thing of the head ReadResponse drops, the engine keeps: the
+// Connection field, which ReadResponse takes out of an HTTP/1.1 answer's
+// header when it names close (setting Close), with the other names it
+// lists. Those name hop-by-hop fields (RFC 9110 7.6.1), which a proxy
+// must not pass on: without the field, "Connection: close, X-Secret"
+// would carry X-Secret to the client (as it does through
+// httputil.ReverseProxy over the Transport). So readHead leaves the field
+// in, and an answer ReadResponse reads is recorded as it is read
+// (engineConn.rec) and, if it lost the field, the field is read again
+// from the recorded head with textproto, ReadResponse's own reader.
+//
 // What the Response references outlives the connection's next exchange:
 // forwardDirect hands its header's slices to the client's header map, and
 // net/http may write them after the connection went back to the pool. So
@@ -27,19 +38,45 @@ import (
 	"bufio"
 	"bytes"
 	"net/http"
+	"net/textproto"
 
 	"golang.org/x/net/http/httpguts"
 )
 
-// readAnswer reads the head of the upstream's answer to req from br: the
-// common case by readHead (into hdr, if not nil), every other by
+// readAnswer reads the head of the upstream's answer to req from c.br:
+// the common case by readHead (into c's header map), every other by
 // http.ReadResponse. A Response with a nil Body is one whose body the
-// engine frames itself (engineBody): the next ContentLength bytes of br.
-func readAnswer(br *bufio.Reader, req *http.Request, hdr http.Header) (*http.Response, error) {
-	if resp := readHead(br, req, hdr); resp != nil {
+// engine frames itself (engineBody): the next ContentLength bytes of
+// c.br. Its Header keeps its Connection field (above).
+func readAnswer(c *engineConn, req *http.Request) (*http.Response, error) {
+	if resp := readHead(c.br, req, c.header()); resp != nil {
 		return resp, nil
 	}
-	return http.ReadResponse(br, req)
+	buffered, _ := c.br.Peek(c.br.Buffered()) // where the head begins
+	c.rec = append(c.rec[:0], buffered...)
+	c.recording = true
+	resp, err := http.ReadResponse(c.br, req)
+	c.recording = false
+	if err == nil && resp.Close && resp.Header["Connection"] == nil {
+		if conn := connectionField(c.rec); conn != nil {
+			resp.Header["Connection"] = conn
+		}
+	}
+	if cap(c.rec) > 64<<10 {
+		c.rec = nil // a large head's: not kept with the connection
+	}
+	return resp, err
+}
+
+// connectionField returns the Connection field of the answer head at the
+// start of b, read as ReadResponse reads it (textproto).
+func connectionField(b []byte) []string {
+	tp := textproto.NewReader(bufio.NewReader(bytes.NewReader(b)))
+	if _, err := tp.ReadLine(); err != nil {
+		return nil
+	}
+	h, _ := tp.ReadMIMEHeader()
+	return h["Connection"]
 }
 
 // readHead parses the answer's head in br's buffer and consumes it, or
@@ -120,11 +157,8 @@ func readHead(br *bufio.Reader, req *http.Request, hdr http.Header) *http.Respon
 			hdr["Cache-Control"] = []string{"no-cache"}
 		}
 	}
-	// shouldClose for HTTP/1.1: Connection naming close is taken out.
-	if httpguts.HeaderValuesContainsToken(hdr["Connection"], "close") {
-		resp.Close = true
-		delete(hdr, "Connection")
-	}
+	// shouldClose for HTTP/1.1, but the Connection field is kept (above).
+	resp.Close = httpguts.HeaderValuesContainsToken(hdr["Connection"], "close")
 	resp.Header = hdr
 	switch {
 	case method == "HEAD":

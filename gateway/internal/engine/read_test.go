@@ -3,14 +3,17 @@ package engine
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
 	"net/http"
+	"net/textproto"
 	"reflect"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/net/http/httpguts"
 )
@@ -95,19 +98,23 @@ func checkReadAnswer(t *testing.T, name string, input []byte, method string, chu
 	sw, sg := feedEngineConn(input, chunk, maxHead), feedEngineConn(input, chunk, maxHead)
 	sw.nc.(*feedConn).stall, sg.nc.(*feedConn).stall = true, true
 	_, _ = http.ReadResponse(sw.br, req)
-	_, _ = readAnswer(sg.br, req, nil)
+	_, _ = readAnswer(sg, req)
 	if sg.nc.(*feedConn).stalled > 0 && sw.nc.(*feedConn).stalled == 0 {
 		t.Fatalf("case %s: readAnswer waits for more bytes after %q, ReadResponse does not", name, truncate(string(input), 300))
 	}
 	wc := feedEngineConn(input, chunk, maxHead)
 	want, werr := http.ReadResponse(wc.br, req)
+	if werr == nil {
+		keepConnection(want, input)
+	}
 	gc := feedEngineConn(input, chunk, maxHead)
 	// Into a lent map, as the engine's, that held the last answer's header.
 	lent := http.Header{"Content-Type": {"text/last"}, "X-Last": {"1"}}
 	got := readHead(gc.br, req, lent)
 	if got == nil {
 		// The fallback reads the same answer from the same reader.
-		got, gerr := readAnswer(gc.br, req, lent)
+		gc.hdr = lent
+		got, gerr := readAnswer(gc, req)
 		if (werr == nil) != (gerr == nil) {
 			t.Fatalf("case %s: after readHead stepped aside ReadResponse gives %v, on its own reader %v", name, gerr, werr)
 		}
@@ -177,6 +184,44 @@ func checkReadAnswer(t *testing.T, name string, input []byte, method string, chu
 	}
 }
 
+// keepConnection puts back into resp, as ReadResponse read it from input,
+// the Connection field ReadResponse took out (it names close), as the
+// engine keeps it (read.go).
+func keepConnection(resp *http.Response, input []byte) {
+	if !resp.Close || resp.Header["Connection"] != nil {
+		return
+	}
+	tp := textproto.NewReader(bufio.NewReader(bytes.NewReader(input)))
+	if _, err := tp.ReadLine(); err != nil {
+		return
+	}
+	if h, err := tp.ReadMIMEHeader(); err == nil && h["Connection"] != nil {
+		resp.Header["Connection"] = h["Connection"]
+	}
+}
+
+// Both readers keep the Connection field that names close, and with it the
+// hop-by-hop fields it names (ReadResponse takes it out).
+func TestReadAnswerKeepsConnection(t *testing.T) {
+	for _, s := range []string{
+		"HTTP/1.1 200 OK\r\nConnection: close, X-Secret\r\nX-Secret: s\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nConnection: X-Secret\r\nConnection: close\r\nX-Secret: s\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+		"HTTP/1.1 103 Early Hints\r\nConnection: close, X-Secret\r\nX-Secret: s\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nX-Pad: " + strings.Repeat("p", 6000) + "\r\nConnection: close, X-Secret\r\nContent-Length: 0\r\n\r\n",
+	} {
+		for _, chunk := range []int{0, 5} {
+			c := feedEngineConn([]byte(s), chunk, 10<<20)
+			resp, err := readAnswer(c, &http.Request{Method: "POST"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !resp.Close || !httpguts.HeaderValuesContainsToken(resp.Header["Connection"], "x-secret") {
+				t.Errorf("%.40q in pieces of %d: Close %t, Connection %q", s, chunk, resp.Close, resp.Header["Connection"])
+			}
+		}
+	}
+}
+
 // answerSeeds are answers and would-be answers: the common ones readHead
 // reads, and the odd ones it must leave to ReadResponse or read as it does.
 var answerSeeds = []string{
@@ -189,6 +234,9 @@ var answerSeeds = []string{
 	"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\nx",
 	"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\nConnection: x-hop\r\nX-Hop: 1\r\nContent-Length: 1\r\n\r\nx",
 	"HTTP/1.1 200 OK\r\nConnection: closed\r\nContent-Length: 1\r\n\r\nx",
+	"HTTP/1.1 200 OK\r\nConnection: close, X-Secret\r\nX-Secret: s\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\n\r\n",
+	"HTTP/1.1 103 Early Hints\r\nConnection: close, X-Hop\r\nX-Hop: h\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.0 200 OK\r\nConnection: close, X-Hop\r\nContent-Length: 1\r\n\r\nx",
 	"HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\nhello",
 	"HTTP/1.1 200 OK\r\nContent-Length: 05\r\n\r\nhello",
 	"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
@@ -367,6 +415,72 @@ func BenchmarkReadAnswer(b *testing.B) {
 				if bc.read() == nil {
 					b.Fatal("no answer")
 				}
+			}
+		})
+	}
+}
+
+// An exchange takes at most max1xx informational answers, and its heads,
+// 1xx and final, share one budget of MaxResponseHeaderBytes: an upstream
+// that floods 1xx fails the exchange, whether the request waits for 100
+// Continue or not.
+func TestInformationalAnswersAreBounded(t *testing.T) {
+	hint := "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
+	big := "HTTP/1.1 103 Early Hints\r\nLink: </" + strings.Repeat("a", 1000) + ">\r\n\r\n"
+	final := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+	cases := []struct {
+		name, answer string
+		expect       bool
+		ok           bool
+	}{
+		{"100 hints", strings.Repeat(hint, max1xx) + final, false, true},
+		{"101 hints", strings.Repeat(hint, max1xx+1) + final, false, false},
+		{"expect: 99 hints and 100", strings.Repeat(hint, max1xx-1) + "HTTP/1.1 100 Continue\r\n\r\n" + final, true, true},
+		{"expect: 100 hints and 100", strings.Repeat(hint, max1xx) + "HTTP/1.1 100 Continue\r\n\r\n" + final, true, false},
+		{"heads within the budget", strings.Repeat(big, 4) + final, false, true},
+		{"heads past the budget", strings.Repeat(big, 20) + final, false, false},
+		{"expect: heads past the budget", strings.Repeat(big, 20) + "HTTP/1.1 100 Continue\r\n\r\n" + final, true, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			go func() {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				br := bufio.NewReader(c)
+				if _, err := http.ReadRequest(br); err != nil {
+					return
+				}
+				_, _ = io.WriteString(c, tc.answer)
+				_, _ = io.Copy(io.Discard, br)
+			}()
+			std := &http.Transport{MaxResponseHeaderBytes: 8 << 10, ExpectContinueTimeout: time.Minute}
+			e := New(std)
+			defer e.CloseIdleConnections()
+			req, _ := http.NewRequest("POST", "http://"+ln.Addr().String()+"/x", io.NopCloser(strings.NewReader("body")))
+			req.ContentLength = 4
+			w := &testWrite{}
+			if tc.expect {
+				req.Header.Set("Expect", "100-continue")
+			} else {
+				w.body = []byte("body")
+			}
+			heard := &hooksSeen{}
+			resp, err := e.Exchange(context.Background(), req, w, time.Now().Add(10*time.Second), heard)
+			if tc.ok != (err == nil) {
+				t.Fatalf("after %d 1xx answers: %v, want success %t", len(heard.info), err, tc.ok)
+			}
+			if err == nil {
+				_ = resp.Body.Close()
+			} else if len(heard.info) > max1xx {
+				t.Fatalf("%d 1xx answers went to the hooks", len(heard.info))
 			}
 		})
 	}
