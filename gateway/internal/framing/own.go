@@ -77,6 +77,10 @@ func (l *listener) acceptOwn() (net.Conn, error) {
 		return c, nil
 	case err := <-o.accepted:
 		return nil, err
+	case <-o.closed:
+		// The accept loop may have ended without handing over its error
+		// (it stops as soon as the listener is closed).
+		return nil, net.ErrClosed
 	}
 }
 

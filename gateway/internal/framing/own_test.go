@@ -207,7 +207,7 @@ func TestOwnLoopAnswersAsGoServer(t *testing.T) {
 			w.WriteHeader(http.StatusCreated)
 			_, _ = io.WriteString(w, "made")
 		case "/own/trailers":
-			h.Set("Trailer", "X-Sum, Content-Length")
+			h.Set("Trailer", "X-Sum, Host, X-Unsent")
 			w.WriteHeader(http.StatusOK)
 			_, _ = io.WriteString(w, "body")
 			h.Set("X-Sum", "42")
@@ -405,4 +405,40 @@ func TestOwnLoopShutdown(t *testing.T) {
 	if !resp.Close {
 		t.Errorf("the answer of a request served during shutdown keeps the connection: %v", resp.Header)
 	}
+}
+
+// http.Server.Close returns while Serve waits in the listener's Accept:
+// closing the listener ends that wait, even when the real listener's
+// Accept fails only after the close (slowClose).
+func TestOwnLoopServerCloseReturns(t *testing.T) {
+	for range 5 {
+		inner, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: http.HandlerFunc(servedBy)}
+		ln := Listener(srv, slowClose{inner}, nil, nil, takesOwn)
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(ln) }()
+		time.Sleep(10 * time.Millisecond) // Serve is in Accept
+		done := make(chan error, 1)
+		go func() { done <- srv.Close() }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatal("http.Server.Close did not return: Serve is stuck in the listener's Accept")
+		}
+		<-served
+	}
+}
+
+// slowClose is a listener whose Accept fails a while after Close.
+type slowClose struct{ net.Listener }
+
+func (l slowClose) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		time.Sleep(50 * time.Millisecond)
+	}
+	return c, err
 }
