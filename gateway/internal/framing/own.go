@@ -265,7 +265,11 @@ func (c *ownConn) serve() {
 			return
 		}
 		if d := readHeaderTimeout(srv); d > 0 {
-			_ = fc.SetReadDeadline(time.Now().Add(d))
+			// Bounds the rest of the head, if it is not all here yet (a
+			// head the loop lends Go's server is bounded by Go's server).
+			if buf, _ := c.br.Peek(c.br.Buffered()); headEnd(buf) == 0 {
+				_ = fc.SetReadDeadline(time.Now().Add(d))
+			}
 		}
 		if c.afterPost {
 			// Go's server's tolerance of old clients (RFC 9112 2.2): the

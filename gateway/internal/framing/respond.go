@@ -59,8 +59,9 @@ type response struct {
 	w      *bufio.Writer // the body before its head is decided (net/http's 2048 bytes)
 	bodies requestBody   // the request's body, reused
 
-	dateBuf [len(http.TimeFormat)]byte
-	clenBuf [20]byte
+	dateBuf  [len(http.TimeFormat)]byte
+	clenBuf  [20]byte
+	chunkBuf [16]byte
 }
 
 func (w *response) reset(c *ownConn, req *http.Request) {
@@ -244,8 +245,7 @@ func (cw chunkWriter) Write(p []byte) (int, error) {
 	}
 	bw := w.c.bw
 	if w.chunking {
-		var b [16]byte
-		_, _ = bw.Write(strconv.AppendUint(b[:0], uint64(len(p)), 16))
+		_, _ = bw.Write(strconv.AppendUint(w.chunkBuf[:0], uint64(len(p)), 16))
 		_, _ = bw.WriteString("\r\n")
 	}
 	n, err := bw.Write(p)
@@ -465,8 +465,9 @@ var excludedHeadersNoBody = map[string]bool{"Content-Length": true, "Transfer-En
 func writeStatusLine(bw *bufio.Writer, code int) {
 	_, _ = bw.WriteString("HTTP/1.1 ")
 	if text := http.StatusText(code); text != "" {
-		var b [3]byte
-		_, _ = bw.Write(strconv.AppendInt(b[:0], int64(code), 10))
+		_ = bw.WriteByte(byte('0' + code/100))
+		_ = bw.WriteByte(byte('0' + code/10%10))
+		_ = bw.WriteByte(byte('0' + code%10))
 		_ = bw.WriteByte(' ')
 		_, _ = bw.WriteString(text)
 		_, _ = bw.WriteString("\r\n")
