@@ -238,7 +238,7 @@ func (c *ownConn) serve() {
 		c.br, c.bw = nil, nil
 	}
 
-	first := true
+	first, peekNext := true, 1
 	for {
 		// Wait for a request, as Go's server between two: the idle timeout
 		// (before the first request, the header timeout) bounds the wait.
@@ -257,7 +257,10 @@ func (c *ownConn) serve() {
 			_ = fc.Close()
 			return
 		}
-		_, err := c.br.Peek(1)
+		// As Go's server: four bytes of the next request, or the
+		// connection ends without a word (its first request excepted).
+		_, err := c.br.Peek(peekNext)
+		peekNext = 4
 		c.idle.Store(false)
 		if err != nil || o.closing() {
 			release()
@@ -277,11 +280,12 @@ func (c *ownConn) serve() {
 			peek, _ := c.br.Peek(4)
 			_, _ = c.br.Discard(leadingCRorLF(peek))
 		}
-		if !c.mine() {
+		take, readErr := c.mine()
+		if !take {
 			held := c.held()
 			c.afterPost = false // Go's server drops what it would itself
 			release()
-			back, ok := c.lend(held)
+			back, ok := c.lend(held, readErr)
 			if !ok {
 				return // closed by Go's server
 			}
@@ -338,51 +342,51 @@ func readHeaderTimeout(srv *http.Server) time.Duration {
 
 // mine reports whether the loop serves the request whose bytes start the
 // buffer: a whole head in the buffer, HTTP/1.1, every line ending in CRLF,
-// no Transfer-Encoding or Expect field, and a request line Own takes. It
-// reads until the head is whole, the buffer full or the read fails. A
-// request with no Host, more than one or a malformed one is Go's server's
-// to refuse.
-func (c *ownConn) mine() bool {
+// no obs-fold, Transfer-Encoding or Expect field, exactly one Host, and a
+// request line Own takes. It reads until the head is whole, the buffer is
+// full or a read fails (err: the header timeout passed, the client went),
+// which Go's server is then lent to see and answer as it does.
+func (c *ownConn) mine() (take bool, err error) {
 	var head []byte
 	for {
 		buf, _ := c.br.Peek(c.br.Buffered())
 		end := headEnd(buf)
 		if end < 0 {
-			return false
+			return false, nil
 		}
 		if end > 0 {
 			head = buf[:end]
 			break
 		}
 		if len(buf) >= ownBuffer {
-			return false
+			return false, nil
 		}
 		if _, err := c.br.Peek(len(buf) + 1); err != nil {
-			return false // Go's server reads the same error, and answers as it does
+			return false, err
 		}
 	}
 	line, rest, _ := bytes.Cut(head, []byte("\r\n"))
 	if !bytes.HasSuffix(line, []byte(" HTTP/1.1")) || !c.o.takes(line) {
-		return false
+		return false, nil
 	}
 	hosts := 0
 	for len(rest) > 2 {
 		var field []byte
 		field, rest, _ = bytes.Cut(rest, []byte("\r\n"))
-		name, value, _ := bytes.Cut(field, []byte(":"))
+		if len(field) > 0 && (field[0] == ' ' || field[0] == '\t') {
+			return false, nil // obs-fold: Go's server unfolds it, and says what it makes of it
+		}
+		name, _, _ := bytes.Cut(field, []byte(":"))
 		switch {
 		case bytes.EqualFold(name, []byte("Transfer-Encoding")), bytes.EqualFold(name, []byte("Expect")):
-			return false
+			return false, nil
 		case bytes.EqualFold(name, []byte("Host")):
-			// Go's server's checks of Host, which http.ReadRequest
-			// drops: one, and well formed. Else Go's server refuses it.
+			// Go's server wants exactly one (checkRequest judges it);
+			// http.ReadRequest does not say how many there were.
 			hosts++
-			if !httpguts.ValidHostHeader(string(bytes.Trim(value, " \t"))) {
-				return false
-			}
 		}
 	}
-	return hosts == 1
+	return hosts == 1, nil
 }
 
 // headEnd is the length of the head at the start of buf, through its empty
@@ -413,10 +417,11 @@ func (c *ownConn) held() []byte {
 	return bytes.Clone(b)
 }
 
-// lend hands the connection to Go's server with the bytes held, and waits
-// until it gives it back (the bytes it read for the loop, ok) or closes it.
-func (c *ownConn) lend(held []byte) (back []byte, ok bool) {
-	lc := &lent{conn: c.fc, o: c.o, held: held, back: make(chan []byte, 1), takes: c.o.takes}
+// lend hands the connection to Go's server with the bytes held (and then
+// readErr, the error the loop's last read got, if any), and waits until it
+// gives it back (the bytes it read for the loop, ok) or closes it.
+func (c *ownConn) lend(held []byte, readErr error) (back []byte, ok bool) {
+	lc := &lent{conn: c.fc, o: c.o, held: held, readErr: readErr, back: make(chan []byte, 1), takes: c.o.takes}
 	select {
 	case c.o.lent <- lc:
 	case <-c.o.closed:
@@ -430,12 +435,13 @@ func (c *ownConn) lend(held []byte) (back []byte, ok bool) {
 // lent is a connection lent to Go's server.
 type lent struct {
 	*conn
-	o     *ownLoop
-	held  []byte // what the loop read; after given, what Read read for the loop
-	takes Own
-	idle  atomic.Bool // Go's server waits for a next request (ConnState)
-	given atomic.Bool // Read gave the connection back (io.EOF)
-	back  chan []byte // closed: closed by Go's server; a value: given back
+	o       *ownLoop
+	held    []byte // what the loop read; after given, what Read read for the loop
+	readErr error  // what the loop's last read got: Go's server's first read after held gets it
+	takes   Own
+	idle    atomic.Bool // Go's server waits for a next request (ConnState)
+	given   atomic.Bool // Read gave the connection back (io.EOF)
+	back    chan []byte // closed: closed by Go's server; a value: given back
 
 	mu    sync.Mutex
 	ended bool // Close was called
@@ -453,6 +459,10 @@ func (c *lent) Read(p []byte) (int, error) {
 		n := copy(p, c.held)
 		c.held = c.held[n:]
 		return n, nil
+	}
+	if err := c.readErr; err != nil {
+		c.readErr = nil
+		return 0, err
 	}
 	if !c.idle.Load() || !c.conn.between() {
 		return c.conn.Read(p)
@@ -549,7 +559,11 @@ func (c *ownConn) serveOne() (keep bool) {
 		_ = c.bw.Flush() // as Go's server: what reached its buffer goes out, then the close
 		keep = false
 	}()
-	srv.Handler.ServeHTTP(w, req)
+	handler := srv.Handler
+	if handler == nil {
+		handler = http.DefaultServeMux // as Go's server
+	}
+	handler.ServeHTTP(w, req)
 	panicked = false
 	keep = w.finish()
 	_ = fc.SetWriteDeadline(time.Time{})
@@ -564,9 +578,14 @@ type badRequest string
 func (e badRequest) Error() string { return string(e) }
 
 // checkRequest is what Go's server checks of a request http.ReadRequest
-// parsed, before any handler (net/http's conn.readRequest), but for Host,
-// which mine checked (http.ReadRequest takes it out of the header).
+// parsed, before any handler (net/http's conn.readRequest). Host is
+// req.Host (http.ReadRequest takes it out of the header; the target of a
+// request the loop takes has no host of its own), and mine made sure there
+// was exactly one.
 func checkRequest(req *http.Request) error {
+	if !httpguts.ValidHostHeader(req.Host) {
+		return badRequest("malformed Host header")
+	}
 	for k, vv := range req.Header {
 		if !httpguts.ValidHeaderFieldName(k) {
 			return badRequest("invalid header name")

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -22,7 +24,7 @@ func takesOwn(line []byte) bool {
 }
 
 // serveBoth serves h through Listener with own (nil: Go's server alone).
-func serveBoth(t *testing.T, h http.Handler, own Own, setup func(*http.Server)) (addr string, srv *http.Server, ln ServingListener) {
+func serveBoth(t testing.TB, h http.Handler, own Own, setup func(*http.Server)) (addr string, srv *http.Server, ln ServingListener) {
 	t.Helper()
 	srv = &http.Server{ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, Handler: h}
 	if setup != nil {
@@ -441,4 +443,67 @@ func (l slowClose) Accept() (net.Conn, error) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return c, err
+}
+
+// echoRequest answers what the handler saw of a request, whichever server
+// served it.
+func echoRequest(w http.ResponseWriter, r *http.Request) {
+	v, scanned := Check(r)
+	body, err := io.ReadAll(r.Body)
+	if v.TransferEncoding || v.Field != "" {
+		w.Header().Set("Connection", "close")
+	}
+	fmt.Fprintf(w, "%s %s %q host=%q len=%d scanned=%v field=%q reason=%q body=%q err=%v header=%v",
+		r.Method, r.RequestURI, r.URL.Path, r.Host, r.ContentLength, scanned, v.Field, v.Reason, body, err, r.Header)
+}
+
+// exchangeAll writes raw on a connection to addr, says it is done writing,
+// and reads what comes back until the server closes: Date lines dropped.
+func exchangeAll(t *testing.T, addr string, raw []byte) string {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	_, _ = c.Write(raw)
+	_ = c.(*net.TCPConn).CloseWrite()
+	got, err := io.ReadAll(c)
+	if err != nil && !errors.Is(err, syscall.ECONNRESET) {
+		return dateField.ReplaceAllString(string(got), "Date: -\r\n") + "\nerror: " + err.Error()
+	}
+	return dateField.ReplaceAllString(string(got), "Date: -\r\n")
+}
+
+// Any bytes a client sends get the same answers, in the same order, from
+// the listener with its own loop and from Go's server alone behind the same
+// listener: the loop takes only what it serves as Go's server would, and
+// lends the rest.
+func FuzzOwnLoopMatchesGoServer(f *testing.F) {
+	for _, seed := range []string{
+		"POST /own/a HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi",
+		"POST /own/a HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhiGET /ctl HTTP/1.1\r\nHost: x\r\n\r\nPUT /own/b HTTP/1.1\r\nHost: x\r\n\r\n",
+		"POST /own/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx\r\nPOST /own/b HTTP/1.1\r\nHost: x\r\n\r\n",
+		"POST /own/a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\n\r\n",
+		"POST /own/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+		"POST /own/a HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\nx",
+		"POST /own/a HTTP/1.1\nHost: x\nContent-Length: 1\n\nx",
+		"POST /own/a HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
+		"POST /own/a HTTP/1.1\r\nHost: x\r\nX: a\x01b\r\n\r\n",
+		"POST /own/a HTTP/1.1\r\nHost: x\r\n Folded: 1\r\n\r\n",
+		"POST /own/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nx",
+		"POST /own/a HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 3\r\n\r\nabc",
+		"POST /own/a HTTP/1.0\r\nHost: x\r\nContent-Length: 1\r\n\r\nx",
+		"PUT /own/%zz HTTP/1.1\r\nHost: x\r\n\r\n",
+		"POST /own/a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nab",
+	} {
+		f.Add([]byte(seed))
+	}
+	ownAddr, _, _ := serveBoth(f, http.HandlerFunc(echoRequest), takesOwn, nil)
+	goAddr, _, _ := serveBoth(f, http.HandlerFunc(echoRequest), nil, nil)
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		if own, goServer := exchangeAll(t, ownAddr, raw), exchangeAll(t, goAddr, raw); own != goServer {
+			t.Errorf("%q:\nthe loop:\n%s\nGo's server:\n%s", raw, own, goServer)
+		}
+	})
 }

@@ -594,7 +594,12 @@ func (b *requestBody) readLocked(p []byte) (int, error) {
 	n, err := b.r.Read(p)
 	b.n -= int64(n)
 	if err == io.EOF {
-		err = io.ErrUnexpectedEOF
+		// The client went before the body's end: no more of it will come
+		// (net/http counts that as the body's end too, for what follows).
+		b.sawEOF = true
+		if b.n > 0 {
+			err = io.ErrUnexpectedEOF
+		}
 	}
 	if err == nil && b.n == 0 {
 		err, b.sawEOF = io.EOF, true
