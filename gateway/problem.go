@@ -128,7 +128,11 @@ func detailOf(e *tokens.Error) string {
 // writeProblem answers err as application/problem+json.
 func writeProblem(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	p, internal := problemFor(err)
-	if internal {
+	// A store call the client's cancellation cut short (a half-closed or
+	// closed connection, on net/http's server) is the client's doing, not
+	// the store's: no 503 for that either.
+	cancelled := r.Context().Err() != nil && errors.Is(err, context.Canceled)
+	if internal || cancelled {
 		if r.Context().Err() != nil {
 			// The client went away (it cancelled the call, as an SDK does
 			// with a renewal it no longer needs, or its connection broke):
@@ -145,7 +149,9 @@ func writeProblem(w http.ResponseWriter, r *http.Request, log *slog.Logger, err 
 		} else {
 			log.Error("request failed", "method", r.Method, "path", logPath(r), "err", logErr(err))
 		}
-		p.Detail = "" // don't leak internals
+		if internal {
+			p.Detail = "" // don't leak internals
+		}
 	}
 	sendProblem(w, r, p)
 }
