@@ -259,6 +259,7 @@ func (c *ownConn) serve() {
 		}
 		// As Go's server: four bytes of the next request, or the
 		// connection ends without a word (its first request excepted).
+		firstRequest := peekNext == 1
 		_, err := c.br.Peek(peekNext)
 		peekNext = 4
 		c.idle.Store(false)
@@ -267,9 +268,11 @@ func (c *ownConn) serve() {
 			_ = fc.Close()
 			return
 		}
-		if d := readHeaderTimeout(srv); d > 0 {
-			// Bounds the rest of the head, if it is not all here yet (a
-			// head the loop lends Go's server is bounded by Go's server).
+		if d := readHeaderTimeout(srv); d > 0 && !firstRequest {
+			// Bounds the rest of the head, from its first bytes, if it is
+			// not all here yet (a head the loop lends Go's server is
+			// bounded by Go's server). The first request's is bounded
+			// from the connection's start, as Go's server bounds it.
 			if buf, _ := c.br.Peek(c.br.Buffered()); headEnd(buf) == 0 {
 				_ = fc.SetReadDeadline(time.Now().Add(d))
 			}

@@ -512,3 +512,40 @@ func FuzzOwnLoopMatchesGoServer(f *testing.F) {
 		}
 	})
 }
+
+// A first head that trickles in is cut off by the header timeout from the
+// connection's start, as by Go's server, not from its first byte.
+func TestOwnLoopFirstHeadTimeout(t *testing.T) {
+	const timeout = 600 * time.Millisecond
+	for _, own := range []Own{takesOwn, nil} {
+		addr, _, _ := serveBoth(t, http.HandlerFunc(servedBy), own, func(srv *http.Server) { srv.ReadHeaderTimeout = timeout })
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		closed := make(chan time.Duration, 1)
+		go func() {
+			_, _ = io.Copy(io.Discard, c)
+			closed <- time.Since(start)
+		}()
+		time.Sleep(timeout - 150*time.Millisecond)
+		head := "POST /own/a HTTP/1.1\r\nHost: x\r\n"
+		var took time.Duration
+	trickle:
+		for i := 0; ; i++ {
+			select {
+			case took = <-closed:
+				break trickle
+			case <-time.After(50 * time.Millisecond):
+				_, _ = c.Write([]byte{head[i%len(head)]})
+			}
+		}
+		c.Close()
+		// Go's server closes at the timeout; measured from the first byte
+		// it would be 450 ms later.
+		if took > timeout+300*time.Millisecond {
+			t.Errorf("own=%v: a trickling first head was cut off after %v, want about %v", own != nil, took, timeout)
+		}
+	}
+}
