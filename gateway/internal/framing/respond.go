@@ -134,47 +134,47 @@ func (w *response) WriteHeader(code int) {
 }
 
 func (w *response) Write(p []byte) (int, error) {
-	if !w.wroteHeader {
-		w.WriteHeader(http.StatusOK)
+	direct, err := w.take(len(p))
+	if err != nil || len(p) == 0 {
+		return 0, err
 	}
-	if len(p) == 0 {
-		return 0, nil
-	}
-	if !bodyAllowedForStatus(w.status) {
-		return 0, http.ErrBodyNotAllowed
-	}
-	w.written += int64(len(p))
-	if w.contentLength != -1 && w.written > w.contentLength {
-		return 0, http.ErrContentLength
-	}
-	if w.headOut && !w.chunking && w.w.Buffered() == 0 {
-		return w.c.bw.Write(p) // nothing to decide, nothing before it
+	if direct {
+		return w.c.bw.Write(p)
 	}
 	return w.w.Write(p)
 }
 
 func (w *response) WriteString(s string) (int, error) {
-	if w.headOut && !w.chunking && w.w.Buffered() == 0 && w.wroteHeader && bodyAllowedForStatus(w.status) {
-		w.written += int64(len(s))
-		if w.contentLength != -1 && w.written > w.contentLength {
-			return 0, http.ErrContentLength
-		}
+	direct, err := w.take(len(s))
+	if err != nil || len(s) == 0 {
+		return 0, err
+	}
+	if direct {
 		return w.c.bw.WriteString(s)
 	}
+	return w.w.WriteString(s)
+}
+
+// take is net/http's checks before n bytes of body are written (a 200 if
+// no status was given, none for a status without a body, no more than a
+// declared Content-Length); direct: they may go straight to the
+// connection's buffer, as there is nothing to decide and nothing before
+// them.
+func (w *response) take(n int) (direct bool, err error) {
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
 	}
-	if len(s) == 0 {
-		return 0, nil
+	if n == 0 {
+		return false, nil
 	}
 	if !bodyAllowedForStatus(w.status) {
-		return 0, http.ErrBodyNotAllowed
+		return false, http.ErrBodyNotAllowed
 	}
-	w.written += int64(len(s))
+	w.written += int64(n)
 	if w.contentLength != -1 && w.written > w.contentLength {
-		return 0, http.ErrContentLength
+		return false, http.ErrContentLength
 	}
-	return w.w.WriteString(s)
+	return w.headOut && !w.chunking && w.w.Buffered() == 0, nil
 }
 
 func (w *response) Flush() { _ = w.FlushError() }
