@@ -142,6 +142,21 @@ func (o *ownLoop) close() {
 	})
 }
 
+// begin counts a request the loop is about to serve, unless the listener
+// is closed: under the lock close takes, so that Shutdown's wait sees every
+// request begun before it (or none is begun).
+func (o *ownLoop) begin() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	select {
+	case <-o.closed:
+		return false
+	default:
+	}
+	o.busy.Add(1)
+	return true
+}
+
 func (o *ownLoop) closing() bool {
 	select {
 	case <-o.closed:
@@ -298,7 +313,13 @@ func (c *ownConn) serve() {
 			c.bw.Reset(&c.we)
 			continue
 		}
-		o.busy.Add(1)
+		if !o.begin() {
+			// Closed meanwhile: as Go's server in shutdown, the request
+			// read is not served.
+			release()
+			_ = fc.Close()
+			return
+		}
 		keep := c.serveOne()
 		o.busy.Done()
 		if !keep {
