@@ -197,8 +197,10 @@ type ownConn struct {
 	bw *bufio.Writer
 	we errWriter // what bw writes to: the connection, noting a failed write
 
-	ctx        context.Context // every request's (no per-request cancellation: see serveOne)
+	ctx        context.Context // every request's (no per-request cancellation: see serve)
 	remoteAddr string
+	template   http.Request // a request with ctx and remoteAddr: the lean parse's start (head.go)
+	head       []byte       // the head mine took, in br's buffer until br reads again
 
 	idle      atomic.Bool // waiting for a request: a close of the listener closes it
 	afterPost bool        // the last request the loop served was a POST
@@ -239,6 +241,10 @@ func (c *ownConn) serve() {
 		ctx = srv.ConnContext(ctx, fc)
 	}
 	c.ctx = ctx
+	// One context for every request of the connection: no per-request
+	// cancellation, and no background read to tell a client gone (the
+	// fenced write runs to its end without it, docs/design.md).
+	c.template = *(&http.Request{RemoteAddr: c.remoteAddr}).WithContext(ctx)
 
 	c.br = ownReaders.Get().(*bufio.Reader)
 	c.br.Reset(fc)
@@ -380,6 +386,7 @@ func (c *ownConn) mine() (take bool, err error) {
 		}
 		if end > 0 {
 			head = buf[:end]
+			c.head = head
 			break
 		}
 		if len(buf) >= ownBuffer {
@@ -534,11 +541,7 @@ func (c *conn) between() bool {
 // may carry the next request.
 func (c *ownConn) serveOne() (keep bool) {
 	srv, fc := c.o.srv, c.fc
-	req, err := http.ReadRequest(c.br)
-	c.afterPost = err == nil && req.Method == http.MethodPost
-	if err == nil {
-		err = checkRequest(req)
-	}
+	req, err := c.readRequest()
 	if err != nil {
 		// What Go's server writes for such a request; the connection's
 		// Write sends the gateway's problem in its place (ownAnswer).
@@ -550,11 +553,6 @@ func (c *ownConn) serveOne() (keep bool) {
 		_, _ = fc.Write([]byte("HTTP/1.1 " + text + goErrorHeaders + text))
 		return false
 	}
-	req.RemoteAddr = c.remoteAddr
-	// One context for every request of the connection: no per-request
-	// cancellation, and no background read to tell a client gone (the
-	// fenced write runs to its end without it, docs/design.md).
-	req = req.WithContext(c.ctx)
 	if srv.ReadTimeout > 0 {
 		_ = fc.SetReadDeadline(time.Now().Add(srv.ReadTimeout))
 	} else {
@@ -593,6 +591,27 @@ func (c *ownConn) serveOne() (keep bool) {
 	_ = fc.SetWriteDeadline(time.Time{})
 	fc.serving.Store(false) // the answer is written: Go's server's StateIdle
 	return keep && !c.o.closing()
+}
+
+// readRequest reads the head mine took: parsed by the loop itself when it
+// is plain (head.go), by http.ReadRequest and Go's server's checks
+// otherwise.
+func (c *ownConn) readRequest() (*http.Request, error) {
+	if req, ok := parseLean(c.head, &c.template); ok {
+		_, _ = c.br.Discard(len(c.head))
+		c.afterPost = req.Method == http.MethodPost
+		return req, nil
+	}
+	req, err := http.ReadRequest(c.br)
+	c.afterPost = err == nil && req.Method == http.MethodPost
+	if err == nil {
+		err = checkRequest(req)
+	}
+	if err != nil {
+		return nil, err
+	}
+	req.RemoteAddr = c.remoteAddr
+	return req.WithContext(c.ctx), nil
 }
 
 // badRequest is a check of Go's server that a request failed, in its

@@ -1,0 +1,227 @@
+package framing
+
+// The loop's own parse of a plain request head. http.ReadRequest is about
+// half of the allocations of a fenced write and a tenth of its CPU (a
+// textproto reader, a request, a URL, a header map, a string per line, a
+// copy of the request to give it the connection's context). Most heads a
+// fenced write sends are plain: a target of unreserved characters, token
+// names, printable ASCII values, one Host, at most one Content-Length. The
+// loop parses such a head itself, into what http.ReadRequest and Go's
+// server's checks make of it, field for field, with four allocations
+// (the head as one string, the request with its URL, the header map, its
+// values). Any head that is not plain in every byte goes to
+// http.ReadRequest, which says what is wrong with it or makes of it what
+// Go's server does: the lean parse never decides a refusal, so it cannot
+// refuse what Go's server takes, and FuzzLeanHeadMatchesReadRequest holds
+// what it takes to http.ReadRequest's result.
+
+import (
+	"bytes"
+	"net/http"
+	"net/textproto"
+	"net/url"
+	"strings"
+
+	"golang.org/x/net/http/httpguts"
+)
+
+// leanRequest is a request the loop parsed itself and its URL, in one
+// allocation.
+type leanRequest struct {
+	req http.Request
+	url url.URL
+}
+
+// parseLean parses head (a whole head mine took: CRLF line ends, no
+// obs-fold) into a request made from template (which carries the
+// connection's context and remote address), as http.ReadRequest followed
+// by checkRequest would; ok false when the head is not plain, for
+// http.ReadRequest to parse.
+func parseLean(head []byte, template *http.Request) (req *http.Request, ok bool) {
+	lineEnd := indexCRLF(head)
+	if lineEnd < 0 {
+		return nil, false
+	}
+	method, target, ok := leanRequestLine(head[:lineEnd])
+	if !ok {
+		return nil, false
+	}
+	// Header lines: their count sizes the map, and every byte is checked
+	// before anything is allocated.
+	fields := 0
+	for rest := head[lineEnd+2:]; len(rest) > 2; fields++ {
+		end := indexCRLF(rest)
+		if end < 0 || !plainField(rest[:end]) {
+			return nil, false
+		}
+		rest = rest[end+2:]
+	}
+
+	s := string(head) // every string of the request is a part of this one
+	h := make(http.Header, fields)
+	vals := make([]string, fields)
+	var host string
+	hosts, lengths := 0, 0
+	rest := s[lineEnd+2:]
+	for i := 0; i < fields; i++ {
+		end := strings.Index(rest, "\r\n")
+		line := rest[:end]
+		rest = rest[end+2:]
+		colon := strings.IndexByte(line, ':')
+		key := textproto.CanonicalMIMEHeaderKey(line[:colon])
+		value := trimSpaceTab(line[colon+1:])
+		switch key {
+		case "Host":
+			hosts++
+			host = value
+		case "Content-Length":
+			lengths++
+		case "Pragma", "Transfer-Encoding", "Expect":
+			// Pragma: Go's parser may add a Cache-Control for it; the
+			// other two are never the loop's (mine).
+			return nil, false
+		}
+		if vv := h[key]; vv == nil {
+			vals[i] = value
+			h[key] = vals[i : i+1 : i+1] // as textproto: an append never writes into the next value
+		} else {
+			h[key] = append(vv, value)
+		}
+	}
+	if hosts != 1 || !httpguts.ValidHostHeader(host) || lengths > 1 {
+		return nil, false
+	}
+	delete(h, "Host")
+	var length int64
+	if lengths == 1 {
+		if length, ok = plainLength(h["Content-Length"][0]); !ok {
+			return nil, false
+		}
+	}
+
+	lr := new(leanRequest)
+	lr.req = *template
+	r := &lr.req
+	r.Method = s[:len(method)]
+	r.RequestURI = s[len(method)+1 : len(method)+1+len(target)]
+	lr.url.Path, lr.url.RawQuery, lr.url.ForceQuery = splitQuery(r.RequestURI)
+	r.URL = &lr.url
+	r.Proto, r.ProtoMajor, r.ProtoMinor = "HTTP/1.1", 1, 1
+	r.Header = h
+	r.Host = host
+	r.ContentLength = length
+	r.Body = http.NoBody // the loop's own body replaces it when there is one
+	r.Close = httpguts.HeaderValuesContainsToken(h["Connection"], "close")
+	return r, true
+}
+
+// leanRequestLine splits a request line the loop took (a method Own takes,
+// a target, " HTTP/1.1") if its target is plain: a path of characters
+// net/url keeps as they are (no escape, no RawPath) and a query of
+// printable ASCII.
+func leanRequestLine(line []byte) (method, target []byte, ok bool) {
+	const proto = " HTTP/1.1"
+	sp := bytes.IndexByte(line, ' ')
+	if sp <= 0 || len(line) < sp+1+len(proto) || string(line[len(line)-len(proto):]) != proto {
+		return nil, nil, false
+	}
+	method, target = line[:sp], line[sp+1:len(line)-len(proto)]
+	for _, b := range method {
+		if !httpguts.IsTokenRune(rune(b)) {
+			return nil, nil, false
+		}
+	}
+	if len(target) == 0 || target[0] != '/' {
+		return nil, nil, false
+	}
+	inQuery := false
+	for _, b := range target {
+		switch {
+		case b == '?':
+			inQuery = true
+		case inQuery:
+			if b <= ' ' || b >= 0x7f || b == '#' {
+				return nil, nil, false
+			}
+		case !plainPathByte(b):
+			return nil, nil, false
+		}
+	}
+	return method, target, true
+}
+
+// plainPathByte reports whether net/url leaves b in a request's path as it
+// is: unreserved, or a reserved character it does not escape in a path.
+func plainPathByte(b byte) bool {
+	switch {
+	case 'a' <= b && b <= 'z', 'A' <= b && b <= 'Z', '0' <= b && b <= '9':
+		return true
+	}
+	switch b {
+	case '-', '.', '_', '~', '/', '$', '&', '+', ',', ':', ';', '=', '@':
+		return true
+	}
+	return false
+}
+
+// splitQuery is net/url's split of a request target into path and query:
+// a lone '?' at the end is ForceQuery.
+func splitQuery(target string) (path, query string, force bool) {
+	if strings.HasSuffix(target, "?") && strings.Count(target, "?") == 1 {
+		return target[:len(target)-1], "", true
+	}
+	path, query, _ = strings.Cut(target, "?")
+	return path, query, false
+}
+
+// plainField reports whether a header line is "name:value" with a token
+// name and a value of printable ASCII, spaces and tabs: one every check
+// of textproto and of Go's server takes as it is.
+func plainField(line []byte) bool {
+	colon := bytes.IndexByte(line, ':')
+	if colon <= 0 {
+		return false
+	}
+	for _, b := range line[:colon] {
+		if !httpguts.IsTokenRune(rune(b)) {
+			return false
+		}
+	}
+	for _, b := range line[colon+1:] {
+		if (b < ' ' && b != '\t') || b >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// plainLength is a Content-Length of 1 to 18 digits (strconv.ParseUint's
+// range for Go's parser, which takes leading zeros).
+func plainLength(v string) (int64, bool) {
+	if len(v) == 0 || len(v) > 18 {
+		return 0, false
+	}
+	var n int64
+	for i := 0; i < len(v); i++ {
+		if v[i] < '0' || v[i] > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(v[i]-'0')
+	}
+	return n, true
+}
+
+// trimSpaceTab is textproto's trim of a header value.
+func trimSpaceTab(s string) string {
+	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
+		s = s[1:]
+	}
+	for len(s) > 0 && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+func indexCRLF(b []byte) int { return bytes.Index(b, crlf) }
+
+var crlf = []byte("\r\n")

@@ -1,0 +1,231 @@
+package framing
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"net/http"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+type leanCtxKey struct{}
+
+// leanTemplate is what the loop makes of a connection for the lean parse.
+func leanTemplate() *http.Request {
+	ctx := context.WithValue(context.Background(), leanCtxKey{}, "conn")
+	return (&http.Request{RemoteAddr: "192.0.2.7:4711"}).WithContext(ctx)
+}
+
+// goReads is what Go's server makes of a whole head: http.ReadRequest and
+// the checks it adds (checkRequest), or an error.
+func goReads(head []byte) (*http.Request, error) {
+	req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(head)))
+	if err == nil {
+		err = checkRequest(req)
+	}
+	return req, err
+}
+
+// sameRequest says how lean differs from std, Go's parse of the same head
+// ("" if it does not), in every field a handler can see.
+func sameRequest(lean, std *http.Request, template *http.Request) string {
+	switch {
+	case lean.Method != std.Method:
+		return "Method " + lean.Method + " against " + std.Method
+	case !reflect.DeepEqual(lean.URL, std.URL):
+		return "URL " + lean.URL.String() + " against " + std.URL.String()
+	case lean.Proto != std.Proto || lean.ProtoMajor != std.ProtoMajor || lean.ProtoMinor != std.ProtoMinor:
+		return "Proto " + lean.Proto + " against " + std.Proto
+	case !reflect.DeepEqual(lean.Header, std.Header):
+		return "Header"
+	case lean.ContentLength != std.ContentLength:
+		return "ContentLength"
+	case lean.Close != std.Close:
+		return "Close"
+	case lean.Host != std.Host:
+		return "Host " + lean.Host + " against " + std.Host
+	case lean.RequestURI != std.RequestURI:
+		return "RequestURI"
+	case !reflect.DeepEqual(lean.TransferEncoding, std.TransferEncoding):
+		return "TransferEncoding"
+	case !reflect.DeepEqual(lean.Trailer, std.Trailer):
+		return "Trailer"
+	case std.ContentLength == 0 && (lean.Body != http.NoBody || std.Body != http.NoBody):
+		return "Body of an empty request"
+	case lean.Form != nil || lean.PostForm != nil || lean.MultipartForm != nil || lean.TLS != nil || lean.Response != nil:
+		return "a field Go's parser leaves unset"
+	case lean.RemoteAddr != template.RemoteAddr || lean.Context() != template.Context():
+		return "the connection's remote address or context"
+	}
+	return ""
+}
+
+// leanSeeds are heads of every kind the lean parse must take as Go does,
+// or leave to Go: what clients send, and the edges of each rule.
+var leanSeeds = []string{
+	"POST /v1/proxy/svc/lines HTTP/1.1\r\nHost: gw\r\nFencing-Lease: abc.def-123\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n",
+	"POST /v1/proxy/svc/lines HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: Go-http-client/1.1\r\nContent-Length: 256\r\nFencing-Lease: l_1\r\nAccept-Encoding: gzip\r\n\r\n",
+	"PUT /v1/proxy/a/b?x=1&y=%zz HTTP/1.1\r\nhost: gw\r\ncontent-length: 007\r\nconnection: keep-alive, Close\r\n\r\n",
+	"DELETE /v1/proxy/a? HTTP/1.1\r\nHost: gw\r\nX-A: 1\r\nx-a: 2\r\nX-A:3\r\n\r\n",
+	"GET /v1/proxy/a?? HTTP/1.1\r\nHost: gw\r\nX-Empty:\r\nX-Space: \t v \t \r\n\r\n",
+	"PATCH /v1/proxy/a;b,c=d@e:f$g&h+i~j HTTP/1.1\r\nHost: gw\r\nContent-Length: 0\r\n\r\n",
+	"POST /v1/proxy/a%20b HTTP/1.1\r\nHost: gw\r\n\r\n",
+	"POST /v1/proxy/a!b HTTP/1.1\r\nHost: gw\r\n\r\n",
+	"POST /v1/proxy/a#b HTTP/1.1\r\nHost: gw\r\n\r\n",
+	"POST /v1/proxy/a?q#f HTTP/1.1\r\nHost: gw\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.1\r\nHost: gw\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.1\r\nHost: gw\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.1\r\nHost: gw\r\nContent-Length: +5\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.1\r\nHost: gw\r\nContent-Length: 1234567890123456789\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.1\r\nHost: gw\r\nContent-Length:\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.1\r\nHost: gw\r\nHost: gw\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.1\r\nHost: g w\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.1\r\nX-A: 1\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.1\r\nHost : gw\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.1\r\nHost: gw\r\nX_Under_Score: 1\r\nx-lower-case: 2\r\nX-\xff: 3\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.1\r\nHost: gw\r\nX-Obs: caf\xc3\xa9\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.1\r\nHost: gw\r\nX-Nul: a\x00b\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.1\r\nHost: gw\r\nX-Cr: a\rb\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.1\r\nHost: gw\r\nPragma: no-cache\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.1\r\nHost: gw\r\nTrailer: X-T\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.1\r\nHost: gw\r\nExpect: 100-continue\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.1\r\nHost: gw\r\n folded\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.1\r\n: empty name\r\nHost: gw\r\n\r\n",
+	"POST /v1/proxy/a  HTTP/1.1\r\nHost: gw\r\n\r\n",
+	"POST  /v1/proxy/a HTTP/1.1\r\nHost: gw\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.0\r\nHost: gw\r\n\r\n",
+	"P\x00ST /v1/proxy/a HTTP/1.1\r\nHost: gw\r\n\r\n",
+	"POST http://gw/v1/proxy/a HTTP/1.1\r\nHost: gw\r\n\r\n",
+	"POST //v1/proxy/a HTTP/1.1\r\nHost: gw\r\n\r\n",
+	"POST * HTTP/1.1\r\nHost: gw\r\n\r\n",
+}
+
+// FuzzLeanHeadMatchesReadRequest holds the lean parse to Go's: a head it
+// takes, Go's server takes too, and parses into the same request.
+func FuzzLeanHeadMatchesReadRequest(f *testing.F) {
+	for _, s := range leanSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, head []byte) {
+		end := headEnd(head)
+		if end <= 0 {
+			return // mine takes only a whole head of CRLF lines
+		}
+		head = head[:end]
+		template := leanTemplate()
+		before := string(head)
+		lean, ok := parseLean(head, template)
+		if string(head) != before {
+			t.Fatalf("the lean parse wrote into the buffer: %q", head)
+		}
+		std, err := goReads(head)
+		if !ok {
+			return
+		}
+		if err != nil {
+			t.Fatalf("the lean parse took a head Go's server refuses (%v): %q", err, head)
+		}
+		if diff := sameRequest(lean, std, template); diff != "" {
+			t.Fatalf("the lean parse differs from Go's in %s: %q", diff, head)
+		}
+	})
+}
+
+// TestLeanHeadSeeds runs every seed and says which the lean parse takes:
+// the heads clients send must be taken, or the loop pays for
+// http.ReadRequest on every write.
+func TestLeanHeadSeeds(t *testing.T) {
+	mustTake := map[int]bool{0: true, 1: true, 2: true, 3: true, 4: true, 5: true, 24: true}
+	for i, s := range leanSeeds {
+		template := leanTemplate()
+		lean, ok := parseLean([]byte(s), template)
+		std, err := goReads([]byte(s))
+		switch {
+		case ok && err != nil:
+			t.Errorf("seed %d: taken, but Go's server refuses it (%v): %q", i, err, s)
+		case ok:
+			if diff := sameRequest(lean, std, template); diff != "" {
+				t.Errorf("seed %d: differs from Go's parse in %s: %q", i, diff, s)
+			}
+		case mustTake[i]:
+			t.Errorf("seed %d: a plain head left to http.ReadRequest: %q", i, s)
+		}
+	}
+}
+
+// TestLeanHeadTakesWhatClientsSend: the heads Go's client writes for a
+// fenced write (the Go SDK's, fencegw-load's) take the lean road.
+func TestLeanHeadTakesWhatClientsSend(t *testing.T) {
+	for _, target := range []string{"/v1/proxy/svc/lines", "/v1/proxy/stock/item-42?warehouse=b&x=1"} {
+		req, err := http.NewRequest(http.MethodPost, "http://127.0.0.1:8080"+target, strings.NewReader(strings.Repeat("x", 256)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Fencing-Lease", "lease_01JD6Y0S6Z7W3K8N9P2Q4R5T6V")
+		req.Header.Set("Fencing-Token", "42")
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "k-1")
+		var buf bytes.Buffer
+		if err := req.Write(&buf); err != nil {
+			t.Fatal(err)
+		}
+		head := buf.Bytes()[:bytes.Index(buf.Bytes(), []byte("\r\n\r\n"))+4]
+		template := leanTemplate()
+		lean, ok := parseLean(head, template)
+		if !ok {
+			t.Fatalf("Go's client's head left to http.ReadRequest: %q", head)
+		}
+		std, err := goReads(head)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := sameRequest(lean, std, template); diff != "" {
+			t.Fatalf("differs from Go's parse in %s: %q", diff, head)
+		}
+	}
+}
+
+// TestLeanHeadAllocations: the lean parse of a fenced write's head
+// allocates the head's string, the request with its URL, the header map
+// and its values, and nothing per field.
+func TestLeanHeadAllocations(t *testing.T) {
+	head := []byte(leanSeeds[1])
+	template := leanTemplate()
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, ok := parseLean(head, template); !ok {
+			t.Fatal("not taken")
+		}
+	})
+	if allocs > 5 {
+		t.Fatalf("%v allocations per head, want at most 5", allocs)
+	}
+}
+
+func BenchmarkHeadParse(b *testing.B) {
+	head := []byte(leanSeeds[1])
+	template := leanTemplate()
+	b.Run("lean", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = parseLean(head, template)
+		}
+	})
+	b.Run("ReadRequest", func(b *testing.B) {
+		b.ReportAllocs()
+		br := bufio.NewReader(nil)
+		rd := bytes.NewReader(nil)
+		for b.Loop() {
+			rd.Reset(head)
+			br.Reset(rd)
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				b.Fatal(err)
+			}
+			_ = checkRequest(req)
+			_ = req.WithContext(template.Context())
+		}
+	})
+}
