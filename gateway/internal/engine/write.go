@@ -20,10 +20,10 @@ import (
 	"bytes"
 	"errors"
 	"net/http"
-	"net/textproto"
 	"net/url"
 	"strconv"
-	"strings"
+
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
 // hostLine returns the Host header line Request.Write writes for a request
@@ -46,9 +46,6 @@ func hostLine(addr string) ([]byte, error) {
 // writeExcluded are the header fields Request.Write writes from the
 // request's fields, not from its Header (its reqWriteExcludeHeader).
 var writeExcluded = map[string]bool{"Host": true, "User-Agent": true, "Content-Length": true, "Transfer-Encoding": true, "Trailer": true}
-
-// headerNewlineToSpace is Request.Write's cleaning of a header value.
-var headerNewlineToSpace = strings.NewReplacer("\n", " ", "\r", " ")
 
 var errCTLInURL = errors.New("net/http: can't write control character in Request.URL")
 
@@ -85,7 +82,7 @@ func writeHead(w *bufio.Writer, req *http.Request, host []byte) error {
 	_, _ = w.Write(host)
 	if vs, ok := req.Header["User-Agent"]; ok && len(vs) > 0 && vs[0] != "" {
 		_, _ = w.WriteString("User-Agent: ")
-		_, _ = w.WriteString(textproto.TrimString(headerNewlineToSpace.Replace(vs[0])))
+		_, _ = w.WriteString(wire.Value(vs[0]))
 		_, _ = w.WriteString("\r\n")
 	} else if !ok {
 		_, _ = w.WriteString("User-Agent: Go-http-client/1.1\r\n")
@@ -95,9 +92,7 @@ func writeHead(w *bufio.Writer, req *http.Request, host []byte) error {
 		_, _ = w.Write(strconv.AppendInt(w.AvailableBuffer(), n, 10))
 		_, _ = w.WriteString("\r\n")
 	}
-	if err := req.Header.WriteSubset(w, writeExcluded); err != nil {
-		return err
-	}
+	wire.WriteFields(w, req.Header, writeExcluded)
 	_, err := w.WriteString("\r\n")
 	return err
 }

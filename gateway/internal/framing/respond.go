@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
 // net/http's figures: the body buffered before the head is decided
@@ -98,7 +100,7 @@ func (w *response) WriteHeader(code int) {
 	if code >= 100 && code <= 199 && code != http.StatusSwitchingProtocols {
 		bw := w.c.bw
 		writeStatusLine(bw, code)
-		_ = w.header.WriteSubset(bw, excludedHeadersNoBody)
+		wire.WriteFields(bw, w.header, excludedHeadersNoBody)
 		_, _ = bw.WriteString("\r\n")
 		_ = bw.Flush()
 		return
@@ -390,7 +392,7 @@ func (w *response) writeHead(p []byte) {
 
 	bw := w.c.bw
 	writeStatusLine(bw, code)
-	_ = header.WriteSubset(bw, exclude)
+	wire.WriteFields(bw, header, exclude)
 	set.write(bw)
 	_, _ = bw.WriteString("\r\n")
 }
