@@ -271,6 +271,10 @@ func (r *Replica) Run(ctx context.Context, hurry <-chan struct{}) error {
 // until hurry is closed), then the listener closes, in-flight requests
 // are answered with Connection: close, writes drain and the records they
 // left are taken by the store. Close then closes the store.
+//
+// Requests still running after the forward timeout and 5 s are cut short
+// (cut) and the drain and records waits run all the same; Shutdown then
+// returns the timeout's error. Every wait is bounded.
 func (r *Replica) Shutdown(hurry <-chan struct{}) error {
 	r.Start() // a replica never served shuts down the same way
 	cfg, logger, gw, svc := r.cfg, r.log, r.gw, r.svc
@@ -299,13 +303,17 @@ func (r *Replica) Shutdown(hurry <-chan struct{}) error {
 	gw.Close() // end live streams, which would otherwise hold Shutdown up
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ForwardTimeout+5*time.Second)
 	defer cancel()
-	if err := r.srv.Shutdown(shutdownCtx); err != nil {
-		return fmt.Errorf("shutdown: %w", err)
-	}
 	// The fenced writes the listener's own loop serves are not Go's
-	// server's to wait for.
-	if err := r.ln.Shutdown(shutdownCtx); err != nil {
-		return fmt.Errorf("shutdown: %w", err)
+	// server's to wait for: its own Shutdown waits for them.
+	stopErr := r.srv.Shutdown(shutdownCtx)
+	if stopErr == nil {
+		stopErr = r.ln.Shutdown(shutdownCtx)
+	}
+	if stopErr != nil {
+		// Requests still running: cut them short, and let their handlers
+		// end (a write cut mid-forward starts its drain) before the waits
+		// below, which a timed-out stop needs as much as a clean one.
+		r.cut(stopErr)
 	}
 	// Drains the store could not record yet hold their fences until it
 	// does or they pass; each passes within a drain period, so this wait
@@ -333,8 +341,50 @@ func (r *Replica) Shutdown(hurry <-chan struct{}) error {
 			logger.Error("shutting down with records not taken by the store", "rejections", svc.Recording(), "idempotency_keys", r.keys.Pending(), "err", err)
 		}
 	}
+	if stopErr != nil {
+		return fmt.Errorf("shutdown: %w", stopErr)
+	}
 	logger.Info("stopped")
 	return nil
+}
+
+// cutWait bounds how long a shutdown that ran out of time waits, once it
+// closed the remaining connections, for the handlers they served to
+// return. A handler whose connection is closed sees its body's read fail
+// within the listener's lingering close (half a second) and its answer's
+// write at once; only a forward already under way, bounded by its own
+// timeout, goes on.
+const cutWait = 5 * time.Second
+
+// cut ends the requests a graceful stop could not wait for (cause: its
+// error): every connection is closed, busy ones too, by Go's server
+// (http.Server.Close) and by the listener's own loop (Abort), and cut waits,
+// at most cutWait, for their handlers: the own loop's (its Shutdown) and
+// Go's server's admitted writes (Gateway.InFlight). A fenced write whose
+// body or answer is cut short after its request left for the upstream
+// ends with an unknown outcome, which starts its drain (tokens.Permit.Done);
+// one cut before any of it left releases its fence, nothing forwarded.
+func (r *Replica) cut(cause error) {
+	r.log.Error("shutting down: requests still running at the shutdown timeout; closing their connections",
+		"in_flight", r.gw.InFlight(), "err", cause)
+	_ = r.srv.Close()
+	r.ln.Abort()
+	ctx, cancel := context.WithTimeout(context.Background(), cutWait)
+	defer cancel()
+	err := r.ln.Shutdown(ctx)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for err == nil && r.gw.InFlight() > 0 {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	}
+	if err != nil {
+		r.log.Error("shutting down with writes still in flight; their resources drain as after a crash",
+			"in_flight", r.gw.InFlight(), "err", err)
+	}
 }
 
 // Close stops the replica at once (connections closed, not drained; after

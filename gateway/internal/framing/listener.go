@@ -133,10 +133,14 @@ type connKey struct{}
 // ServingListener is the listener Listener returns: pass it to
 // http.Server.Serve. Shutdown waits for the requests its own loop serves
 // (Go's server's Shutdown waits for the others): call it after the
-// server's Shutdown, which closes the listener.
+// server's Shutdown, which closes the listener. Abort is Close for the own
+// loop's busy connections too: call it with the server's Close when a
+// graceful Shutdown ran out of time, then Shutdown again to wait for the
+// handlers it cut short.
 type ServingListener interface {
 	net.Listener
 	Shutdown(ctx context.Context) error
+	Abort()
 }
 
 type listener struct {
@@ -167,6 +171,18 @@ func (l *listener) Close() error {
 		l.own.close()
 	}
 	return err
+}
+
+// Abort closes the listener and every connection its own loop serves,
+// busy ones too, as http.Server.Close closes Go's server's (a close only
+// stops the loop's keep-alive): a handler waiting for its body sees the
+// read fail (within lingerTime: the close lingers), one writing its answer
+// the write fail. The connections Go's server serves are its Close's.
+func (l *listener) Abort() {
+	_ = l.Close()
+	if l.own != nil {
+		l.own.abort()
+	}
 }
 
 func (l *listener) acceptConn() (*conn, error) {

@@ -142,6 +142,18 @@ func (o *ownLoop) close() {
 	})
 }
 
+// abort closes every connection of the loop, busy ones included, and
+// keeps new ones from being served (close). A connection lent to Go's
+// server is closed too: its Close is idempotent (conn.Close).
+func (o *ownLoop) abort() {
+	o.close()
+	o.mu.Lock()
+	for c := range o.conns {
+		_ = c.fc.Close()
+	}
+	o.mu.Unlock()
+}
+
 // begin counts a request the loop is about to serve, unless the listener
 // is closed: under the lock close takes, so that Shutdown's wait sees every
 // request begun before it (or none is begun).

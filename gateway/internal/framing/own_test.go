@@ -414,6 +414,48 @@ func TestOwnLoopShutdown(t *testing.T) {
 	}
 }
 
+// Abort closes the loop's busy connections too: a request whose body
+// trickles in sees its read fail, its handler returns, and Shutdown, which
+// waited for it, returns.
+func TestOwnLoopAbortCutsBusyConnections(t *testing.T) {
+	entered := make(chan struct{})
+	read := make(chan error, 1)
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		Check(r)
+		var b [1]byte
+		_, _ = io.ReadFull(r.Body, b[:])
+		close(entered)
+		_, err := io.ReadAll(r.Body)
+		read <- err
+	})
+	addr, srv, ln := serveBoth(t, handler, takesOwn, nil)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, "POST /own/slow HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nx")
+	<-entered
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatal(err) // Go's server serves nothing here
+	}
+	if err := ln.Shutdown(ctx); err != context.DeadlineExceeded {
+		t.Fatalf("Shutdown with a body still coming: %v, want it to wait", err)
+	}
+	cancel()
+	_ = srv.Close()
+	ln.Abort()
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := ln.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown after Abort: %v, want the cut request's handler to return", err)
+	}
+	if err := <-read; err == nil {
+		t.Error("the body's read after Abort: nil, want it to fail")
+	}
+}
+
 // http.Server.Close returns while Serve waits in the listener's Accept:
 // closing the listener ends that wait, even when the real listener's
 // Accept fails only after the close (slowClose).
