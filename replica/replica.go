@@ -397,7 +397,9 @@ func (r *Replica) Close() {
 			_ = r.srv.Close()
 		}
 		if r.ln != nil {
-			_ = r.ln.Close() // a listener never served
+			// A listener never served, and the own loop's busy
+			// connections, which the server's Close does not reach.
+			r.ln.Abort()
 		}
 		if r.gw != nil {
 			r.gw.Close()

@@ -41,8 +41,8 @@ func bodyUpstream(t *testing.T) (*url.URL, <-chan struct{}) {
 // then only the first lines of its body, which the replica forwards and
 // waits for the rest of: chunked (served by Go's server) or with a
 // Content-Length (served by the listener's own loop). It returns once the
-// upstream read the first byte; the connection closes with the test.
-func trickleWrite(t *testing.T, addr, lease string, chunked bool, entered <-chan struct{}) {
+// upstream read the first byte, with the connection (closed with the test).
+func trickleWrite(t *testing.T, addr, lease string, chunked bool, entered <-chan struct{}) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
@@ -65,6 +65,7 @@ func trickleWrite(t *testing.T, addr, lease string, chunked bool, entered <-chan
 	case <-time.After(30 * time.Second):
 		t.Fatal("the write's first bytes did not reach the upstream")
 	}
+	return c
 }
 
 // shutdownCutsWrite starts a replica on m with a write whose body trickles
@@ -155,5 +156,35 @@ func TestShutdownTimedOutDrainHoldsOtherReplicasGrant(t *testing.T) {
 				t.Errorf("another replica's grant after the shutdown: %+v, %v; want fence_busy (the drain)", l, err)
 			}
 		})
+	}
+}
+
+// Close without Shutdown closes every connection, the own loop's busy ones
+// too (which http.Server.Close does not reach): a write still streaming its
+// body in is cut at once, not left to run until its body timeout.
+func TestCloseCutsTheOwnLoopsBusyWrite(t *testing.T) {
+	u, entered := bodyUpstream(t)
+	r, err := replica.New(t.Context(), replica.Config{
+		Mode:        mode.Config{Data: t.TempDir(), DrainPeriod: time.Minute},
+		Listen:      "127.0.0.1:0",
+		Live:        gateway.Live{Upstreams: map[string]*url.URL{"svc": u}},
+		BodyTimeout: time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	r.Start()
+	l, err := r.Service().Acquire(t.Context(), tokens.AcquireRequest{Resource: "r", Holder: "A", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := trickleWrite(t, r.Addr(), l.ID, false, entered)
+	r.Close()
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	_, err = io.Copy(io.Discard, c)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatal("the write's connection is still open 20 s after Close")
 	}
 }
