@@ -165,7 +165,11 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	// and a half-closed client refused its answer; carried on, it ends by
 	// the upstream's answer or the forward timeout, as with the client
 	// there. A client gone mid-body still ends it: its body's read fails.
-	res, err := g.engine.Exchange(context.WithoutCancel(r.Context()), out, f, deadline, fw)
+	ctx := r.Context()
+	if ctx.Done() != nil { // the own loop's context is never cancelled: nothing to take away
+		ctx = context.WithoutCancel(ctx)
+	}
+	res, err := g.engine.Exchange(ctx, out, f, deadline, fw)
 	// The exchange is over: a client's body it did not read to its end (a
 	// send that failed, an upstream that answered early) is no longer the
 	// forward's, and the answer closes the connection rather than wait for
