@@ -69,7 +69,7 @@ func parseLean(head []byte, template *http.Request) (req *http.Request, ok bool)
 		rest = rest[end+2:]
 		colon := strings.IndexByte(line, ':')
 		key := textproto.CanonicalMIMEHeaderKey(line[:colon])
-		value := trimSpaceTab(line[colon+1:])
+		value := textproto.TrimString(line[colon+1:]) // textproto's trim: no CR or LF here (plainField)
 		switch key {
 		case "Host":
 			hosts++
@@ -209,17 +209,6 @@ func plainLength(v string) (int64, bool) {
 		n = n*10 + int64(v[i]-'0')
 	}
 	return n, true
-}
-
-// trimSpaceTab is textproto's trim of a header value.
-func trimSpaceTab(s string) string {
-	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
-		s = s[1:]
-	}
-	for len(s) > 0 && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
-		s = s[:len(s)-1]
-	}
-	return s
 }
 
 func indexCRLF(b []byte) int { return bytes.Index(b, crlf) }
