@@ -108,7 +108,7 @@ func (g *Gateway) framing(next http.Handler) http.Handler {
 		} else {
 			st = new(requestBase)
 		}
-		r = g.scopeInto(r, &st.scope)
+		r = g.scopeInto(r, &st.scope, &st.req)
 		st.scope.write = write
 		w, r = watchBody(w, r, &st.body)
 		v, scanned := framing.Check(r)
@@ -131,9 +131,7 @@ func (g *Gateway) framing(next http.Handler) http.Handler {
 			w = closeAfterAnswer(w)
 		}
 		if v.TLS != nil && r.TLS == nil {
-			r2 := *r
-			r2.TLS = v.TLS
-			r = &r2
+			r.TLS = v.TLS // r is st.req, the gateway's own copy
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -143,6 +141,7 @@ func (g *Gateway) framing(next http.Handler) http.Handler {
 type requestBase struct {
 	scope scope
 	body  unreadBody
+	req   http.Request // the request as the handlers see it: a copy with the scope
 }
 
 // requestState is what it keeps of a request to the proxy: the base and

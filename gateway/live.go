@@ -143,15 +143,17 @@ func (g *Gateway) withScope(r *http.Request) (*http.Request, *scope) {
 	if s, ok := r.Context().Value(scopeKey{}).(*scope); ok {
 		return r, s
 	}
-	s := new(scope)
-	return g.scopeInto(r, s), s
+	b := new(requestBase)
+	return g.scopeInto(r, &b.scope, &b.req), &b.scope
 }
 
-// scopeInto gives r the scope s (the caller's storage, unused until then)
-// under the current live configuration: a copy of r.
-func (g *Gateway) scopeInto(r *http.Request, s *scope) *http.Request {
+// scopeInto gives r the scope s under the current live configuration: a
+// copy of r, made in into (s and into are the caller's storage, unused
+// until then, in one allocation with the request's other state).
+func (g *Gateway) scopeInto(r *http.Request, s *scope, into *http.Request) *http.Request {
 	*s = scope{Context: r.Context(), live: g.live.Load()}
-	return r.WithContext(s)
+	*into = *r.WithContext(s) // WithContext's own copy stays on the stack
+	return into
 }
 
 // liveOf is the live configuration r is judged under: its scope's, or (a
