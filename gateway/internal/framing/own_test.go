@@ -591,3 +591,52 @@ func TestOwnLoopFirstHeadTimeout(t *testing.T) {
 		}
 	}
 }
+
+// ownConns is how many connections the loop holds, its own and lent.
+func ownConns(ln ServingListener) int {
+	o := ln.(*listener).own
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.conns)
+}
+
+// A client that goes quiet and then goes away while Go's server has its
+// connection (after a request lent to it, or in the middle of a head the
+// loop was still reading) leaves nothing behind: the loop lets the
+// connection go once Go's server closes it.
+func TestOwnLoopLetsGoOfAClientGoneWhileLent(t *testing.T) {
+	for _, tc := range []struct{ name, raw string }{
+		{"idle after a lent request", "GET /ctl HTTP/1.1\r\nHost: x\r\n\r\n"},
+		{"in the middle of a head", "GET /ctl HTTP/1.1\r\nHost:"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr, _, ln := serveBoth(t, http.HandlerFunc(servedBy), takesOwn, nil)
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.WriteString(c, tc.raw); err != nil {
+				t.Fatal(err)
+			}
+			if strings.HasSuffix(tc.raw, "\r\n\r\n") {
+				if got := readAnswers(t, bufio.NewReader(c), 1); !strings.HasPrefix(got[0], "200 go GET /ctl") {
+					t.Fatalf("answer %q", got[0])
+				}
+			}
+			time.Sleep(100 * time.Millisecond) // quiet
+			if n := ownConns(ln); n != 1 {
+				t.Fatalf("the loop holds %d connections before the client goes, want 1", n)
+			}
+			_ = c.Close()
+			deadline := time.Now().Add(10 * time.Second)
+			for ownConns(ln) != 0 {
+				if time.Now().After(deadline) {
+					t.Fatal("the loop still holds a connection its client closed 10 s ago")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
+}
