@@ -204,24 +204,11 @@ func TestRefusalOfAPacedBodyAnswersBeforeTheRest(t *testing.T) {
 		up   func(t *testing.T) string
 	}{
 		{"413 closing", http.StatusRequestEntityTooLarge, func(t *testing.T) string {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = ln.Close() })
-			go func() {
-				for {
-					c, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
-						_, _ = io.WriteString(c, "HTTP/1.1 413 Content Too Large\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
-					}
-					_ = c.Close()
+			return "http://" + rawServer(t, func(c net.Conn) {
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+					_, _ = io.WriteString(c, "HTTP/1.1 413 Content Too Large\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
 				}
-			}()
-			return "http://" + ln.Addr().String()
+			})
 		}},
 		{"unreachable", http.StatusBadGateway, func(t *testing.T) string {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -17,13 +17,7 @@ import (
 // with "close-".
 func scriptedUpstream(t testing.TB, answers map[string]string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	serve := func(c net.Conn) {
-		defer c.Close()
+	return "http://" + rawServer(t, func(c net.Conn) {
 		br := bufio.NewReader(c)
 		for {
 			req, err := http.ReadRequest(br)
@@ -39,17 +33,32 @@ func scriptedUpstream(t testing.TB, answers map[string]string) string {
 				return
 			}
 		}
+	})
+}
+
+// rawServer serves each connection accepted on 127.0.0.1 with serve, on a
+// goroutine of its own, and closes it when serve returns; it returns the
+// address. The tests' upstreams that answer in bytes of their own.
+func rawServer(t testing.TB, serve func(c net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = ln.Close() })
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			go serve(c)
+			go func() {
+				defer c.Close()
+				serve(c)
+			}()
 		}
 	}()
-	return "http://" + ln.Addr().String()
+	return ln.Addr().String()
 }
 
 // An upstream's hostile or odd answer reaches the client as the reference
@@ -249,33 +258,19 @@ func TestUpstreamAnswerTrailers(t *testing.T) {
 // more than the forward timeout: past 100 informational answers the
 // exchange is broken, 502, and as its request left, the resource drains.
 func TestUpstream1xxFlood(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
+	up := rawServer(t, func(c net.Conn) {
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, req.Body)
+		for i := 0; i < 1e6; i++ {
+			if _, err := io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"); err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
-				}
-				_, _ = io.Copy(io.Discard, req.Body)
-				for i := 0; i < 1e6; i++ {
-					if _, err := io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"); err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
-	tg := startFraming(t, "http://"+ln.Addr().String(), Config{ForwardTimeout: time.Minute}, false)
+	})
+	tg := startFraming(t, "http://"+up, Config{ForwardTimeout: time.Minute}, false)
 	lease := tg.lease(t, "flood")
 	c := tg.dial(t)
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))

@@ -50,37 +50,22 @@ func BenchmarkFencedWriteListener(b *testing.B) {
 // rawUpstream answers every request on its connections with a fixed 200,
 // after reading its head and Content-Length body; it returns its address.
 func rawUpstream(b *testing.B) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = ln.Close() })
 	answer := []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}")
-	go func() {
+	return rawServer(b, func(c net.Conn) {
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			_, n, err := readHead(br)
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					_, n, err := readHead(br)
-					if err != nil {
-						return
-					}
-					if _, err := br.Discard(n); err != nil {
-						return
-					}
-					if _, err := c.Write(answer); err != nil {
-						return
-					}
-				}
-			}()
+			if _, err := br.Discard(n); err != nil {
+				return
+			}
+			if _, err := c.Write(answer); err != nil {
+				return
+			}
 		}
-	}()
-	return ln.Addr().String()
+	})
 }
 
 // readHead reads an HTTP/1.1 message head from br: the status code of a

@@ -7,9 +7,9 @@ package framing
 // fenced write sends are plain: a target of unreserved characters, token
 // names, printable ASCII values, one Host, at most one Content-Length. The
 // loop parses such a head itself, into what http.ReadRequest and Go's
-// server's checks make of it, field for field, with four allocations
-// (the head as one string, the request with its URL, the header map, its
-// values). Any head that is not plain in every byte goes to
+// server's checks make of it, field for field, with five allocations
+// (the head as one string, the request with its URL, the header map and
+// its table, its values). Any head that is not plain in every byte goes to
 // http.ReadRequest, which says what is wrong with it or makes of it what
 // Go's server does: the lean parse never decides a refusal, so it cannot
 // refuse what Go's server takes, and FuzzLeanHeadMatchesReadRequest holds

@@ -113,10 +113,8 @@ func (l *listener) acceptLoop() {
 func (o *ownLoop) add(c *ownConn) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	select {
-	case <-o.closed:
+	if o.closing() {
 		return false
-	default:
 	}
 	o.conns[c] = struct{}{}
 	return true
@@ -160,10 +158,8 @@ func (o *ownLoop) abort() {
 func (o *ownLoop) begin() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	select {
-	case <-o.closed:
+	if o.closing() {
 		return false
-	default:
 	}
 	o.busy.Add(1)
 	return true
