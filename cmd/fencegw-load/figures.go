@@ -36,10 +36,21 @@ type Figures struct {
 	Writers int       `json:"writers"`
 	Writes  []Figure  `json:"writes"`
 	Grants  []Figure  `json:"grants"`
+	// GrantSeconds is how long the grants, and etcd's acquisitions, were
+	// measured (each).
+	GrantSeconds float64 `json:"grant_seconds,omitempty"`
 	// AnonBytesPerResource is how much the gateway's anonymous memory grew
 	// per fresh resource granted (-figures-resources of them).
 	AnonBytesPerResource float64 `json:"anon_bytes_per_resource"`
 	Resources            int     `json:"resources"`
+}
+
+// grantTime says how long the grants were measured, if the run recorded it.
+func grantTime(seconds float64) string {
+	if seconds <= 0 {
+		return ""
+	}
+	return ", " + strconv.FormatFloat(seconds, 'f', -1, 64) + " s each"
 }
 
 // Figure is one row: a setup's rate (req/s or grants/s), latencies in µs,
@@ -91,6 +102,8 @@ func runFigures(ctx context.Context, o options, args []string, out io.Writer) er
 	fmt.Fprintln(out, "== grants")
 	grants := o
 	grants.grants = true
+	grants.duration = o.grantsDuration
+	f.GrantSeconds = o.grantsDuration.Seconds()
 	g, err := measureGrants(ctx, grants, out)
 	if err != nil {
 		return err
@@ -211,7 +224,7 @@ func (f Figures) Render() string {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", setupLabels[w.Setup], fmtFloat(w.PerSecond, 0), fmtFloat(w.P50US, 0), fmtFloat(w.P99US, 0),
 			cpu, rf, rn, fmtFloat(w.LoneAddedUS, 0))
 	}
-	b.WriteString("\n| grants, 64 acquirers on fresh resources | grants/s | p50 µs | p99 µs | server CPU µs/grant |\n|---|---:|---:|---:|---:|\n")
+	b.WriteString("\n| grants, 64 acquirers on fresh resources" + grantTime(f.GrantSeconds) + " | grants/s | p50 µs | p99 µs | server CPU µs/grant |\n|---|---:|---:|---:|---:|\n")
 	labels := map[string]string{"gateway": "**fencegw** grants through HTTP (embedded store)", "etcd": "etcd lock acquisitions (LeaseGrant + put-if-absent, one member)"}
 	for _, g := range f.Grants {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", labels[g.Setup], fmtFloat(g.PerSecond, 0), fmtFloat(g.P50US, 0), fmtFloat(g.P99US, 0), fmtFloat(g.ServerCPUUS, 1))

@@ -54,8 +54,9 @@ type options struct {
 	fasthttp     string // the fasthttp setup's program
 	// -grants beside etcd: its server and tools/etcd-locks ("": no etcd).
 	etcd, etcdLocks string
-	figures         string // -figures: the one table's file
-	memResources    int    // with -figures: fresh resources the memory figure is taken over
+	figures         string        // -figures: the one table's file
+	memResources    int           // with -figures: fresh resources the memory figure is taken over
+	grantsDuration  time.Duration // with -figures: how long grants (and etcd's acquisitions) are measured
 	tls             bool
 	// The hidden serve mode: this program as one setup's server.
 	serveRole, serveListen, serveUpstream, serveDir string
@@ -123,6 +124,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.fasthttp, "fasthttp", "fasthttp-ceiling", "the fasthttp setup's program, a name on PATH or a path; build it (a module of its own) with: "+fasthttpBuild)
 	fs.StringVar(&o.etcdLocks, "etcd-locks", "", "with -grants: also measure lock acquisitions on etcd (a LeaseGrant and a put-if-absent each, as many acquirers, as long) with this program; build it (a module of its own) with: "+etcdLocksBuild)
 	fs.StringVar(&o.figures, "figures", "", "measure the one table every doc quotes (writes of 32 writers and of 1 on direct, fasthttp, bare-proxy, gateway, nginx, haproxy, caddy; grants beside etcd: needs -fasthttp and -etcd-locks), write its numbers to this file (docs/figures.json) and render them into README.md and docs/benchmarks.md; run from the repository's root")
+	fs.DurationVar(&o.grantsDuration, "figures-grants-duration", 20*time.Second, "with -figures: measured time of the grants and of etcd's acquisitions (each), at most "+maxDuration.String())
 	fs.IntVar(&o.memResources, "figures-resources", 200_000, "with -figures: fresh resources granted for the memory figure (its growth per resource)")
 	fs.StringVar(&o.etcd, "etcd", "etcd", "with -etcd-locks: etcd's server program (Debian: etcd-server), started on 127.0.0.1 in a temporary directory")
 	fs.BoolVar(&o.tls, "tls", false, "clients speak TLS (HTTP/1.1) to the bare proxy, the gateway and the peers, with a self-signed certificate for 127.0.0.1; the upstream stays plain HTTP")
@@ -147,6 +149,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	switch {
 	case o.duration <= 0 || o.duration > maxDuration:
 		return o, fmt.Errorf("-duration must be in (0, %s]", maxDuration)
+	case o.grantsDuration <= 0 || o.grantsDuration > maxDuration:
+		return o, fmt.Errorf("-figures-grants-duration must be in (0, %s]", maxDuration)
 	case o.warmup < 0 || o.warmup > time.Minute:
 		return o, errors.New("-warmup must be in [0, 1m]")
 	case o.rounds < 1 || o.rounds > 1000:
