@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -638,5 +639,97 @@ func TestOwnLoopLetsGoOfAClientGoneWhileLent(t *testing.T) {
 				time.Sleep(10 * time.Millisecond)
 			}
 		})
+	}
+}
+
+// Shutdown racing requests that begin: clients keep sending on keep-alive
+// connections while the listener shuts down. Every request the loop began
+// is answered whole before Shutdown returns, and none begins after it:
+// a request read as the listener closed is either served (and waited for)
+// or its connection closed without a byte of answer (begin, under the
+// lock close takes). Run under -race, many times over.
+func TestOwnLoopShutdownRacesBeginningRequests(t *testing.T) {
+	for round := range 30 {
+		var inflight, late atomic.Int64
+		var returned atomic.Bool
+		handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			Check(r)
+			inflight.Add(1)
+			defer inflight.Add(-1)
+			if returned.Load() {
+				late.Add(1)
+			}
+			_, _ = io.Copy(io.Discard, r.Body)
+			_, _ = io.WriteString(w, "ok")
+		})
+		addr, srv, ln := serveBoth(t, handler, takesOwn, nil)
+		var clients sync.WaitGroup
+		var answered atomic.Int64
+		partial := make(chan string, 16)
+		for range 6 {
+			clients.Go(func() {
+				for !returned.Load() {
+					c, err := net.Dial("tcp", addr)
+					if err != nil {
+						return // the listener is closed
+					}
+					_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+					br := bufio.NewReader(c)
+					for {
+						if _, err := io.WriteString(c, "POST /own/w HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"); err != nil {
+							break
+						}
+						if _, err := br.Peek(1); err != nil {
+							break // closed without a byte of answer
+						}
+						resp, err := http.ReadResponse(br, nil)
+						if err != nil {
+							select {
+							case partial <- fmt.Sprintf("an answer cut short: %v", err):
+							default:
+							}
+							break
+						}
+						b, err := io.ReadAll(resp.Body)
+						resp.Body.Close()
+						if err != nil || string(b) != "ok" {
+							select {
+							case partial <- fmt.Sprintf("a body cut short: %q, %v", b, err):
+							default:
+							}
+							break
+						}
+						answered.Add(1)
+						if resp.Close {
+							break
+						}
+					}
+					c.Close()
+				}
+			})
+		}
+		for answered.Load() < 50 {
+			time.Sleep(time.Millisecond)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := srv.Shutdown(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := ln.Shutdown(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n := inflight.Load(); n != 0 {
+			t.Fatalf("round %d: Shutdown returned with %d requests still in their handler", round, n)
+		}
+		returned.Store(true)
+		cancel()
+		clients.Wait()
+		if n := late.Load(); n != 0 {
+			t.Fatalf("round %d: %d requests began after Shutdown returned", round, n)
+		}
+		close(partial)
+		for p := range partial {
+			t.Errorf("round %d: %s", round, p)
+		}
 	}
 }
