@@ -247,3 +247,54 @@ func TestRefusalOfAPacedBodyAnswersBeforeTheRest(t *testing.T) {
 		}
 	}
 }
+
+// An upstream that answers a streamed write while its client has gone
+// quiet mid-body (an upstream that refuses on the head alone, and one that
+// answers without reading the body) is heard by the client once the body
+// stalls, not at the body timeout (an hour here): the upstream's answer,
+// closing the connection, whose body was not all read. The upstream
+// answered, so the outcome is known and the resource does not drain.
+func TestEarlyAnswerToAQuietClient(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		answer string
+		code   int
+	}{
+		{"413 closing", "HTTP/1.1 413 Content Too Large\r\nContent-Length: 4\r\nConnection: close\r\n\r\nnope", http.StatusRequestEntityTooLarge},
+		{"200 keeping", "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nseen", http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := rawServer(t, func(c net.Conn) {
+				br := bufio.NewReader(c)
+				if _, err := http.ReadRequest(br); err != nil {
+					return
+				}
+				_, _ = io.WriteString(c, tc.answer)
+				_, _ = io.Copy(io.Discard, br) // what comes of the body, until the gateway closes
+			})
+			tg := earlyGateway(t, "http://"+addr, false, nil)
+			resource := "quiet-" + strings.Fields(tc.name)[0]
+			lease := tg.lease(t, resource)
+			c := tg.dial(t)
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			start := time.Now()
+			_, _ = io.WriteString(c, "POST /v1/proxy/svc/quiet HTTP/1.1\r\nHost: gw.example\r\n"+HeaderLease+": "+lease+
+				"\r\nContent-Length: 1048576\r\n\r\n"+strings.Repeat("q", 64<<10))
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("no answer %v after the client went quiet mid-body: %v", time.Since(start).Round(time.Millisecond), err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tc.code || string(b) != tc.answer[len(tc.answer)-4:] || !resp.Close {
+				t.Fatalf("answer %d %q (closes the connection: %v), want the upstream's %d closing it", resp.StatusCode, b, resp.Close, tc.code)
+			}
+			if err := tg.svc.WaitDrains(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if st, err := tg.svc.Resource(t.Context(), resource); err != nil || !st.DrainUntil.IsZero() {
+				t.Fatalf("resource after an answered write: %+v %v; want no drain", st, err)
+			}
+		})
+	}
+}

@@ -78,6 +78,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -110,12 +111,13 @@ type Write interface {
 	// half-sent, however long its body keeps it so (sendcheck.go). Called
 	// once per exchange whose body streams, never for a body in memory.
 	Lost() <-chan struct{}
-	// Halt is called, on the watch's goroutine, once the watch has reset a
-	// half-sent request on its lost fence: a read of the request's body
-	// that waits (a client gone quiet mid-body) is to fail now, so that
-	// the exchange ends and its client is answered at once, not when it
-	// sends again. The exchange then fails on the fence, whatever error
-	// that read returns.
+	// Halt is called, on a watch's goroutine, once the watch has reset a
+	// half-sent request on its lost fence, or once the upstream answered
+	// a half-sent request and its body stalled (answerwatch.go): a read of
+	// the request's body that waits (a client gone quiet mid-body) is to
+	// fail now, so that the exchange ends and its client is answered at
+	// once, not when it sends again. The exchange then fails on the fence,
+	// or reads the upstream's answer, whatever error that read returns.
 	Halt()
 }
 
@@ -234,6 +236,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 		req, cb.req = &r2, &r2
 	}
 	var watch *fenceWatch
+	var early *answerWatch
 	switch {
 	case c.host != nil && req.Host == "" && cb == nil && inMemory(req, w):
 		// Request.Write's bytes without its allocations (write.go).
@@ -247,6 +250,11 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 			// (or the upstream's leave) keeps it: its fence is watched
 			// meanwhile (sendcheck.go).
 			watch = watchFence(w, c.tcp)
+		}
+		if cb == nil && !inMemory(req, w) {
+			// The upstream may answer before the body is all sent
+			// (answerwatch.go).
+			early = watchAnswer(c, w)
 		}
 		// The connection's own trace tells when the head was written. A
 		// body that streams is framed by Request.Write (Content-Length,
@@ -272,6 +280,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	if err == nil && (cb == nil || !cb.skipped) {
 		err = c.bw.Flush()
 	}
+	answered := early.end(ctx)
 	if watch.end() {
 		// The fence was lost while the request was half-sent, and the
 		// watch reset the connection: whatever the writes saw, the
@@ -280,10 +289,12 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	}
 	broken := false
 	if err != nil {
-		if !c.writeFailed {
+		if !c.writeFailed && !answered {
 			return fail(err)
 		}
-		// The upstream stopped taking the request (a write to it failed):
+		// The upstream stopped taking the request (a write to it failed),
+		// or answered while the body was half-sent (the watch saw its
+		// status line, and the body that stalled was halted, or failed):
 		// it may have answered already, as one that refuses a body early
 		// does (413, 401). The Transport's read goroutine would hear that
 		// answer; the engine looks for it before it gives up. A 1xx
@@ -550,6 +561,9 @@ type engineConn struct {
 	// writeFailed: a write of the request to the connection failed (not
 	// its fence check): the upstream may have answered early.
 	writeFailed bool
+	// sent counts the bytes of requests written, for the watch of a
+	// half-sent one (answerwatch.go), on another goroutine.
+	sent atomic.Int64
 	// The idle check's (alive.go), made once.
 	raw     syscall.RawConn
 	peek    func(fd uintptr) bool
@@ -627,6 +641,7 @@ func (c *engineConn) Write(p []byte) (int, error) {
 	}
 	n, err := c.nc.Write(p)
 	w.Sent(n)
+	c.sent.Add(int64(n))
 	if err != nil {
 		c.writeFailed = true
 	}
