@@ -298,3 +298,45 @@ func TestEarlyAnswerToAQuietClient(t *testing.T) {
 		})
 	}
 }
+
+// An upstream that hangs up (closes, or resets) after the head of a
+// streamed write while its client is quiet mid-body can send no answer:
+// the client hears 502 at once, closing the connection, not 408 at its
+// body timeout (an hour here). The upstream got an incomplete request, so
+// the outcome is unknown and the resource drains, as it would have then.
+func TestUpstreamHangUpWhileClientQuiet(t *testing.T) {
+	for _, reset := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reset=%v", reset), func(t *testing.T) {
+			addr := rawServer(t, func(c net.Conn) {
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+					return
+				}
+				if reset {
+					_ = c.(*net.TCPConn).SetLinger(0)
+				}
+			})
+			tg := earlyGateway(t, "http://"+addr, false, nil)
+			resource := fmt.Sprintf("hung-up-%v", reset)
+			lease := tg.lease(t, resource)
+			c := tg.dial(t)
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			start := time.Now()
+			_, _ = io.WriteString(c, "POST /v1/proxy/svc/quiet HTTP/1.1\r\nHost: gw.example\r\n"+HeaderLease+": "+lease+
+				"\r\nContent-Length: 1048576\r\n\r\n"+strings.Repeat("q", 64<<10))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer %v after the client went quiet mid-body: %v", time.Since(start).Round(time.Millisecond), err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusBadGateway || !resp.Close || !strings.Contains(string(b), "outcome is unknown") {
+				t.Fatalf("answer %d (closes the connection: %v) %s; want 502 closing it, the outcome unknown", resp.StatusCode, resp.Close, b)
+			}
+			if err := tg.svc.WaitDrains(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if st, err := tg.svc.Resource(t.Context(), resource); err != nil || st.DrainUntil.IsZero() {
+				t.Fatalf("resource after a write cut midway: %+v %v; want a drain (its outcome is unknown)", st, err)
+			}
+		})
+	}
+}

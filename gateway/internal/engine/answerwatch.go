@@ -21,16 +21,25 @@ package engine
 // connections: TestEarlyAnswerToAPacedBody); a body that sends nothing to
 // the upstream for stallGrace is halted (Write.Halt: the read of the
 // client's body that waits fails), and the exchange reads the answer, on a
-// connection that closes after it (the request was cut short). Over TLS the
+// connection that closes after it (the request was cut short). An upstream
+// that closes its end of the connection with no answer can send none
+// after: the body is halted at once, and the exchange fails on that
+// (errHungUp), its client answered 502 at once, not 408 at its body
+// timeout (the outcome is unknown either way: the resource drains). Over TLS the
 // bytes below are records, which say nothing of the status (and a
 // post-handshake message may come unasked): not watched there, as before.
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"syscall"
 	"time"
 )
+
+// errHungUp is the error of an exchange whose upstream closed its end of
+// the connection, with no answer, while the request was half-sent.
+var errHungUp = errors.New("the upstream closed the connection while the request was being sent, without an answer")
 
 // stallGrace is how long a half-sent body must send nothing to the
 // upstream, after the upstream's early final answer, before it is
@@ -42,14 +51,24 @@ const stallGrace = 250 * time.Millisecond
 // of its own from the start of the request's write to its end (end), which
 // waits for it.
 type answerWatch struct {
-	c        *engineConn
-	w        Write
-	stop     chan struct{}
-	stopped  atomic.Bool
-	done     chan struct{}
-	answered bool // an early final answer came (read after done)
-	line     [len("HTTP/1.1 200")]byte
+	c       *engineConn
+	w       Write
+	stop    chan struct{}
+	stopped atomic.Bool
+	done    chan struct{}
+	heard   heard // read after done
+	line    [len("HTTP/1.1 200")]byte
 }
+
+// heard is what a watch heard of the upstream while the request was
+// half-sent.
+type heard int
+
+const (
+	heardNothing heard = iota
+	heardAnswer        // the start of a final answer
+	heardHangUp        // the upstream's end of the connection, no answer before it
+)
 
 // watchAnswer starts watching c, whose request (w's) is about to be
 // written with a streamed body; nil if c cannot be watched (TLS, no raw
@@ -65,7 +84,7 @@ func watchAnswer(c *engineConn, w Write) *answerWatch {
 
 func (a *answerWatch) run() {
 	defer close(a.done)
-	final := false
+	var got heard
 	_ = a.c.raw.Read(func(fd uintptr) bool {
 		if a.stopped.Load() {
 			return true
@@ -74,18 +93,30 @@ func (a *answerWatch) run() {
 		switch {
 		case err == syscall.EAGAIN || err == syscall.EWOULDBLOCK:
 			return false // nothing yet: wait for bytes
-		case err != nil || n == 0:
-			return true // failed or closed: the exchange sees that itself
+		case err == nil && n == 0, err == syscall.ECONNRESET:
+			got = heardHangUp // closed, or reset (what came before a reset is lost)
+			return true
+		case err != nil:
+			return true // failed (reset): the exchange sees that itself
 		case n < len(a.line):
 			return false // the status line's start is still coming
 		}
-		final = finalStatusLine(a.line[:])
+		if finalStatusLine(a.line[:]) {
+			got = heardAnswer
+		}
 		return true
 	})
-	if !final {
+	switch got {
+	case heardNothing:
+		return
+	case heardHangUp:
+		// No answer can follow: nothing the body sends can make the
+		// exchange end otherwise, so it ends now.
+		a.heard = got
+		a.w.Halt()
 		return
 	}
-	a.answered = true
+	a.heard = got
 	sent := a.c.sent.Load()
 	t := time.NewTimer(stallGrace)
 	defer t.Stop()
@@ -113,11 +144,11 @@ func finalStatusLine(b []byte) bool {
 }
 
 // end stops the watch, waits until it has stopped and puts the exchange's
-// read deadline back (the wake-up moved it); it reports whether an early
-// final answer came. A nil watch: false.
-func (a *answerWatch) end(ctx context.Context) bool {
+// read deadline back (the wake-up moved it); it reports what the watch
+// heard. A nil watch: nothing.
+func (a *answerWatch) end(ctx context.Context) heard {
 	if a == nil {
-		return false
+		return heardNothing
 	}
 	a.stopped.Store(true)
 	close(a.stop)
@@ -132,5 +163,5 @@ func (a *answerWatch) end(ctx context.Context) bool {
 	if ctx.Err() != nil {
 		c.abort() // the context ended meanwhile: its abort may have been undone here
 	}
-	return a.answered
+	return a.heard
 }

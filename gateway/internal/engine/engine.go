@@ -280,7 +280,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	if err == nil && (cb == nil || !cb.skipped) {
 		err = c.bw.Flush()
 	}
-	answered := early.end(ctx)
+	heard := early.end(ctx)
 	if watch.end() {
 		// The fence was lost while the request was half-sent, and the
 		// watch reset the connection: whatever the writes saw, the
@@ -289,7 +289,12 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	}
 	broken := false
 	if err != nil {
-		if !c.writeFailed && !answered {
+		if heard == heardHangUp {
+			// Not err, the halted read of the client's body, which
+			// would read as the client's fault or a timeout.
+			return fail(errHungUp)
+		}
+		if !c.writeFailed && heard != heardAnswer {
 			return fail(err)
 		}
 		// The upstream stopped taking the request (a write to it failed),
