@@ -248,6 +248,25 @@ func TestRefusalOfAPacedBodyAnswersBeforeTheRest(t *testing.T) {
 	}
 }
 
+// sendAndGoQuiet sends a streamed write on a lease of resource: its head
+// and 64 KiB of a 1 MiB body, and then nothing. It returns the answer and
+// its body, which must come within 10 s.
+func sendAndGoQuiet(t *testing.T, tg *testGateway, resource string) (*http.Response, []byte) {
+	t.Helper()
+	lease := tg.lease(t, resource)
+	c := tg.dial(t)
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	start := time.Now()
+	_, _ = io.WriteString(c, "POST /v1/proxy/svc/quiet HTTP/1.1\r\nHost: gw.example\r\n"+HeaderLease+": "+lease+
+		"\r\nContent-Length: 1048576\r\n\r\n"+strings.Repeat("q", 64<<10))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer %v after the client went quiet mid-body: %v", time.Since(start).Round(time.Millisecond), err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	return resp, b
+}
+
 // An upstream that answers a streamed write while its client has gone
 // quiet mid-body (an upstream that refuses on the head alone, and one that
 // answers without reading the body) is heard by the client once the body
@@ -274,18 +293,7 @@ func TestEarlyAnswerToAQuietClient(t *testing.T) {
 			})
 			tg := earlyGateway(t, "http://"+addr, false, nil)
 			resource := "quiet-" + strings.Fields(tc.name)[0]
-			lease := tg.lease(t, resource)
-			c := tg.dial(t)
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-			start := time.Now()
-			_, _ = io.WriteString(c, "POST /v1/proxy/svc/quiet HTTP/1.1\r\nHost: gw.example\r\n"+HeaderLease+": "+lease+
-				"\r\nContent-Length: 1048576\r\n\r\n"+strings.Repeat("q", 64<<10))
-			br := bufio.NewReader(c)
-			resp, err := http.ReadResponse(br, nil)
-			if err != nil {
-				t.Fatalf("no answer %v after the client went quiet mid-body: %v", time.Since(start).Round(time.Millisecond), err)
-			}
-			b, _ := io.ReadAll(resp.Body)
+			resp, b := sendAndGoQuiet(t, tg, resource)
 			if resp.StatusCode != tc.code || string(b) != tc.answer[len(tc.answer)-4:] || !resp.Close {
 				t.Fatalf("answer %d %q (closes the connection: %v), want the upstream's %d closing it", resp.StatusCode, b, resp.Close, tc.code)
 			}
@@ -317,17 +325,7 @@ func TestUpstreamHangUpWhileClientQuiet(t *testing.T) {
 			})
 			tg := earlyGateway(t, "http://"+addr, false, nil)
 			resource := fmt.Sprintf("hung-up-%v", reset)
-			lease := tg.lease(t, resource)
-			c := tg.dial(t)
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-			start := time.Now()
-			_, _ = io.WriteString(c, "POST /v1/proxy/svc/quiet HTTP/1.1\r\nHost: gw.example\r\n"+HeaderLease+": "+lease+
-				"\r\nContent-Length: 1048576\r\n\r\n"+strings.Repeat("q", 64<<10))
-			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-			if err != nil {
-				t.Fatalf("no answer %v after the client went quiet mid-body: %v", time.Since(start).Round(time.Millisecond), err)
-			}
-			b, _ := io.ReadAll(resp.Body)
+			resp, b := sendAndGoQuiet(t, tg, resource)
 			if resp.StatusCode != http.StatusBadGateway || !resp.Close || !strings.Contains(string(b), "outcome is unknown") {
 				t.Fatalf("answer %d (closes the connection: %v) %s; want 502 closing it, the outcome unknown", resp.StatusCode, resp.Close, b)
 			}
