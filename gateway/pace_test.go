@@ -282,29 +282,43 @@ func TestEarlyAnswerToAQuietClient(t *testing.T) {
 		{"413 closing", "HTTP/1.1 413 Content Too Large\r\nContent-Length: 4\r\nConnection: close\r\n\r\nnope", http.StatusRequestEntityTooLarge},
 		{"200 keeping", "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nseen", http.StatusOK},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			addr := rawServer(t, func(c net.Conn) {
-				br := bufio.NewReader(c)
-				if _, err := http.ReadRequest(br); err != nil {
-					return
+		for _, overTLS := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s tls=%v", tc.name, overTLS), func(t *testing.T) {
+				tg := rawUpstreamGateway(t, overTLS, func(c net.Conn) {
+					br := bufio.NewReader(c)
+					if _, err := http.ReadRequest(br); err != nil {
+						return
+					}
+					_, _ = io.WriteString(c, tc.answer)
+					_, _ = io.Copy(io.Discard, br) // what comes of the body, until the gateway closes
+				})
+				resource := fmt.Sprintf("quiet-%s-%v", strings.Fields(tc.name)[0], overTLS)
+				resp, b := sendAndGoQuiet(t, tg, resource)
+				if resp.StatusCode != tc.code || string(b) != tc.answer[len(tc.answer)-4:] || !resp.Close {
+					t.Fatalf("answer %d %q (closes the connection: %v), want the upstream's %d closing it", resp.StatusCode, b, resp.Close, tc.code)
 				}
-				_, _ = io.WriteString(c, tc.answer)
-				_, _ = io.Copy(io.Discard, br) // what comes of the body, until the gateway closes
+				if err := tg.svc.WaitDrains(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+				if st, err := tg.svc.Resource(t.Context(), resource); err != nil || !st.DrainUntil.IsZero() {
+					t.Fatalf("resource after an answered write: %+v %v; want no drain", st, err)
+				}
 			})
-			tg := earlyGateway(t, "http://"+addr, false, nil)
-			resource := "quiet-" + strings.Fields(tc.name)[0]
-			resp, b := sendAndGoQuiet(t, tg, resource)
-			if resp.StatusCode != tc.code || string(b) != tc.answer[len(tc.answer)-4:] || !resp.Close {
-				t.Fatalf("answer %d %q (closes the connection: %v), want the upstream's %d closing it", resp.StatusCode, b, resp.Close, tc.code)
-			}
-			if err := tg.svc.WaitDrains(t.Context()); err != nil {
-				t.Fatal(err)
-			}
-			if st, err := tg.svc.Resource(t.Context(), resource); err != nil || !st.DrainUntil.IsZero() {
-				t.Fatalf("resource after an answered write: %+v %v; want no drain", st, err)
-			}
-		})
+		}
 	}
+}
+
+// rawUpstreamGateway is earlyGateway in front of an upstream that serves
+// each connection with serve, over TLS or not.
+func rawUpstreamGateway(t *testing.T, overTLS bool, serve func(net.Conn)) *testGateway {
+	t.Helper()
+	if !overTLS {
+		return earlyGateway(t, "http://"+rawServer(t, serve), false, nil)
+	}
+	addr, trust := rawTLSServer(t, serve)
+	tg := earlyGateway(t, "https://"+addr, false, nil)
+	tg.g.transport.TLSClientConfig = trust
+	return tg
 }
 
 // An upstream that hangs up (closes, or resets) after the head of a
@@ -313,18 +327,17 @@ func TestEarlyAnswerToAQuietClient(t *testing.T) {
 // body timeout (an hour here). The upstream got an incomplete request, so
 // the outcome is unknown and the resource drains, as it would have then.
 func TestUpstreamHangUpWhileClientQuiet(t *testing.T) {
-	for _, reset := range []bool{false, true} {
-		t.Run(fmt.Sprintf("reset=%v", reset), func(t *testing.T) {
-			addr := rawServer(t, func(c net.Conn) {
+	for _, tc := range []struct{ reset, overTLS bool }{{false, false}, {true, false}, {false, true}} {
+		t.Run(fmt.Sprintf("reset=%v tls=%v", tc.reset, tc.overTLS), func(t *testing.T) {
+			tg := rawUpstreamGateway(t, tc.overTLS, func(c net.Conn) {
 				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
 					return
 				}
-				if reset {
+				if tc.reset {
 					_ = c.(*net.TCPConn).SetLinger(0)
 				}
 			})
-			tg := earlyGateway(t, "http://"+addr, false, nil)
-			resource := fmt.Sprintf("hung-up-%v", reset)
+			resource := fmt.Sprintf("hung-up-%v-%v", tc.reset, tc.overTLS)
 			resp, b := sendAndGoQuiet(t, tg, resource)
 			if resp.StatusCode != http.StatusBadGateway || !resp.Close || !strings.Contains(string(b), "outcome is unknown") {
 				t.Fatalf("answer %d (closes the connection: %v) %s; want 502 closing it, the outcome unknown", resp.StatusCode, resp.Close, b)

@@ -3,9 +3,11 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -45,6 +47,29 @@ func rawServer(t testing.TB, serve func(c net.Conn)) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	serveRaw(t, ln, serve)
+	return ln.Addr().String()
+}
+
+// rawTLSServer is rawServer over TLS, with the certificate of httptest's
+// TLS servers; it returns the address and a client configuration that
+// trusts it (for the gateway's transport).
+func rawTLSServer(t testing.TB, serve func(c net.Conn)) (string, *tls.Config) {
+	t.Helper()
+	ts := httptest.NewUnstartedServer(nil)
+	ts.StartTLS()
+	server, client := ts.TLS.Clone(), ts.Client().Transport.(*http.Transport).TLSClientConfig.Clone()
+	ts.Close()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveRaw(t, ln, serve)
+	return ln.Addr().String(), client
+}
+
+// serveRaw is rawServer's accept loop on ln, closed at the test's end.
+func serveRaw(t testing.TB, ln net.Listener, serve func(c net.Conn)) {
 	t.Cleanup(func() { _ = ln.Close() })
 	go func() {
 		for {
@@ -58,7 +83,6 @@ func rawServer(t testing.TB, serve func(c net.Conn)) string {
 			}()
 		}
 	}()
-	return ln.Addr().String()
 }
 
 // An upstream's hostile or odd answer reaches the client as the reference

@@ -1,5 +1,3 @@
-//go:build unix
-
 package engine
 
 // Answers that come while the request is half-sent. An upstream may answer
@@ -13,25 +11,25 @@ package engine
 // with the upstream's answer, and the resource drained for an outcome the
 // upstream had decided.
 //
-// So while a streamed body is sent to a plain-TCP upstream, the connection
-// is watched (watchAnswer) for the start of a final answer: a status line
-// of 200 or more, peeked at without being read, so the exchange still reads
-// the whole answer itself. Once one came, a body that keeps coming is sent
-// on to its end, as before (the upstream and the client keep their
-// connections: TestEarlyAnswerToAPacedBody); a body that sends nothing to
-// the upstream for stallGrace is halted (Write.Halt: the read of the
-// client's body that waits fails), and the exchange reads the answer, on a
-// connection that closes after it (the request was cut short). An upstream
-// that closes its end of the connection with no answer can send none
-// after: the body is halted at once, and the exchange fails on that
-// (errHungUp), its client answered 502 at once, not 408 at its body
-// timeout (the outcome is unknown either way: the resource drains). Over TLS the
-// bytes below are records, which say nothing of the status (and a
-// post-handshake message may come unasked): not watched there, as before.
+// So while a streamed body is sent, a goroutine of its own (watchAnswer)
+// waits on the connection's reader for the start of an answer, the bytes
+// peeked, not consumed, so the exchange still reads the whole answer
+// itself. If they start a final answer (a status of 200 or more), a body
+// that keeps coming is sent on to its end, as before (the upstream and the
+// client keep their connections: TestEarlyAnswerToAPacedBody); a body that
+// sends nothing to the upstream for stallGrace is halted (Write.Halt: the
+// read of the client's body that waits fails), and the exchange reads the
+// answer, on a connection that closes after it (the request was cut
+// short). An upstream that closes or resets its connection with no answer
+// can send none after: the body is halted at once, and the exchange fails
+// on that (errHungUp), its client answered 502 at once, not 408 at its
+// body timeout (the outcome is unknown either way: the resource drains).
+// A 1xx ends the watch: the answer after it is heard after the body.
 
 import (
 	"context"
 	"errors"
+	"io"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -57,7 +55,6 @@ type answerWatch struct {
 	stopped atomic.Bool
 	done    chan struct{}
 	heard   heard // read after done
-	line    [len("HTTP/1.1 200")]byte
 }
 
 // heard is what a watch heard of the upstream while the request was
@@ -71,12 +68,8 @@ const (
 )
 
 // watchAnswer starts watching c, whose request (w's) is about to be
-// written with a streamed body; nil if c cannot be watched (TLS, no raw
-// connection).
+// written with a streamed body.
 func watchAnswer(c *engineConn, w Write) *answerWatch {
-	if c.nc != c.tcp || c.rawConn() == nil {
-		return nil
-	}
 	a := &answerWatch{c: c, w: w, stop: make(chan struct{}), done: make(chan struct{})}
 	go a.run()
 	return a
@@ -84,39 +77,29 @@ func watchAnswer(c *engineConn, w Write) *answerWatch {
 
 func (a *answerWatch) run() {
 	defer close(a.done)
-	var got heard
-	_ = a.c.raw.Read(func(fd uintptr) bool {
-		if a.stopped.Load() {
-			return true
+	// The connection's own reader: the bytes peeked stay in its buffer,
+	// for the exchange to read as the answer's (nobody else reads it while
+	// the request is written). Over TLS, what comes unasked (a session
+	// ticket) is the TLS connection's to take, inside its Read.
+	line, err := a.c.br.Peek(len("HTTP/1.1 200"))
+	switch {
+	case a.stopped.Load():
+		return // woken by end (the request is written): nothing to tell
+	case err == nil:
+		if !finalStatusLine(line) {
+			return // a 1xx, or no answer at all: the exchange reads it
 		}
-		n, _, err := syscall.Recvfrom(int(fd), a.line[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		switch {
-		case err == syscall.EAGAIN || err == syscall.EWOULDBLOCK:
-			return false // nothing yet: wait for bytes
-		case err == nil && n == 0, err == syscall.ECONNRESET:
-			got = heardHangUp // closed, or reset (what came before a reset is lost)
-			return true
-		case err != nil:
-			return true // failed (reset): the exchange sees that itself
-		case n < len(a.line):
-			return false // the status line's start is still coming
-		}
-		if finalStatusLine(a.line[:]) {
-			got = heardAnswer
-		}
-		return true
-	})
-	switch got {
-	case heardNothing:
-		return
-	case heardHangUp:
-		// No answer can follow: nothing the body sends can make the
-		// exchange end otherwise, so it ends now.
-		a.heard = got
+		a.heard = heardAnswer
+	case len(line) == 0 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)):
+		// Closed, or reset (what came before a reset is lost): no answer
+		// can follow, and nothing the body sends can end the exchange
+		// otherwise, so it ends now.
+		a.heard = heardHangUp
 		a.w.Halt()
 		return
+	default:
+		return // a failed read: the exchange sees it itself
 	}
-	a.heard = got
 	sent := a.c.sent.Load()
 	t := time.NewTimer(stallGrace)
 	defer t.Stop()
@@ -153,7 +136,7 @@ func (a *answerWatch) end(ctx context.Context) heard {
 	a.stopped.Store(true)
 	close(a.stop)
 	c := a.c
-	_ = c.nc.SetReadDeadline(aLongTimeAgo) // ends a wait for the answer's first bytes
+	_ = c.nc.SetReadDeadline(aLongTimeAgo) // ends the peek's wait for the answer's first bytes
 	<-a.done
 	if c.deadline {
 		_ = c.nc.SetReadDeadline(c.deadlineAt)
