@@ -175,8 +175,20 @@ func checkWriteRequest(r *http.Request) error {
 	if k := lookalikeHeader(r.Header); k != "" { // lookalike.go
 		return lookalikeError(k)
 	}
+	if strings.IndexFunc(r.URL.RawQuery, notInRequestLine) >= 0 {
+		// The query goes upstream byte for byte (rewrite), into the
+		// request line, which a space would split (or a control byte
+		// break) into a different request. No HTTP/1.1 request line
+		// carries one, but a handler may be handed a request that did
+		// not come through one (an embedder's server, a test).
+		return tokens.Invalid("query", "has a space or control character, which a request line cannot carry")
+	}
 	return nil
 }
+
+// notInRequestLine reports whether c cannot appear in a request line's
+// target: a space (the line's separator) or a control character.
+func notInRequestLine(c rune) bool { return c <= ' ' || c == 0x7f }
 
 // tunnelError refuses an upgrade or CONNECT on /v1/proxy/: the check of a
 // fenced write covers one exchange, and a tunnel would carry bytes past the
