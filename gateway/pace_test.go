@@ -351,3 +351,28 @@ func TestUpstreamHangUpWhileClientQuiet(t *testing.T) {
 		})
 	}
 }
+
+// An upstream whose early answer to a quiet client's streamed write starts
+// with a final status line but is no answer (a malformed head): no answer
+// reached the client, which hears 502 (not 504: the upstream did not run
+// out of time, and not the client's fault), and the resource drains.
+func TestMalformedEarlyAnswerWhileClientQuiet(t *testing.T) {
+	tg := rawUpstreamGateway(t, false, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nno colon here\r\n\r\n")
+		_, _ = io.Copy(io.Discard, br)
+	})
+	resp, b := sendAndGoQuiet(t, tg, "malformed-early")
+	if resp.StatusCode != http.StatusBadGateway || !resp.Close || !strings.Contains(string(b), "outcome is unknown") {
+		t.Fatalf("answer %d (closes the connection: %v) %s; want 502 closing it, the outcome unknown", resp.StatusCode, resp.Close, b)
+	}
+	if err := tg.svc.WaitDrains(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := tg.svc.Resource(t.Context(), "malformed-early"); err != nil || st.DrainUntil.IsZero() {
+		t.Fatalf("resource after a write with no answer: %+v %v; want a drain", st, err)
+	}
+}

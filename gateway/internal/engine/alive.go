@@ -15,12 +15,16 @@ func (c *engineConn) alive() bool {
 		return false
 	}
 	if c.peek == nil {
-		// Below TLS: any unsolicited record, a close_notify, is bytes there.
-		if c.rawConn() == nil {
+		sc, ok := c.tcp.(syscall.Conn) // below TLS: any unsolicited record, a close_notify, is bytes there
+		if !ok {
+			return false
+		}
+		rc, err := sc.SyscallConn()
+		if err != nil {
 			return false
 		}
 		// Made once per connection: a closure per check would allocate.
-		c.peek = func(fd uintptr) bool {
+		c.raw, c.peek = rc, func(fd uintptr) bool {
 			_, _, err := syscall.Recvfrom(int(fd), c.peekBuf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 			c.peekOK = err == syscall.EAGAIN || err == syscall.EWOULDBLOCK
 			return true // never wait
@@ -29,21 +33,4 @@ func (c *engineConn) alive() bool {
 	c.peekOK = false
 	err := c.raw.Read(c.peek)
 	return err == nil && c.peekOK
-}
-
-// rawConn is the dialled connection's syscall.RawConn (made once), or nil
-// if it has none.
-func (c *engineConn) rawConn() syscall.RawConn {
-	if c.raw == nil {
-		sc, ok := c.tcp.(syscall.Conn)
-		if !ok {
-			return nil
-		}
-		rc, err := sc.SyscallConn()
-		if err != nil {
-			return nil
-		}
-		c.raw = rc
-	}
-	return c.raw
 }
