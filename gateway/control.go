@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/fencegw/fencegw/api"
 	"github.com/fencegw/fencegw/api/server"
+	"github.com/fencegw/fencegw/gateway/internal/framing"
 	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/tokens"
 )
@@ -56,7 +58,18 @@ func (c *control) AcquireLease(ctx context.Context, req server.AcquireLeaseReque
 		}
 	}
 	c.nameSpan(ctx, "acquire", spanFacts{resource: in.Resource, hasResource: true})
+	if in.Wait > 0 {
+		// A waiting acquire stops when its client goes: no lease for a
+		// client that is not there to take it (Go's server tells its
+		// requests by itself; the listener's own loop, on request).
+		var stop func()
+		ctx, stop = framing.WatchClient(ctx)
+		defer stop()
+	}
 	lease, err := c.svc.Acquire(ctx, in)
+	if err != nil && context.Cause(ctx) == framing.ErrClientGone {
+		err = fmt.Errorf("%w: %w", framing.ErrClientGone, err) // abandoned (writeProblem)
+	}
 	c.metrics.grant(err)
 	c.endSpan(ctx, err)
 	if err != nil {

@@ -465,3 +465,48 @@ func TestHalfClosedControlCallIsNotA5xx(t *testing.T) {
 		}
 	}
 }
+
+// A waiting acquire whose client goes away (closes its connection, or
+// half-closes it, as net/http's server counts it) stops waiting: the
+// release it waited for grants it nothing, and it is not answered. The
+// listener's own loop serves acquires and tells no request of its client
+// by itself; the acquire asks it to (framing.WatchClient).
+func TestAbandonedWaitingAcquireGrantsNothing(t *testing.T) {
+	tg := earlyGateway(t, "http://127.0.0.1:1", false, nil)
+	for _, mode := range []string{"closed", "half-closed"} {
+		t.Run(mode, func(t *testing.T) {
+			resource := "wait-gone-" + mode
+			holder := tg.lease(t, resource)
+			c := tg.dial(t)
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+			body := fmt.Sprintf(`{"resource":%q,"holder":"waiter","ttl_ms":60000,"wait_ms":10000}`, resource)
+			if _, err := fmt.Fprintf(c, "POST /v1/leases HTTP/1.1\r\nHost: gw.example\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(200 * time.Millisecond) // the acquire waits for the holder
+			if mode == "closed" {
+				_ = c.Close()
+			} else {
+				_ = c.(*net.TCPConn).CloseWrite()
+			}
+			time.Sleep(200 * time.Millisecond) // the gateway hears of it
+			if _, err := tg.svc.Release(t.Context(), holder, ""); err != nil {
+				t.Fatal(err)
+			}
+			if mode == "half-closed" {
+				if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
+					b, _ := io.ReadAll(resp.Body)
+					t.Fatalf("the abandoned acquire was answered %d %s; want the connection closed", resp.StatusCode, b)
+				}
+			}
+			time.Sleep(500 * time.Millisecond) // a grant still waiting would be made by now
+			st, err := tg.svc.Resource(t.Context(), resource)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Token != 1 || st.Lease.ID != holder {
+				t.Fatalf("after the waiting client went and the holder released: token %d, lease %s (holder %q); want no grant after the holder's", st.Token, st.Lease.ID, st.Lease.Holder)
+			}
+		})
+	}
+}

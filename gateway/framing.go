@@ -37,10 +37,10 @@ import (
 // the gateway's), 431 invalid_request for a head too large, 417
 // invalid_request for an expectation other than 100-continue.
 //
-// Fenced writes (plain HTTP/1.1 requests under /v1/proxy/ with a
-// Content-Length or no body) are served by the listener's own connection
-// loop, without Go's server (gateway/internal/framing, own.go); every other
-// request is Go's server's, on the same connection. Call the listener's
+// Fenced writes, acquires and releases (plain HTTP/1.1 requests with a
+// Content-Length or no body: ownsRequest) are served by the listener's own
+// connection loop, without Go's server (gateway/internal/framing, own.go);
+// every other request is Go's server's, on the same connection. Call the listener's
 // Shutdown after srv.Shutdown: it waits for the writes the loop serves.
 func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config) ServingListener {
 	return framing.Listener(srv, ln, tlsConfig, framingRefusal, ownsRequest)
@@ -50,17 +50,32 @@ func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config) ServingL
 type ServingListener = framing.ServingListener
 
 // ownsRequest tells the listener which requests its own loop serves, from
-// the start of the request line: the methods of a fenced write that has
-// no need of Go's server's rules for HEAD, and a target under
-// /v1/proxy/ (the escaped path the proxy is dispatched on: dispatch).
+// the start of the request line: a fenced write (the methods that have no
+// need of Go's server's rules for HEAD, and a target under /v1/proxy/, the
+// escaped path the proxy is dispatched on: dispatch), and the two control
+// calls every lease makes, an acquire (POST /v1/leases) and a release
+// (DELETE /v1/leases/{lease_id}). Every other request, and any the loop
+// cannot take whatever this says (own.go: mine), is Go's server's.
 func ownsRequest(line []byte) bool {
 	method, target, ok := bytes.Cut(line, []byte(" "))
-	if !ok || !bytes.HasPrefix(target, []byte(proxyPrefix)) {
+	if !ok {
 		return false
 	}
-	switch string(method) {
-	case http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodGet:
-		return true
+	if bytes.HasPrefix(target, []byte(proxyPrefix)) {
+		switch string(method) {
+		case http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodGet:
+			return true
+		}
+		return false
+	}
+	rest, ok := bytes.CutPrefix(target, []byte(pathLeases))
+	switch {
+	case !ok:
+		return false
+	case string(method) == http.MethodPost:
+		return len(rest) == 0 || rest[0] == ' ' || rest[0] == '?'
+	case string(method) == http.MethodDelete:
+		return len(rest) > 1 && rest[0] == '/'
 	}
 	return false
 }

@@ -566,7 +566,12 @@ func TestBodyTimeoutAnswers408(t *testing.T) {
 	// The chunked forward left the upstream with an incomplete request
 	// whose outcome is unknown: the resource drains. (The small
 	// Content-Length body is read in whole before a forward, so that one
-	// was never forwarded: TestSmallBodyFailsBeforeForward.)
+	// was never forwarded: TestSmallBodyFailsBeforeForward.) The drain is
+	// recorded in the background, its fence held meanwhile (tokens/drain.go):
+	// the answers do not wait for it.
+	if err := tg.svc.WaitDrains(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 	res, err := tg.svc.Resource(context.Background(), "slow")
 	if err != nil {
 		t.Fatal(err)
@@ -682,6 +687,35 @@ func TestRefusedHeadIsReadNotReset(t *testing.T) {
 					t.Fatalf("reading the answer: %v (after %q), want a 400 and the end", err, got)
 				}
 			})
+		}
+	}
+}
+
+// The listener's own loop serves fenced writes and the two control calls
+// every lease makes; every other request is Go's server's.
+func TestOwnsRequest(t *testing.T) {
+	for line, want := range map[string]bool{
+		"POST /v1/proxy/svc/a HTTP/1.1":        true,
+		"PUT /v1/proxy/svc/a HTTP/1.1":         true,
+		"GET /v1/proxy/svc/a HTTP/1.1":         true,
+		"HEAD /v1/proxy/svc/a HTTP/1.1":        false,
+		"OPTIONS /v1/proxy/svc/a HTTP/1.1":     false,
+		"POST /v1/leases HTTP/1.1":             true,
+		"POST /v1/leases?x=1 HTTP/1.1":         true,
+		"POST /v1/lea":                         false, // the first bytes only: Go's server keeps it
+		"POST /v1/leasesx HTTP/1.1":            false,
+		"POST /v1/leases/fl_a/renew HTTP/1.1":  false,
+		"POST /v1/leases/fl_a/revoke HTTP/1.1": false,
+		"DELETE /v1/leases/fl_a HTTP/1.1":      true,
+		"DELETE /v1/leases HTTP/1.1":           false,
+		"DELETE /v1/leases/ HTTP/1.1":          true, // the handler's 404 or 405, on either server
+		"GET /v1/leases/fl_a HTTP/1.1":         false,
+		"GET /v1/resources/r HTTP/1.1":         false,
+		"GET /dashboard HTTP/1.1":              false,
+		"POST":                                 false,
+	} {
+		if got := ownsRequest([]byte(line)); got != want {
+			t.Errorf("ownsRequest(%q) = %v; want %v", line, got, want)
 		}
 	}
 }

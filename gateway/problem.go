@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/fencegw/fencegw/gateway/internal/framing"
 	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/tokens"
 )
@@ -129,11 +130,13 @@ func detailOf(e *tokens.Error) string {
 func writeProblem(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	p, internal := problemFor(err)
 	// A store call the client's cancellation cut short (a half-closed or
-	// closed connection, on net/http's server) is the client's doing, not
-	// the store's: no 503 for that either.
-	cancelled := r.Context().Err() != nil && errors.Is(err, context.Canceled)
+	// closed connection, on net/http's server, or seen by the listener's
+	// own loop for a call that watches its client: framing.WatchClient) is
+	// the client's doing, not the store's: no 503 for that either.
+	gone := r.Context().Err() != nil || errors.Is(err, framing.ErrClientGone)
+	cancelled := gone && errors.Is(err, context.Canceled)
 	if internal || cancelled {
-		if r.Context().Err() != nil {
+		if gone {
 			// The client went away (it cancelled the call, as an SDK does
 			// with a renewal it no longer needs, or its connection broke):
 			// the store call failed because of that, not because of the

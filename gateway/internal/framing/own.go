@@ -7,12 +7,12 @@ package framing
 // per-request context, its response's buffers. So when the listener is
 // given Own, it serves each connection itself: a loop that waits for a
 // request, and serves the ones Own takes, plain HTTP/1.1 requests whose
-// body has a Content-Length (the fenced writes), with net/http's own parser
-// (http.ReadRequest), the checks Go's server adds to it, and a response
-// writer that keeps net/http's response rules (respond.go). Everything else
-// (the control API, the dashboard, the live stream, a chunked or HEAD or
-// HTTP/1.0 request, a head larger than the loop's buffer, one with Expect)
-// is lent to Go's server: the connection, with the bytes the loop has read,
+// body has a Content-Length (the gateway's fenced writes, acquires and
+// releases), with net/http's own parser (http.ReadRequest), the checks Go's
+// server adds to it, and a response writer that keeps net/http's response
+// rules (respond.go). Everything else (the rest of the control API, the
+// dashboard, the live stream, a chunked or HEAD or HTTP/1.0 request, a head
+// larger than the loop's buffer, one with Expect) is lent to Go's server: the connection, with the bytes the loop has read,
 // is handed to http.Server.Serve through Accept, and Go's server serves it
 // as if it had accepted it. It gives it back (lent.Read) once it waits,
 // idle, for a request whose first bytes name one Own takes, with nothing of
@@ -248,6 +248,7 @@ func (c *ownConn) serve() {
 	if srv.ConnContext != nil {
 		ctx = srv.ConnContext(ctx, fc)
 	}
+	ctx = context.WithValue(ctx, ownConnKey{}, c) // for WatchClient
 	c.ctx = ctx
 	// One context for every request of the connection: no per-request
 	// cancellation, and no background read to tell a client gone (the

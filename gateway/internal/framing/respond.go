@@ -609,6 +609,14 @@ func (b *requestBody) readLocked(p []byte) (int, error) {
 	return n, err
 }
 
+// readToEnd reports whether the whole body was read: the connection's
+// next bytes are not the body's.
+func (b *requestBody) readToEnd() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.sawEOF || b.n <= 0
+}
+
 // Close is net/http's server-side close: the rest of the body is read and
 // dropped if it is at most 256 KiB, else the connection will not carry
 // another request.

@@ -1,0 +1,63 @@
+package framing
+
+import (
+	"context"
+	"errors"
+	"net"
+	"time"
+)
+
+// ErrClientGone is the cause (context.Cause) of a context WatchClient
+// returned once the request's client has closed or reset its connection.
+var ErrClientGone = errors.New("the client closed its connection")
+
+// ownConnKey finds, in a request's context, the loop's connection that
+// serves it.
+type ownConnKey struct{}
+
+// WatchClient returns a context derived from ctx that is cancelled, with
+// cause ErrClientGone, when the client of the request ctx belongs to
+// closes or resets its connection, and a stop that ends the watch (call it
+// before the answer is written, and always).
+//
+// Go's server tells every request of a client gone (its background read
+// cancels the request's context); the loop does not, because a fenced write
+// runs to its end without it (docs/design.md) and a read per request costs.
+// A request the loop serves that may wait long after its body was read (an
+// acquire with wait_ms) asks for the watch: one goroutine that peeks at the
+// connection, as Go's server's background read does. For a request Go's
+// server serves, and one whose body is not read to its end (its bytes are
+// not the watch's to read), it is ctx and a stop that does nothing.
+func WatchClient(ctx context.Context) (context.Context, func()) {
+	c, ok := ctx.Value(ownConnKey{}).(*ownConn)
+	if !ok || c.resp.body != nil && !c.resp.body.readToEnd() {
+		return ctx, func() {}
+	}
+	return c.watchClient(ctx)
+}
+
+func (c *ownConn) watchClient(parent context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(parent)
+	// The request's read deadline (its body's, or the server's read
+	// timeout) is over with its body: the watch waits as long as the
+	// request does. The loop sets the next request's deadline itself.
+	_ = c.fc.SetReadDeadline(time.Time{})
+	done := make(chan struct{})
+	br := c.br
+	go func() {
+		defer close(done)
+		// Peek consumes nothing: bytes of a pipelined request stay for
+		// the loop, and end the watch (the client is still there).
+		_, err := br.Peek(1)
+		var ne net.Error
+		if err != nil && !(errors.As(err, &ne) && ne.Timeout()) {
+			cancel(ErrClientGone)
+		}
+	}()
+	return ctx, func() {
+		_ = c.fc.SetReadDeadline(time.Unix(1, 0))
+		<-done
+		_ = c.fc.SetReadDeadline(time.Time{})
+		cancel(nil)
+	}
+}

@@ -1,0 +1,112 @@
+package framing
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+)
+
+// watchingHandler watches its client for up to wait, then answers whether
+// the watch saw it go (the answer may have no one to read it).
+func watchingHandler(wait time.Duration, seen chan<- string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		server := "go"
+		if _, ok := w.(*response); ok {
+			server = "own"
+		}
+		ctx, stop := WatchClient(r.Context())
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		got := "stayed"
+		select {
+		case <-ctx.Done():
+			got = "gone"
+			if !errors.Is(context.Cause(ctx), ErrClientGone) && server == "own" {
+				got = "gone, cause " + fmt.Sprint(context.Cause(ctx))
+			}
+		case <-t.C:
+		}
+		stop()
+		seen <- server + " " + r.URL.Path + " " + got
+		fmt.Fprint(w, got)
+	})
+}
+
+// A request the loop serves that watches its client hears it go, closed
+// or half-closed, as Go's server's requests do; one whose client stays is
+// answered, and the connection serves the next request, pipelined or not.
+func TestWatchClient(t *testing.T) {
+	seen := make(chan string, 10)
+	addr, _, _ := serveBoth(t, watchingHandler(300*time.Millisecond, seen), takesOwn, nil)
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		return c
+	}
+	next := func() string {
+		select {
+		case s := <-seen:
+			return s
+		case <-time.After(5 * time.Second):
+			t.Fatal("the handler did not end")
+			return ""
+		}
+	}
+	for _, tc := range []struct{ name, method string }{{"own", "POST /own/"}, {"go", "GET /"}} {
+		t.Run(tc.name+"/closed", func(t *testing.T) {
+			c := dial()
+			fmt.Fprintf(c, "%sclosed HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi", tc.method)
+			time.Sleep(50 * time.Millisecond)
+			_ = c.Close()
+			if got, want := next(), tc.name+" /"+pathOf(tc.method)+"closed gone"; got != want {
+				t.Fatalf("got %q; want %q", got, want)
+			}
+		})
+		t.Run(tc.name+"/half-closed", func(t *testing.T) {
+			c := dial()
+			fmt.Fprintf(c, "%shalf HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi", tc.method)
+			time.Sleep(50 * time.Millisecond)
+			_ = c.(*net.TCPConn).CloseWrite()
+			if got, want := next(), tc.name+" /"+pathOf(tc.method)+"half gone"; got != want {
+				t.Fatalf("got %q; want %q", got, want)
+			}
+		})
+	}
+	t.Run("stays", func(t *testing.T) {
+		c := dial()
+		br := bufio.NewReader(c)
+		// One at a time, then two pipelined: the second's bytes end the
+		// first's watch without a word, and are its own request.
+		fmt.Fprint(c, "POST /own/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na")
+		if got := readAnswers(t, br, 1); got[0] != "200 stayed" {
+			t.Fatalf("got %q", got)
+		}
+		fmt.Fprint(c, "POST /own/b HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nbPOST /own/c HTTP/1.1\r\nHost: x\r\n\r\n")
+		if got := readAnswers(t, br, 2); got[0] != "200 stayed" || got[1] != "200 stayed" {
+			t.Fatalf("got %q", got)
+		}
+		for _, want := range []string{"own /own/a stayed", "own /own/b stayed", "own /own/c stayed"} {
+			if got := next(); got != want {
+				t.Fatalf("got %q; want %q", got, want)
+			}
+		}
+	})
+}
+
+func pathOf(method string) string {
+	if method == "GET /" {
+		return ""
+	}
+	return "own/"
+}
