@@ -472,10 +472,15 @@ func TestHalfClosedControlCallIsNotA5xx(t *testing.T) {
 // listener's own loop serves acquires and tells no request of its client
 // by itself; the acquire asks it to (framing.WatchClient).
 func TestAbandonedWaitingAcquireGrantsNothing(t *testing.T) {
-	tg := earlyGateway(t, "http://127.0.0.1:1", false, nil)
-	for _, mode := range []string{"closed", "half-closed"} {
+	plain := earlyGateway(t, "http://127.0.0.1:1", false, nil)
+	withTLS := earlyGateway(t, "http://127.0.0.1:1", true, nil)
+	for _, mode := range []string{"closed", "half-closed", "tls/closed", "tls/half-closed"} {
 		t.Run(mode, func(t *testing.T) {
-			resource := "wait-gone-" + mode
+			tg := plain
+			if strings.HasPrefix(mode, "tls/") {
+				tg = withTLS
+			}
+			resource := "wait-gone-" + strings.ReplaceAll(mode, "/", "-")
 			holder := tg.lease(t, resource)
 			c := tg.dial(t)
 			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
@@ -484,16 +489,25 @@ func TestAbandonedWaitingAcquireGrantsNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 			time.Sleep(200 * time.Millisecond) // the acquire waits for the holder
-			if mode == "closed" {
-				_ = c.Close()
-			} else {
-				_ = c.(*net.TCPConn).CloseWrite()
+			switch c := c.(type) {
+			case *tls.Conn:
+				if strings.HasSuffix(mode, "half-closed") {
+					_ = c.CloseWrite() // close_notify: the end of what the client sends
+				} else {
+					_ = c.Close()
+				}
+			case *net.TCPConn:
+				if strings.HasSuffix(mode, "half-closed") {
+					_ = c.CloseWrite()
+				} else {
+					_ = c.Close()
+				}
 			}
 			time.Sleep(200 * time.Millisecond) // the gateway hears of it
 			if _, err := tg.svc.Release(t.Context(), holder, ""); err != nil {
 				t.Fatal(err)
 			}
-			if mode == "half-closed" {
+			if strings.HasSuffix(mode, "half-closed") {
 				if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
 					b, _ := io.ReadAll(resp.Body)
 					t.Fatalf("the abandoned acquire was answered %d %s; want the connection closed", resp.StatusCode, b)
