@@ -429,3 +429,67 @@ func fenceLostWhileClientQuiet(t *testing.T, clientTLS, upstreamTLS bool) {
 		})
 	}
 }
+
+// A fence lost for good while the upstream's early answer waits for a
+// quiet client's body to stall (the 250 ms before the forward is halted)
+// wins over that answer: 503 fence_lost, "sent": true, the connection
+// closed, and the resource drains. The upstream answered, but on a request
+// it never got whole, sent under a fence that is gone: the gateway does
+// not relay an answer to bytes it can no longer vouch for, and treats the
+// outcome as unknown (the conservative side of guarantee 1).
+func TestFenceLostWhileAnEarlyAnswerWaits(t *testing.T) {
+	answered := make(chan struct{})
+	release := make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadFull(r.Body, make([]byte, 1024))
+		w.Header().Set("Connection", "close") // Go's server answers now, without the rest of the body
+		w.Header().Set("Content-Length", "4")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, "seen")
+		w.(http.Flusher).Flush()
+		close(answered)
+		<-release
+	}))
+	t.Cleanup(func() { close(release); upstream.Close() })
+	_, svc, fencer, addr := startSwitchGateway(t, upstream)
+	fencer.gone = make(chan struct{})
+	lease, err := svc.Acquire(t.Context(), tokens.AcquireRequest{Resource: "early-lost", Holder: "h", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", strings.TrimPrefix(addr, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.WriteString(c, "POST /v1/proxy/svc/early-lost HTTP/1.1\r\nHost: gw\r\n"+HeaderLease+": "+lease.ID+
+		"\r\nContent-Length: 65536\r\n\r\n"+strings.Repeat("a", 8<<10)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-answered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream did not answer early")
+	}
+	// The client sends nothing more; the fence is lost within the 250 ms
+	// the early answer waits for the body to stall.
+	fencer.lost.Store(true)
+	close(fencer.gone)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+	if !resp.Close {
+		t.Error("the answer does not close the connection, though the rest of the body is unread")
+	}
+	if p := readFenceLost(t, resp); !*p.Sent {
+		t.Errorf("a write cut midway says sent: false")
+	}
+	if err := svc.WaitDrains(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := svc.Resource(t.Context(), "early-lost"); err != nil || st.DrainUntil.IsZero() {
+		t.Fatalf("resource after a write cut midway: %+v %v; want a drain (its outcome is unknown)", st, err)
+	}
+}
