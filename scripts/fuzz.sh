@@ -15,20 +15,51 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 budget="${1:-10s}"
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
-for pkg in ./tokens ./gateway ./gateway/internal/framing ./gateway/internal/engine ./cmd/fencegw ./auth ./storage/bolt ./storage/feed; do
-  for target in $(go test -list '^Fuzz' "$pkg" | grep '^Fuzz'); do
-    echo "fuzz $pkg $target for $budget"
-    if go test -run '^$' -fuzz "^${target}\$" -fuzztime "$budget" "$pkg" 2>&1 | tee "$out"; then
-      continue
-    fi
-    if ! grep -qx '    context deadline exceeded' "$out" || grep -q 'Failing input written to' "$out"; then
-      exit 1
-    fi
-    execs=$(grep -o 'execs: [0-9]*' "$out" | tail -1 | tr -dc 0-9 || true)
-    [ "${execs:-0}" -ge 100 ] || execs=100
-    echo "fuzz $pkg $target: the Go 1.26 fuzztime race (golang/go#75804), no failing input; again for ${execs}x"
-    go test -run '^$' -fuzz "^${target}\$" -fuzztime "${execs}x" "$pkg"
+
+# fuzz_packages runs every target of the packages given, one after another.
+fuzz_packages() {
+  local out pkg target execs
+  out=$(mktemp)
+  trap 'rm -f "$out"' RETURN
+  for pkg in "$@"; do
+    for target in $(go test -list '^Fuzz' "$pkg" | grep '^Fuzz'); do
+      echo "fuzz $pkg $target for $budget"
+      if go test -run '^$' -fuzz "^${target}\$" -fuzztime "$budget" "$pkg" 2>&1 | tee "$out"; then
+        continue
+      fi
+      if ! grep -qx '    context deadline exceeded' "$out" || grep -q 'Failing input written to' "$out"; then
+        return 1
+      fi
+      execs=$(grep -o 'execs: [0-9]*' "$out" | tail -1 | tr -dc 0-9 || true)
+      [ "${execs:-0}" -ge 100 ] || execs=100
+      echo "fuzz $pkg $target: the Go 1.26 fuzztime race (golang/go#75804), no failing input; again for ${execs}x"
+      go test -run '^$' -fuzz "^${target}\$" -fuzztime "${execs}x" "$pkg" || return 1
+    done
   done
+}
+
+# Two lanes side by side, the gateway's targets in one and every other
+# package's in the other (about as long): each target pays its
+# instrumented link and its seed corpus before it fuzzes, one core's work,
+# so two lanes on two cores take about half the time of one. Each lane's
+# output is printed whole once both have ended.
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+lanes=("./gateway" "./tokens ./gateway/internal/framing ./gateway/internal/engine ./cmd/fencegw ./auth ./storage/bolt ./storage/feed")
+pids=()
+for i in "${!lanes[@]}"; do
+  # shellcheck disable=SC2086 # a lane is a list of packages
+  fuzz_packages ${lanes[$i]} >"$logs/$i" 2>&1 &
+  pids+=($!)
 done
+failed=0
+for i in "${!lanes[@]}"; do
+  status=0
+  wait "${pids[$i]}" || status=$?
+  cat "$logs/$i"
+  if [ "$status" -ne 0 ]; then
+    echo "fuzz: the lane of ${lanes[$i]} failed (above)" >&2
+    failed=1
+  fi
+done
+exit "$failed"
