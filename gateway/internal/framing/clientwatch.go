@@ -26,17 +26,19 @@ type ownConnKey struct{}
 // A request the loop serves that may wait long after its body was read (an
 // acquire with wait_ms) asks for the watch: one goroutine that peeks at the
 // connection, as Go's server's background read does. For a request Go's
-// server serves, and one whose body is not read to its end (its bytes are
-// not the watch's to read), it is ctx and a stop that does nothing.
+// server serves, one whose body is not read to its end (its bytes are not
+// the watch's to read), and one already watched (one reader at a time), it
+// is ctx and a stop that does nothing. Call it from the request's handler.
 func WatchClient(ctx context.Context) (context.Context, func()) {
 	c, ok := ctx.Value(ownConnKey{}).(*ownConn)
-	if !ok || c.resp.body != nil && !c.resp.body.readToEnd() {
+	if !ok || c.watching || c.resp.body != nil && !c.resp.body.readToEnd() {
 		return ctx, func() {}
 	}
 	return c.watchClient(ctx)
 }
 
 func (c *ownConn) watchClient(parent context.Context) (context.Context, func()) {
+	c.watching = true
 	ctx, cancel := context.WithCancelCause(parent)
 	// The request's read deadline (its body's, or the server's read
 	// timeout) is over with its body: the watch waits as long as the
@@ -54,10 +56,16 @@ func (c *ownConn) watchClient(parent context.Context) (context.Context, func()) 
 			cancel(ErrClientGone)
 		}
 	}()
+	stopped := false
 	return ctx, func() {
+		if stopped {
+			return
+		}
+		stopped = true
 		_ = c.fc.SetReadDeadline(time.Unix(1, 0))
 		<-done
 		_ = c.fc.SetReadDeadline(time.Time{})
 		cancel(nil)
+		c.watching = false
 	}
 }

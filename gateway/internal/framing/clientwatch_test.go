@@ -110,3 +110,39 @@ func pathOf(method string) string {
 	}
 	return "own/"
 }
+
+// A request watched once is not watched again (one reader of the
+// connection at a time): the second call gives the context as it is, and
+// the first watch still hears the client go; stops may be called twice.
+func TestWatchClientOnce(t *testing.T) {
+	seen := make(chan string, 1)
+	addr, _, _ := serveBoth(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		ctx, stop := WatchClient(r.Context())
+		again, stopAgain := WatchClient(ctx)
+		stopAgain()
+		got := "watched again"
+		if again == ctx {
+			select {
+			case <-ctx.Done():
+				got = "gone"
+			case <-time.After(5 * time.Second):
+				got = "stayed"
+			}
+		}
+		stop()
+		stop()
+		seen <- got
+	}), takesOwn, nil)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprint(c, "POST /own/twice HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na")
+	time.Sleep(50 * time.Millisecond)
+	_ = c.Close()
+	if got := <-seen; got != "gone" {
+		t.Fatalf("got %q; want the first watch to hear the client go, and no second watch", got)
+	}
+}

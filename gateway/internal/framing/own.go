@@ -212,6 +212,7 @@ type ownConn struct {
 
 	idle      atomic.Bool // waiting for a request: a close of the listener closes it
 	afterPost bool        // the last request the loop served was a POST
+	watching  bool        // a WatchClient of the request being served reads the connection
 	resp      response    // the answer being written (respond.go), reused
 }
 
