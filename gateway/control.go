@@ -67,7 +67,7 @@ func (c *control) AcquireLease(ctx context.Context, req server.AcquireLeaseReque
 		defer stop()
 	}
 	lease, err := c.svc.Acquire(ctx, in)
-	if err != nil && context.Cause(ctx) == framing.ErrClientGone {
+	if err != nil && errors.Is(context.Cause(ctx), framing.ErrClientGone) {
 		err = fmt.Errorf("%w: %w", framing.ErrClientGone, err) // abandoned (writeProblem)
 	}
 	c.metrics.grant(err)

@@ -40,8 +40,9 @@ import (
 // Fenced writes, acquires and releases (plain HTTP/1.1 requests with a
 // Content-Length or no body: ownsRequest) are served by the listener's own
 // connection loop, without Go's server (gateway/internal/framing, own.go);
-// every other request is Go's server's, on the same connection. Call the listener's
-// Shutdown after srv.Shutdown: it waits for the writes the loop serves.
+// every other request is Go's server's, on the same connection. Call the
+// listener's Shutdown after srv.Shutdown: it waits for the requests the
+// loop serves.
 func Listener(srv *http.Server, ln net.Listener, tlsConfig *tls.Config) ServingListener {
 	return framing.Listener(srv, ln, tlsConfig, framingRefusal, ownsRequest)
 }

@@ -12,11 +12,12 @@ package framing
 // server adds to it, and a response writer that keeps net/http's response
 // rules (respond.go). Everything else (the rest of the control API, the
 // dashboard, the live stream, a chunked or HEAD or HTTP/1.0 request, a head
-// larger than the loop's buffer, one with Expect) is lent to Go's server: the connection, with the bytes the loop has read,
-// is handed to http.Server.Serve through Accept, and Go's server serves it
-// as if it had accepted it. It gives it back (lent.Read) once it waits,
-// idle, for a request whose first bytes name one Own takes, with nothing of
-// the connection buffered.
+// larger than the loop's buffer, one with Expect) is lent to Go's server:
+// the connection, with the bytes the loop has read, is handed to
+// http.Server.Serve through Accept, and Go's server serves it as if it had
+// accepted it. It gives it back (lent.Read) once it waits, idle, for a
+// request whose first bytes name one Own takes, with nothing of the
+// connection buffered.
 //
 // The scanner sees every byte either server reads, and Check judges each
 // request served either way, so the framing rules are the same on both.
