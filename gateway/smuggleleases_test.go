@@ -1,0 +1,199 @@
+package gateway
+
+// The differential smuggling test of the control calls the listener's own
+// loop serves: acquires (POST /v1/leases) and releases (DELETE
+// /v1/leases/{id}). Each raw input goes, on a connection of its own, to a
+// real gateway listener and, as it is, to Go's own HTTP server, which
+// records the requests it parsed. A lease the gateway grants, or releases,
+// must be one Go's server parsed whole from the same bytes: a request
+// hidden in another's body (CL.TE, TE.CL, a body the gateway refused
+// before reading it) never takes effect. No input gets a 5xx, and every
+// 4xx is a problem document.
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencegw/fencegw/tokens"
+)
+
+// leaseInput builds one input from the names of its two resources and the
+// id of a lease held on a third.
+type leaseInput func(r1, r2, held string) string
+
+// leaseCase is an input and what the gateway must do with it: grant the
+// resources grants names (1 for r1, 2 for r2) and nothing else, and
+// release the held lease or not.
+type leaseCase struct {
+	name     string
+	in       leaseInput
+	grants   []int
+	released bool
+}
+
+const acquireHead = "POST /v1/leases HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+
+// acquire is a whole acquire of resource, extra fields (each ending in
+// CRLF) before its Content-Length.
+func acquire(resource, extra string) string {
+	b := acquireBody(resource)
+	return acquireHead + extra + "Content-Length: " + strconv.Itoa(len(b)) + "\r\n\r\n" + b
+}
+
+// release is a whole release of the lease id, extra fields after Host.
+func release(id, extra string) string {
+	return "DELETE /v1/leases/" + id + " HTTP/1.1\r\nHost: gw\r\n" + extra + "\r\n"
+}
+
+const closeField = "Connection: close\r\n"
+
+var leaseCases = []leaseCase{
+	{"acquire", func(r1, _, _ string) string { return acquire(r1, closeField) }, []int{1}, false},
+	{"acquires-pipelined", func(r1, r2, _ string) string { return acquire(r1, "") + acquire(r2, closeField) }, []int{1, 2}, false},
+	{"acquire-chunked", func(r1, _, _ string) string {
+		return acquireHead + "Transfer-Encoding: chunked\r\n" + closeField + "\r\n" + chunk(acquireBody(r1)) + "0\r\n\r\n"
+	}, []int{1}, false},
+	{"acquire-expect-continue", func(r1, _, _ string) string { return acquire(r1, "Expect: 100-continue\r\n"+closeField) }, []int{1}, false},
+	{"acquire-http10-keep-alive", func(r1, r2, _ string) string {
+		a := strings.Replace(acquire(r1, "Connection: keep-alive\r\n"), "HTTP/1.1", "HTTP/1.0", 1)
+		return a + strings.Replace(acquire(r2, ""), "HTTP/1.1", "HTTP/1.0", 1)
+	}, []int{1, 2}, false},
+	{"acquire-absolute-form", func(r1, _, _ string) string {
+		return strings.Replace(acquire(r1, closeField), "POST /v1/leases", "POST http://gw/v1/leases", 1)
+	}, []int{1}, false},
+	// CL.TE and TE.CL: an acquire hidden behind an empty chunked body.
+	{"cl-te-hidden-acquire", func(_, r2, _ string) string {
+		body := "0\r\n\r\n" + acquire(r2, closeField)
+		return acquireHead + "Content-Length: " + strconv.Itoa(len(body)) + "\r\nTransfer-Encoding: chunked\r\n\r\n" + body
+	}, nil, false},
+	{"te-cl-hidden-acquire", func(_, r2, _ string) string {
+		body := "0\r\n\r\n" + acquire(r2, closeField)
+		return acquireHead + "Transfer-Encoding: chunked\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+	}, nil, false},
+	{"cl-te-hidden-release", func(_, _, held string) string {
+		body := "0\r\n\r\n" + release(held, closeField)
+		return acquireHead + "Content-Length: " + strconv.Itoa(len(body)) + "\r\nTransfer-Encoding: chunked\r\n\r\n" + body
+	}, nil, false},
+	{"cl-xchunked-hidden-acquire", func(_, r2, _ string) string {
+		body := "0\r\n\r\n" + acquire(r2, closeField)
+		return acquireHead + "Content-Length: " + strconv.Itoa(len(body)) + "\r\nTransfer-Encoding: xchunked\r\n\r\n" + body
+	}, nil, false},
+	{"two-content-lengths", func(r1, r2, _ string) string {
+		b := acquireBody(r1)
+		return acquireHead + "Content-Length: " + strconv.Itoa(len(b)) + "\r\nContent-Length: 0\r\n\r\n" + b + acquire(r2, closeField)
+	}, nil, false},
+	// A body that holds a request is a body, read or refused, never run.
+	{"body-covers-next-acquire", func(r1, r2, _ string) string {
+		body := acquireBody(r1) + acquire(r2, closeField)
+		return acquireHead + "Content-Length: " + strconv.Itoa(len(body)) + "\r\n" + closeField + "\r\n" + body
+	}, nil, false},
+	{"unread-body-holds-acquire", func(r1, r2, _ string) string {
+		body := acquire(r2, "")
+		head := strings.Replace(acquireHead, "application/json", "text/plain", 1)
+		return head + "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body + acquire(r1, closeField)
+	}, nil, false}, // refused unread (415), and the connection closed: r1 is never read
+	{"release-body-holds-acquire", func(r1, r2, held string) string {
+		body := acquire(r2, "")
+		return release(held, "Content-Length: "+strconv.Itoa(len(body))+"\r\n") + body + acquire(r1, closeField)
+	}, nil, true}, // released, its body unread, and the connection closed
+	{"release", func(_, _, held string) string { return release(held, closeField) }, nil, true},
+	{"acquire-then-release", func(r1, _, held string) string { return acquire(r1, "") + release(held, closeField) }, []int{1}, true},
+	// Head syntax Go's server refuses (but a bare LF), or the framing rules do.
+	{"bare-lf", func(r1, _, _ string) string { return strings.ReplaceAll(acquire(r1, closeField), "\r\n", "\n") }, []int{1}, false}, // taken, as by Go's server
+	{"obs-fold", func(r1, _, _ string) string { return acquire(r1, "X-A: a\r\n b\r\n"+closeField) }, nil, false},
+	{"space-before-colon", func(r1, _, _ string) string {
+		return strings.Replace(acquire(r1, closeField), "Content-Length:", "Content-Length :", 1)
+	}, nil, false},
+	{"nul-in-value", func(r1, _, _ string) string { return acquire(r1, "X-A: a\x00b\r\n"+closeField) }, nil, false},
+	{"obs-text-in-name", func(r1, _, _ string) string { return acquire(r1, "X-\xe9: a\r\n"+closeField) }, nil, false},
+	{"two-hosts", func(r1, _, _ string) string { return acquire(r1, "Host: other\r\n"+closeField) }, nil, false},
+	{"cl-plus", func(r1, _, _ string) string {
+		return strings.Replace(acquire(r1, closeField), "Content-Length: ", "Content-Length: +", 1)
+	}, nil, false},
+	{"te-identity", func(r1, _, _ string) string { return acquire(r1, "Transfer-Encoding: identity\r\n"+closeField) }, nil, false},
+	{"lowercase-method", func(r1, _, _ string) string { return strings.Replace(acquire(r1, closeField), "POST", "post", 1) }, nil, false},
+	{"garbage-after-acquire", func(r1, _, _ string) string { return acquire(r1, "") + "GARBAGE\r\n\r\n" }, []int{1}, false},
+	{"release-bad-id-then-acquire", func(r1, _, _ string) string {
+		return release("no-such-lease", "") + acquire(r1, closeField)
+	}, []int{1}, false},
+}
+
+// goEffects is what the requests Go's server parsed whole would have done:
+// the resources their acquire bodies name, and whether one released held.
+func goEffects(seen []smuggleSeen, held string) (grants []string, released bool) {
+	for _, s := range accepted(seen) {
+		switch {
+		case s.Method == "POST" && (s.Target == "/v1/leases" || strings.HasPrefix(s.Target, "/v1/leases?")):
+			var a struct{ Resource string }
+			dec := json.NewDecoder(strings.NewReader(s.Body))
+			if dec.Decode(&a) == nil && !dec.More() {
+				grants = append(grants, a.Resource)
+			}
+		case s.Method == "DELETE" && s.Target == "/v1/leases/"+held:
+			released = true
+		}
+	}
+	return grants, released
+}
+
+func TestLeaseSmugglingCorpus(t *testing.T) {
+	for _, tlsOn := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "TLS"}[tlsOn], func(t *testing.T) { testLeaseSmuggling(t, tlsOn) })
+	}
+}
+
+func testLeaseSmuggling(t *testing.T, tlsOn bool) {
+	d := newSmuggleDiff(t, 2*time.Second, tlsOn)
+	for i, c := range leaseCases {
+		t.Run(c.name, func(t *testing.T) {
+			r1, r2 := fmt.Sprintf("ls%04d-1", i), fmt.Sprintf("ls%04d-2", i)
+			held := d.tg.lease(t, fmt.Sprintf("ls%04d-0", i))
+			in := c.in(r1, r2, held)
+			gw, notProblem, _, _ := d.send(t, d.tg.addr, d.tg.tls, in)
+			_, _, _, client := d.send(t, d.plain.addr, nil, in)
+			// Go's server records a request before it answers it: all are
+			// in once its answers are read.
+			seen, raw := d.plain.take(func(x smuggleSeen) bool { return x.remote == client })
+			goGrants, goReleased := goEffects(seen, held)
+
+			for _, s := range gw {
+				if s >= 500 {
+					t.Errorf("the gateway answered %d (answers %v)", s, gw)
+				}
+			}
+			if len(notProblem) > 0 {
+				t.Errorf("the gateway answered %v not as problem documents (answers %v)", notProblem, gw)
+			}
+			var granted []int
+			for n, res := range []string{r1, r2} {
+				st, err := d.tg.svc.Resource(t.Context(), res)
+				if err != nil && !errors.Is(err, tokens.ErrNotFound) {
+					t.Fatal(err)
+				}
+				if st.Token == 0 {
+					continue
+				}
+				granted = append(granted, n+1)
+				if !slices.Contains(goGrants, res) {
+					t.Errorf("the gateway granted %s, which no acquire Go's server parsed whole names (it parsed %q)", res, raw)
+				}
+			}
+			l, err := d.tg.svc.Lease(t.Context(), held)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l.Released() && !goReleased {
+				t.Errorf("the gateway released the held lease, which no release Go's server parsed whole names (it parsed %q)", raw)
+			}
+			if !slices.Equal(granted, c.grants) || l.Released() != c.released {
+				t.Errorf("granted %v and released %v, want %v and %v (answers %v; Go's server parsed %q)", granted, l.Released(), c.grants, c.released, gw, raw)
+			}
+		})
+	}
+}
