@@ -259,12 +259,18 @@ func sendAndGoQuiet(t *testing.T, tg *testGateway, resource string) (*http.Respo
 	start := time.Now()
 	_, _ = io.WriteString(c, "POST /v1/proxy/svc/quiet HTTP/1.1\r\nHost: gw.example\r\n"+HeaderLease+": "+lease+
 		"\r\nContent-Length: 1048576\r\n\r\n"+strings.Repeat("q", 64<<10))
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("no answer %v after the client went quiet mid-body: %v", time.Since(start).Round(time.Millisecond), err)
+	br := bufio.NewReader(c)
+	for {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("no answer %v after the client went quiet mid-body: %v", time.Since(start).Round(time.Millisecond), err)
+		}
+		if resp.StatusCode < 200 {
+			continue // an informational answer relayed: the final one follows
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return resp, b
 	}
-	b, _ := io.ReadAll(resp.Body)
-	return resp, b
 }
 
 // An upstream that answers a streamed write while its client has gone
@@ -274,6 +280,7 @@ func sendAndGoQuiet(t *testing.T, tg *testGateway, resource string) (*http.Respo
 // closing the connection, whose body was not all read. The upstream
 // answered, so the outcome is known and the resource does not drain.
 func TestEarlyAnswerToAQuietClient(t *testing.T) {
+	const pause = "<pause>" // the upstream writes what comes before, waits 100 ms, then the rest
 	for _, tc := range []struct {
 		name   string
 		answer string
@@ -281,6 +288,11 @@ func TestEarlyAnswerToAQuietClient(t *testing.T) {
 	}{
 		{"413 closing", "HTTP/1.1 413 Content Too Large\r\nContent-Length: 4\r\nConnection: close\r\n\r\nnope", http.StatusRequestEntityTooLarge},
 		{"200 keeping", "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nseen", http.StatusOK},
+		// The final answer after informational ones, sent at once or after a pause.
+		{"103 413 closing", "HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n" +
+			"HTTP/1.1 413 Content Too Large\r\nContent-Length: 4\r\nConnection: close\r\n\r\nnope", http.StatusRequestEntityTooLarge},
+		{"100 102 pause 200 keeping", "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n" +
+			pause + "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nseen", http.StatusOK},
 	} {
 		for _, overTLS := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s tls=%v", tc.name, overTLS), func(t *testing.T) {
@@ -289,10 +301,15 @@ func TestEarlyAnswerToAQuietClient(t *testing.T) {
 					if _, err := http.ReadRequest(br); err != nil {
 						return
 					}
-					_, _ = io.WriteString(c, tc.answer)
+					first, rest, _ := strings.Cut(tc.answer, pause)
+					_, _ = io.WriteString(c, first)
+					if rest != "" {
+						time.Sleep(100 * time.Millisecond)
+						_, _ = io.WriteString(c, rest)
+					}
 					_, _ = io.Copy(io.Discard, br) // what comes of the body, until the gateway closes
 				})
-				resource := fmt.Sprintf("quiet-%s-%v", strings.Fields(tc.name)[0], overTLS)
+				resource := fmt.Sprintf("quiet-%s-%v", strings.ReplaceAll(tc.name, " ", "-"), overTLS)
 				resp, b := sendAndGoQuiet(t, tg, resource)
 				if resp.StatusCode != tc.code || string(b) != tc.answer[len(tc.answer)-4:] || !resp.Close {
 					t.Fatalf("answer %d %q (closes the connection: %v), want the upstream's %d closing it", resp.StatusCode, b, resp.Close, tc.code)

@@ -24,9 +24,12 @@ package engine
 // can send none after: the body is halted at once, and the exchange fails
 // on that (errHungUp), its client answered 502 at once, not 408 at its
 // body timeout (the outcome is unknown either way: the resource drains).
-// A 1xx ends the watch: the answer after it is heard after the body.
+// Informational answers (1xx but 101) are looked past, left in the buffer:
+// the final answer after them is what the watch waits for.
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -81,24 +84,35 @@ func (a *answerWatch) run() {
 	// for the exchange to read as the answer's (nobody else reads it while
 	// the request is written). Over TLS, what comes unasked (a session
 	// ticket) is the TLS connection's to take, inside its Read.
-	line, err := a.c.br.Peek(len("HTTP/1.1 200"))
-	switch {
-	case a.stopped.Load():
-		return // woken by end (the request is written): nothing to tell
-	case err == nil:
-		if !finalStatusLine(line) {
-			return // a 1xx, or no answer at all: the exchange reads it
+	br := a.c.br
+	for off := 0; ; {
+		b, err := br.Peek(off + len("HTTP/1.1 200"))
+		switch {
+		case a.stopped.Load():
+			return // woken by end (the request is written): nothing to tell
+		case err == nil && finalStatusLine(b[off:]):
+			a.heard = heardAnswer
+		case err == nil && informationalStatusLine(b[off:]):
+			// Look past it, leaving it in the buffer for the exchange to
+			// read (and relay) as it reads the final answer.
+			if off = headEnd(br, off); off < 0 {
+				return // a head too large to peek at, or a failed read
+			}
+			continue
+		case err == nil:
+			return // a 101, or no answer at all: the exchange reads it
+		case len(b) == off && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)):
+			// Closed, or reset (what came before a reset is lost), after
+			// no answer or only informational ones: no final answer can
+			// follow, and nothing the body sends can end the exchange
+			// otherwise, so it ends now.
+			a.heard = heardHangUp
+			a.w.Halt()
+			return
+		default:
+			return // a failed read: the exchange sees it itself
 		}
-		a.heard = heardAnswer
-	case len(line) == 0 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)):
-		// Closed, or reset (what came before a reset is lost): no answer
-		// can follow, and nothing the body sends can end the exchange
-		// otherwise, so it ends now.
-		a.heard = heardHangUp
-		a.w.Halt()
-		return
-	default:
-		return // a failed read: the exchange sees it itself
+		break
 	}
 	sent := a.c.sent.Load()
 	t := time.NewTimer(stallGrace)
@@ -125,6 +139,31 @@ func (a *answerWatch) run() {
 func finalStatusLine(b []byte) bool {
 	return len(b) >= 12 && string(b[:7]) == "HTTP/1." && b[8] == ' ' && b[9] >= '2' && b[9] <= '9'
 }
+
+// informationalStatusLine reports whether b starts the status line of an
+// informational answer that a final one follows ("HTTP/1.x 1" and two
+// digits, but 101: a protocol switch is no answer the exchange takes).
+func informationalStatusLine(b []byte) bool {
+	return len(b) >= 12 && string(b[:7]) == "HTTP/1." && b[8] == ' ' && b[9] == '1' &&
+		b[10] >= '0' && b[10] <= '9' && b[11] >= '0' && b[11] <= '9' && string(b[9:12]) != "101"
+}
+
+// headEnd returns the offset just past the end (an empty line) of the head
+// that starts at off in br's buffer, peeking at more as it comes without
+// consuming any; -1 if the head does not fit the buffer or a read fails.
+func headEnd(br *bufio.Reader, off int) int {
+	for n := br.Buffered(); ; n = br.Buffered() + 1 {
+		b, err := br.Peek(n)
+		if i := bytes.Index(b[off:], crlfcrlf); i >= 0 {
+			return off + i + len(crlfcrlf)
+		}
+		if err != nil {
+			return -1
+		}
+	}
+}
+
+var crlfcrlf = []byte("\r\n\r\n")
 
 // end stops the watch, waits until it has stopped and puts the exchange's
 // read deadline back (the wake-up moved it); it reports what the watch
