@@ -62,7 +62,12 @@ func (f *fastAcquire) AcquireLease(w http.ResponseWriter, r *http.Request, param
 	if lease, ok := resp.(server.AcquireLease201JSONResponse); ok {
 		buf := leaseBuffers.Get().(*[]byte)
 		if b, ok := appendLease((*buf)[:0], api.Lease(lease)); ok {
-			w.Header()["Content-Type"] = jsonContentType
+			// The length too, which net/http would count itself (the body
+			// is one short write): the head then goes out at once, without
+			// the snapshot of the header a head held back for the body takes.
+			h := w.Header()
+			h["Content-Type"] = jsonContentType
+			h["Content-Length"] = []string{strconv.Itoa(len(b))}
 			w.WriteHeader(http.StatusCreated)
 			_, _ = w.Write(b)
 			*buf = b
