@@ -344,17 +344,24 @@ func rawUpstreamGateway(t *testing.T, overTLS bool, serve func(net.Conn)) *testG
 // body timeout (an hour here). The upstream got an incomplete request, so
 // the outcome is unknown and the resource drains, as it would have then.
 func TestUpstreamHangUpWhileClientQuiet(t *testing.T) {
-	for _, tc := range []struct{ reset, overTLS bool }{{false, false}, {true, false}, {false, true}} {
-		t.Run(fmt.Sprintf("reset=%v tls=%v", tc.reset, tc.overTLS), func(t *testing.T) {
+	for _, tc := range []struct{ reset, overTLS, early1xx bool }{
+		{false, false, false}, {true, false, false}, {false, true, false},
+		{false, false, true}, {false, true, true}, // a 103, then the close: still no final answer
+	} {
+		t.Run(fmt.Sprintf("reset=%v tls=%v 103=%v", tc.reset, tc.overTLS, tc.early1xx), func(t *testing.T) {
 			tg := rawUpstreamGateway(t, tc.overTLS, func(c net.Conn) {
 				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
 					return
+				}
+				if tc.early1xx {
+					_, _ = io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n")
+					time.Sleep(50 * time.Millisecond)
 				}
 				if tc.reset {
 					_ = c.(*net.TCPConn).SetLinger(0)
 				}
 			})
-			resource := fmt.Sprintf("hung-up-%v-%v", tc.reset, tc.overTLS)
+			resource := fmt.Sprintf("hung-up-%v-%v-%v", tc.reset, tc.overTLS, tc.early1xx)
 			resp, b := sendAndGoQuiet(t, tg, resource)
 			if resp.StatusCode != http.StatusBadGateway || !resp.Close || !strings.Contains(string(b), "outcome is unknown") {
 				t.Fatalf("answer %d (closes the connection: %v) %s; want 502 closing it, the outcome unknown", resp.StatusCode, resp.Close, b)
