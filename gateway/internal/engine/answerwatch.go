@@ -29,13 +29,14 @@ package engine
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"io"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
 // errHungUp is the error of an exchange whose upstream closed its end of
@@ -150,20 +151,20 @@ func informationalStatusLine(b []byte) bool {
 
 // headEnd returns the offset just past the end (an empty line) of the head
 // that starts at off in br's buffer, peeking at more as it comes without
-// consuming any; -1 if the head does not fit the buffer or a read fails.
+// consuming any; -1 if the head has a bare LF (ReadResponse's to judge, and
+// where it ends is then not this one's to say), does not fit the buffer,
+// or a read fails.
 func headEnd(br *bufio.Reader, off int) int {
 	for n := br.Buffered(); ; n = br.Buffered() + 1 {
 		b, err := br.Peek(n)
-		if i := bytes.Index(b[off:], crlfcrlf); i >= 0 {
-			return off + i + len(crlfcrlf)
-		}
-		if err != nil {
+		switch end := wire.HeadEnd(b[off:]); {
+		case end > 0:
+			return off + end
+		case end < 0 || err != nil:
 			return -1
 		}
 	}
 }
-
-var crlfcrlf = []byte("\r\n\r\n")
 
 // end stops the watch, waits until it has stopped and puts the exchange's
 // read deadline back (the wake-up moved it); it reports what the watch

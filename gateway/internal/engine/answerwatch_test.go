@@ -64,3 +64,15 @@ func TestHeadEnd(t *testing.T) {
 		t.Fatalf("headEnd of a head over the buffer = %d, want -1", got)
 	}
 }
+
+// A 1xx head with a bare LF is not looked past: where it ends is
+// ReadResponse's to say, and a CRLFCRLF further on may be a later head's.
+func TestHeadEndBareLF(t *testing.T) {
+	br := bufio.NewReaderSize(strings.NewReader("HTTP/1.1 103 x\nLink: <a>\n\nHTTP/1.1 200 OK\r\n\r\n"), 64)
+	if _, err := br.Peek(12); err != nil {
+		t.Fatal(err)
+	}
+	if got := headEnd(br, 0); got != -1 {
+		t.Fatalf("headEnd of a bare-LF head = %d, want -1", got)
+	}
+}

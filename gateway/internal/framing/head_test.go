@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
 type leanCtxKey struct{}
@@ -110,7 +112,7 @@ func FuzzLeanHeadMatchesReadRequest(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, head []byte) {
-		end := headEnd(head)
+		end := wire.HeadEnd(head)
 		if end <= 0 {
 			return // mine takes only a whole head of CRLF lines
 		}

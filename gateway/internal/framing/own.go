@@ -36,6 +36,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
 // Own tells which requests the listener's own loop serves, from the start
@@ -305,7 +307,7 @@ func (c *ownConn) serve() {
 			// not all here yet (a head the loop lends Go's server is
 			// bounded by Go's server). The first request's is bounded
 			// from the connection's start, as Go's server bounds it.
-			if buf, _ := c.br.Peek(c.br.Buffered()); headEnd(buf) == 0 {
+			if buf, _ := c.br.Peek(c.br.Buffered()); wire.HeadEnd(buf) == 0 {
 				_ = fc.SetReadDeadline(time.Now().Add(d))
 			}
 		}
@@ -391,7 +393,7 @@ func (c *ownConn) mine() (take bool, err error) {
 	var head []byte
 	for {
 		buf, _ := c.br.Peek(c.br.Buffered())
-		end := headEnd(buf)
+		end := wire.HeadEnd(buf)
 		if end < 0 {
 			return false, nil
 		}
@@ -429,24 +431,6 @@ func (c *ownConn) mine() (take bool, err error) {
 		}
 	}
 	return hosts == 1, nil
-}
-
-// headEnd is the length of the head at the start of buf, through its empty
-// line, if every line of it ends with CRLF; 0 if the head is not whole, -1
-// if it has a bare LF (Go's server serves it, and says what is wrong).
-func headEnd(buf []byte) int {
-	for i := 0; i < len(buf); i++ {
-		if buf[i] != '\n' {
-			continue
-		}
-		if i == 0 || buf[i-1] != '\r' {
-			return -1
-		}
-		if i >= 3 && buf[i-2] == '\n' && buf[i-3] == '\r' {
-			return i + 1
-		}
-	}
-	return 0
 }
 
 // held returns a copy of the bytes the loop read and did not serve.

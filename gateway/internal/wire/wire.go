@@ -1,4 +1,7 @@
-// Package wire writes the fields of an HTTP/1.1 head as net/http writes
+// Package wire is the HTTP/1.1 head as the listener's loop and the engine
+// see it on the wire: HeadEnd finds where a head whose lines all end in
+// CRLF stops (the loop's requests, the engine's informational answers),
+// and WriteFields writes the fields of a head as net/http writes
 // them (Header.WriteSubset: sorted by name, invalid names dropped, CR and
 // LF in a value turned to spaces, the value trimmed), for the two places
 // that write heads of their own: the listener's loop answering a client
@@ -52,3 +55,22 @@ func Value(v string) string {
 }
 
 var newlineToSpace = strings.NewReplacer("\n", " ", "\r", " ")
+
+// HeadEnd is the length of the head at the start of buf, through its empty
+// line, if every line of it ends with CRLF; 0 if the head is not whole, -1
+// if it has a bare LF (net/http's parsers take one; the callers leave such
+// a head to them).
+func HeadEnd(buf []byte) int {
+	for i := 0; i < len(buf); i++ {
+		if buf[i] != '\n' {
+			continue
+		}
+		if i == 0 || buf[i-1] != '\r' {
+			return -1
+		}
+		if i >= 3 && buf[i-2] == '\n' && buf[i-3] == '\r' {
+			return i + 1
+		}
+	}
+	return 0
+}
