@@ -148,51 +148,62 @@ func TestLeaseSmugglingCorpus(t *testing.T) {
 	}
 }
 
+// leaseRun sends in to the gateway (over TLS if it has it) and to Go's
+// server, each on a connection of its own, holds the gateway to the
+// invariants (no 5xx, every 4xx a problem document, a lease granted or
+// released only when Go's server parsed the request whole) and returns what
+// it granted, of r1 and r2 (1 and 2), and whether it released held.
+func (d *smuggleDiff) leaseRun(t *testing.T, in, r1, r2, held string) (granted []int, released bool) {
+	t.Helper()
+	gw, notProblem, _, _ := d.send(t, d.tg.addr, d.tg.tls, in)
+	_, _, _, client := d.send(t, d.plain.addr, nil, in)
+	// Go's server records a request before it answers it: all are in once
+	// its answers are read.
+	seen, raw := d.plain.take(func(x smuggleSeen) bool { return x.remote == client })
+	goGrants, goReleased := goEffects(seen, held)
+	for _, s := range gw {
+		if s >= 500 {
+			t.Errorf("the gateway answered %d (answers %v)", s, gw)
+		}
+	}
+	if len(notProblem) > 0 {
+		t.Errorf("the gateway answered %v not as problem documents (answers %v)", notProblem, gw)
+	}
+	for n, res := range []string{r1, r2} {
+		st, err := d.tg.svc.Resource(t.Context(), res)
+		if err != nil && !errors.Is(err, tokens.ErrNotFound) {
+			t.Fatal(err)
+		}
+		if st.Token == 0 {
+			continue
+		}
+		granted = append(granted, n+1)
+		if !slices.Contains(goGrants, res) {
+			t.Errorf("the gateway granted %s, which no acquire Go's server parsed whole names (it parsed %q)", res, raw)
+		}
+	}
+	l, err := d.tg.svc.Lease(t.Context(), held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Released() && !goReleased {
+		t.Errorf("the gateway released the held lease, which no release Go's server parsed whole names (it parsed %q)", raw)
+	}
+	if t.Failed() {
+		t.Logf("answers %v; Go's server parsed %q", gw, raw)
+	}
+	return granted, l.Released()
+}
+
 func testLeaseSmuggling(t *testing.T, tlsOn bool) {
 	d := newSmuggleDiff(t, 2*time.Second, tlsOn)
 	for i, c := range leaseCases {
 		t.Run(c.name, func(t *testing.T) {
 			r1, r2 := fmt.Sprintf("ls%04d-1", i), fmt.Sprintf("ls%04d-2", i)
 			held := d.tg.lease(t, fmt.Sprintf("ls%04d-0", i))
-			in := c.in(r1, r2, held)
-			gw, notProblem, _, _ := d.send(t, d.tg.addr, d.tg.tls, in)
-			_, _, _, client := d.send(t, d.plain.addr, nil, in)
-			// Go's server records a request before it answers it: all are
-			// in once its answers are read.
-			seen, raw := d.plain.take(func(x smuggleSeen) bool { return x.remote == client })
-			goGrants, goReleased := goEffects(seen, held)
-
-			for _, s := range gw {
-				if s >= 500 {
-					t.Errorf("the gateway answered %d (answers %v)", s, gw)
-				}
-			}
-			if len(notProblem) > 0 {
-				t.Errorf("the gateway answered %v not as problem documents (answers %v)", notProblem, gw)
-			}
-			var granted []int
-			for n, res := range []string{r1, r2} {
-				st, err := d.tg.svc.Resource(t.Context(), res)
-				if err != nil && !errors.Is(err, tokens.ErrNotFound) {
-					t.Fatal(err)
-				}
-				if st.Token == 0 {
-					continue
-				}
-				granted = append(granted, n+1)
-				if !slices.Contains(goGrants, res) {
-					t.Errorf("the gateway granted %s, which no acquire Go's server parsed whole names (it parsed %q)", res, raw)
-				}
-			}
-			l, err := d.tg.svc.Lease(t.Context(), held)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if l.Released() && !goReleased {
-				t.Errorf("the gateway released the held lease, which no release Go's server parsed whole names (it parsed %q)", raw)
-			}
-			if !slices.Equal(granted, c.grants) || l.Released() != c.released {
-				t.Errorf("granted %v and released %v, want %v and %v (answers %v; Go's server parsed %q)", granted, l.Released(), c.grants, c.released, gw, raw)
+			granted, released := d.leaseRun(t, c.in(r1, r2, held), r1, r2, held)
+			if !slices.Equal(granted, c.grants) || released != c.released {
+				t.Errorf("granted %v and released %v, want %v and %v", granted, released, c.grants, c.released)
 			}
 		})
 	}
@@ -222,31 +233,6 @@ func FuzzLeaseSmuggling(f *testing.F) {
 			t.Fatalf("lease ids changed length: %q", id)
 		}
 		in := strings.ReplaceAll(strings.ReplaceAll(strings.ReplaceAll(raw, r1, in1), r2, in2), held, id)
-		gw, notProblem, _, _ := d.send(t, d.tg.addr, nil, in)
-		_, _, _, client := d.send(t, d.plain.addr, nil, in)
-		seen, raw2 := d.plain.take(func(x smuggleSeen) bool { return x.remote == client })
-		goGrants, goReleased := goEffects(seen, id)
-		for _, s := range gw {
-			if s >= 500 {
-				t.Fatalf("the gateway answered %d (answers %v)", s, gw)
-			}
-		}
-		if len(notProblem) > 0 {
-			t.Fatalf("the gateway answered %v not as problem documents (answers %v)", notProblem, gw)
-		}
-		for _, res := range []string{in1, in2} {
-			st, err := d.tg.svc.Resource(t.Context(), res)
-			if err != nil && !errors.Is(err, tokens.ErrNotFound) {
-				t.Fatal(err)
-			}
-			if st.Token > 0 && !slices.Contains(goGrants, res) {
-				t.Fatalf("the gateway granted %s, which no acquire Go's server parsed whole names (it parsed %q)", res, raw2)
-			}
-		}
-		if l, err := d.tg.svc.Lease(t.Context(), id); err != nil {
-			t.Fatal(err)
-		} else if l.Released() && !goReleased {
-			t.Fatalf("the gateway released the held lease, which no release Go's server parsed whole names (it parsed %q)", raw2)
-		}
+		d.leaseRun(t, in, in1, in2, id)
 	})
 }
