@@ -148,7 +148,7 @@ export class Lease {
       }
     }
     this.#armExpiry();
-    this.#scheduleRenewal(last + this.#every() - performance.now());
+    this.#scheduleRenewal(last + this.#every());
   }
 
   /**
@@ -320,9 +320,19 @@ export class Lease {
     return Math.max(this.ttlMs / 3, 1);
   }
 
-  #scheduleRenewal(delayMs: number): void {
+  /**
+   * Renews at due, a performance.now() value. Node's timers may fire a
+   * little early (they count from a millisecond clock read at the start of
+   * the event loop's turn), and a renewal sent early moves every later one
+   * earlier with it: the cadence is the monotonic clock's, so a timer that
+   * fires before due waits out the rest, as the expiry timer does.
+   */
+  #scheduleRenewal(due: number): void {
     if (this.#stop.signal.aborted) return;
-    this.#renewal = setTimeout(() => void this.#renewOnce(), Math.max(0, delayMs));
+    this.#renewal = setTimeout(() => {
+      if (performance.now() < due) this.#scheduleRenewal(due);
+      else void this.#renewOnce();
+    }, Math.max(0, due - performance.now()));
   }
 
   async #renewOnce(): Promise<void> {
@@ -331,7 +341,7 @@ export class Lease {
       await this.#renew(sent);
       this.#backoffMs = 0;
       this.#lastError = undefined;
-      this.#scheduleRenewal(sent + this.#every() - performance.now());
+      this.#scheduleRenewal(sent + this.#every());
     } catch (err) {
       if (this.#stop.signal.aborted) return;
       if (err instanceof LeaseLostError) {
@@ -340,7 +350,7 @@ export class Lease {
       }
       this.#lastError = err;
       this.#backoffMs = nextBackoff(this.#backoffMs, this.ttlMs);
-      this.#scheduleRenewal(this.#backoffMs);
+      this.#scheduleRenewal(performance.now() + this.#backoffMs);
     }
   }
 
