@@ -114,11 +114,15 @@ func (u *upstream) waitFor(t *testing.T, n int) []string {
 	}
 }
 
-// newTestTransport is a Transport whose dials are counted.
-func newTestTransport(t *testing.T) (*Transport, *atomic.Int64) {
+// newTestTransport is a Transport whose dials are counted, speaking TLS
+// with the client configuration tlsConfig if given one.
+func newTestTransport(t *testing.T, tlsConfig ...*tls.Config) (*Transport, *atomic.Int64) {
 	var dials atomic.Int64
 	var d net.Dialer
 	std := &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: time.Minute}
+	if len(tlsConfig) > 0 {
+		std.TLSClientConfig = tlsConfig[0]
+	}
 	std.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		dials.Add(1)
 		return d.DialContext(ctx, network, addr)
@@ -601,5 +605,92 @@ func TestIdleConnectionOutlivesItsDeadline(t *testing.T) {
 	}
 	if n := dials.Load(); n != 1 {
 		t.Errorf("3 exchanges dialled %d connections, want 1 kept alive", n)
+	}
+}
+
+// An idle connection the upstream has closed, or on which it sent bytes
+// nobody asked for, is not reused: the liveness check before a reuse
+// (alive.go) sees the close (over TLS, the close_notify below TLS) or the
+// bytes, and the next write goes out on a fresh connection instead of
+// being sent into a dead one, where it would fail with its outcome unknown
+// (a 502 and a drain at the gateway).
+func TestReuseSkipsAConnectionTheUpstreamEnded(t *testing.T) {
+	for _, scheme := range []string{"http", "https"} {
+		for _, end := range []string{"closed", "unsolicited bytes"} {
+			t.Run(scheme+" "+end, func(t *testing.T) {
+				var mu sync.Mutex
+				var idle []net.Conn // the upstream's side of its idle connections
+				up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					_, _ = io.Copy(io.Discard, r.Body)
+					_, _ = io.WriteString(w, "ok "+r.URL.Path)
+				}))
+				up.Config.ConnState = func(c net.Conn, s http.ConnState) {
+					if s == http.StateIdle {
+						mu.Lock()
+						idle = append(idle, c)
+						mu.Unlock()
+					}
+				}
+				if scheme == "https" {
+					up.StartTLS()
+				} else {
+					up.Start()
+				}
+				t.Cleanup(up.Close)
+				var tlsConfig *tls.Config
+				if scheme == "https" {
+					tlsConfig = up.Client().Transport.(*http.Transport).TLSClientConfig.Clone()
+				}
+				e, dials := newTestTransport(t, tlsConfig)
+				write := func(path string) {
+					t.Helper()
+					w := &testWrite{body: []byte("x")}
+					if got := readAll(t)(post(t, e, up.URL+path, w, nil, 1)); got != "ok "+path {
+						t.Fatalf("%s: answer %q", path, got)
+					}
+				}
+				write("/first")
+				var pooled *engineConn
+				for deadline := time.Now().Add(5 * time.Second); ; {
+					e.mu.Lock()
+					for _, list := range e.idle {
+						if len(list) == 1 {
+							pooled = list[0]
+						}
+					}
+					e.mu.Unlock()
+					mu.Lock()
+					n := len(idle)
+					mu.Unlock()
+					if pooled != nil && n == 1 {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("after one exchange: pooled %v, %d idle at the upstream", pooled != nil, n)
+					}
+					time.Sleep(time.Millisecond)
+				}
+				mu.Lock()
+				if end == "closed" {
+					_ = idle[0].Close()
+				} else {
+					_, _ = io.WriteString(idle[0], "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+				}
+				mu.Unlock()
+				// The FIN or the bytes are on their way over loopback: wait
+				// until the check can see them (a check that never does fails
+				// here), then write.
+				for deadline := time.Now().Add(5 * time.Second); pooled.alive(); {
+					if time.Now().After(deadline) {
+						t.Fatalf("the pooled connection still looks alive 5 s after the upstream %s", end)
+					}
+					time.Sleep(time.Millisecond)
+				}
+				write("/second")
+				if n := dials.Load(); n != 2 {
+					t.Errorf("%d dials, want 2: the second write must go out on a fresh connection", n)
+				}
+			})
+		}
 	}
 }
