@@ -35,6 +35,11 @@ type control struct {
 
 var _ server.StrictServerInterface = (*control)(nil)
 
+// quietAcquire is how long an acquire without wait_ms runs before it
+// watches its client: longer than a grant takes when nothing holds it up
+// (a group commit: milliseconds, tens at the load tool's p99).
+const quietAcquire = 50 * time.Millisecond
+
 func (c *control) AcquireLease(ctx context.Context, req server.AcquireLeaseRequestObject) (server.AcquireLeaseResponseObject, error) {
 	if req.Body == nil {
 		return nil, tokens.Invalid("body", "a JSON object is required")
@@ -58,14 +63,19 @@ func (c *control) AcquireLease(ctx context.Context, req server.AcquireLeaseReque
 		}
 	}
 	c.nameSpan(ctx, "acquire", spanFacts{resource: in.Resource, hasResource: true})
+	// An acquire stops when its client goes: no lease for a client that
+	// is not there to take it (Go's server tells its requests by itself;
+	// the listener's own loop, on request). One that need not wait for the
+	// resource is usually over within a group commit: it is watched only
+	// once it has taken quietAcquire (waiting for a write of the previous
+	// token in flight, or for a drain's end).
+	var stop func()
 	if in.Wait > 0 {
-		// A waiting acquire stops when its client goes: no lease for a
-		// client that is not there to take it (Go's server tells its
-		// requests by itself; the listener's own loop, on request).
-		var stop func()
 		ctx, stop = framing.WatchClient(ctx)
-		defer stop()
+	} else {
+		ctx, stop = framing.WatchClientAfter(ctx, quietAcquire)
 	}
+	defer stop()
 	lease, err := c.svc.Acquire(ctx, in)
 	if err != nil && errors.Is(context.Cause(ctx), framing.ErrClientGone) {
 		err = fmt.Errorf("%w: %w", framing.ErrClientGone, err) // abandoned (writeProblem)

@@ -524,3 +524,92 @@ func TestAbandonedWaitingAcquireGrantsNothing(t *testing.T) {
 		})
 	}
 }
+
+// An acquire without wait_ms waits too, for a write of the previous token
+// still in flight (up to the grant wait): one whose client goes away
+// meanwhile (closed or half-closed, plain or TLS) stops, and the write's
+// end grants it nothing; one whose client stays gets its lease once the
+// write ends, and its connection serves the next request. The listener's
+// own loop watches such an acquire's client only once it has run for
+// quietAcquire (framing.WatchClientAfter).
+func TestAbandonedAcquireWithoutWaitGrantsNothing(t *testing.T) {
+	plain := earlyGateway(t, "http://127.0.0.1:1", false, nil)
+	withTLS := earlyGateway(t, "http://127.0.0.1:1", true, nil)
+	for _, mode := range []string{"closed", "half-closed", "stays", "tls/closed", "tls/half-closed", "tls/stays"} {
+		t.Run(mode, func(t *testing.T) {
+			tg := plain
+			if strings.HasPrefix(mode, "tls/") {
+				tg = withTLS
+			}
+			resource := "nowait-gone-" + strings.ReplaceAll(mode, "/", "-")
+			holder := tg.leaseTTL(t, resource, 300*time.Millisecond)
+			// A write under the holder's lease, in flight until released.
+			permit, err := tg.svc.Admit(t.Context(), holder, tokens.Write{Method: "POST", Upstream: "svc", Path: "/x"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var once sync.Once
+			writeEnds := func() { once.Do(func() { permit.Done(tokens.OutcomeKnown) }) }
+			t.Cleanup(writeEnds)
+			time.Sleep(400 * time.Millisecond) // the holder's lease has expired: a grant waits only for the write
+			c := tg.dial(t)
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+			body := fmt.Sprintf(`{"resource":%q,"holder":"next","ttl_ms":60000}`, resource)
+			acquire := fmt.Sprintf("POST /v1/leases HTTP/1.1\r\nHost: gw.example\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			if _, err := io.WriteString(c, acquire); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(200 * time.Millisecond) // the acquire waits for the write
+			if strings.HasSuffix(mode, "stays") {
+				writeEnds()
+				br := bufio.NewReader(c)
+				for i, want := range []int{http.StatusCreated, http.StatusConflict} {
+					resp, err := http.ReadResponse(br, nil)
+					if err != nil {
+						t.Fatalf("answer %d: %v", i+1, err)
+					}
+					b, _ := io.ReadAll(resp.Body)
+					if resp.StatusCode != want {
+						t.Fatalf("answer %d: %d %s; want %d", i+1, resp.StatusCode, b, want)
+					}
+					if i == 0 { // the connection serves the next request: an acquire of the now held resource
+						if _, err := io.WriteString(c, acquire); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				return
+			}
+			switch c := c.(type) {
+			case *tls.Conn:
+				if strings.HasSuffix(mode, "half-closed") {
+					_ = c.CloseWrite()
+				} else {
+					_ = c.Close()
+				}
+			case *net.TCPConn:
+				if strings.HasSuffix(mode, "half-closed") {
+					_ = c.CloseWrite()
+				} else {
+					_ = c.Close()
+				}
+			}
+			time.Sleep(300 * time.Millisecond) // the gateway hears of it
+			writeEnds()
+			if strings.HasSuffix(mode, "half-closed") {
+				if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
+					b, _ := io.ReadAll(resp.Body)
+					t.Fatalf("the abandoned acquire was answered %d %s; want the connection closed", resp.StatusCode, b)
+				}
+			}
+			time.Sleep(500 * time.Millisecond) // a grant still waiting would be made by now
+			st, err := tg.svc.Resource(t.Context(), resource)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Token != 1 || st.Lease.ID != holder {
+				t.Fatalf("after the client went and the write ended: token %d, lease holder %q; want no grant after the holder's", st.Token, st.Lease.Holder)
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"sync"
 	"time"
 )
 
@@ -37,9 +38,67 @@ func WatchClient(ctx context.Context) (context.Context, func()) {
 	return c.watchClient(ctx)
 }
 
+// WatchClientAfter is WatchClient from d on: a request that is usually
+// over sooner (an acquire that need not wait for the resource, which waits
+// only when a write of the previous token is in flight or a drain is about
+// to end) pays for a timer, and for the watch's goroutine and deadline
+// changes only once it has run for d. A client that goes before d is
+// heard at d. Call it, and its stop, as WatchClient's.
+func WatchClientAfter(ctx context.Context, d time.Duration) (context.Context, func()) {
+	c, ok := ctx.Value(ownConnKey{}).(*ownConn)
+	if !ok || c.watching || c.resp.body != nil && !c.resp.body.readToEnd() {
+		return ctx, func() {}
+	}
+	c.watching = true // by the handler, who alone clears it (stop)
+	ctx, cancel := context.WithCancelCause(ctx)
+	var mu sync.Mutex // orders the timer's start of the watch and stop
+	var stopped bool
+	var stopPeek func()
+	timer := time.AfterFunc(d, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			stopPeek = c.peekForClose(cancel)
+		}
+	})
+	return ctx, func() {
+		mu.Lock()
+		if stopped {
+			mu.Unlock()
+			return
+		}
+		stopped = true
+		timer.Stop()
+		peeking := stopPeek // the timer's, if it ran: it can no longer
+		mu.Unlock()
+		if peeking != nil {
+			peeking()
+		}
+		cancel(nil)
+		c.watching = false
+	}
+}
+
 func (c *ownConn) watchClient(parent context.Context) (context.Context, func()) {
 	c.watching = true
 	ctx, cancel := context.WithCancelCause(parent)
+	stopPeek := c.peekForClose(cancel)
+	stopped := false
+	return ctx, func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		stopPeek()
+		cancel(nil)
+		c.watching = false
+	}
+}
+
+// peekForClose starts the goroutine that waits for the client's next
+// byte or its close, and cancels with ErrClientGone on the close; its stop
+// ends the wait and returns once the goroutine has.
+func (c *ownConn) peekForClose(cancel context.CancelCauseFunc) (stop func()) {
 	// The request's read deadline (its body's, or the server's read
 	// timeout) is over with its body: the watch waits as long as the
 	// request does. The loop sets the next request's deadline itself.
@@ -56,16 +115,9 @@ func (c *ownConn) watchClient(parent context.Context) (context.Context, func()) 
 			cancel(ErrClientGone)
 		}
 	}()
-	stopped := false
-	return ctx, func() {
-		if stopped {
-			return
-		}
-		stopped = true
+	return func() {
 		_ = c.fc.SetReadDeadline(time.Unix(1, 0))
 		<-done
 		_ = c.fc.SetReadDeadline(time.Time{})
-		cancel(nil)
-		c.watching = false
 	}
 }

@@ -146,3 +146,93 @@ func TestWatchClientOnce(t *testing.T) {
 		t.Fatalf("got %q; want the first watch to hear the client go, and no second watch", got)
 	}
 }
+
+// WatchClientAfter watches from its delay on: a client that closes or
+// half-closes its connection before the delay is heard then (not before),
+// one that stays gets its answer and its connection serves the next
+// request, pipelined or not, and a request over before the delay never
+// watched (its stop ends the timer; the pipelined request behind it is
+// served).
+func TestWatchClientAfter(t *testing.T) {
+	const delay = 150 * time.Millisecond
+	type heard struct {
+		got   string
+		after time.Duration
+	}
+	seen := make(chan heard, 10)
+	addr, _, _ := serveBoth(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		start := time.Now()
+		ctx, stop := WatchClientAfter(r.Context(), delay)
+		wait := 600 * time.Millisecond
+		if r.URL.Path == "/own/quick" {
+			wait = 0
+		}
+		timer := time.NewTimer(wait)
+		defer timer.Stop()
+		got := "stayed"
+		select {
+		case <-ctx.Done():
+			got = "gone"
+			if !errors.Is(context.Cause(ctx), ErrClientGone) {
+				got = "gone, cause " + fmt.Sprint(context.Cause(ctx))
+			}
+		case <-timer.C:
+		}
+		stop()
+		stop()
+		seen <- heard{r.URL.Path + " " + got, time.Since(start)}
+		fmt.Fprint(w, got)
+	}), takesOwn, nil)
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		return c
+	}
+	next := func() heard {
+		select {
+		case h := <-seen:
+			return h
+		case <-time.After(5 * time.Second):
+			t.Fatal("the handler did not end")
+			return heard{}
+		}
+	}
+	for _, end := range []string{"closed", "half-closed"} {
+		t.Run(end, func(t *testing.T) {
+			c := dial()
+			fmt.Fprintf(c, "POST /own/%s HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi", end)
+			time.Sleep(20 * time.Millisecond)
+			if end == "closed" {
+				_ = c.Close()
+			} else {
+				_ = c.(*net.TCPConn).CloseWrite()
+			}
+			h := next()
+			if h.got != "/own/"+end+" gone" || h.after < delay {
+				t.Fatalf("heard %q after %v; want the client gone, heard at the delay (%v) or later", h.got, h.after, delay)
+			}
+		})
+	}
+	t.Run("stays", func(t *testing.T) {
+		c := dial()
+		br := bufio.NewReader(c)
+		fmt.Fprint(c, "POST /own/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na")
+		if got := readAnswers(t, br, 1); got[0] != "200 stayed" {
+			t.Fatalf("got %q", got)
+		}
+		fmt.Fprint(c, "POST /own/quick HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nbPOST /own/b HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nc")
+		if got := readAnswers(t, br, 2); got[0] != "200 stayed" || got[1] != "200 stayed" {
+			t.Fatalf("got %q", got)
+		}
+		for _, want := range []string{"/own/a stayed", "/own/quick stayed", "/own/b stayed"} {
+			if h := next(); h.got != want {
+				t.Fatalf("got %q; want %q", h.got, want)
+			}
+		}
+	})
+}
