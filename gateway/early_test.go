@@ -489,39 +489,51 @@ func TestAbandonedWaitingAcquireGrantsNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 			time.Sleep(200 * time.Millisecond) // the acquire waits for the holder
-			switch c := c.(type) {
-			case *tls.Conn:
-				if strings.HasSuffix(mode, "half-closed") {
-					_ = c.CloseWrite() // close_notify: the end of what the client sends
-				} else {
-					_ = c.Close()
+			abandonAcquire(t, tg, c, strings.HasSuffix(mode, "half-closed"), resource, holder, 200*time.Millisecond, func() {
+				if _, err := tg.svc.Release(t.Context(), holder, ""); err != nil {
+					t.Fatal(err)
 				}
-			case *net.TCPConn:
-				if strings.HasSuffix(mode, "half-closed") {
-					_ = c.CloseWrite()
-				} else {
-					_ = c.Close()
-				}
-			}
-			time.Sleep(200 * time.Millisecond) // the gateway hears of it
-			if _, err := tg.svc.Release(t.Context(), holder, ""); err != nil {
-				t.Fatal(err)
-			}
-			if strings.HasSuffix(mode, "half-closed") {
-				if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
-					b, _ := io.ReadAll(resp.Body)
-					t.Fatalf("the abandoned acquire was answered %d %s; want the connection closed", resp.StatusCode, b)
-				}
-			}
-			time.Sleep(500 * time.Millisecond) // a grant still waiting would be made by now
-			st, err := tg.svc.Resource(t.Context(), resource)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if st.Token != 1 || st.Lease.ID != holder {
-				t.Fatalf("after the waiting client went and the holder released: token %d, lease %s (holder %q); want no grant after the holder's", st.Token, st.Lease.ID, st.Lease.Holder)
-			}
+			})
 		})
+	}
+}
+
+// abandonAcquire closes c, whose acquire waits for resource (or, half,
+// half-closes it), gives the gateway the time hear to hear of it, frees the
+// resource (free) and checks that the acquire was not answered (if the
+// connection can still be read) and that nothing was granted after
+// holder's lease.
+func abandonAcquire(t *testing.T, tg *testGateway, c net.Conn, half bool, resource, holder string, hear time.Duration, free func()) {
+	t.Helper()
+	switch c := c.(type) {
+	case *tls.Conn:
+		if half {
+			_ = c.CloseWrite() // close_notify: the end of what the client sends
+		} else {
+			_ = c.Close()
+		}
+	case *net.TCPConn:
+		if half {
+			_ = c.CloseWrite()
+		} else {
+			_ = c.Close()
+		}
+	}
+	time.Sleep(hear)
+	free()
+	if half {
+		if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			t.Fatalf("the abandoned acquire was answered %d %s; want the connection closed", resp.StatusCode, b)
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // a grant still waiting would be made by now
+	st, err := tg.svc.Resource(t.Context(), resource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Token != 1 || st.Lease.ID != holder {
+		t.Fatalf("after the client went and the resource was freed: token %d, lease %s (holder %q); want no grant after the holder's", st.Token, st.Lease.ID, st.Lease.Holder)
 	}
 }
 
@@ -580,36 +592,8 @@ func TestAbandonedAcquireWithoutWaitGrantsNothing(t *testing.T) {
 				}
 				return
 			}
-			switch c := c.(type) {
-			case *tls.Conn:
-				if strings.HasSuffix(mode, "half-closed") {
-					_ = c.CloseWrite()
-				} else {
-					_ = c.Close()
-				}
-			case *net.TCPConn:
-				if strings.HasSuffix(mode, "half-closed") {
-					_ = c.CloseWrite()
-				} else {
-					_ = c.Close()
-				}
-			}
-			time.Sleep(300 * time.Millisecond) // the gateway hears of it
-			writeEnds()
-			if strings.HasSuffix(mode, "half-closed") {
-				if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
-					b, _ := io.ReadAll(resp.Body)
-					t.Fatalf("the abandoned acquire was answered %d %s; want the connection closed", resp.StatusCode, b)
-				}
-			}
-			time.Sleep(500 * time.Millisecond) // a grant still waiting would be made by now
-			st, err := tg.svc.Resource(t.Context(), resource)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if st.Token != 1 || st.Lease.ID != holder {
-				t.Fatalf("after the client went and the write ended: token %d, lease holder %q; want no grant after the holder's", st.Token, st.Lease.Holder)
-			}
+			// Heard at quietAcquire at the latest.
+			abandonAcquire(t, tg, c, strings.HasSuffix(mode, "half-closed"), resource, holder, 300*time.Millisecond, writeEnds)
 		})
 	}
 }

@@ -45,24 +45,8 @@ func watchingHandler(wait time.Duration, seen chan<- string) http.Handler {
 func TestWatchClient(t *testing.T) {
 	seen := make(chan string, 10)
 	addr, _, _ := serveBoth(t, watchingHandler(300*time.Millisecond, seen), takesOwn, nil)
-	dial := func() net.Conn {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		return c
-	}
-	next := func() string {
-		select {
-		case s := <-seen:
-			return s
-		case <-time.After(5 * time.Second):
-			t.Fatal("the handler did not end")
-			return ""
-		}
-	}
+	dial := func() net.Conn { return dialFor(t, addr, 10*time.Second) }
+	next := func() string { return nextSeen(t, seen) }
 	for _, tc := range []struct{ name, method string }{{"own", "POST /own/"}, {"go", "GET /"}} {
 		t.Run(tc.name+"/closed", func(t *testing.T) {
 			c := dial()
@@ -84,24 +68,56 @@ func TestWatchClient(t *testing.T) {
 		})
 	}
 	t.Run("stays", func(t *testing.T) {
-		c := dial()
-		br := bufio.NewReader(c)
 		// One at a time, then two pipelined: the second's bytes end the
 		// first's watch without a word, and are its own request.
-		fmt.Fprint(c, "POST /own/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na")
-		if got := readAnswers(t, br, 1); got[0] != "200 stayed" {
-			t.Fatalf("got %q", got)
-		}
-		fmt.Fprint(c, "POST /own/b HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nbPOST /own/c HTTP/1.1\r\nHost: x\r\n\r\n")
-		if got := readAnswers(t, br, 2); got[0] != "200 stayed" || got[1] != "200 stayed" {
-			t.Fatalf("got %q", got)
-		}
+		oneThenTwoStay(t, dial(), "POST /own/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na",
+			"POST /own/b HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nbPOST /own/c HTTP/1.1\r\nHost: x\r\n\r\n")
 		for _, want := range []string{"own /own/a stayed", "own /own/b stayed", "own /own/c stayed"} {
 			if got := next(); got != want {
 				t.Fatalf("got %q; want %q", got, want)
 			}
 		}
 	})
+}
+
+// oneThenTwoStay sends one request on c, then two pipelined, and checks
+// that each was answered "stayed" (its client did not go).
+func oneThenTwoStay(t *testing.T, c net.Conn, one, two string) {
+	t.Helper()
+	br := bufio.NewReader(c)
+	fmt.Fprint(c, one)
+	if got := readAnswers(t, br, 1); got[0] != "200 stayed" {
+		t.Fatalf("got %q", got)
+	}
+	fmt.Fprint(c, two)
+	if got := readAnswers(t, br, 2); got[0] != "200 stayed" || got[1] != "200 stayed" {
+		t.Fatalf("got %q", got)
+	}
+}
+
+// dialFor dials addr, closed at the test's end, with a deadline of d.
+func dialFor(t *testing.T, addr string, d time.Duration) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	_ = c.SetDeadline(time.Now().Add(d))
+	return c
+}
+
+// nextSeen is what a watching handler sent on seen when it ended.
+func nextSeen[T any](t *testing.T, seen <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-seen:
+		return v
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handler did not end")
+		var zero T
+		return zero
+	}
 }
 
 func pathOf(method string) string {
@@ -184,24 +200,8 @@ func TestWatchClientAfter(t *testing.T) {
 		seen <- heard{r.URL.Path + " " + got, time.Since(start)}
 		fmt.Fprint(w, got)
 	}), takesOwn, nil)
-	dial := func() net.Conn {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		return c
-	}
-	next := func() heard {
-		select {
-		case h := <-seen:
-			return h
-		case <-time.After(5 * time.Second):
-			t.Fatal("the handler did not end")
-			return heard{}
-		}
-	}
+	dial := func() net.Conn { return dialFor(t, addr, 10*time.Second) }
+	next := func() heard { return nextSeen(t, seen) }
 	for _, end := range []string{"closed", "half-closed"} {
 		t.Run(end, func(t *testing.T) {
 			c := dial()
@@ -219,16 +219,8 @@ func TestWatchClientAfter(t *testing.T) {
 		})
 	}
 	t.Run("stays", func(t *testing.T) {
-		c := dial()
-		br := bufio.NewReader(c)
-		fmt.Fprint(c, "POST /own/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na")
-		if got := readAnswers(t, br, 1); got[0] != "200 stayed" {
-			t.Fatalf("got %q", got)
-		}
-		fmt.Fprint(c, "POST /own/quick HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nbPOST /own/b HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nc")
-		if got := readAnswers(t, br, 2); got[0] != "200 stayed" || got[1] != "200 stayed" {
-			t.Fatalf("got %q", got)
-		}
+		oneThenTwoStay(t, dial(), "POST /own/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na",
+			"POST /own/quick HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nbPOST /own/b HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nc")
 		for _, want := range []string{"/own/a stayed", "/own/quick stayed", "/own/b stayed"} {
 			if h := next(); h.got != want {
 				t.Fatalf("got %q; want %q", h.got, want)
