@@ -77,8 +77,11 @@ func (c *control) AcquireLease(ctx context.Context, req server.AcquireLeaseReque
 	}
 	defer stop()
 	lease, err := c.svc.Acquire(ctx, in)
-	if err != nil && errors.Is(context.Cause(ctx), framing.ErrClientGone) {
-		err = fmt.Errorf("%w: %w", framing.ErrClientGone, err) // abandoned (writeProblem)
+	// Abandoned: its client went (the loop's watch, or Go's server's
+	// cancellation), whatever the store call it cut short answered
+	// (writeProblem, and the metric's "abandoned", not "store_unavailable").
+	if err != nil && (errors.Is(context.Cause(ctx), framing.ErrClientGone) || errors.Is(ctx.Err(), context.Canceled)) {
+		err = fmt.Errorf("%w: %w", framing.ErrClientGone, err)
 	}
 	c.metrics.grant(err)
 	c.endSpan(ctx, err)

@@ -500,13 +500,12 @@ func TestAbandonedWaitingAcquireGrantsNothing(t *testing.T) {
 	}
 }
 
-// failedGrants is how many grants tg counted as failed for no reason a
-// client is told (fencegw_grants_total{result="other"}): an abandoned
-// acquire's.
-func failedGrants(t *testing.T, tg *testGateway) float64 {
+// abandonedGrants is how many acquires tg counted as abandoned by their
+// clients (fencegw_grants_total{result="abandoned"}).
+func abandonedGrants(t *testing.T, tg *testGateway) float64 {
 	t.Helper()
 	var m dto.Metric
-	if err := tg.g.metrics.grants["other"].Write(&m); err != nil {
+	if err := tg.g.metrics.grants["abandoned"].Write(&m); err != nil {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
@@ -514,12 +513,12 @@ func failedGrants(t *testing.T, tg *testGateway) float64 {
 
 // abandonAcquire closes c, whose acquire waits for resource (or, half,
 // half-closes it), waits until the gateway has ended the acquire (counted
-// it as a grant that failed), frees the resource (free) and checks that
+// it abandoned), frees the resource (free) and checks that
 // the acquire was not answered (if the connection can still be read) and
 // that nothing was granted after holder's lease.
 func abandonAcquire(t *testing.T, tg *testGateway, c net.Conn, half bool, resource, holder string, free func()) {
 	t.Helper()
-	ended := failedGrants(t, tg)
+	ended := abandonedGrants(t, tg)
 	switch c := c.(type) {
 	case *tls.Conn:
 		if half {
@@ -534,7 +533,7 @@ func abandonAcquire(t *testing.T, tg *testGateway, c net.Conn, half bool, resour
 			_ = c.Close()
 		}
 	}
-	for deadline := time.Now().Add(10 * time.Second); failedGrants(t, tg) == ended; {
+	for deadline := time.Now().Add(10 * time.Second); abandonedGrants(t, tg) == ended; {
 		if time.Now().After(deadline) {
 			t.Fatal("10 s after its client went, the acquire still waits: the gateway did not hear the client go")
 		}

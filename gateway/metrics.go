@@ -34,6 +34,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fencegw/fencegw/gateway/internal/framing"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -249,11 +250,15 @@ func (m *metrics) forwarded(f *forward, d time.Duration) {
 
 // grantResults are the values of fencegw_grants_total's result label; its
 // help text lists them from here.
-var grantResults = []string{"granted", tokens.CodeLeaseHeld, tokens.CodeFenceBusy, tokens.CodeStoreUnavailable, tokens.CodeInvalidRequest, "other"}
+var grantResults = []string{"granted", tokens.CodeLeaseHeld, tokens.CodeFenceBusy, tokens.CodeStoreUnavailable, tokens.CodeInvalidRequest, "abandoned", "other"}
 
 func (m *metrics) grant(err error) {
 	if err == nil {
 		m.grants["granted"].Inc()
+		return
+	}
+	if errors.Is(err, framing.ErrClientGone) {
+		m.grants["abandoned"].Inc() // its client went: not the store's failure
 		return
 	}
 	p, _ := problemFor(err)

@@ -14,6 +14,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -64,12 +66,20 @@ func testAbandonedWaitingAcquires(t *testing.T, ps []*proc, freeze bool) {
 		}
 	}
 	time.Sleep(500 * time.Millisecond) // every acquire is waiting for the holder
+	abandoned := make([]float64, len(ps))
+	for i, p := range ps {
+		abandoned[i] = abandonedGrants(t, p.url())
+	}
 	if freeze {
 		if err := ps[0].cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = ps[0].cmd.Process.Signal(syscall.SIGCONT) })
 	}
+	// The replicas that run hear their clients go before the release, and
+	// count each acquire as abandoned (not, say, as the store's failure, if
+	// the client's going cut a store call short). A frozen one hears them
+	// when it resumes, with the release's wake-up.
 	for i, c := range conns {
 		if i%2 == 0 {
 			_ = c.Close()
@@ -77,7 +87,20 @@ func testAbandonedWaitingAcquires(t *testing.T, ps []*proc, freeze bool) {
 			_ = c.CloseWrite()
 		}
 	}
-	time.Sleep(300 * time.Millisecond)
+	for i, p := range ps {
+		if freeze && i == 0 {
+			continue
+		}
+		want := abandoned[i] + float64(waiters/len(ps))
+		for deadline := time.Now().Add(10 * time.Second); abandonedGrants(t, p.url()) < want; {
+			if time.Now().After(deadline) {
+				m := call("GET", p.url()+"/metrics", nil)
+				t.Fatalf("10 s after their clients went, replica %d counts %v of its %d acquires abandoned (%q)", i,
+					abandonedGrants(t, p.url())-abandoned[i], waiters/len(ps), grantsTotal.FindAll(m.body, -1))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 	if a := release(ps[len(ps)-1].url(), holder.LeaseID); a.code != http.StatusNoContent {
 		t.Fatalf("the holder's release: %v", a)
 	}
@@ -88,6 +111,12 @@ func testAbandonedWaitingAcquires(t *testing.T, ps []*proc, freeze bool) {
 		}
 	}
 	time.Sleep(time.Second) // a grant still waiting would be made by now
+	if freeze {
+		want := abandoned[0] + float64(waiters/len(ps))
+		if got := abandonedGrants(t, ps[0].url()); got != want {
+			t.Errorf("the frozen replica, resumed, counts %v of its %d acquires abandoned", got-abandoned[0], waiters/len(ps))
+		}
+	}
 
 	// Half-closed clients get no answer: their acquires were abandoned.
 	for i, c := range conns {
@@ -117,4 +146,25 @@ func testAbandonedWaitingAcquires(t *testing.T, ps []*proc, freeze bool) {
 	if ans.code != http.StatusCreated || next.Token != holder.Token+1 {
 		t.Errorf("the next acquire: %v (token %d); want 201 and token %d", ans, next.Token, holder.Token+1)
 	}
+}
+
+var (
+	grantsTotal    = regexp.MustCompile(`(?m)^fencegw_grants_total\{.*$`)
+	abandonedTotal = regexp.MustCompile(`(?m)^fencegw_grants_total\{result="abandoned"\} (\S+)$`)
+)
+
+// abandonedGrants is the replica's fencegw_grants_total{result="abandoned"}:
+// the acquires whose clients went before their answer.
+func abandonedGrants(t *testing.T, base string) float64 {
+	t.Helper()
+	a := call("GET", base+"/metrics", nil)
+	match := abandonedTotal.FindSubmatch(a.body)
+	if match == nil {
+		t.Fatalf("no fencegw_grants_total{result=\"abandoned\"} in %s/metrics: %v", base, a)
+	}
+	n, err := strconv.ParseFloat(string(match[1]), 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
