@@ -176,6 +176,6 @@ func (g *Gateway) recordForbiddenWrite(r *http.Request, p *Principal, refusal er
 	}
 	write := tokens.Write{Method: r.Method, Upstream: truncateUTF8(name, 64), Path: truncateUTF8(path, 512), Principal: p.Name}
 	err := g.svc.RefuseUnadmitted(r.Context(), leaseID, refusal, write)
-	g.metrics.refused(err)
+	g.metrics.refused(r.Context(), err)
 	g.metrics.refusedBy(write.Principal, err)
 }

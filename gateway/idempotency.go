@@ -212,7 +212,7 @@ func (g *Gateway) beginKeyed(w http.ResponseWriter, r *http.Request, k *keyed, p
 		case errors.Is(err, tokens.ErrOutcomeUnknown):
 			g.keys.count[keyUnknown].Inc()
 		default:
-			g.metrics.refused(err)
+			g.metrics.refused(r.Context(), err)
 		}
 		writeProblem(w, r, g.log, err)
 		return false

@@ -47,6 +47,7 @@ const (
 	outcomeBadRequest      = "bad_request"
 	outcomeUnavailable     = "store_unavailable"
 	outcomeFenceLost       = "fence_lost" // the fence could not be proven before a send (sendcheck.go)
+	outcomeAbandoned       = "abandoned"  // its client went (Go's server cancelled it) while the store was asked
 )
 
 // Causes of a refused renewal or release, the label values of
@@ -92,7 +93,7 @@ const maxSeenLeases = 4096
 func newMetrics(reg prometheus.Registerer, svc *tokens.Service, ages *inflightAges, inflight func() float64) *metrics {
 	writes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fencegw_writes_total",
-		Help: "Fenced writes by outcome: forwarded, rejected (stale/expired/released/unknown lease), upstream_error, unknown_upstream, bad_request, store_unavailable, fence_lost.",
+		Help: "Fenced writes by outcome: forwarded, rejected (stale/expired/released/unknown lease), upstream_error, unknown_upstream, bad_request, store_unavailable, fence_lost, abandoned (its client went while the store was asked).",
 	}, []string{"outcome"})
 	rejections := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fencegw_rejections_total",
@@ -177,7 +178,7 @@ func newMetrics(reg prometheus.Registerer, svc *tokens.Service, ages *inflightAg
 		byPrincipal:   newPrincipalCounts(reg),
 		reloads:       map[bool]prometheus.Counter{true: reloads.WithLabelValues("ok"), false: reloads.WithLabelValues("error")},
 	}
-	for _, o := range []string{outcomeForwarded, outcomeRejected, outcomeUpstreamError, outcomeUnknownUpstream, outcomeBadRequest, outcomeUnavailable, outcomeFenceLost} {
+	for _, o := range []string{outcomeForwarded, outcomeRejected, outcomeUpstreamError, outcomeUnknownUpstream, outcomeBadRequest, outcomeUnavailable, outcomeFenceLost, outcomeAbandoned} {
 		m.writes[o] = writes.WithLabelValues(o)
 	}
 	for _, c := range tokens.RejectionCodes {
@@ -204,8 +205,9 @@ func (m *metrics) wouldRefuse(upstream string, refusal error) {
 	m.would.WithLabelValues(upstream, p.Code).Inc()
 }
 
-// refused counts a write that Admit turned down.
-func (m *metrics) refused(err error) {
+// refused counts a write turned down with err while serving the request
+// whose context is ctx.
+func (m *metrics) refused(ctx context.Context, err error) {
 	p, _ := problemFor(err)
 	if c, ok := m.rejections[p.Code]; ok {
 		c.Inc()
@@ -213,6 +215,13 @@ func (m *metrics) refused(err error) {
 		return
 	}
 	if errors.Is(err, tokens.ErrStoreUnavailable) {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			// The client's going cut the store call short (a write Go's
+			// server serves: the loop never cancels one): not the store's
+			// failure.
+			m.writes[outcomeAbandoned].Inc()
+			return
+		}
 		m.writes[outcomeUnavailable].Inc()
 		return
 	}

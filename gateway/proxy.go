@@ -252,7 +252,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		g.metrics.wouldRefuse(name, permit.WouldRefuse)
 	}
 	if err != nil {
-		g.metrics.refused(err)
+		g.metrics.refused(r.Context(), err)
 		g.metrics.refusedBy(write.Principal, err)
 		writeProblem(w, r, g.log, err)
 		return
