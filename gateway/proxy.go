@@ -264,9 +264,6 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	ownBody(w) // admitted: the forward's answer is the body's (early.go)
 	f.live, f.permit, f.name, f.upstream, f.path, f.rawPath = lc, permit, name, base, path, rawPath
 	f.token, f.instance, f.body, f.keyed = strconv.FormatInt(permit.Lease.Token, 10), r.URL.Path, guard, kw
-	if f.rawPath == path {
-		f.rawPath = ""
-	}
 	g.inflight.Add(1)
 	start := time.Now()
 	slot := g.ages.begin(start)
