@@ -31,11 +31,7 @@ type ownConnKey struct{}
 // the watch's to read), and one already watched (one reader at a time), it
 // is ctx and a stop that does nothing. Call it from the request's handler.
 func WatchClient(ctx context.Context) (context.Context, func()) {
-	c, ok := ctx.Value(ownConnKey{}).(*ownConn)
-	if !ok || c.watching || c.resp.body != nil && !c.resp.body.readToEnd() {
-		return ctx, func() {}
-	}
-	return c.watchClient(ctx)
+	return WatchClientAfter(ctx, 0)
 }
 
 // WatchClientAfter is WatchClient from d on: a request that is usually
@@ -53,14 +49,19 @@ func WatchClientAfter(ctx context.Context, d time.Duration) (context.Context, fu
 	ctx, cancel := context.WithCancelCause(ctx)
 	var mu sync.Mutex // orders the timer's start of the watch and stop
 	var stopped bool
-	var stopPeek func()
-	timer := time.AfterFunc(d, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if !stopped {
-			stopPeek = c.peekForClose(cancel)
-		}
-	})
+	var stopPeek func() // the watch's, once it started
+	var timer *time.Timer
+	if d <= 0 {
+		stopPeek = c.peekForClose(cancel)
+	} else {
+		timer = time.AfterFunc(d, func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if !stopped {
+				stopPeek = c.peekForClose(cancel)
+			}
+		})
+	}
 	return ctx, func() {
 		mu.Lock()
 		if stopped {
@@ -68,28 +69,14 @@ func WatchClientAfter(ctx context.Context, d time.Duration) (context.Context, fu
 			return
 		}
 		stopped = true
-		timer.Stop()
+		if timer != nil {
+			timer.Stop()
+		}
 		peeking := stopPeek // the timer's, if it ran: it can no longer
 		mu.Unlock()
 		if peeking != nil {
 			peeking()
 		}
-		cancel(nil)
-		c.watching = false
-	}
-}
-
-func (c *ownConn) watchClient(parent context.Context) (context.Context, func()) {
-	c.watching = true
-	ctx, cancel := context.WithCancelCause(parent)
-	stopPeek := c.peekForClose(cancel)
-	stopped := false
-	return ctx, func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		stopPeek()
 		cancel(nil)
 		c.watching = false
 	}
