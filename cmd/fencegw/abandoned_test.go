@@ -1,12 +1,15 @@
 package main
 
-// Waiting acquires whose clients leave: twenty acquires with wait_ms,
-// spread over the replicas, wait on a held resource; their clients close
-// or half-close their connections; the holder releases. No lease may be
+// Acquires whose clients leave while they wait: twenty acquires, spread
+// over the replicas, wait on a resource; their clients close or
+// half-close their connections; the resource frees. No lease may be
 // granted to a client that left (it would close the resource until its
 // TTL), in every storage mode, also when a replica was frozen (SIGSTOP)
-// while its clients left and the holder released, and resumes with both
-// the clients' closes and the release's wake-up to hear at once.
+// while its clients left and the resource freed, and resumes with both
+// the clients' closes and the wake-up to hear at once. The acquires wait
+// either with wait_ms, for a holder's release, or without it, for a write
+// of the previous (expired) lease still in flight at the upstream: the
+// grant waits for that write's end, up to the grant wait.
 
 import (
 	"encoding/json"
@@ -14,9 +17,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,33 +30,106 @@ import (
 )
 
 func TestAbandonedWaitingAcquires(t *testing.T) {
+	forEachAbandonMode(t, func(t *testing.T, ps []*proc, _ *heldUpstream, freeze bool) {
+		res := "abandoned"
+		holder, ans := grant(ps[len(ps)-1].url(), res, "holder", time.Minute, 0)
+		if ans.code != http.StatusCreated {
+			t.Fatalf("the holder's grant: %v", ans)
+		}
+		body := fmt.Sprintf(`{"resource":%q,"holder":"waiter","ttl_ms":60000,"wait_ms":20000}`, res)
+		testAbandonedAcquires(t, ps, freeze, res, body, holder.Token, func() {
+			if a := release(ps[len(ps)-1].url(), holder.LeaseID); a.code != http.StatusNoContent {
+				t.Fatalf("the holder's release: %v", a)
+			}
+		})
+	})
+}
+
+// TestAbandonedAcquiresWithoutWait: acquires without wait_ms wait for a
+// write of the previous lease still in flight; their clients leave while
+// it is, and none of them may get the lease once the write ends.
+func TestAbandonedAcquiresWithoutWait(t *testing.T) {
+	forEachAbandonMode(t, func(t *testing.T, ps []*proc, up *heldUpstream, freeze bool) {
+		res := "abandoned-nowait"
+		via := ps[len(ps)-1].url()
+		// Long enough for the write to be admitted on a loaded machine;
+		// it expires while the write is held at the upstream.
+		holder, ans := grant(via, res, "holder", 1500*time.Millisecond, 0)
+		if ans.code != http.StatusCreated {
+			t.Fatalf("the holder's grant: %v", ans)
+		}
+		written := make(chan answer, 1)
+		go func() { written <- fencedWrite(via, holder.LeaseID, "/held", "held") }()
+		select {
+		case <-up.entered:
+		case a := <-written:
+			t.Fatalf("the holder's write answered without reaching the upstream: %v", a)
+		}
+		waitExpired(t, via, holder.LeaseID)
+		body := fmt.Sprintf(`{"resource":%q,"holder":"waiter","ttl_ms":60000}`, res)
+		testAbandonedAcquires(t, ps, freeze, res, body, holder.Token, func() {
+			up.free()
+			if a := <-written; a.err != nil || a.code != http.StatusOK {
+				t.Fatalf("the holder's write, held while its lease expired: %v; want the upstream's 200", a)
+			}
+		})
+	})
+}
+
+// heldUpstream holds a write to /held until free is called.
+type heldUpstream struct {
+	url     string
+	entered chan struct{} // closed once the write is held
+	free    func()
+}
+
+func newHeldUpstream(t *testing.T) *heldUpstream {
+	entered, release := make(chan struct{}), make(chan struct{})
+	var enterOnce, freeOnce sync.Once
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if r.URL.Path == "/held" {
+			enterOnce.Do(func() { close(entered) })
+			<-release
+		}
+	}))
+	up := &heldUpstream{url: srv.URL, entered: entered, free: func() { freeOnce.Do(func() { close(release) }) }}
+	t.Cleanup(srv.Close)
+	t.Cleanup(up.free) // runs before the server closes
+	return up
+}
+
+// forEachAbandonMode runs test on one embedded replica, and on two over
+// PostgreSQL, over PostgreSQL and Redis, and over PostgreSQL with the
+// first replica frozen while the clients leave.
+func forEachAbandonMode(t *testing.T, test func(t *testing.T, ps []*proc, up *heldUpstream, freeze bool)) {
 	for _, mode := range []string{"embedded", "postgres", "redis", "postgres/frozen"} {
 		t.Run(mode, func(t *testing.T) {
+			up := newHeldUpstream(t)
+			args := []string{"--upstream", "svc=" + up.url, "--grant-wait", "30s", "--forward-timeout", "30s"}
 			var ps []*proc
 			switch mode {
 			case "embedded":
-				ps = startReplicas(t, 1, "--data", t.TempDir())
+				ps = startReplicas(t, 1, append(args, "--data", t.TempDir())...)
 			default:
 				pgtest.Require(t)
-				args := []string{"--postgres", pgtest.URL(), "--pg-schema", pgtest.NewSchema(t)}
+				args = append(args, "--postgres", pgtest.URL(), "--pg-schema", pgtest.NewSchema(t))
 				if mode == "redis" {
 					args = append(args, "--redis", startRedis(t).URL())
 				}
 				ps = startReplicas(t, 2, args...)
 			}
-			testAbandonedWaitingAcquires(t, ps, strings.HasSuffix(mode, "/frozen"))
+			test(t, ps, up, strings.HasSuffix(mode, "/frozen"))
 		})
 	}
 }
 
-func testAbandonedWaitingAcquires(t *testing.T, ps []*proc, freeze bool) {
+// testAbandonedAcquires sends twenty acquires (body) of res over ps, which
+// wait on res, makes their clients leave, then frees res (free), and checks
+// that none of them got a lease: the resource still has token, and the
+// next grant gets token+1.
+func testAbandonedAcquires(t *testing.T, ps []*proc, freeze bool, res, body string, token int64, free func()) {
 	const waiters = 20
-	res := "abandoned"
-	holder, ans := grant(ps[len(ps)-1].url(), res, "holder", time.Minute, 0)
-	if ans.code != http.StatusCreated {
-		t.Fatalf("the holder's grant: %v", ans)
-	}
-	body := fmt.Sprintf(`{"resource":%q,"holder":"waiter","ttl_ms":60000,"wait_ms":20000}`, res)
 	conns := make([]*net.TCPConn, waiters)
 	for i := range conns {
 		addr := ps[i%len(ps)].addr
@@ -65,7 +143,7 @@ func testAbandonedWaitingAcquires(t *testing.T, ps []*proc, freeze bool) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(500 * time.Millisecond) // every acquire is waiting for the holder
+	time.Sleep(500 * time.Millisecond) // every acquire is waiting, and (past 50 ms) watches its client
 	abandoned := make([]float64, len(ps))
 	for i, p := range ps {
 		abandoned[i] = abandonedGrants(t, p.url())
@@ -76,10 +154,10 @@ func testAbandonedWaitingAcquires(t *testing.T, ps []*proc, freeze bool) {
 		}
 		t.Cleanup(func() { _ = ps[0].cmd.Process.Signal(syscall.SIGCONT) })
 	}
-	// The replicas that run hear their clients go before the release, and
-	// count each acquire as abandoned (not, say, as the store's failure, if
-	// the client's going cut a store call short). A frozen one hears them
-	// when it resumes, with the release's wake-up.
+	// The replicas that run hear their clients go before the resource
+	// frees, and count each acquire as abandoned (not, say, as the store's
+	// failure, if the client's going cut a store call short). A frozen one
+	// hears them when it resumes, with the wake-up of the resource freed.
 	for i, c := range conns {
 		if i%2 == 0 {
 			_ = c.Close()
@@ -106,16 +184,12 @@ func testAbandonedWaitingAcquires(t *testing.T, ps []*proc, freeze bool) {
 			heard(i)
 		}
 	}
-	if a := release(ps[len(ps)-1].url(), holder.LeaseID); a.code != http.StatusNoContent {
-		t.Fatalf("the holder's release: %v", a)
-	}
+	free()
 	if freeze {
 		time.Sleep(300 * time.Millisecond)
 		if err := ps[0].cmd.Process.Signal(syscall.SIGCONT); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if freeze {
 		heard(0)
 	}
 	time.Sleep(time.Second) // a grant still waiting would be made by now
@@ -140,13 +214,13 @@ func testAbandonedWaitingAcquires(t *testing.T, ps []*proc, freeze bool) {
 		if a.code != http.StatusOK || json.Unmarshal(a.body, &st) != nil {
 			t.Fatalf("the resource through replica %d: %v", i, a)
 		}
-		if st.Token != holder.Token {
-			t.Errorf("after the waiters left and the holder released, replica %d reports token %d; want the holder's %d (a lease went to a client that left)", i, st.Token, holder.Token)
+		if st.Token != token {
+			t.Errorf("after the waiters left and the resource freed, replica %d reports token %d; want the holder's %d (a lease went to a client that left)", i, st.Token, token)
 		}
 	}
 	next, ans := grant(ps[0].url(), res, "next", time.Minute, 0)
-	if ans.code != http.StatusCreated || next.Token != holder.Token+1 {
-		t.Errorf("the next acquire: %v (token %d); want 201 and token %d", ans, next.Token, holder.Token+1)
+	if ans.code != http.StatusCreated || next.Token != token+1 {
+		t.Errorf("the next acquire: %v (token %d); want 201 and token %d", ans, next.Token, token+1)
 	}
 }
 
