@@ -47,7 +47,7 @@ const (
 	outcomeBadRequest      = "bad_request"
 	outcomeUnavailable     = "store_unavailable"
 	outcomeFenceLost       = "fence_lost" // the fence could not be proven before a send (sendcheck.go)
-	outcomeAbandoned       = "abandoned"  // its client went (Go's server cancelled it) while the store was asked
+	outcomeAbandoned       = "abandoned"  // its client went (Go's server cancelled it) while the store was asked or its fence awaited
 )
 
 // Causes of a refused renewal or release, the label values of
@@ -214,14 +214,14 @@ func (m *metrics) refused(ctx context.Context, err error) {
 		m.writes[outcomeRejected].Inc()
 		return
 	}
+	if errors.Is(ctx.Err(), context.Canceled) && (errors.Is(err, tokens.ErrStoreUnavailable) || errors.Is(err, context.Canceled)) {
+		// The client's going cut the store call, or the wait for the
+		// write's fence, short (a write Go's server serves: the loop never
+		// cancels one): neither the store's failure nor a bad request.
+		m.writes[outcomeAbandoned].Inc()
+		return
+	}
 	if errors.Is(err, tokens.ErrStoreUnavailable) {
-		if errors.Is(ctx.Err(), context.Canceled) {
-			// The client's going cut the store call short (a write Go's
-			// server serves: the loop never cancels one): not the store's
-			// failure.
-			m.writes[outcomeAbandoned].Inc()
-			return
-		}
 		m.writes[outcomeUnavailable].Inc()
 		return
 	}

@@ -30,9 +30,10 @@ func TestAbandonedIsNotStoreUnavailable(t *testing.T) {
 	cut := tokens.Unavailable("admit", context.Canceled)
 
 	m.refused(gone, cut)
+	m.refused(gone, context.Canceled) // the wait for its shared lock, cut short (tokens.Service.AdmitInto)
 	m.refused(t.Context(), tokens.Unavailable("admit", errors.New("connection refused")))
-	if a, u := count(m.writes[outcomeAbandoned]), count(m.writes[outcomeUnavailable]); a != 1 || u != 1 {
-		t.Errorf("writes: %v abandoned and %v store_unavailable; want 1 and 1", a, u)
+	if a, u, b := count(m.writes[outcomeAbandoned]), count(m.writes[outcomeUnavailable]), count(m.writes[outcomeBadRequest]); a != 2 || u != 1 || b != 0 {
+		t.Errorf("writes: %v abandoned, %v store_unavailable and %v bad_request; want 2, 1 and 0", a, u, b)
 	}
 
 	m.grant(errors.Join(framing.ErrClientGone, cut)) // as control.AcquireLease wraps it

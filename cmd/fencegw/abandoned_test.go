@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -30,7 +31,7 @@ import (
 )
 
 func TestAbandonedWaitingAcquires(t *testing.T) {
-	forEachAbandonMode(t, func(t *testing.T, ps []*proc, _ *heldUpstream, freeze bool) {
+	forEachAbandonMode(t, abandonModes, func(t *testing.T, ps []*proc, _ *heldUpstream, freeze bool) {
 		res := "abandoned"
 		holder, ans := grant(ps[len(ps)-1].url(), res, "holder", time.Minute, 0)
 		if ans.code != http.StatusCreated {
@@ -49,7 +50,7 @@ func TestAbandonedWaitingAcquires(t *testing.T) {
 // write of the previous lease still in flight; their clients leave while
 // it is, and none of them may get the lease once the write ends.
 func TestAbandonedAcquiresWithoutWait(t *testing.T) {
-	forEachAbandonMode(t, func(t *testing.T, ps []*proc, up *heldUpstream, freeze bool) {
+	forEachAbandonMode(t, abandonModes, func(t *testing.T, ps []*proc, up *heldUpstream, freeze bool) {
 		res := "abandoned-nowait"
 		via := ps[len(ps)-1].url()
 		// Long enough for the write to be admitted on a loaded machine;
@@ -78,32 +79,38 @@ func TestAbandonedAcquiresWithoutWait(t *testing.T) {
 
 // heldUpstream holds a write to /held until free is called.
 type heldUpstream struct {
-	url     string
-	entered chan struct{} // closed once the write is held
-	free    func()
+	url      string
+	entered  chan struct{} // closed once the write is held
+	free     func()
+	arrivals atomic.Int64 // requests it was sent
 }
 
 func newHeldUpstream(t *testing.T) *heldUpstream {
 	entered, release := make(chan struct{}), make(chan struct{})
 	var enterOnce, freeOnce sync.Once
+	up := &heldUpstream{entered: entered, free: func() { freeOnce.Do(func() { close(release) }) }}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		up.arrivals.Add(1)
 		_, _ = io.Copy(io.Discard, r.Body)
 		if r.URL.Path == "/held" {
 			enterOnce.Do(func() { close(entered) })
 			<-release
 		}
 	}))
-	up := &heldUpstream{url: srv.URL, entered: entered, free: func() { freeOnce.Do(func() { close(release) }) }}
+	up.url = srv.URL
 	t.Cleanup(srv.Close)
 	t.Cleanup(up.free) // runs before the server closes
 	return up
 }
 
-// forEachAbandonMode runs test on one embedded replica, and on two over
-// PostgreSQL, over PostgreSQL and Redis, and over PostgreSQL with the
-// first replica frozen while the clients leave.
-func forEachAbandonMode(t *testing.T, test func(t *testing.T, ps []*proc, up *heldUpstream, freeze bool)) {
-	for _, mode := range []string{"embedded", "postgres", "redis", "postgres/frozen"} {
+// abandonModes: one embedded replica, and two over PostgreSQL, over
+// PostgreSQL and Redis, and over PostgreSQL with the first replica frozen
+// while the clients leave.
+var abandonModes = []string{"embedded", "postgres", "redis", "postgres/frozen"}
+
+// forEachAbandonMode runs test in each of modes (abandonModes).
+func forEachAbandonMode(t *testing.T, modes []string, test func(t *testing.T, ps []*proc, up *heldUpstream, freeze bool)) {
+	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
 			up := newHeldUpstream(t)
 			args := []string{"--upstream", "svc=" + up.url, "--grant-wait", "30s", "--forward-timeout", "30s"}
@@ -243,4 +250,110 @@ func abandonedGrants(t *testing.T, base string) float64 {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// TestAbandonedWriteWaitingForItsFence: a fenced write that Go's server
+// serves (its head is over the loop's 4 KiB) waits for its fence, behind
+// a change of its resource that waits for a write in flight; its client
+// leaves meanwhile. Go's server cancels the request, which ends the wait:
+// the write is counted fencegw_writes_total{outcome="abandoned"}, not as a
+// bad request or the store's failure, nothing of it reaches the upstream,
+// and nothing is logged as an error. The change it waits behind: in the
+// PostgreSQL modes, the holder's release (it takes the resource's
+// exclusive fence, so it waits for the write in flight); in the embedded
+// mode, where a release does not wait, a grant of the resource once the
+// holder's lease expired (writes judged there read the lease only once
+// their lock is theirs).
+func TestAbandonedWriteWaitingForItsFence(t *testing.T) {
+	// One replica serves every call: there is none to freeze beside it.
+	forEachAbandonMode(t, abandonModes[:3], func(t *testing.T, ps []*proc, up *heldUpstream, _ bool) {
+		p, embedded := ps[0], len(ps) == 1
+		ttl := time.Minute
+		if embedded {
+			ttl = 1500 * time.Millisecond // long enough for the write to be admitted on a loaded machine
+		}
+		holder, ans := grant(p.url(), "abandoned-write", "holder", ttl, 0)
+		if ans.code != http.StatusCreated {
+			t.Fatalf("the holder's grant: %v", ans)
+		}
+		written := make(chan answer, 1)
+		go func() { written <- fencedWrite(p.url(), holder.LeaseID, "/held", "held") }()
+		select {
+		case <-up.entered:
+		case a := <-written:
+			t.Fatalf("the holder's write answered without reaching the upstream: %v", a)
+		}
+		changed, want := make(chan answer, 1), http.StatusNoContent
+		if embedded {
+			waitExpired(t, p.url(), holder.LeaseID)
+			want = http.StatusCreated
+			go func() { _, a := grant(p.url(), "abandoned-write", "next", time.Minute, 0); changed <- a }()
+		} else {
+			go func() { changed <- release(p.url(), holder.LeaseID) }()
+		}
+		time.Sleep(300 * time.Millisecond) // the change waits for the write in flight
+		before := writeOutcomes(t, p.url())
+
+		c, err := net.Dial("tcp", p.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		pad := strings.Repeat("p", 5000) // past the loop's 4 KiB: Go's server's request
+		if _, err := fmt.Fprintf(c, "POST /v1/proxy/svc/late HTTP/1.1\r\nHost: %s\r\nFencing-Lease: %s\r\nX-Pad: %s\r\nContent-Length: 0\r\n\r\n", p.addr, holder.LeaseID, pad); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond) // it waits for its fence, behind the change
+		_ = c.Close()
+
+		var after map[string]float64
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			after = writeOutcomes(t, p.url())
+			if after["abandoned"] > before["abandoned"] || time.Now().After(deadline) {
+				break
+			}
+		}
+		for outcome, n := range after {
+			want := before[outcome]
+			if outcome == "abandoned" {
+				want++
+			}
+			if n != want {
+				t.Errorf("fencegw_writes_total{outcome=%q} went from %v to %v; want %v (the write whose client left while it waited for its fence is abandoned, nothing else)", outcome, before[outcome], n, want)
+			}
+		}
+		up.free()
+		if a := <-written; a.code != http.StatusOK {
+			t.Errorf("the held write: %v; want the upstream's 200", a)
+		}
+		if a := <-changed; a.code != want {
+			t.Errorf("the change the write waited behind: %v; want %d", a, want)
+		}
+		if n := up.arrivals.Load(); n != 1 {
+			t.Errorf("%d writes reached the upstream; want 1, the held one", n)
+		}
+		if strings.Contains(p.output(), "level=ERROR") {
+			t.Errorf("the gateway logged an error for a write its client abandoned:\n%s", p.output())
+		}
+	})
+}
+
+var writesTotal = regexp.MustCompile(`(?m)^fencegw_writes_total\{outcome="([a-z_]+)"\} (\S+)$`)
+
+// writeOutcomes is the replica's fencegw_writes_total, by outcome.
+func writeOutcomes(t *testing.T, base string) map[string]float64 {
+	t.Helper()
+	a := call("GET", base+"/metrics", nil)
+	out := map[string]float64{}
+	for _, m := range writesTotal.FindAllSubmatch(a.body, -1) {
+		n, err := strconv.ParseFloat(string(m[2]), 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[string(m[1])] = n
+	}
+	if len(out) == 0 {
+		t.Fatalf("no fencegw_writes_total in %s/metrics: %v", base, a)
+	}
+	return out
 }
