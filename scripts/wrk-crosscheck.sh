@@ -4,9 +4,10 @@
 # (the embedded store, as a user starts it), the fasthttp ceiling and nginx,
 # each in its own process, one after another in rounds, against one small Go
 # upstream. Server CPU per request is read from /proc (the process's user +
-# system time over the run, nginx's master and workers summed). A lighter
-# client than fencegw-load's Go clients, so each request costs the servers
-# less and their fixed costs weigh more (docs/benchmarks.md).
+# system time over the run, nginx's master and workers summed), and printed
+# split into the two as well. A lighter client than fencegw-load's Go
+# clients, so each request costs the servers less and their fixed costs
+# weigh more (docs/benchmarks.md).
 #
 #   scripts/wrk-crosscheck.sh                 # 10 s per setup, 3 rounds, 32 connections
 #   DURATION=20s ROUNDS=5 CONNS=64 scripts/wrk-crosscheck.sh
@@ -97,17 +98,17 @@ script() { # $1: the Fencing-Lease value ("" for none)
 script "$lease" >"$W/fenced.lua"
 script "" >"$W/plain.lua"
 
-ticks() { # user + system ticks of the given processes
-	local t=0 f
+ticks() { # user and system ticks of the given processes, summed
+	local u=0 k=0 f
 	for p in "$@"; do
 		read -ra f < <(sed 's/.*) //' "/proc/$p/stat")
-		t=$((t + f[11] + f[12]))
+		u=$((u + f[11])) k=$((k + f[12]))
 	done
-	echo "$t"
+	echo "$u $k"
 }
 hz=$(getconf CLK_TCK)
-printf '%-9s %5s %10s %9s %9s %16s %8s\n' setup round req/s p50 p99 "server CPU µs" non-2xx
-declare -A rate cpu
+printf '%-9s %5s %10s %9s %9s %16s %8s %8s %8s\n' setup round req/s p50 p99 "server CPU µs" "user" "system" non-2xx
+declare -A rate cpu usr sys
 for r in $(seq "$ROUNDS"); do
 	for s in fasthttp gateway nginx; do
 		case $s in
@@ -116,20 +117,28 @@ for r in $(seq "$ROUNDS"); do
 		nginx) url=http://$NX/w; m=$(cat "$W/nginx/nginx.pid"); procs="$m $(pgrep -P "$m" | tr '\n' ' ')"; lua=plain.lua ;;
 		esac
 		# shellcheck disable=SC2086
-		t0=$(ticks $procs)
+		read -r u0 k0 < <(ticks $procs)
 		out=$(wrk -t1 -c"$CONNS" -d"$DURATION" --latency -s "$W/$lua" "$url")
 		# shellcheck disable=SC2086
-		t1=$(ticks $procs)
+		read -r u1 k1 < <(ticks $procs)
 		n=$(awk '/requests in/ {print $1}' <<<"$out")
 		rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
-		us=$(python3 -c "print(round(($t1 - $t0) / $hz * 1e6 / $n, 1))")
-		printf '%-9s %5s %10s %9s %9s %16s %8s\n' "$s" "$r" "$rps" "$(awk '$1=="50%" {print $2}' <<<"$out")" \
-			"$(awk '$1=="99%" {print $2}' <<<"$out")" "$us" "$(awk '/Non-2xx/ {print $4}' <<<"$out" | grep . || echo 0)"
+		per() { python3 -c "print(round(($1) / $hz * 1e6 / $n, 1))"; }
+		us=$(per "$u1 - $u0 + $k1 - $k0")
+		printf '%-9s %5s %10s %9s %9s %16s %8s %8s %8s\n' "$s" "$r" "$rps" "$(awk '$1=="50%" {print $2}' <<<"$out")" \
+			"$(awk '$1=="99%" {print $2}' <<<"$out")" "$us" "$(per "$u1 - $u0")" "$(per "$k1 - $k0")" \
+			"$(awk '/Non-2xx/ {print $4}' <<<"$out" | grep . || echo 0)"
 		rate[$s]="${rate[$s]:-} $rps"
 		cpu[$s]="${cpu[$s]:-} $us"
+		usr[$s]="${usr[$s]:-} $(per "$u1 - $u0")"
+		sys[$s]="${sys[$s]:-} $(per "$k1 - $k0")"
 	done
 done
 median() { python3 -c "import statistics, sys; print(statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }
+for s in fasthttp gateway nginx; do
+	# shellcheck disable=SC2086
+	printf '%s: server CPU per request (medians over the rounds) %s µs user, %s µs system\n' "$s" "$(median ${usr[$s]})" "$(median ${sys[$s]})"
+done
 for s in gateway nginx; do
 	# shellcheck disable=SC2086
 	printf '%s / fasthttp (medians over the rounds): throughput %.2f, server CPU per request %.2f\n' "$s" \
