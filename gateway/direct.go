@@ -45,6 +45,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/fencegw/fencegw/gateway/internal/engine"
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
 // directState is what one direct forward needs besides its forward, lent
@@ -222,7 +223,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	w.WriteHeader(res.StatusCode)
 	// A body of unknown length, or an event stream, is flushed as it
 	// comes (the reverse proxy's flushInterval -1), its head at once.
-	flush := res.ContentLength == -1 || eventStream(res.Header.Get("Content-Type"))
+	flush := res.ContentLength == -1 || eventStream(wire.Get(res.Header, "Content-Type"))
 	if flush {
 		_ = rc.Flush()
 	}

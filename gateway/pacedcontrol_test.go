@@ -21,21 +21,21 @@ import (
 // (an answer held until net/http's server has read the rest of a body)
 // off the fenced-write path.
 
-// wire is one raw client connection.
-type wire struct {
+// paceConn is one raw client connection.
+type paceConn struct {
 	t  *testing.T
 	c  net.Conn
 	br *bufio.Reader
 }
 
-func newWire(t *testing.T, tg *testGateway) *wire {
+func newWire(t *testing.T, tg *testGateway) *paceConn {
 	c := tg.dial(t)
-	return &wire{t: t, c: c, br: bufio.NewReader(c)}
+	return &paceConn{t: t, c: c, br: bufio.NewReader(c)}
 }
 
 // send writes parts with a pause between each, as a client that paces
 // its request.
-func (w *wire) send(parts ...string) {
+func (w *paceConn) send(parts ...string) {
 	w.t.Helper()
 	for i, p := range parts {
 		if i > 0 {
@@ -50,7 +50,7 @@ func (w *wire) send(parts ...string) {
 
 // answer reads the next final answer and its body (method is the
 // request's, for HEAD); the test fails if none comes in time.
-func (w *wire) answer(method string) (*http.Response, string) {
+func (w *paceConn) answer(method string) (*http.Response, string) {
 	w.t.Helper()
 	_ = w.c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	resp, err := http.ReadResponse(w.br, &http.Request{Method: method})
@@ -65,7 +65,7 @@ func (w *wire) answer(method string) (*http.Response, string) {
 }
 
 // reused checks that the connection carries a next request.
-func (w *wire) reused() {
+func (w *paceConn) reused() {
 	w.t.Helper()
 	w.send("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
 	if resp, body := w.answer("GET"); resp.StatusCode != http.StatusOK {
@@ -74,7 +74,7 @@ func (w *wire) reused() {
 }
 
 // closed checks that the gateway closes the connection, nothing more sent.
-func (w *wire) closed() {
+func (w *paceConn) closed() {
 	w.t.Helper()
 	_ = w.c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	b, err := w.br.ReadByte()
@@ -394,7 +394,7 @@ func TestStreamEndsForQuietClients(t *testing.T) {
 			}
 		}
 	}
-	open := func(t *testing.T, pipelined string) *wire {
+	open := func(t *testing.T, pipelined string) *paceConn {
 		t.Helper()
 		w := newWire(t, tg)
 		w.send("GET " + pathStream + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" + pipelined)

@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 	"github.com/fencegw/fencegw/internal/failpoint"
 	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/tokens"
@@ -188,7 +189,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, g.log, err)
 		return
 	}
-	leaseID := r.Header.Get(HeaderLease)
+	leaseID := wire.Get(r.Header, HeaderLease)
 	if leaseID == "" {
 		g.metrics.write(outcomeBadRequest)
 		p := problemOf(problems.ErrMissingLease)

@@ -41,6 +41,8 @@ import (
 	"net/textproto"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
 // readAnswer reads the head of the upstream's answer to req from c.br:
@@ -141,7 +143,7 @@ func readHead(br *bufio.Reader, req *http.Request, hdr http.Header) *http.Respon
 	for line := head[h.statusEnd+2:]; len(line) > 2; {
 		eol := indexCRLF(line)
 		colon := indexColon(line[:eol])
-		key := http.CanonicalHeaderKey(line[:colon])
+		key := wire.CanonicalKey(line[:colon])
 		value := trimOWS(line[colon+1 : eol])
 		line = line[eol+2:]
 		if vv, ok := hdr[key]; ok {

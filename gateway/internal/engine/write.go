@@ -45,7 +45,7 @@ func hostLine(addr string) ([]byte, error) {
 
 // writeExcluded are the header fields Request.Write writes from the
 // request's fields, not from its Header (its reqWriteExcludeHeader).
-var writeExcluded = map[string]bool{"Host": true, "User-Agent": true, "Content-Length": true, "Transfer-Encoding": true, "Trailer": true}
+var writeExcluded = []string{"Host", "User-Agent", "Content-Length", "Transfer-Encoding", "Trailer"}
 
 var errCTLInURL = errors.New("net/http: can't write control character in Request.URL")
 

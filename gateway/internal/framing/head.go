@@ -23,6 +23,8 @@ import (
 	"strings"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
 // leanRequest is a request the loop parsed itself and its URL, in one
@@ -68,7 +70,7 @@ func parseLean(head []byte, template *http.Request) (req *http.Request, ok bool)
 		line := rest[:end]
 		rest = rest[end+2:]
 		colon := strings.IndexByte(line, ':')
-		key := textproto.CanonicalMIMEHeaderKey(line[:colon])
+		key := wire.CanonicalKey(line[:colon])
 		value := textproto.TrimString(line[colon+1:]) // textproto's trim: no CR or LF here (plainField)
 		switch key {
 		case "Host":

@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
@@ -61,7 +62,6 @@ type response struct {
 	w      *bufio.Writer // the body before its head is decided (net/http's 2048 bytes)
 	bodies requestBody   // the request's body, reused
 
-	dateBuf  [len(http.TimeFormat)]byte
 	clenBuf  [20]byte
 	chunkBuf [16]byte
 }
@@ -113,15 +113,15 @@ func (w *response) WriteHeader(code int) {
 	// invalid Content-Length is dropped from the handler's header).
 	h := w.header
 	_, haveType := h["Content-Type"]
-	hasTE := headerGet(h, "Transfer-Encoding") != ""
+	hasTE := wire.Get(h, "Transfer-Encoding") != ""
 	_, declared := h["Trailer"]
-	hasCL := headerGet(h, "Content-Length") != ""
+	hasCL := wire.Get(h, "Content-Length") != ""
 	later := bodyAllowedForStatus(code) && !hasTE &&
-		(!haveType && h.Get("Content-Encoding") == "" || !hasCL && !declared && !hasTrailerPrefix(h))
+		(!haveType && wire.Get(h, "Content-Encoding") == "" || !hasCL && !declared && !hasTrailerPrefix(h))
 	if later {
 		w.sent = h.Clone()
 	}
-	if cl := headerGet(h, "Content-Length"); cl != "" {
+	if cl := wire.Get(h, "Content-Length"); cl != "" {
 		v, err := strconv.ParseInt(cl, 10, 64)
 		if err == nil && v >= 0 {
 			w.contentLength = v
@@ -267,7 +267,8 @@ func (w *response) writeHead(p []byte) {
 	if !owned {
 		header = w.header
 	}
-	var exclude map[string]bool
+	var excluded [4]string
+	exclude := excluded[:0]
 	del := func(key string) {
 		if owned {
 			header.Del(key)
@@ -276,20 +277,14 @@ func (w *response) writeHead(p []byte) {
 		if _, ok := header[key]; !ok {
 			return
 		}
-		if exclude == nil {
-			exclude = make(map[string]bool)
-		}
-		exclude[key] = true
+		exclude = append(exclude, key)
 	}
 	var set extraHeader
 
 	trailers := false
 	for k := range header {
 		if strings.HasPrefix(k, http.TrailerPrefix) {
-			if exclude == nil {
-				exclude = make(map[string]bool)
-			}
-			exclude[k] = true
+			exclude = append(exclude, k)
 			trailers = true
 		}
 	}
@@ -298,9 +293,9 @@ func (w *response) writeHead(p []byte) {
 		foreachHeaderElement(v, w.declareTrailer)
 	}
 
-	te := headerGet(header, "Transfer-Encoding")
+	te := wire.Get(header, "Transfer-Encoding")
 	hasTE := te != ""
-	if w.handlerDone && !trailers && !hasTE && bodyAllowedForStatus(w.status) && headerGet(header, "Content-Length") == "" {
+	if w.handlerDone && !trailers && !hasTE && bodyAllowedForStatus(w.status) && wire.Get(header, "Content-Length") == "" {
 		w.contentLength = int64(len(p))
 		set.contentLength = strconv.AppendInt(w.clenBuf[:0], int64(len(p)), 10)
 	}
@@ -310,7 +305,7 @@ func (w *response) writeHead(p []byte) {
 	if wantsClose(w.req) {
 		w.closeAfter = true
 	}
-	if headerGet(header, "Connection") == "close" || !keepAlives {
+	if wire.Get(header, "Connection") == "close" || !keepAlives {
 		w.closeAfter = true
 	}
 
@@ -350,7 +345,7 @@ func (w *response) writeHead(p []byte) {
 	code := w.status
 	if bodyAllowedForStatus(code) {
 		_, haveType := header["Content-Type"]
-		if header.Get("Content-Encoding") == "" && !haveType && !hasTE && len(p) > 0 {
+		if !haveType && !hasTE && len(p) > 0 && wire.Get(header, "Content-Encoding") == "" {
 			set.contentType = http.DetectContentType(p)
 		}
 	} else {
@@ -359,7 +354,7 @@ func (w *response) writeHead(p []byte) {
 		}
 	}
 	if _, ok := header["Date"]; !ok {
-		set.date = time.Now().UTC().AppendFormat(w.dateBuf[:0], http.TimeFormat)
+		set.date = httpDate(time.Now())
 	}
 	if hasCL && hasTE && te != "identity" {
 		w.c.o.logf("http: WriteHeader called with both Transfer-Encoding of %q and a Content-Length of %d", te, w.contentLength)
@@ -385,7 +380,7 @@ func (w *response) writeHead(p []byte) {
 	if w.chunking {
 		del("Content-Length")
 	}
-	if w.closeAfter && (!keepAlives || !hasToken(headerGet(header, "Connection"), "close")) {
+	if w.closeAfter && (!keepAlives || !hasToken(wire.Get(header, "Connection"), "close")) {
 		del("Connection")
 		set.connection = "close"
 	}
@@ -461,7 +456,7 @@ func (h extraHeader) write(bw *bufio.Writer) {
 	}
 }
 
-var excludedHeadersNoBody = map[string]bool{"Content-Length": true, "Transfer-Encoding": true}
+var excludedHeadersNoBody = []string{"Content-Length", "Transfer-Encoding"}
 
 // writeStatusLine is net/http's, for HTTP/1.1.
 func writeStatusLine(bw *bufio.Writer, code int) {
@@ -502,21 +497,33 @@ func suppressedHeaders(status int) []string {
 	return nil
 }
 
-// headerGet is net/http's Header.get: the first value of a key already
-// canonical.
-func headerGet(h http.Header, key string) string {
-	if v := h[key]; len(v) > 0 {
-		return v[0]
+// httpDate is now as a Date field's value (http.TimeFormat), as net/http's
+// server writes it. It is formatted once a second, for every answer in
+// that second, as fasthttp and nginx do; the bytes are never changed.
+func httpDate(now time.Time) []byte {
+	sec := now.Unix()
+	d := lastDate.Load()
+	if d == nil || d.sec != sec {
+		d = &dateStamp{sec: sec, text: now.UTC().AppendFormat(nil, http.TimeFormat)}
+		lastDate.Store(d)
 	}
-	return ""
+	return d.text
 }
+
+// dateStamp is a second's Date value.
+type dateStamp struct {
+	sec  int64
+	text []byte
+}
+
+var lastDate atomic.Pointer[dateStamp]
 
 // wantsClose is net/http's Request.wantsClose, for HTTP/1.1.
 func wantsClose(r *http.Request) bool {
 	if r.Close {
 		return true
 	}
-	return hasToken(headerGet(r.Header, "Connection"), "close")
+	return hasToken(wire.Get(r.Header, "Connection"), "close")
 }
 
 // hasToken is net/http's: whether the comma-separated list v names token,

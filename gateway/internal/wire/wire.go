@@ -21,34 +21,81 @@ import (
 	"golang.org/x/net/http/httpguts"
 )
 
-// WriteFields writes the fields of h whose names exclude does not hold, as
-// Header.WriteSubset would.
-func WriteFields(w *bufio.Writer, h http.Header, exclude map[string]bool) {
-	var names [16]string // a head of more fields sorts on the heap
-	keys := names[:0]
-	for k := range h {
-		if !exclude[k] {
-			keys = append(keys, k)
+// WriteFields writes the fields of h whose names are not in exclude, as
+// Header.WriteSubset would with those names excluded.
+func WriteFields(w *bufio.Writer, h http.Header, exclude []string) {
+	// The fields in name order, sorted as they are taken (insertion: a
+	// head has a few fields), each with its values: no second lookup.
+	var fields [16]field // a head of more fields sorts on the heap
+	sorted := fields[:0]
+	for k, vv := range h {
+		if slices.Contains(exclude, k) {
+			continue
+		}
+		sorted = append(sorted, field{k, vv})
+		for i := len(sorted) - 1; i > 0 && sorted[i-1].name > k; i-- {
+			sorted[i], sorted[i-1] = sorted[i-1], sorted[i]
 		}
 	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		if !httpguts.ValidHeaderFieldName(k) {
+	for _, f := range sorted {
+		if !httpguts.ValidHeaderFieldName(f.name) {
 			continue // WriteSubset drops it: a handler has no error to hear
 		}
-		for _, v := range h[k] {
-			_, _ = w.WriteString(k)
+		for _, v := range f.values {
+			v = Value(v)
+			// One write of the whole line, in the buffer's free space
+			// when it fits.
+			if b := w.AvailableBuffer(); cap(b) >= len(f.name)+len(v)+4 {
+				b = append(b, f.name...)
+				b = append(b, ": "...)
+				b = append(b, v...)
+				b = append(b, "\r\n"...)
+				_, _ = w.Write(b)
+				continue
+			}
+			_, _ = w.WriteString(f.name)
 			_, _ = w.WriteString(": ")
-			_, _ = w.WriteString(Value(v))
+			_, _ = w.WriteString(v)
 			_, _ = w.WriteString("\r\n")
 		}
 	}
 }
 
+// field is a header field's name and values.
+type field struct {
+	name   string
+	values []string
+}
+
+// CanonicalKey is textproto.CanonicalMIMEHeaderKey(name), with the names
+// a fenced write's request and answer commonly carry, already canonical,
+// taken as they are: CanonicalMIMEHeaderKey checks a canonical name byte by
+// byte before it returns it, and that check was the largest single cost
+// of parsing a head (FuzzCanonicalKey holds the two to the same result).
+func CanonicalKey(name string) string {
+	switch name {
+	case "Host", "Content-Length", "Content-Type", "User-Agent", "Accept-Encoding", "Accept",
+		"Connection", "Date", "Server", "Authorization", "Traceparent", "Tracestate",
+		"Fencing-Lease", "Idempotency-Key", "Cache-Control", "Last-Modified", "Etag":
+		return name
+	}
+	return textproto.CanonicalMIMEHeaderKey(name)
+}
+
+// Get is Header.Get for a name already canonical (every constant name
+// the road looks up): the first value, without canonicalizing the name
+// again, which was most of what Get cost.
+func Get(h http.Header, name string) string {
+	if v := h[name]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
 // Value is a field value as net/http writes it: CR and LF turned to
 // spaces, then trimmed of spaces and tabs.
 func Value(v string) string {
-	if strings.ContainsAny(v, "\r\n") {
+	if strings.IndexByte(v, '\r') >= 0 || strings.IndexByte(v, '\n') >= 0 { // ContainsAny's general search cost more
 		v = newlineToSpace.Replace(v)
 	}
 	return textproto.TrimString(v)

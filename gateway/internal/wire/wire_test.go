@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"net/http"
+	"net/textproto"
 	"strings"
 	"testing"
 )
@@ -19,20 +20,30 @@ func fieldsOf(text string) http.Header {
 	return h
 }
 
-func writeBoth(t *testing.T, h http.Header, exclude map[string]bool) {
+func writeBoth(t *testing.T, h http.Header, exclude ...string) {
 	t.Helper()
+	var excludeMap map[string]bool
+	for _, k := range exclude {
+		if excludeMap == nil {
+			excludeMap = map[string]bool{}
+		}
+		excludeMap[k] = true
+	}
 	var want bytes.Buffer
-	if err := h.WriteSubset(&want, exclude); err != nil {
+	if err := h.WriteSubset(&want, excludeMap); err != nil {
 		t.Fatal(err)
 	}
-	var got bytes.Buffer
-	bw := bufio.NewWriter(&got)
-	WriteFields(bw, h, exclude)
-	if err := bw.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	if got.String() != want.String() {
-		t.Fatalf("WriteFields wrote\n%q\nWriteSubset\n%q", got.String(), want.String())
+	// A small buffer too, for lines that do not fit its free space.
+	for _, size := range []int{4096, 16} {
+		var got bytes.Buffer
+		bw := bufio.NewWriterSize(&got, size)
+		WriteFields(bw, h, exclude)
+		if err := bw.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if got.String() != want.String() {
+			t.Fatalf("WriteFields (a %d-byte buffer) wrote\n%q\nWriteSubset\n%q", size, got.String(), want.String())
+		}
 	}
 }
 
@@ -48,17 +59,31 @@ func FuzzWriteFieldsMatchesWriteSubset(f *testing.F) {
 	} {
 		f.Add(s)
 	}
-	exclude := map[string]bool{"Content-Length": true, "Transfer-Encoding": true}
 	f.Fuzz(func(t *testing.T, text string) {
 		h := fieldsOf(text)
-		writeBoth(t, h, nil)
-		writeBoth(t, h, exclude)
+		writeBoth(t, h)
+		writeBoth(t, h, "Content-Length", "Transfer-Encoding")
+		writeBoth(t, h, "Host", "User-Agent", "Content-Length", "Transfer-Encoding", "Trailer")
+	})
+}
+
+// FuzzCanonicalKey: CanonicalKey is CanonicalMIMEHeaderKey, also for the
+// names it takes as they are.
+func FuzzCanonicalKey(f *testing.F) {
+	for _, s := range []string{"Host", "host", "Content-Length", "content-length", "CONTENT-TYPE", "Etag", "ETag",
+		"Fencing-Lease", "fencing-lease", "X-Forwarded-For", "Bad Name", "Accept-Encoding", "Traceparent", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		if got, want := CanonicalKey(name), textproto.CanonicalMIMEHeaderKey(name); got != want {
+			t.Fatalf("CanonicalKey(%q) = %q; CanonicalMIMEHeaderKey says %q", name, got, want)
+		}
 	})
 }
 
 func TestWriteFieldsEmpty(t *testing.T) {
-	writeBoth(t, http.Header{}, nil)
-	writeBoth(t, nil, nil)
+	writeBoth(t, http.Header{})
+	writeBoth(t, nil)
 }
 
 func BenchmarkWriteFields(b *testing.B) {
