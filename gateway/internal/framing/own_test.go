@@ -733,3 +733,15 @@ func TestOwnLoopShutdownRacesBeginningRequests(t *testing.T) {
 		}
 	}
 }
+
+// TestHTTPDate: the Date value, formatted once a second, is the second's
+// as net/http formats it, and changes with the second.
+func TestHTTPDate(t *testing.T) {
+	paris := time.FixedZone("CET", 3600)
+	at := time.Date(2026, 12, 6, 12, 0, 0, 999_000_000, paris)
+	for _, now := range []time.Time{at, at.Add(time.Millisecond), at.Add(2 * time.Millisecond), at.Add(time.Hour)} {
+		if got, want := string(httpDate(now)), now.UTC().Format(http.TimeFormat); got != want {
+			t.Errorf("httpDate(%v) = %q; want %q", now, got, want)
+		}
+	}
+}
