@@ -122,7 +122,14 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 		directPool.Put(st)
 	}()
 	h := st.h
+	_, connection := r.Header["Connection"]
 	for k, v := range r.Header {
+		// Without a Connection field, the fields that go (below, and in
+		// rewrite) are known by name: they are left out here rather than
+		// copied and deleted.
+		if !connection && (isHopHeader(k) || forwardingHeader(k)) {
+			continue
+		}
 		h[k] = v[:len(v):len(v)]
 	}
 	st.url = *r.URL
@@ -140,17 +147,18 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 		out.Body, out.TransferEncoding, out.Trailer = &st.open, r.TransferEncoding, r.Trailer
 	}
 	// The reverse proxy's steps before its Rewrite (ServeHTTP).
-	te := httpguts.HeaderValuesContainsToken(h["Te"], "trailers") // as the reverse proxy asks
-	removeHopByHop(h)
-	if te {
+	if connection {
+		removeHopByHop(h)
+		delete(h, "Forwarded")
+		delete(h, "X-Forwarded-For")
+		delete(h, "X-Forwarded-Host")
+		delete(h, "X-Forwarded-Proto")
+	}
+	if httpguts.HeaderValuesContainsToken(r.Header["Te"], "trailers") { // as the reverse proxy asks
 		// As the reverse proxy: an upstream may learn that trailers of
 		// its answer reach the client.
 		h["Te"] = teTrailers[:1:1]
 	}
-	delete(h, "Forwarded")
-	delete(h, "X-Forwarded-For")
-	delete(h, "X-Forwarded-Host")
-	delete(h, "X-Forwarded-Proto")
 	g.rewrite(&httputil.ProxyRequest{In: r, Out: out}, f, &st.vals)
 	if _, ok := h["User-Agent"]; !ok {
 		h["User-Agent"] = noUserAgent[:1:1]
@@ -190,7 +198,12 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	// close), so the fields it names go too (RFC 9110 7.6.1); it names
 	// the trailer fields that do not go on either (answerTrailer).
 	conn := res.Header["Connection"]
-	removeHopByHop(res.Header)
+	if conn != nil || f.keyed != nil {
+		// The fields Connection names go too; a keyed answer is recorded
+		// as it goes on. Otherwise the copy below leaves the hop-by-hop
+		// fields out.
+		removeHopByHop(res.Header)
+	}
 	if f.keyed != nil {
 		// Its ModifyResponse, for a keyed write: the answer is recorded
 		// before any of it goes back.
@@ -202,6 +215,9 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	}
 	dst := w.Header()
 	for k, vv := range res.Header {
+		if isHopHeader(k) {
+			continue
+		}
 		if len(dst[k]) == 0 {
 			dst[k] = vv // the value slices are this answer's alone (its map is the engine's, lent)
 		} else {
@@ -398,6 +414,13 @@ func removeHopByHop(h http.Header) {
 	for _, f := range hopHeaders {
 		delete(h, f)
 	}
+}
+
+// forwardingHeader reports whether a field named k (canonical) is one the
+// gateway drops from a request and sets itself (rewrite): the fencing
+// fields, Forwarded, X-Forwarded-* and X-Real-Ip.
+func forwardingHeader(k string) bool {
+	return strings.HasPrefix(k, "Fencing-") || strings.HasPrefix(k, "X-Forwarded-") || k == "Forwarded" || k == "X-Real-Ip"
 }
 
 // isHopHeader reports whether k is one of hopHeaders.

@@ -95,7 +95,7 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward, vals *[4]string
 	// X-Forwarded-* and X-Real-Ip is dropped before the gateway's own
 	// are set.
 	for k := range h {
-		if strings.HasPrefix(k, "Fencing-") || strings.HasPrefix(k, "X-Forwarded-") || k == "Forwarded" || k == "X-Real-Ip" {
+		if forwardingHeader(k) {
 			delete(h, k)
 		}
 	}
