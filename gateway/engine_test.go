@@ -319,6 +319,9 @@ func TestEngineMatchesReverseProxy(t *testing.T) {
 		{method: "POST", path: "/plain?a=1;b=2&c=%zz", body: "x"},
 		{method: "POST", path: "/plain?a=%41&b=%", body: "x"},
 		{method: "POST", path: "/plain", body: "x", header: h("Connection", "keep-alive, X-Drop", "X-Drop", "1", "Proxy-Connection", "keep-alive", "Upgrade-Insecure-Requests", "1")},
+		// Hop-by-hop fields without a Connection field to name them (the
+		// road leaves them out as it copies the header).
+		{method: "POST", path: "/plain", body: "x", header: h("Keep-Alive", "timeout=5", "Proxy-Connection", "keep-alive", "Te", "gzip", "Proxy-Authorization", "Basic eA==", "X-Keep", "kept")},
 		{method: "PUT", path: "/plain", body: "", header: h("Content-Type", "text/plain")},
 		{method: "GET", path: "/plain", header: h("Accept", "a", "Accept", "b", "Cookie", "c=1")},
 	}

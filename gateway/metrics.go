@@ -93,7 +93,7 @@ const maxSeenLeases = 4096
 func newMetrics(reg prometheus.Registerer, svc *tokens.Service, ages *inflightAges, inflight func() float64) *metrics {
 	writes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fencegw_writes_total",
-		Help: "Fenced writes by outcome: forwarded, rejected (stale/expired/released/unknown lease), upstream_error, unknown_upstream, bad_request, store_unavailable, fence_lost, abandoned (its client went while the store was asked).",
+		Help: "Fenced writes by outcome: forwarded, rejected (stale/expired/released/unknown lease), upstream_error, unknown_upstream, bad_request, store_unavailable, fence_lost, abandoned (its client went while the store was asked or its fence awaited).",
 	}, []string{"outcome"})
 	rejections := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fencegw_rejections_total",

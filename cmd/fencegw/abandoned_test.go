@@ -17,12 +17,9 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -31,7 +28,7 @@ import (
 )
 
 func TestAbandonedWaitingAcquires(t *testing.T) {
-	forEachAbandonMode(t, abandonModes, func(t *testing.T, ps []*proc, _ *heldUpstream, freeze bool) {
+	forEachAbandonMode(t, abandonModes, func(t *testing.T, ps []*proc, _ *recUpstream, freeze bool) {
 		res := "abandoned"
 		holder, ans := grant(ps[len(ps)-1].url(), res, "holder", time.Minute, 0)
 		if ans.code != http.StatusCreated {
@@ -50,7 +47,7 @@ func TestAbandonedWaitingAcquires(t *testing.T) {
 // write of the previous lease still in flight; their clients leave while
 // it is, and none of them may get the lease once the write ends.
 func TestAbandonedAcquiresWithoutWait(t *testing.T) {
-	forEachAbandonMode(t, abandonModes, func(t *testing.T, ps []*proc, up *heldUpstream, freeze bool) {
+	forEachAbandonMode(t, abandonModes, func(t *testing.T, ps []*proc, up *recUpstream, freeze bool) {
 		res := "abandoned-nowait"
 		via := ps[len(ps)-1].url()
 		// Long enough for the write to be admitted on a loaded machine;
@@ -60,7 +57,7 @@ func TestAbandonedAcquiresWithoutWait(t *testing.T) {
 			t.Fatalf("the holder's grant: %v", ans)
 		}
 		written := make(chan answer, 1)
-		go func() { written <- fencedWrite(via, holder.LeaseID, "/held", "held") }()
+		go func() { written <- fencedWrite(via, holder.LeaseID, "/hold/held", "held") }()
 		select {
 		case <-up.entered:
 		case a := <-written:
@@ -69,38 +66,12 @@ func TestAbandonedAcquiresWithoutWait(t *testing.T) {
 		waitExpired(t, via, holder.LeaseID)
 		body := fmt.Sprintf(`{"resource":%q,"holder":"waiter","ttl_ms":60000}`, res)
 		testAbandonedAcquires(t, ps, freeze, res, body, holder.Token, func() {
-			up.free()
+			up.Release()
 			if a := <-written; a.err != nil || a.code != http.StatusOK {
 				t.Fatalf("the holder's write, held while its lease expired: %v; want the upstream's 200", a)
 			}
 		})
 	})
-}
-
-// heldUpstream holds a write to /held until free is called.
-type heldUpstream struct {
-	url      string
-	entered  chan struct{} // closed once the write is held
-	free     func()
-	arrivals atomic.Int64 // requests it was sent
-}
-
-func newHeldUpstream(t *testing.T) *heldUpstream {
-	entered, release := make(chan struct{}), make(chan struct{})
-	var enterOnce, freeOnce sync.Once
-	up := &heldUpstream{entered: entered, free: func() { freeOnce.Do(func() { close(release) }) }}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		up.arrivals.Add(1)
-		_, _ = io.Copy(io.Discard, r.Body)
-		if r.URL.Path == "/held" {
-			enterOnce.Do(func() { close(entered) })
-			<-release
-		}
-	}))
-	up.url = srv.URL
-	t.Cleanup(srv.Close)
-	t.Cleanup(up.free) // runs before the server closes
-	return up
 }
 
 // abandonModes: one embedded replica, and two over PostgreSQL, over
@@ -109,11 +80,11 @@ func newHeldUpstream(t *testing.T) *heldUpstream {
 var abandonModes = []string{"embedded", "postgres", "redis", "postgres/frozen"}
 
 // forEachAbandonMode runs test in each of modes (abandonModes).
-func forEachAbandonMode(t *testing.T, modes []string, test func(t *testing.T, ps []*proc, up *heldUpstream, freeze bool)) {
+func forEachAbandonMode(t *testing.T, modes []string, test func(t *testing.T, ps []*proc, up *recUpstream, freeze bool)) {
 	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
-			up := newHeldUpstream(t)
-			args := []string{"--upstream", "svc=" + up.url, "--grant-wait", "30s", "--forward-timeout", "30s"}
+			up := newUpstream(t) // holds writes to /hold/ until Release (faults_test.go)
+			args := []string{"--upstream", "svc=" + up.URL, "--grant-wait", "30s", "--forward-timeout", "30s"}
 			var ps []*proc
 			switch mode {
 			case "embedded":
@@ -266,7 +237,7 @@ func abandonedGrants(t *testing.T, base string) float64 {
 // their lock is theirs).
 func TestAbandonedWriteWaitingForItsFence(t *testing.T) {
 	// One replica serves every call: there is none to freeze beside it.
-	forEachAbandonMode(t, abandonModes[:3], func(t *testing.T, ps []*proc, up *heldUpstream, _ bool) {
+	forEachAbandonMode(t, abandonModes[:3], func(t *testing.T, ps []*proc, up *recUpstream, _ bool) {
 		p, embedded := ps[0], len(ps) == 1
 		ttl := time.Minute
 		if embedded {
@@ -277,7 +248,7 @@ func TestAbandonedWriteWaitingForItsFence(t *testing.T) {
 			t.Fatalf("the holder's grant: %v", ans)
 		}
 		written := make(chan answer, 1)
-		go func() { written <- fencedWrite(p.url(), holder.LeaseID, "/held", "held") }()
+		go func() { written <- fencedWrite(p.url(), holder.LeaseID, "/hold/held", "held") }()
 		select {
 		case <-up.entered:
 		case a := <-written:
@@ -322,14 +293,14 @@ func TestAbandonedWriteWaitingForItsFence(t *testing.T) {
 				t.Errorf("fencegw_writes_total{outcome=%q} went from %v to %v; want %v (the write whose client left while it waited for its fence is abandoned, nothing else)", outcome, before[outcome], n, want)
 			}
 		}
-		up.free()
+		up.Release()
 		if a := <-written; a.code != http.StatusOK {
 			t.Errorf("the held write: %v; want the upstream's 200", a)
 		}
 		if a := <-changed; a.code != want {
 			t.Errorf("the change the write waited behind: %v; want %d", a, want)
 		}
-		if n := up.arrivals.Load(); n != 1 {
+		if n := up.count(); n != 1 {
 			t.Errorf("%d writes reached the upstream; want 1, the held one", n)
 		}
 		if strings.Contains(p.output(), "level=ERROR") {
