@@ -9,8 +9,9 @@
 // replica with LISTEN/NOTIFY (see notify.go).
 //
 // The package also serves as the durable ledger of the Redis mode
-// (storage/redis): GrantClaimed, RenewClaimed, ReleaseClaimed, LeaseAt and
-// RecordEvent are the operations that mode needs.
+// (storage/redis): GrantClaimed (a grant whose holder Redis decided),
+// LeaseAt, LeaseState and RecordEvent are the operations of its own that
+// mode needs.
 package postgres
 
 import (

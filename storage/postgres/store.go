@@ -235,26 +235,15 @@ func queueEventBy(b *pgx.Batch, at time.Time, l tokens.Lease, kind tokens.EventK
 // with one conditional UPDATE; a refusal is told apart afterwards and
 // recorded in the history in the same transaction (tokens.Store).
 func (s *Store) Renew(ctx context.Context, leaseID string, ttl time.Duration) (tokens.Lease, error) {
-	return s.renew(ctx, leaseID, ttl, true)
-}
-
-// RenewClaimed is Renew without the expiry condition, for the Redis mode,
-// where Redis decides expiry (its compare-and-set renew succeeded): the lease
-// must still be current (unreleased, not superseded) here.
-func (s *Store) RenewClaimed(ctx context.Context, leaseID string, ttl time.Duration) (tokens.Lease, error) {
-	return s.renew(ctx, leaseID, ttl, false)
-}
-
-func (s *Store) renew(ctx context.Context, leaseID string, ttl time.Duration, checkExpiry bool) (tokens.Lease, error) {
 	var ttlMS *int64
 	if ttl != 0 {
 		v := ttl.Milliseconds()
 		ttlMS = &v
 	}
 	return s.inLeaseTx(ctx, "renew", func(tx pgx.Tx) (tokens.Lease, *tokens.Error, error) {
-		l, err := updateHeld(ctx, tx, leaseID, checkExpiry, tokens.EventRenewed, "", `
-				ttl_ms = COALESCE($3, l.ttl_ms),
-				expires_at = c.now + COALESCE($3, l.ttl_ms) * interval '1 millisecond'`, ttlMS)
+		l, err := updateHeld(ctx, tx, leaseID, tokens.EventRenewed, "", `
+				ttl_ms = COALESCE($2, l.ttl_ms),
+				expires_at = c.now + COALESCE($2, l.ttl_ms) * interval '1 millisecond'`, ttlMS)
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return l, nil, err
 		}
@@ -283,12 +272,12 @@ func (s *Store) inLeaseTx(ctx context.Context, op string, fn func(tx pgx.Tx) (to
 }
 
 // updateHeld sets set (the SET list of an UPDATE of leases l: $1 is the
-// lease id, $2 checkExpiry, args follow from $3, and c.now is the database
-// clock) on lease leaseID where it is still held: neither released nor
-// superseded, and unexpired unless !checkExpiry. The change is recorded in
+// lease id, args follow from $2, and c.now is the database clock) on lease
+// leaseID where it is still held: neither released, superseded nor
+// expired. The change is recorded in
 // the history as kind, caused by actor if set. pgx.ErrNoRows where no row
 // matched.
-func updateHeld(ctx context.Context, tx pgx.Tx, leaseID string, checkExpiry bool, kind tokens.EventKind, actor, set string, args ...any) (tokens.Lease, error) {
+func updateHeld(ctx context.Context, tx pgx.Tx, leaseID string, kind tokens.EventKind, actor, set string, args ...any) (tokens.Lease, error) {
 	var r leaseRow
 	var now time.Time
 	err := tx.QueryRow(ctx, `
@@ -296,8 +285,8 @@ func updateHeld(ctx context.Context, tx pgx.Tx, leaseID string, checkExpiry bool
 		UPDATE leases l SET `+set+`
 		FROM c
 		WHERE l.id = $1 AND l.released_at IS NULL AND l.superseded_at IS NULL
-			AND (NOT $2 OR l.expires_at > c.now)
-		RETURNING `+leaseCols+`, c.now`, append([]any{leaseID, checkExpiry}, args...)...,
+			AND l.expires_at > c.now
+		RETURNING `+leaseCols+`, c.now`, append([]any{leaseID}, args...)...,
 	).Scan(append(r.dest(), &now)...)
 	if err != nil {
 		return tokens.Lease{}, err
@@ -351,35 +340,24 @@ func lostError(l tokens.Lease, current int64, now time.Time) *tokens.Error {
 // Release ends the current live lease (tokens.Store). Releasing again a
 // lease its holder released succeeds and changes nothing.
 func (s *Store) Release(ctx context.Context, leaseID string) (tokens.Lease, error) {
-	return s.release(ctx, leaseID, true, "")
-}
-
-// ReleaseClaimed is Release without the expiry condition, for the Redis
-// mode, whose compare-and-set delete already decided that the lease was live.
-func (s *Store) ReleaseClaimed(ctx context.Context, leaseID string) (tokens.Lease, error) {
-	return s.release(ctx, leaseID, false, "")
+	return s.release(ctx, leaseID, "")
 }
 
 // Revoke is Release on an administrator's order, recorded as revoked by by
 // (tokens.Store).
 func (s *Store) Revoke(ctx context.Context, leaseID, by string) (tokens.Lease, error) {
-	return s.release(ctx, leaseID, true, by)
-}
-
-// RevokeClaimed is Revoke without the expiry condition (see ReleaseClaimed).
-func (s *Store) RevokeClaimed(ctx context.Context, leaseID, by string) (tokens.Lease, error) {
-	return s.release(ctx, leaseID, false, by)
+	return s.release(ctx, leaseID, by)
 }
 
 // release ends the lease; revokedBy, if set, names the administrator who
 // ordered it.
-func (s *Store) release(ctx context.Context, leaseID string, checkExpiry bool, revokedBy string) (tokens.Lease, error) {
+func (s *Store) release(ctx context.Context, leaseID, revokedBy string) (tokens.Lease, error) {
 	kind := tokens.EventReleased
 	if revokedBy != "" {
 		kind = tokens.EventRevoked
 	}
 	return s.inLeaseTx(ctx, "release", func(tx pgx.Tx) (tokens.Lease, *tokens.Error, error) {
-		l, err := updateHeld(ctx, tx, leaseID, checkExpiry, kind, revokedBy, `released_at = c.now`)
+		l, err := updateHeld(ctx, tx, leaseID, kind, revokedBy, `released_at = c.now`)
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return l, nil, err
 		}

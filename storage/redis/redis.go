@@ -21,6 +21,15 @@
 //  3. Renew and release only ever touch a claim whose value is the caller's
 //     lease id (a Lua compare-and-set; never a plain DEL), so a superseded
 //     lease can never extend or delete its successor's claim.
+//  4. A lease lasts until the expiry the Ledger gave its holder. The claim
+//     is set before the Ledger records the lease, which counts the TTL from
+//     its own later clock, so the claim is set for claimGrace longer than
+//     the TTL: it outlives the Ledger's expiry rather than end before it.
+//     A lease ends at the earlier of the two (the Ledger's expiry, or its
+//     claim's end if Redis lost it); a grant that finds a claim whose lease
+//     the Ledger reads as ended replaces it by compare-and-set, so the
+//     grace does not delay the next holder, and renewals and releases are
+//     refused by the Ledger once the lease expired there.
 //
 // Losing Redis data therefore costs efficiency only (a holder loses its
 // lease early), which is what docs/design.md promises.
@@ -40,22 +49,20 @@ import (
 // Ledger is what this package needs from the durable token store; it is
 // defined here, on the consumer side. *postgres.Store implements it.
 //
-// The *Claimed operations are the Ledger's Grant, Renew and Release minus
-// the liveness decision, which Redis has already taken: GrantClaimed checks
-// the drain period and the owner's cap (tokens.GrantRequest.MaxLeases; why
-// the cap is counted there and not in Redis is argued at
-// postgres.Store.checkOwnerCap), bumps the token, records the lease
-// (superseding the previous one) and the history event in one
-// transaction; RenewClaimed and
-// ReleaseClaimed succeed only for the current, unreleased lease (any
-// expiry the Ledger recorded is ignored) and record the event or the
-// refusal.
+// GrantClaimed is the Ledger's Grant minus the decision of who holds the
+// resource, which Redis has already taken: it checks the drain period and
+// the owner's cap (tokens.GrantRequest.MaxLeases; why the cap is counted
+// there and not in Redis is argued at postgres.Store.checkOwnerCap), bumps
+// the token, records the lease (superseding the previous one) and the
+// history event in one transaction. Renew, Release and Revoke are the
+// Ledger's own: they succeed only for the current, unreleased lease before
+// the expiry the Ledger recorded, and record the event or the refusal.
 type Ledger interface {
 	GrantClaimed(ctx context.Context, req tokens.GrantRequest) (tokens.Lease, error)
-	RenewClaimed(ctx context.Context, leaseID string, ttl time.Duration) (tokens.Lease, error)
-	ReleaseClaimed(ctx context.Context, leaseID string) (tokens.Lease, error)
-	// RevokeClaimed is ReleaseClaimed recorded as revoked by an administrator.
-	RevokeClaimed(ctx context.Context, leaseID, by string) (tokens.Lease, error)
+	Renew(ctx context.Context, leaseID string, ttl time.Duration) (tokens.Lease, error)
+	Release(ctx context.Context, leaseID string) (tokens.Lease, error)
+	// Revoke is Release recorded as revoked by an administrator.
+	Revoke(ctx context.Context, leaseID, by string) (tokens.Lease, error)
 	// LeaseAt returns a lease and the Ledger's clock at the read.
 	LeaseAt(ctx context.Context, leaseID string) (tokens.Lease, time.Time, error)
 	// LeaseState returns a lease and its resource's state in one read.
@@ -135,13 +142,30 @@ func New(client goredis.UniversalClient, ledger Ledger, opts Options) *Store {
 
 func (s *Store) leaseKey(resource string) string { return s.prefix + "lease:" + resource }
 
-// claimScript: SET NX PX, and when the claim is taken, who holds it and for
-// how long, in one atomic step.
+// claimGrace is how much longer than its lease's TTL a claim is set (and
+// extended) for: more than the Ledger takes to record a grant or a renewal
+// on a busy database, so that the claim ends after the expiry the Ledger
+// records (point 4 of the package's argument). A Ledger slower than that
+// ends the lease early, at its claim's end, as before there was a grace.
+// The grace delays no grant (Grant replaces the claim of an ended lease);
+// only a claim whose lease the Ledger never recorded (its grant failed and
+// the claim could not be given back) stands that much longer.
+const claimGrace = time.Second
+
+// claimTTL is the claim's time to live in milliseconds for a lease of ttl.
+func claimTTL(ttl time.Duration) int64 { return (ttl + claimGrace).Milliseconds() }
+
+// claimScript: SET NX PX, or, when ARGV[3] names the lease holding the
+// claim (one the Ledger reads as ended), a compare-and-set from it; and
+// when the claim is not taken, who holds it and for how long, in one
+// atomic step.
 var claimScript = goredis.NewScript(`
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+local cur = redis.call('GET', KEYS[1])
+if (not cur) or (ARGV[3] ~= '' and cur == ARGV[3]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return {1, ARGV[1], tonumber(ARGV[2])}
 end
-return {0, redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1])}
+return {0, cur, redis.call('PTTL', KEYS[1])}
 `)
 
 // renewScript extends the claim only if it is still the caller's.
@@ -163,23 +187,37 @@ return 0
 func unavailable(op string, err error) error { return tokens.Unavailable("redis "+op, err) }
 
 // Grant claims the resource in Redis (SET NX PX), then takes the next token
-// from the Ledger. A failed Ledger grant (drain period, the owner's cap,
+// from the Ledger. A claim held by a lease the Ledger reads as ended
+// (expired, released or superseded: its claim outlives it by up to
+// claimGrace, or a release could not delete it) is replaced by
+// compare-and-set. A failed Ledger grant (drain period, the owner's cap,
 // database down) gives the claim back, by compare-and-set.
 func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Lease, error) {
-	ttl := req.TTL.Milliseconds()
 	key := s.leaseKey(req.Resource)
-	res, err := claimScript.Run(ctx, s.rdb, []string{key}, req.LeaseID, ttl).Slice()
-	if err != nil {
-		return tokens.Lease{}, unavailable("claim", err)
-	}
-	if len(res) != 3 {
-		return tokens.Lease{}, unavailable("claim", errors.New("unexpected script reply"))
-	}
-	won, _ := res[0].(int64)
-	if won != 1 {
+	replace := ""
+	for attempt := 1; ; attempt++ {
+		res, err := claimScript.Run(ctx, s.rdb, []string{key}, req.LeaseID, claimTTL(req.TTL), replace).Slice()
+		if err != nil {
+			return tokens.Lease{}, unavailable("claim", err)
+		}
+		if len(res) != 3 {
+			return tokens.Lease{}, unavailable("claim", errors.New("unexpected script reply"))
+		}
+		if won, _ := res[0].(int64); won == 1 {
+			break
+		}
 		holderID, _ := res[1].(string)
 		pttl, _ := res[2].(int64)
-		return tokens.Lease{}, s.heldError(ctx, req.Resource, holderID, pttl)
+		held := s.claimedBy(ctx, req.Resource, holderID, pttl)
+		if !held.ended || attempt == 3 {
+			// A live holder, or a claim that kept changing hands: the
+			// caller waits, or is told who holds it.
+			if held.err == nil {
+				held.err = tokens.LeaseHeld(tokens.Lease{Resource: req.Resource}, time.Millisecond)
+			}
+			return tokens.Lease{}, held.err
+		}
+		replace = holderID
 	}
 	lease, err := s.ledger.GrantClaimed(ctx, req)
 	if err != nil {
@@ -189,7 +227,15 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 	return lease, nil
 }
 
-func (s *Store) heldError(ctx context.Context, resource, holderID string, pttl int64) error {
+// claim is what a grant learned of the lease holding a resource's claim.
+type claim struct {
+	ended bool  // the Ledger reads the lease as ended
+	err   error // ErrLeaseHeld with the holder's facts, if it has not
+}
+
+// claimedBy looks up the lease holderID, whose claim on resource has pttl
+// milliseconds left, in the Ledger.
+func (s *Store) claimedBy(ctx context.Context, resource, holderID string, pttl int64) claim {
 	retry := time.Duration(pttl) * time.Millisecond
 	if retry <= 0 {
 		retry = time.Millisecond // expired between SET and PTTL: retry at once
@@ -198,14 +244,16 @@ func (s *Store) heldError(ctx context.Context, resource, holderID string, pttl i
 	if holderID != "" {
 		// Facts only: the claim may belong to a grant still in progress,
 		// which the Ledger does not know yet.
-		if l, now, err := s.ledger.LeaseAt(ctx, holderID); err == nil {
-			holder.Holder, holder.Token, holder.ExpiresAt = l.Holder, l.Token, l.ExpiresAt
-			if holder.ExpiresAt.IsZero() {
-				holder.ExpiresAt = now.Add(retry)
+		if l, r, err := s.ledger.LeaseState(ctx, holderID); err == nil {
+			if r.StateOf(l, r.Now) != tokens.StateCurrent {
+				return claim{ended: true}
 			}
+			holder.Holder, holder.Token, holder.ExpiresAt = l.Holder, l.Token, l.ExpiresAt
+			// Free once the Ledger's expiry passes, not the claim's.
+			retry = min(retry, max(l.ExpiresAt.Sub(r.Now), time.Millisecond))
 		}
 	}
-	return tokens.LeaseHeld(holder, retry)
+	return claim{err: tokens.LeaseHeld(holder, retry)}
 }
 
 // unclaim gives a claim back, with a context that outlives the caller's
@@ -219,7 +267,8 @@ func (s *Store) unclaim(ctx context.Context, key, leaseID string) {
 }
 
 // Renew extends the lease in Redis by compare-and-set, then records the new
-// TTL and expiry in the Ledger. ttl 0 reuses the lease's TTL.
+// TTL and expiry in the Ledger, which refuses a lease it reads as ended.
+// ttl 0 reuses the lease's TTL.
 func (s *Store) Renew(ctx context.Context, leaseID string, ttl time.Duration) (tokens.Lease, error) {
 	l, _, err := s.ledger.LeaseAt(ctx, leaseID)
 	if err != nil {
@@ -229,17 +278,18 @@ func (s *Store) Renew(ctx context.Context, leaseID string, ttl time.Duration) (t
 		ttl = l.TTL
 	}
 	key := s.leaseKey(l.Resource)
-	n, err := renewScript.Run(ctx, s.rdb, []string{key}, leaseID, ttl.Milliseconds()).Int64()
+	n, err := renewScript.Run(ctx, s.rdb, []string{key}, leaseID, claimTTL(ttl)).Int64()
 	if err != nil {
 		return tokens.Lease{}, unavailable("renew", err)
 	}
 	if n != 1 {
 		return tokens.Lease{}, s.refuse(ctx, l, tokens.EventRenewRefused)
 	}
-	out, err := s.ledger.RenewClaimed(ctx, leaseID, ttl)
+	out, err := s.ledger.Renew(ctx, leaseID, ttl)
 	if errors.Is(err, tokens.ErrLeaseLost) {
-		// Redis still had the claim (restored by a failover?) but the
-		// Ledger superseded the lease: the claim is worthless, drop it.
+		// Redis still had the claim (in its grace after the Ledger's
+		// expiry, or restored by a failover) but the Ledger reads the
+		// lease as ended: the claim, just extended, is worthless.
 		s.unclaim(ctx, key, leaseID)
 	}
 	return out, err
@@ -278,15 +328,16 @@ func (s *Store) release(ctx context.Context, leaseID, revokedBy string) (tokens.
 	}
 	var out tokens.Lease
 	if revokedBy != "" {
-		out, err = s.ledger.RevokeClaimed(ctx, leaseID, revokedBy)
+		out, err = s.ledger.Revoke(ctx, leaseID, revokedBy)
 	} else {
-		out, err = s.ledger.ReleaseClaimed(ctx, leaseID)
+		out, err = s.ledger.Release(ctx, leaseID)
 	}
 	if err != nil && !errors.Is(err, tokens.ErrLeaseLost) {
 		return tokens.Lease{}, err
 	}
-	// Released, or superseded in the Ledger while Redis still showed the
-	// claim (restored by a failover): either way the claim must go.
+	// Released, or ended in the Ledger while Redis still showed the claim
+	// (expired in its grace, or superseded and restored by a failover):
+	// either way the claim must go.
 	s.unclaim(ctx, s.leaseKey(l.Resource), leaseID)
 	return out, err
 }

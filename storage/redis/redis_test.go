@@ -295,3 +295,108 @@ func TestRatesConformance(t *testing.T) {
 		},
 	})
 }
+
+// slowLedger records grants and renewals late, as a busy PostgreSQL does:
+// the claim is set, then the Ledger counts the TTL from its own later clock.
+type slowLedger struct {
+	*postgres.Store
+	delay time.Duration
+}
+
+func (l slowLedger) GrantClaimed(ctx context.Context, req tokens.GrantRequest) (tokens.Lease, error) {
+	time.Sleep(l.delay)
+	return l.Store.GrantClaimed(ctx, req)
+}
+
+func (l slowLedger) Renew(ctx context.Context, leaseID string, ttl time.Duration) (tokens.Lease, error) {
+	time.Sleep(l.delay)
+	return l.Store.Renew(ctx, leaseID, ttl)
+}
+
+// A lease lasts until the expiry its holder was given, however late the
+// Ledger recorded its grant or renewal; once that expiry passes, the next
+// grant takes the resource at once (the claim's grace delays no one), and
+// the old lease can be neither renewed nor released.
+func TestLeaseLastsUntilItsExpiry(t *testing.T) {
+	t.Parallel()
+	e := open(t, -1)
+	ctx := t.Context()
+	const ttl, late, before = 2 * time.Second, 400 * time.Millisecond, 250 * time.Millisecond
+	s := redis.New(e.rdb, slowLedger{Store: e.ledger, delay: late}, redis.Options{Prefix: e.prefix})
+	current := func(when string, l tokens.Lease) {
+		t.Helper()
+		got, r, err := s.LeaseState(ctx, l.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Now.Before(l.ExpiresAt) {
+			if st := r.StateOf(got, r.Now); st != tokens.StateCurrent {
+				t.Fatalf("%s, %v before its expiry: the lease reads %v, want current (its claim ended before the expiry the Ledger gave)",
+					when, l.ExpiresAt.Sub(r.Now), st)
+			}
+		}
+	}
+	a := grant(t, s, "r", ttl)
+	c := grant(t, s, "q", ttl)
+	c, err := s.Renew(ctx, c.ID, ttl)
+	if err != nil {
+		t.Fatalf("Renew: %v", err)
+	}
+	time.Sleep(time.Until(a.ExpiresAt.Add(-before)))
+	current("granted", a)
+	time.Sleep(time.Until(c.ExpiresAt.Add(-before)))
+	current("renewed", c)
+
+	time.Sleep(time.Until(a.ExpiresAt.Add(50 * time.Millisecond)))
+	if _, err := s.Renew(ctx, a.ID, ttl); !errors.Is(err, tokens.ErrLeaseLost) {
+		t.Fatalf("Renew after the expiry: %v, want ErrLeaseLost", err)
+	}
+	if _, err := s.Release(ctx, a.ID); !errors.Is(err, tokens.ErrLeaseLost) {
+		t.Fatalf("Release after the expiry: %v, want ErrLeaseLost", err)
+	}
+	b, err := s.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", Holder: "h", TTL: ttl})
+	if err != nil {
+		t.Fatalf("Grant after the expiry, within the claim's grace: %v", err)
+	}
+	if b.Token != a.Token+1 {
+		t.Fatalf("token after the expiry = %d, want %d", b.Token, a.Token+1)
+	}
+	if err := judge(t, s, a); !errors.Is(err, tokens.ErrStaleToken) {
+		t.Fatalf("the old lease's write: %v, want ErrStaleToken", err)
+	}
+	if err := judge(t, s, b); err != nil {
+		t.Fatalf("the new lease's write: %v", err)
+	}
+}
+
+// A grant that finds a claim still held by a lease the Ledger reads as
+// ended within its grace, but whose claim another grant takes first, is
+// told the resource is held, not granted twice.
+func TestGrantsRacingForAnEndedLeasesClaim(t *testing.T) {
+	t.Parallel()
+	e := open(t, -1)
+	ctx := t.Context()
+	a := grant(t, e.store, "r", 300*time.Millisecond)
+	time.Sleep(time.Until(a.ExpiresAt.Add(50 * time.Millisecond)))
+	const n = 8
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var won []tokens.Lease
+	for range n {
+		wg.Go(func() {
+			l, err := e.store.Grant(ctx, tokens.GrantRequest{LeaseID: tokens.NewLeaseID(), Resource: "r", Holder: "h", TTL: time.Minute})
+			switch {
+			case err == nil:
+				mu.Lock()
+				won = append(won, l)
+				mu.Unlock()
+			case !errors.Is(err, tokens.ErrLeaseHeld):
+				t.Errorf("Grant: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if len(won) != 1 || won[0].Token != a.Token+1 {
+		t.Fatalf("grants won after the expiry: %+v, want one, token %d", won, a.Token+1)
+	}
+}
