@@ -76,11 +76,23 @@ func (c *control) AcquireLease(ctx context.Context, req server.AcquireLeaseReque
 		ctx, stop = framing.WatchClientAfter(ctx, quietAcquire)
 	}
 	defer stop()
+	// The watch may hear the client go only after the grant took the lock
+	// it waited for (both at once, after a pause): the grant asks first.
+	// An acquire over sooner than quietAcquire is not asked, as it is not
+	// watched: the question is a system call.
+	start, waits := time.Now(), in.Wait > 0
+	in.ClientGone = func() error {
+		if !waits && time.Since(start) < quietAcquire {
+			return nil
+		}
+		return framing.ClientGone(ctx)
+	}
 	lease, err := c.svc.Acquire(ctx, in)
 	// Abandoned: its client went (the loop's watch, or Go's server's
 	// cancellation), whatever the store call it cut short answered
 	// (writeProblem, and the metric's "abandoned", not "store_unavailable").
-	if err != nil && (errors.Is(context.Cause(ctx), framing.ErrClientGone) || errors.Is(ctx.Err(), context.Canceled)) {
+	if err != nil && !errors.Is(err, framing.ErrClientGone) &&
+		(errors.Is(context.Cause(ctx), framing.ErrClientGone) || errors.Is(ctx.Err(), context.Canceled)) {
 		err = fmt.Errorf("%w: %w", framing.ErrClientGone, err)
 	}
 	c.metrics.grant(err)

@@ -26,6 +26,14 @@ type AcquireRequest struct {
 	TTL       time.Duration
 	// Wait is how long to wait for a held lease to become free.
 	Wait time.Duration
+	// ClientGone, if set, is asked once the grant holds the resource's
+	// exclusive lock, just before the store records it: an error (the
+	// client left) ends the acquire with that error, and no lease is made.
+	// The caller's cancellation of ctx when its client goes may come after
+	// the lock was taken: a process resumed after a pause hears its
+	// client's close and gets the lock it waited for at the same moment,
+	// and the lease would go to a client that is not there to take it.
+	ClientGone func() error
 }
 
 // Acquire grants a lease with a fresh token. If the resource is held it
@@ -57,7 +65,7 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (Lease, error
 		}
 	}()
 	for {
-		lease, err := s.grantOnce(ctx, grant, fenceUntil)
+		lease, err := s.grantOnce(ctx, grant, fenceUntil, req.ClientGone)
 		if err == nil {
 			s.stale.forget(lease.Resource) // their current token moved on
 			return lease, nil
@@ -143,7 +151,7 @@ func (s *Service) validateAcquire(req AcquireRequest) error {
 	return s.limits.ValidateWait(req.Wait)
 }
 
-func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil time.Time) (Lease, error) {
+func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil time.Time, clientGone func() error) (Lease, error) {
 	// The store calls of a try end by the acquire's bound (the client's
 	// wait, else the grant wait): a stalled store answers store_unavailable
 	// then, not when it recovers. The last try, made once the bound has
@@ -203,6 +211,11 @@ func (s *Service) grantOnce(ctx context.Context, req GrantRequest, fenceUntil ti
 		return Lease{}, err
 	}
 	defer unlock()
+	if clientGone != nil {
+		if err := clientGone(); err != nil {
+			return Lease{}, err
+		}
+	}
 	// Under the exclusive lock no write of an older token is in flight and
 	// none can start. The store checks the holder, the drain period and
 	// the owner's cap atomically with the token bump.

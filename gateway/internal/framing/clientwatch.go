@@ -82,6 +82,30 @@ func WatchClientAfter(ctx context.Context, d time.Duration) (context.Context, fu
 	}
 }
 
+// ClientGone reports, without waiting, whether the client of the request
+// ctx belongs to has closed, half-closed or reset its connection:
+// ErrClientGone if it has, nil otherwise. The watch (WatchClient) hears a
+// close in a goroutine of its own, which may run only after the request's
+// next step: a process resumed after a pause (SIGSTOP, a stalled VM) sees
+// the client's close and, say, the resource it waited for freed at once. A
+// step that must not be taken for a client that left (a grant's commit)
+// asks here first. One non-blocking peek at the socket. nil for a request
+// the loop does not serve (Go's server cancels its context itself), for
+// one whose body is not read to its end (the bytes there are its own), and
+// under TLS for a client that sent close_notify (its bytes are unread). A
+// client that sent its next request and then closed its side is taken for
+// gone, as a half-closed client is. Call it from the request's handler.
+func ClientGone(ctx context.Context) error {
+	c, ok := ctx.Value(ownConnKey{}).(*ownConn)
+	if !ok || c.resp.body != nil && !c.resp.body.readToEnd() {
+		return nil
+	}
+	if peerGone(c.fc.tcp) {
+		return ErrClientGone
+	}
+	return nil
+}
+
 // peekForClose starts the goroutine that waits for the client's next
 // byte or its close, and cancels with ErrClientGone on the close; its stop
 // ends the wait and returns once the goroutine has.

@@ -228,3 +228,47 @@ func TestWatchClientAfter(t *testing.T) {
 		}
 	})
 }
+
+// ClientGone tells at once, with no watch running, a client that closed,
+// half-closed or reset its connection from one that stays; a request Go's
+// server serves is not the loop's to tell.
+func TestClientGone(t *testing.T) {
+	seen := make(chan string, 10)
+	asked := make(chan struct{})
+	addr, _, _ := serveBoth(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		<-asked // the client has done what it does
+		got := "stays"
+		if err := ClientGone(r.Context()); err != nil {
+			got = err.Error()
+		}
+		seen <- r.URL.Path + " " + got
+		fmt.Fprint(w, got)
+	}), takesOwn, nil)
+	for _, tc := range []struct {
+		path, want string
+		leave      func(c *net.TCPConn)
+	}{
+		{"/own/stays", "stays", func(*net.TCPConn) {}},
+		{"/own/closed", ErrClientGone.Error(), func(c *net.TCPConn) { _ = c.Close() }},
+		{"/own/half", ErrClientGone.Error(), func(c *net.TCPConn) { _ = c.CloseWrite() }},
+		{"/own/reset", ErrClientGone.Error(), func(c *net.TCPConn) { _ = c.SetLinger(0); _ = c.Close() }},
+		{"/go/closed", "stays", func(c *net.TCPConn) { _ = c.Close() }},
+	} {
+		t.Run(tc.path, func(t *testing.T) {
+			c := dialFor(t, addr, 10*time.Second).(*net.TCPConn)
+			method := "POST"
+			if tc.path == "/go/closed" {
+				method = "PUT" // not the loop's: Go's server serves it
+			}
+			fmt.Fprintf(c, "%s %s HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi", method, tc.path)
+			time.Sleep(50 * time.Millisecond)
+			tc.leave(c)
+			time.Sleep(50 * time.Millisecond)
+			asked <- struct{}{}
+			if got, want := nextSeen(t, seen), tc.path+" "+tc.want; got != want {
+				t.Fatalf("got %q; want %q", got, want)
+			}
+		})
+	}
+}
