@@ -60,13 +60,14 @@ func parseLean(head []byte, template *http.Request) (req *http.Request, ok bool)
 	}
 
 	s := string(head) // every string of the request is a part of this one
-	h := make(http.Header, fields)
+	// Every field but Host, which is the request's, not the map's.
+	h := make(http.Header, max(fields-1, 0))
 	vals := make([]string, fields)
 	var host string
 	hosts, lengths := 0, 0
 	rest := s[lineEnd+2:]
 	for i := 0; i < fields; i++ {
-		end := strings.Index(rest, "\r\n")
+		end := strings.IndexByte(rest, '\n') - 1 // every line ends in CRLF (checked above)
 		line := rest[:end]
 		rest = rest[end+2:]
 		colon := strings.IndexByte(line, ':')
@@ -74,8 +75,11 @@ func parseLean(head []byte, template *http.Request) (req *http.Request, ok bool)
 		value := textproto.TrimString(line[colon+1:]) // textproto's trim: no CR or LF here (plainField)
 		switch key {
 		case "Host":
+			// The request's Host, never a header field (as
+			// http.ReadRequest): not put in the map to be taken out.
 			hosts++
 			host = value
+			continue
 		case "Content-Length":
 			lengths++
 		case "Pragma", "Transfer-Encoding", "Expect":
@@ -93,7 +97,6 @@ func parseLean(head []byte, template *http.Request) (req *http.Request, ok bool)
 	if hosts != 1 || !httpguts.ValidHostHeader(host) || lengths > 1 {
 		return nil, false
 	}
-	delete(h, "Host")
 	var length int64
 	if lengths == 1 {
 		if length, ok = plainLength(h["Content-Length"][0]); !ok {
@@ -213,6 +216,12 @@ func plainLength(v string) (int64, bool) {
 	return n, true
 }
 
-func indexCRLF(b []byte) int { return bytes.Index(b, crlf) }
-
-var crlf = []byte("\r\n")
+// indexCRLF is the index of the CRLF ending b's first line, -1 if that line
+// does not end in CRLF.
+func indexCRLF(b []byte) int {
+	i := bytes.IndexByte(b, '\n')
+	if i < 1 || b[i-1] != '\r' {
+		return -1
+	}
+	return i - 1
+}

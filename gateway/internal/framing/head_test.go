@@ -103,6 +103,7 @@ var leanSeeds = []string{
 	"POST http://gw/v1/proxy/a HTTP/1.1\r\nHost: gw\r\n\r\n",
 	"POST //v1/proxy/a HTTP/1.1\r\nHost: gw\r\n\r\n",
 	"POST * HTTP/1.1\r\nHost: gw\r\n\r\n",
+	"POST /v1/proxy/a HTTP/1.1\r\n\r\n",
 }
 
 // FuzzLeanHeadMatchesReadRequest holds the lean parse to Go's: a head it
