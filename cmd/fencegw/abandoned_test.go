@@ -35,7 +35,7 @@ func TestAbandonedWaitingAcquires(t *testing.T) {
 			t.Fatalf("the holder's grant: %v", ans)
 		}
 		body := fmt.Sprintf(`{"resource":%q,"holder":"waiter","ttl_ms":60000,"wait_ms":20000}`, res)
-		testAbandonedAcquires(t, ps, freeze, res, body, holder.Token, func() {
+		testAbandonedAcquires(t, ps, freeze, nil, res, body, holder.Token, func() {
 			if a := release(ps[len(ps)-1].url(), holder.LeaseID); a.code != http.StatusNoContent {
 				t.Fatalf("the holder's release: %v", a)
 			}
@@ -65,7 +65,7 @@ func TestAbandonedAcquiresWithoutWait(t *testing.T) {
 		}
 		waitExpired(t, via, holder.LeaseID)
 		body := fmt.Sprintf(`{"resource":%q,"holder":"waiter","ttl_ms":60000}`, res)
-		testAbandonedAcquires(t, ps, freeze, res, body, holder.Token, func() {
+		testAbandonedAcquires(t, ps, freeze, nil, res, body, holder.Token, func() {
 			up.Release()
 			if a := <-written; a.err != nil || a.code != http.StatusOK {
 				t.Fatalf("the holder's write, held while its lease expired: %v; want the upstream's 200", a)
@@ -105,8 +105,9 @@ func forEachAbandonMode(t *testing.T, modes []string, test func(t *testing.T, ps
 // testAbandonedAcquires sends twenty acquires (body) of res over ps, which
 // wait on res, makes their clients leave, then frees res (free), and checks
 // that none of them got a lease: the resource still has token, and the
-// next grant gets token+1.
-func testAbandonedAcquires(t *testing.T, ps []*proc, freeze bool, res, body string, token int64, free func()) {
+// next grant gets token+1. pause, if set, stops a store before the clients
+// leave; what it returns starts it again before res is freed.
+func testAbandonedAcquires(t *testing.T, ps []*proc, freeze bool, pause func() (resume func()), res, body string, token int64, free func()) {
 	const waiters = 20
 	conns := make([]*net.TCPConn, waiters)
 	for i := range conns {
@@ -125,6 +126,10 @@ func testAbandonedAcquires(t *testing.T, ps []*proc, freeze bool, res, body stri
 	abandoned := make([]float64, len(ps))
 	for i, p := range ps {
 		abandoned[i] = abandonedGrants(t, p.url())
+	}
+	resume := func() {}
+	if pause != nil {
+		resume = pause()
 	}
 	if freeze {
 		if err := ps[0].cmd.Process.Signal(syscall.SIGSTOP); err != nil {
@@ -162,6 +167,7 @@ func testAbandonedAcquires(t *testing.T, ps []*proc, freeze bool, res, body stri
 			heard(i)
 		}
 	}
+	resume()
 	free()
 	if freeze {
 		time.Sleep(300 * time.Millisecond)

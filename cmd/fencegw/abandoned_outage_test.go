@@ -1,0 +1,111 @@
+package main
+
+// Waiting acquires whose clients leave while their store is paused: the
+// acquires' store calls hang (a SIGSTOPped PostgreSQL cluster or Redis
+// server, as a stalled VM or a long GC of the store), their clients close
+// or half-close, and each replica must count every one abandoned (the
+// client went; the store did not fail), then, with the store back, grant
+// nothing to them: the holder's release frees the resource, and the next
+// grant gets the holder's token + 1.
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestAbandonedAcquiresWhileTheStoreIsPaused(t *testing.T) {
+	for _, mode := range []string{"postgres", "redis"} {
+		t.Run(mode, func(t *testing.T) {
+			pg := startPostgres(t)
+			up := newUpstream(t)
+			// A short drain period: a cluster just started closes a
+			// resource that had a lease to grants for that long (the
+			// restart drain), and the next grant follows at once.
+			args := []string{"--upstream", "svc=" + up.URL, "--grant-wait", "30s", "--drain-period", "1s",
+				"--forward-timeout", "1s", "--postgres", pg.URL()}
+			pause := func() func() { return pg.pause(t) }
+			if mode == "redis" {
+				r := startRedis(t)
+				args = append(args, "--redis", r.URL())
+				pause = func() func() { return r.pause(t) }
+			}
+			ps := startReplicas(t, 2, args...)
+			res := "abandoned-paused-store"
+			holder, ans := grant(ps[1].url(), res, "holder", time.Minute, 0)
+			if ans.code != http.StatusCreated {
+				t.Fatalf("the holder's grant: %v", ans)
+			}
+			body := fmt.Sprintf(`{"resource":%q,"holder":"waiter","ttl_ms":60000,"wait_ms":20000}`, res)
+			testAbandonedAcquires(t, ps, false, pause, res, body, holder.Token, func() {
+				if a := release(ps[1].url(), holder.LeaseID); a.code != http.StatusNoContent {
+					t.Fatalf("the holder's release, the store back: %v", a)
+				}
+			})
+		})
+	}
+}
+
+// pause stops (SIGSTOP) the cluster's postmaster and every backend; what it
+// returns resumes them (SIGCONT), as does the test's end.
+func (c *pgCluster) pause(t *testing.T) (resume func()) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(c.dir, "postmaster.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.SplitN(string(b), "\n", 2)[0])
+	if err != nil {
+		t.Fatalf("postmaster.pid: %v", err)
+	}
+	out, _ := exec.Command("pgrep", "-P", strconv.Itoa(pid)).Output() // no children: none to stop
+	pids := []int{pid}
+	for _, f := range strings.Fields(string(out)) {
+		if p, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, p)
+		}
+	}
+	signal := func(sig syscall.Signal) {
+		for _, p := range pids {
+			_ = syscall.Kill(p, sig)
+		}
+	}
+	signal(syscall.SIGSTOP)
+	resumed := false
+	resume = func() {
+		if !resumed {
+			resumed = true
+			signal(syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(resume)
+	return resume
+}
+
+// pause stops (SIGSTOP) the server; what it returns resumes it, as does
+// the test's end.
+func (r *redisServer) pause(t *testing.T) (resume func()) {
+	t.Helper()
+	r.mu.Lock()
+	p := r.cmd.Process
+	r.mu.Unlock()
+	if err := p.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume = func() {
+		if !resumed {
+			resumed = true
+			_ = p.Signal(syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(resume)
+	return resume
+}
