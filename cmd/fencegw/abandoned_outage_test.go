@@ -10,6 +10,7 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -108,4 +109,70 @@ func (r *redisServer) pause(t *testing.T) (resume func()) {
 	}
 	t.Cleanup(resume)
 	return resume
+}
+
+// TestAbandonedWriteWhileTheStoreIsPaused: a fenced write that Go's server
+// serves (its head is over the loop's 4 KiB), the first of its lease on
+// its replica, asks its store while the store is stopped (SIGSTOP): the
+// PostgreSQL cluster, for its fence and its lease, or Redis, for its
+// lease's claim. Its client leaves meanwhile. The write is counted
+// abandoned, not as the store's failure; nothing reaches the upstream;
+// and with the store back a write of the same lease goes through.
+func TestAbandonedWriteWhileTheStoreIsPaused(t *testing.T) {
+	for _, mode := range []string{"postgres", "redis"} {
+		t.Run(mode, func(t *testing.T) {
+			pg := startPostgres(t)
+			up := newUpstream(t)
+			args := []string{"--upstream", "svc=" + up.URL, "--drain-period", "1s", "--forward-timeout", "1s", "--postgres", pg.URL()}
+			pause := func() func() { return pg.pause(t) }
+			if mode == "redis" {
+				r := startRedis(t)
+				args = append(args, "--redis", r.URL())
+				pause = func() func() { return r.pause(t) }
+			}
+			p := startReplicas(t, 1, args...)[0]
+			holder, ans := grant(p.url(), "abandoned-write-paused", "holder", time.Minute, 0)
+			if ans.code != http.StatusCreated {
+				t.Fatalf("the holder's grant: %v", ans)
+			}
+			before := writeOutcomes(t, p.url())
+			resume := pause()
+
+			c, err := net.Dial("tcp", p.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Close() })
+			pad := strings.Repeat("p", 5000) // past the loop's 4 KiB: Go's server's request
+			if _, err := fmt.Fprintf(c, "POST /v1/proxy/svc/late HTTP/1.1\r\nHost: %s\r\nFencing-Lease: %s\r\nX-Pad: %s\r\nContent-Length: 0\r\n\r\n", p.addr, holder.LeaseID, pad); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(300 * time.Millisecond) // it waits for its store
+			_ = c.Close()
+
+			var after map[string]float64
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				after = writeOutcomes(t, p.url())
+				if after["abandoned"] > before["abandoned"] || time.Now().After(deadline) {
+					break
+				}
+			}
+			for outcome, n := range after {
+				want := before[outcome]
+				if outcome == "abandoned" {
+					want++
+				}
+				if n != want {
+					t.Errorf("fencegw_writes_total{outcome=%q} went from %v to %v; want %v (the write whose client left while its store was stopped is abandoned, nothing else)", outcome, before[outcome], n, want)
+				}
+			}
+			resume()
+			if a := fencedWrite(p.url(), holder.LeaseID, "/after", "after"); a.code != http.StatusOK {
+				t.Errorf("a write of the lease, the store back: %v; want the upstream's 200", a)
+			}
+			if n := up.count(); n != 1 {
+				t.Errorf("%d writes reached the upstream; want 1, the one after the store came back", n)
+			}
+		})
+	}
 }
