@@ -10,7 +10,6 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -138,34 +137,7 @@ func TestAbandonedWriteWhileTheStoreIsPaused(t *testing.T) {
 			before := writeOutcomes(t, p.url())
 			resume := pause()
 
-			c, err := net.Dial("tcp", p.addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = c.Close() })
-			pad := strings.Repeat("p", 5000) // past the loop's 4 KiB: Go's server's request
-			if _, err := fmt.Fprintf(c, "POST /v1/proxy/svc/late HTTP/1.1\r\nHost: %s\r\nFencing-Lease: %s\r\nX-Pad: %s\r\nContent-Length: 0\r\n\r\n", p.addr, holder.LeaseID, pad); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(300 * time.Millisecond) // it waits for its store
-			_ = c.Close()
-
-			var after map[string]float64
-			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-				after = writeOutcomes(t, p.url())
-				if after["abandoned"] > before["abandoned"] || time.Now().After(deadline) {
-					break
-				}
-			}
-			for outcome, n := range after {
-				want := before[outcome]
-				if outcome == "abandoned" {
-					want++
-				}
-				if n != want {
-					t.Errorf("fencegw_writes_total{outcome=%q} went from %v to %v; want %v (the write whose client left while its store was stopped is abandoned, nothing else)", outcome, before[outcome], n, want)
-				}
-			}
+			abandonWrite(t, p, holder.LeaseID, before, "its store was stopped")
 			resume()
 			if a := fencedWrite(p.url(), holder.LeaseID, "/after", "after"); a.code != http.StatusOK {
 				t.Errorf("a write of the lease, the store back: %v; want the upstream's 200", a)

@@ -271,34 +271,7 @@ func TestAbandonedWriteWaitingForItsFence(t *testing.T) {
 		time.Sleep(300 * time.Millisecond) // the change waits for the write in flight
 		before := writeOutcomes(t, p.url())
 
-		c, err := net.Dial("tcp", p.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		pad := strings.Repeat("p", 5000) // past the loop's 4 KiB: Go's server's request
-		if _, err := fmt.Fprintf(c, "POST /v1/proxy/svc/late HTTP/1.1\r\nHost: %s\r\nFencing-Lease: %s\r\nX-Pad: %s\r\nContent-Length: 0\r\n\r\n", p.addr, holder.LeaseID, pad); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(300 * time.Millisecond) // it waits for its fence, behind the change
-		_ = c.Close()
-
-		var after map[string]float64
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-			after = writeOutcomes(t, p.url())
-			if after["abandoned"] > before["abandoned"] || time.Now().After(deadline) {
-				break
-			}
-		}
-		for outcome, n := range after {
-			want := before[outcome]
-			if outcome == "abandoned" {
-				want++
-			}
-			if n != want {
-				t.Errorf("fencegw_writes_total{outcome=%q} went from %v to %v; want %v (the write whose client left while it waited for its fence is abandoned, nothing else)", outcome, before[outcome], n, want)
-			}
-		}
+		abandonWrite(t, p, holder.LeaseID, before, "it waited for its fence")
 		up.Release()
 		if a := <-written; a.code != http.StatusOK {
 			t.Errorf("the held write: %v; want the upstream's 200", a)
@@ -318,6 +291,43 @@ func TestAbandonedWriteWaitingForItsFence(t *testing.T) {
 var writesTotal = regexp.MustCompile(`(?m)^fencegw_writes_total\{outcome="([a-z_]+)"\} (\S+)$`)
 
 // writeOutcomes is the replica's fencegw_writes_total, by outcome.
+// abandonWrite sends a fenced write of leaseID that Go's server serves (its
+// head is over the loop's 4 KiB) to p, leaves after 300 ms (while, the
+// caller has seen to it, the write waits: while says for what), and checks
+// that p counts it fencegw_writes_total{outcome="abandoned"} and nothing
+// else, against its outcomes before.
+func abandonWrite(t *testing.T, p *proc, leaseID string, before map[string]float64, while string) {
+	t.Helper()
+	c, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	pad := strings.Repeat("p", 5000) // past the loop's 4 KiB: Go's server's request
+	if _, err := fmt.Fprintf(c, "POST /v1/proxy/svc/late HTTP/1.1\r\nHost: %s\r\nFencing-Lease: %s\r\nX-Pad: %s\r\nContent-Length: 0\r\n\r\n", p.addr, leaseID, pad); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	_ = c.Close()
+
+	var after map[string]float64
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		after = writeOutcomes(t, p.url())
+		if after["abandoned"] > before["abandoned"] || time.Now().After(deadline) {
+			break
+		}
+	}
+	for outcome, n := range after {
+		want := before[outcome]
+		if outcome == "abandoned" {
+			want++
+		}
+		if n != want {
+			t.Errorf("fencegw_writes_total{outcome=%q} went from %v to %v; want %v (the write whose client left while %s is abandoned, nothing else)", outcome, before[outcome], n, want, while)
+		}
+	}
+}
+
 func writeOutcomes(t *testing.T, base string) map[string]float64 {
 	t.Helper()
 	a := call("GET", base+"/metrics", nil)
