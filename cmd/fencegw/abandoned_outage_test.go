@@ -148,3 +148,58 @@ func TestAbandonedWriteWhileTheStoreIsPaused(t *testing.T) {
 		})
 	}
 }
+
+// TestAbandonedWriteBehindAReleaseWhileTheStoreIsPaused: a fenced write
+// that Go's server serves waits for its fence behind the holder's release,
+// which waits for a write of the lease held at the upstream; the store
+// (the PostgreSQL cluster, or Redis) is stopped (SIGSTOP) and the waiting
+// write's client leaves. The write is counted abandoned; with the store
+// back the held write is answered, the release goes through, and only the
+// held write reached the upstream.
+func TestAbandonedWriteBehindAReleaseWhileTheStoreIsPaused(t *testing.T) {
+	for _, mode := range []string{"postgres", "redis"} {
+		t.Run(mode, func(t *testing.T) {
+			pg := startPostgres(t)
+			up := newUpstream(t) // holds writes to /hold/ until Release (faults_test.go)
+			args := []string{"--upstream", "svc=" + up.URL, "--drain-period", "1s", "--forward-timeout", "30s", "--postgres", pg.URL()}
+			pause := func() func() { return pg.pause(t) }
+			if mode == "redis" {
+				r := startRedis(t)
+				args = append(args, "--redis", r.URL())
+				pause = func() func() { return r.pause(t) }
+			}
+			p := startReplicas(t, 1, args...)[0]
+			holder, ans := grant(p.url(), "abandoned-write-paused", "holder", time.Minute, 0)
+			if ans.code != http.StatusCreated {
+				t.Fatalf("the holder's grant: %v", ans)
+			}
+			written := make(chan answer, 1)
+			go func() { written <- fencedWrite(p.url(), holder.LeaseID, "/hold/held", "held") }()
+			select {
+			case <-up.entered:
+			case a := <-written:
+				t.Fatalf("the holder's write answered without reaching the upstream: %v", a)
+			}
+			released := make(chan answer, 1)
+			go func() { released <- release(p.url(), holder.LeaseID) }()
+			time.Sleep(300 * time.Millisecond) // the release waits for the write in flight
+			before := writeOutcomes(t, p.url())
+			resume := pause()
+			abandonWrite(t, p, holder.LeaseID, before, "it waited for its fence and its store was stopped")
+			resume()
+			up.Release()
+			if a := <-written; a.code != http.StatusOK {
+				t.Errorf("the held write: %v; want the upstream's 200", a)
+			}
+			if a := <-released; a.code != http.StatusNoContent {
+				t.Errorf("the release the write waited behind: %v; want 204", a)
+			}
+			if n := up.count(); n != 1 {
+				t.Errorf("%d writes reached the upstream; want 1, the held one", n)
+			}
+			if next, a := grant(p.url(), "abandoned-write-paused", "next", time.Minute, 0); a.code != http.StatusCreated || next.Token != holder.Token+1 {
+				t.Errorf("the next grant: %v (token %d); want 201 and token %d", a, next.Token, holder.Token+1)
+			}
+		})
+	}
+}
