@@ -255,8 +255,11 @@ func (c *Counts) flush(ctx context.Context) error {
 			}
 			// Retire it: from here on, a writer sees closedBit and counts
 			// in a fresh entry; what it counted before the Or is in old.
+			// Only this entry goes: a writer that saw closedBit may have
+			// taken it out already and stored its fresh one under the
+			// token, whose counts a plain Delete would lose.
 			old := e.n.Or(closedBit)
-			rc.tokens.Delete(tk)
+			rc.tokens.CompareAndDelete(tk, e)
 			c.nEntries.Add(-1)
 			live--
 			if old > e.flushed {
@@ -272,7 +275,7 @@ func (c *Counts) flush(ctx context.Context) error {
 			rc.tokens.Range(func(any, any) bool { empty = false; return false })
 			if empty {
 				rc.dead = true
-				c.res.Delete(resource)
+				c.res.CompareAndDelete(resource, rc)
 			}
 			rc.mu.Unlock()
 		}
