@@ -24,19 +24,9 @@ import (
 func TestAbandonedAcquiresWhileTheStoreIsPaused(t *testing.T) {
 	for _, mode := range []string{"postgres", "redis"} {
 		t.Run(mode, func(t *testing.T) {
-			pg := startPostgres(t)
-			up := newUpstream(t)
-			// A short drain period: a cluster just started closes a
-			// resource that had a lease to grants for that long (the
-			// restart drain), and the next grant follows at once.
-			args := []string{"--upstream", "svc=" + up.URL, "--grant-wait", "30s", "--drain-period", "1s",
-				"--forward-timeout", "1s", "--postgres", pg.URL()}
-			pause := func() func() { return pg.pause(t) }
-			if mode == "redis" {
-				r := startRedis(t)
-				args = append(args, "--redis", r.URL())
-				pause = func() func() { return r.pause(t) }
-			}
+			up := newUpstream(t) // holds writes to /hold/ until Release (faults_test.go)
+			args, pause := pausableStore(t, mode)
+			args = append(args, "--upstream", "svc="+up.URL, "--grant-wait", "30s", "--forward-timeout", "1s")
 			ps := startReplicas(t, 2, args...)
 			res := "abandoned-paused-store"
 			holder, ans := grant(ps[1].url(), res, "holder", time.Minute, 0)
@@ -51,6 +41,25 @@ func TestAbandonedAcquiresWhileTheStoreIsPaused(t *testing.T) {
 			})
 		})
 	}
+}
+
+// pausableStore starts a private PostgreSQL cluster and, in the redis
+// mode, a private Redis: it returns the gateway's arguments for them and a
+// pause of the store that mode reads a lease from (the cluster, or Redis),
+// which returns the store's resume. The drain period is short: a cluster
+// just started closes a resource that had a lease to grants for that long
+// (the restart drain), and the tests grant again at once.
+func pausableStore(t *testing.T, mode string) (args []string, pause func() (resume func())) {
+	t.Helper()
+	pg := startPostgres(t)
+	args = []string{"--postgres", pg.URL(), "--drain-period", "1s"}
+	pause = func() func() { return pg.pause(t) }
+	if mode == "redis" {
+		r := startRedis(t)
+		args = append(args, "--redis", r.URL())
+		pause = func() func() { return r.pause(t) }
+	}
+	return args, pause
 }
 
 // pause stops (SIGSTOP) the cluster's postmaster and every backend; what it
@@ -120,15 +129,9 @@ func (r *redisServer) pause(t *testing.T) (resume func()) {
 func TestAbandonedWriteWhileTheStoreIsPaused(t *testing.T) {
 	for _, mode := range []string{"postgres", "redis"} {
 		t.Run(mode, func(t *testing.T) {
-			pg := startPostgres(t)
-			up := newUpstream(t)
-			args := []string{"--upstream", "svc=" + up.URL, "--drain-period", "1s", "--forward-timeout", "1s", "--postgres", pg.URL()}
-			pause := func() func() { return pg.pause(t) }
-			if mode == "redis" {
-				r := startRedis(t)
-				args = append(args, "--redis", r.URL())
-				pause = func() func() { return r.pause(t) }
-			}
+			up := newUpstream(t) // holds writes to /hold/ until Release (faults_test.go)
+			args, pause := pausableStore(t, mode)
+			args = append(args, "--upstream", "svc="+up.URL, "--forward-timeout", "1s")
 			p := startReplicas(t, 1, args...)[0]
 			holder, ans := grant(p.url(), "abandoned-write-paused", "holder", time.Minute, 0)
 			if ans.code != http.StatusCreated {
@@ -159,27 +162,15 @@ func TestAbandonedWriteWhileTheStoreIsPaused(t *testing.T) {
 func TestAbandonedWriteBehindAReleaseWhileTheStoreIsPaused(t *testing.T) {
 	for _, mode := range []string{"postgres", "redis"} {
 		t.Run(mode, func(t *testing.T) {
-			pg := startPostgres(t)
 			up := newUpstream(t) // holds writes to /hold/ until Release (faults_test.go)
-			args := []string{"--upstream", "svc=" + up.URL, "--drain-period", "1s", "--forward-timeout", "30s", "--postgres", pg.URL()}
-			pause := func() func() { return pg.pause(t) }
-			if mode == "redis" {
-				r := startRedis(t)
-				args = append(args, "--redis", r.URL())
-				pause = func() func() { return r.pause(t) }
-			}
+			args, pause := pausableStore(t, mode)
+			args = append(args, "--upstream", "svc="+up.URL, "--forward-timeout", "30s")
 			p := startReplicas(t, 1, args...)[0]
 			holder, ans := grant(p.url(), "abandoned-write-paused", "holder", time.Minute, 0)
 			if ans.code != http.StatusCreated {
 				t.Fatalf("the holder's grant: %v", ans)
 			}
-			written := make(chan answer, 1)
-			go func() { written <- fencedWrite(p.url(), holder.LeaseID, "/hold/held", "held") }()
-			select {
-			case <-up.entered:
-			case a := <-written:
-				t.Fatalf("the holder's write answered without reaching the upstream: %v", a)
-			}
+			written := holdWrite(t, p.url(), up, holder.LeaseID)
 			released := make(chan answer, 1)
 			go func() { released <- release(p.url(), holder.LeaseID) }()
 			time.Sleep(300 * time.Millisecond) // the release waits for the write in flight

@@ -56,13 +56,7 @@ func TestAbandonedAcquiresWithoutWait(t *testing.T) {
 		if ans.code != http.StatusCreated {
 			t.Fatalf("the holder's grant: %v", ans)
 		}
-		written := make(chan answer, 1)
-		go func() { written <- fencedWrite(via, holder.LeaseID, "/hold/held", "held") }()
-		select {
-		case <-up.entered:
-		case a := <-written:
-			t.Fatalf("the holder's write answered without reaching the upstream: %v", a)
-		}
+		written := holdWrite(t, via, up, holder.LeaseID)
 		waitExpired(t, via, holder.LeaseID)
 		body := fmt.Sprintf(`{"resource":%q,"holder":"waiter","ttl_ms":60000}`, res)
 		testAbandonedAcquires(t, ps, freeze, nil, res, body, holder.Token, func() {
@@ -253,13 +247,7 @@ func TestAbandonedWriteWaitingForItsFence(t *testing.T) {
 		if ans.code != http.StatusCreated {
 			t.Fatalf("the holder's grant: %v", ans)
 		}
-		written := make(chan answer, 1)
-		go func() { written <- fencedWrite(p.url(), holder.LeaseID, "/hold/held", "held") }()
-		select {
-		case <-up.entered:
-		case a := <-written:
-			t.Fatalf("the holder's write answered without reaching the upstream: %v", a)
-		}
+		written := holdWrite(t, p.url(), up, holder.LeaseID)
 		changed, want := make(chan answer, 1), http.StatusNoContent
 		if embedded {
 			waitExpired(t, p.url(), holder.LeaseID)
@@ -291,6 +279,21 @@ func TestAbandonedWriteWaitingForItsFence(t *testing.T) {
 var writesTotal = regexp.MustCompile(`(?m)^fencegw_writes_total\{outcome="([a-z_]+)"\} (\S+)$`)
 
 // writeOutcomes is the replica's fencegw_writes_total, by outcome.
+// holdWrite sends a write of leaseID through base that up holds (its path
+// is under /hold/) and returns once it reached up, with where its answer
+// will come once up releases it.
+func holdWrite(t *testing.T, base string, up *recUpstream, leaseID string) <-chan answer {
+	t.Helper()
+	written := make(chan answer, 1)
+	go func() { written <- fencedWrite(base, leaseID, "/hold/held", "held") }()
+	select {
+	case <-up.entered:
+	case a := <-written:
+		t.Fatalf("the holder's write answered without reaching the upstream: %v", a)
+	}
+	return written
+}
+
 // abandonWrite sends a fenced write of leaseID that Go's server serves (its
 // head is over the loop's 4 KiB) to p, leaves after 300 ms (while, the
 // caller has seen to it, the write waits: while says for what), and checks

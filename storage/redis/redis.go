@@ -208,14 +208,11 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 		}
 		holderID, _ := res[1].(string)
 		pttl, _ := res[2].(int64)
-		held := s.claimedBy(ctx, req.Resource, holderID, pttl)
-		if !held.ended || attempt == 3 {
+		ended, held := s.claimedBy(ctx, req.Resource, holderID, pttl)
+		if !ended || attempt == 3 {
 			// A live holder, or a claim that kept changing hands: the
 			// caller waits, or is told who holds it.
-			if held.err == nil {
-				held.err = tokens.LeaseHeld(tokens.Lease{Resource: req.Resource}, time.Millisecond)
-			}
-			return tokens.Lease{}, held.err
+			return tokens.Lease{}, held
 		}
 		replace = holderID
 	}
@@ -227,15 +224,11 @@ func (s *Store) Grant(ctx context.Context, req tokens.GrantRequest) (tokens.Leas
 	return lease, nil
 }
 
-// claim is what a grant learned of the lease holding a resource's claim.
-type claim struct {
-	ended bool  // the Ledger reads the lease as ended
-	err   error // ErrLeaseHeld with the holder's facts, if it has not
-}
-
 // claimedBy looks up the lease holderID, whose claim on resource has pttl
-// milliseconds left, in the Ledger.
-func (s *Store) claimedBy(ctx context.Context, resource, holderID string, pttl int64) claim {
+// milliseconds left, in the Ledger: ended if the Ledger reads it as ended,
+// and the ErrLeaseHeld a grant that found the claim answers, with the
+// holder's facts while it has not (one to retry at once if it has).
+func (s *Store) claimedBy(ctx context.Context, resource, holderID string, pttl int64) (ended bool, held error) {
 	retry := time.Duration(pttl) * time.Millisecond
 	if retry <= 0 {
 		retry = time.Millisecond // expired between SET and PTTL: retry at once
@@ -246,14 +239,14 @@ func (s *Store) claimedBy(ctx context.Context, resource, holderID string, pttl i
 		// which the Ledger does not know yet.
 		if l, r, err := s.ledger.LeaseState(ctx, holderID); err == nil {
 			if r.StateOf(l, r.Now) != tokens.StateCurrent {
-				return claim{ended: true}
+				return true, tokens.LeaseHeld(holder, time.Millisecond)
 			}
 			holder.Holder, holder.Token, holder.ExpiresAt = l.Holder, l.Token, l.ExpiresAt
 			// Free once the Ledger's expiry passes, not the claim's.
 			retry = min(retry, max(l.ExpiresAt.Sub(r.Now), time.Millisecond))
 		}
 	}
-	return claim{err: tokens.LeaseHeld(holder, retry)}
+	return false, tokens.LeaseHeld(holder, retry)
 }
 
 // unclaim gives a claim back, with a context that outlives the caller's
