@@ -219,21 +219,27 @@ type conn struct {
 	mu       sync.Mutex
 	scan     scanner
 	tlsState *tls.ConnectionState
+	dl       lazyDeadlines // deadlines not yet on the socket (deadline.go)
 }
 
 func (c *conn) Read(p []byte) (int, error) {
+	c.beginRead() // the deadline last set (deadline.go)
 	if c.tlsConn != nil && !c.hsTried {
 		c.hsTried = true
 		if err := c.handshake(); err != nil {
+			c.mu.Lock()
+			c.dl.reading--
+			c.mu.Unlock()
 			return 0, err
 		}
 	}
 	n, err := c.Conn.Read(p)
+	c.mu.Lock()
+	c.dl.reading--
 	if n > 0 {
-		c.mu.Lock()
 		c.scan.feed(p[:n])
-		c.mu.Unlock()
 	}
+	c.mu.Unlock()
 	return n, err
 }
 
@@ -243,6 +249,8 @@ func (c *conn) Read(p []byte) (int, error) {
 // goes out in its place: 431 for Go's 431, 417 for its 417, else 400.
 // Every other write (the handlers' answers) only pays for a flag.
 func (c *conn) Write(p []byte) (int, error) {
+	c.beginWrite() // the deadline last set (deadline.go)
+	defer c.endWrite()
 	if c.serving.Load() {
 		return c.Conn.Write(p)
 	}
@@ -410,6 +418,8 @@ const (
 func (c *conn) linger() {
 	// First: it also bounds a Read of Go's server blocked meanwhile (which
 	// holds the read lock; a Server.Close in the middle of a handler).
+	// The close_notify below goes out under the write deadline last set.
+	c.settle()
 	_ = c.tcp.SetReadDeadline(time.Now().Add(lingerTime))
 	if c.tlsConn != nil {
 		_ = c.tlsConn.CloseWrite() // fails harmlessly before a handshake

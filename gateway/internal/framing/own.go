@@ -210,8 +210,9 @@ type ownConn struct {
 
 	ctx        context.Context // every request's (no per-request cancellation: see serve)
 	remoteAddr string
-	template   http.Request // a request with ctx and remoteAddr: the lean parse's start (head.go)
-	head       []byte       // the head mine took, in br's buffer until br reads again
+	template   http.Request  // a request with ctx and remoteAddr: the lean parse's start (head.go)
+	head       []byte        // the head mine took, in br's buffer until br reads again
+	lean       *http.Request // the head mine took, parsed by the loop (head.go); nil: not plain
 
 	idle      atomic.Bool // waiting for a request: a close of the listener closes it
 	afterPost bool        // the last request the loop served was a POST
@@ -388,7 +389,8 @@ func readHeaderTimeout(srv *http.Server) time.Duration {
 // no obs-fold, Transfer-Encoding or Expect field, exactly one Host, and a
 // request line Own takes. It reads until the head is whole, the buffer is
 // full or a read fails (err: the header timeout passed, the client went),
-// which Go's server is then lent to see and answer as it does.
+// which Go's server is then lent to see and answer as it does. A plain
+// head it takes it parses too (c.lean), for readRequest.
 func (c *ownConn) mine() (take bool, err error) {
 	var head []byte
 	for {
@@ -412,6 +414,11 @@ func (c *ownConn) mine() (take bool, err error) {
 	line, rest, _ := bytes.Cut(head, []byte("\r\n"))
 	if !bytes.HasSuffix(line, []byte(" HTTP/1.1")) || !c.o.takes(line) {
 		return false, nil
+	}
+	// A plain head (head.go) meets every condition below: parsed now, it
+	// is not walked twice.
+	if c.lean, _ = parseLean(head, &c.template); c.lean != nil {
+		return true, nil
 	}
 	hosts := 0
 	for len(rest) > 2 {
@@ -592,7 +599,8 @@ func (c *ownConn) serveOne() (keep bool) {
 // is plain (head.go), by http.ReadRequest and Go's server's checks
 // otherwise.
 func (c *ownConn) readRequest() (*http.Request, error) {
-	if req, ok := parseLean(c.head, &c.template); ok {
+	if req := c.lean; req != nil {
+		c.lean = nil
 		_, _ = c.br.Discard(len(c.head))
 		c.afterPost = req.Method == http.MethodPost
 		return req, nil

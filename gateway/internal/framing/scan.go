@@ -159,9 +159,9 @@ func (s *scanner) feed(p []byte) {
 				if b == ':' || b == '\r' || b == '\n' || b == ' ' || b == '\t' {
 					break
 				}
-				s.nameByte(b)
 				i++
 			}
+			s.nameBytes(p[start:i])
 			if !s.count(i - start) {
 				return
 			}
@@ -252,12 +252,34 @@ func (s *scanner) lineBytes(seg []byte) {
 		seg = seg[:n-1]
 		s.cr = !ends // known only once the next byte comes
 	}
-	for _, b := range seg {
-		s.hashByte(b)
+	// The method's first bytes byte by byte (is it a POST?), then the
+	// hash alone, in a loop of its own.
+	for len(seg) > 0 && s.method >= 0 && s.method < len("POST ") {
+		s.hashByte(seg[0])
+		seg = seg[1:]
 	}
+	h := s.cur.lineHash
+	for _, b := range seg {
+		h = (h ^ uint64(b)) * fnvPrime
+	}
+	s.cur.lineHash = h
+	s.cur.lineLen += len(seg)
 	if ends {
 		s.isPost = s.method == len("POST ")
 		s.state = scanFieldStart
+	}
+}
+
+// nameBytes follows seg, more bytes of a field name: byte by byte only
+// while the name may still be Content-Length or Transfer-Encoding (most
+// names differ from both within a byte or two).
+func (s *scanner) nameBytes(seg []byte) {
+	for k, b := range seg {
+		if s.notCL && s.notTE {
+			s.nameLen += len(seg) - k // the rest cannot make it either
+			return
+		}
+		s.nameByte(b)
 	}
 }
 

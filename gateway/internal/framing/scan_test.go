@@ -129,6 +129,8 @@ func FuzzFrameScanner(f *testing.F) {
 		"GET / HTTP/1.1\r\nX: a\r\n b\r\nContent-Length: 1\r\n\r\nx",
 		"GET /\r HTTP/1.1\r\r\nContent-Length: 01\r\n\r\nx",
 		"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+		"POST / HTTP/1.1\r\nContent_Length: 1\r\ncontent-lengthX: 2\r\nTransfer_Encoding: chunked\r\nContent-Len: 3\r\n\r\nx",
+		"POST /p?q=1 HTTP/1.1\r\nCONTENT-LENGTH: 1\r\nTRANSFER-ENCODING : chunked\r\n\r\nx",
 	} {
 		f.Add([]byte(s), uint8(3))
 	}

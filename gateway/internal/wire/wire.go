@@ -13,6 +13,7 @@ package wire
 
 import (
 	"bufio"
+	"bytes"
 	"net/http"
 	"net/textproto"
 	"slices"
@@ -106,18 +107,23 @@ var newlineToSpace = strings.NewReplacer("\n", " ", "\r", " ")
 // HeadEnd is the length of the head at the start of buf, through its empty
 // line, if every line of it ends with CRLF; 0 if the head is not whole, -1
 // if it has a bare LF (net/http's parsers take one; the callers leave such
-// a head to them).
+// a head to them). It jumps from LF to LF (bytes.IndexByte): a byte-by-byte
+// loop over each head, twice per request, was 3 % of a fenced write's
+// instructions.
 func HeadEnd(buf []byte) int {
-	for i := 0; i < len(buf); i++ {
-		if buf[i] != '\n' {
-			continue
+	i := 0
+	for {
+		j := bytes.IndexByte(buf[i:], '\n')
+		if j < 0 {
+			return 0
 		}
+		i += j
 		if i == 0 || buf[i-1] != '\r' {
 			return -1
 		}
 		if i >= 3 && buf[i-2] == '\n' && buf[i-3] == '\r' {
 			return i + 1
 		}
+		i++
 	}
-	return 0
 }

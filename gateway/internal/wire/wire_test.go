@@ -104,3 +104,33 @@ func BenchmarkWriteFields(b *testing.B) {
 		}
 	})
 }
+
+// headEndByByte is HeadEnd as a plain loop over every byte: the reference
+// HeadEnd's jumps from LF to LF are held to.
+func headEndByByte(buf []byte) int {
+	for i := 0; i < len(buf); i++ {
+		if buf[i] != '\n' {
+			continue
+		}
+		if i == 0 || buf[i-1] != '\r' {
+			return -1
+		}
+		if i >= 3 && buf[i-2] == '\n' && buf[i-3] == '\r' {
+			return i + 1
+		}
+	}
+	return 0
+}
+
+func FuzzHeadEnd(f *testing.F) {
+	for _, s := range []string{"", "\n", "\r\n", "\r\n\r\n", "GET / HTTP/1.1\r\nHost: a\r\n\r\nbody",
+		"GET / HTTP/1.1\r\nHost: a\n\r\n", "GET / HTTP/1.1\r\nHost: a\r\n\n", "GET / HTTP/1.1\r\nHost: a\r\n",
+		"\r\n\r\n\r\n", "a\r\n\r", "GET / HTTP/1.1\r\nA: \r\r\n\r\n"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, buf []byte) {
+		if got, want := HeadEnd(buf), headEndByByte(buf); got != want {
+			t.Fatalf("HeadEnd(%q) = %d, want %d", buf, got, want)
+		}
+	})
+}
