@@ -161,7 +161,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 		// its answer reach the client.
 		h["Te"] = teTrailers[:1:1]
 	}
-	g.rewrite(&httputil.ProxyRequest{In: r, Out: out}, f, &st.vals)
+	g.rewrite(&httputil.ProxyRequest{In: r, Out: out}, f, &st.vals, !connection)
 	if _, ok := h["User-Agent"]; !ok {
 		h["User-Agent"] = noUserAgent[:1:1]
 	}

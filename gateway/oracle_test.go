@@ -32,7 +32,7 @@ func useReverseProxy(tg *testGateway) {
 			if f.buffered != nil {
 				pr.Out.Body = inMemoryBody(f.buffered)
 			}
-			g.rewrite(pr, f, new([4]string))
+			g.rewrite(pr, f, new([4]string), false)
 		},
 		Transport: g.transport,
 		ModifyResponse: func(resp *http.Response) error {

@@ -78,8 +78,10 @@ type forward struct {
 // tests' reference road is one with this Rewrite).
 //
 // vals holds the values of the headers it sets (one allocation, or none
-// where the caller lends it).
-func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward, vals *[4]string) {
+// where the caller lends it). clean: the caller left the client's
+// forwarding fields out of pr.Out's header as it copied it (one pass over
+// the fields less).
+func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward, vals *[4]string, clean bool) {
 	pr.Out.URL.Path, pr.Out.URL.RawPath = f.path, f.rawPath
 	// The query as the client sent it, byte for byte (a reverse proxy
 	// drops the parameters url.ParseQuery refuses, a ';', a bad escape,
@@ -94,9 +96,11 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward, vals *[4]string
 	// never the client's: every client-sent Fencing-*, Forwarded,
 	// X-Forwarded-* and X-Real-Ip is dropped before the gateway's own
 	// are set.
-	for k := range h {
-		if forwardingHeader(k) {
-			delete(h, k)
+	if !clean {
+		for k := range h {
+			if forwardingHeader(k) {
+				delete(h, k)
+			}
 		}
 	}
 	// What ProxyRequest.SetXForwarded sets (the client-sent ones were
