@@ -154,11 +154,7 @@ func (s *scanner) feed(p []byte) {
 			i = end
 		case scanName:
 			start := i
-			for i < len(p) {
-				b := p[i]
-				if b == ':' || b == '\r' || b == '\n' || b == ' ' || b == '\t' {
-					break
-				}
+			for i < len(p) && !endsName[p[i]] {
 				i++
 			}
 			s.nameBytes(p[start:i])
@@ -269,6 +265,10 @@ func (s *scanner) lineBytes(seg []byte) {
 		s.state = scanFieldStart
 	}
 }
+
+// endsName marks the bytes that end a field name: its colon, or what
+// makes the line malformed.
+var endsName = [256]bool{':': true, '\r': true, '\n': true, ' ': true, '\t': true}
 
 // nameBytes follows seg, more bytes of a field name: byte by byte only
 // while the name may still be Content-Length or Transfer-Encoding (most
