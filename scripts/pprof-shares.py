@@ -21,7 +21,7 @@ rules = [
  ("accept (Server.Serve, Accept, new conn)", lambda s: has(s, "net/http.(*Server).Serve") and not has(s, "net/http.(*conn).serve")),
  ("parse: header map (textproto.ReadMIMEHeader)", lambda s: has(s, "net/http.(*conn).readRequest") and has(s, "textproto.readMIMEHeader")),
   ("parse: request line, URL, Request object", lambda s: has(s, "net/http.(*conn).readRequest")),
- ("own loop: parse (parseLean, or http.ReadRequest and Go's server's checks)", lambda s: has(s, "framing.(*ownConn).serveOne") and has(s, "framing.parseLean", "net/http.ReadRequest", "framing.checkRequest")),
+ ("own loop: parse (parseLean, or http.ReadRequest and Go's server's checks)", lambda s: has(s, "framing.(*ownConn).serveOne", "framing.(*ownConn).mine") and has(s, "framing.parseLean", "net/http.ReadRequest", "framing.checkRequest")),
  ("socket read of the next request + frame scan (framing conn's Read)", lambda s: has(s, "net/http.(*conn).serve", "framing.(*ownConn).serve") and has(s, "framing.(*conn).Read") and not has(s, "gateway.(*Gateway).ServeHTTP")),
  ("Admit (tokens.Service.Admit)", lambda s: has(s, "tokens.(*Service).Admit")),
  ("engine: upstream write + read answer (engine.Transport.Exchange)", lambda s: has(s, "engine.(*Transport).Exchange")),
