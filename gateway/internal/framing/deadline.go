@@ -15,38 +15,60 @@ package framing
 // each were set at once: a deadline in the past fails the next call at
 // once, and one set meanwhile ends a call that waits.
 
-import "time"
+import (
+	"net"
+	"time"
+)
 
 // lazyDeadlines is a connection's deadlines not yet set on its socket, and
 // its reads and writes under way; guarded by the connection's mu.
 type lazyDeadlines struct {
-	read, write               time.Time
-	readPending, writePending bool
-	reading, writing          int
+	read, write lazyDeadline
+}
+
+// lazyDeadline is one direction's: the deadline last set, if it is not on
+// the socket yet, and the calls under way.
+type lazyDeadline struct {
+	t       time.Time
+	pending bool
+	busy    int
+}
+
+// setter sets one direction's deadline on a socket: net.Conn.SetReadDeadline
+// or net.Conn.SetWriteDeadline.
+type setter = func(net.Conn, time.Time) error
+
+// to sets t: on the socket at once if a call is under way or now is set,
+// else at the next call (begin).
+func (d *lazyDeadline) to(nc net.Conn, set setter, t time.Time, now bool) error {
+	if d.busy > 0 || now {
+		d.pending = false
+		return set(nc, t)
+	}
+	d.t, d.pending = t, true
+	return nil
+}
+
+// settle sets a pending deadline on the socket.
+func (d *lazyDeadline) settle(nc net.Conn, set setter) {
+	if d.pending {
+		d.pending = false
+		_ = set(nc, d.t)
+	}
 }
 
 // SetReadDeadline sets the deadline of the connection's reads.
 func (c *conn) SetReadDeadline(t time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.dl.reading > 0 || c.closed.Load() {
-		c.dl.readPending = false
-		return c.Conn.SetReadDeadline(t)
-	}
-	c.dl.read, c.dl.readPending = t, true
-	return nil
+	return c.dl.read.to(c.Conn, net.Conn.SetReadDeadline, t, c.closed.Load())
 }
 
 // SetWriteDeadline sets the deadline of the connection's writes.
 func (c *conn) SetWriteDeadline(t time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.dl.writing > 0 || c.closed.Load() {
-		c.dl.writePending = false
-		return c.Conn.SetWriteDeadline(t)
-	}
-	c.dl.write, c.dl.writePending = t, true
-	return nil
+	return c.dl.write.to(c.Conn, net.Conn.SetWriteDeadline, t, c.closed.Load())
 }
 
 // SetDeadline sets both deadlines.
@@ -60,35 +82,28 @@ func (c *conn) SetDeadline(t time.Time) error {
 
 // beginRead sets a pending read deadline (and, under TLS, whose reads may
 // write, a pending write deadline) on the socket and counts a read under
-// way; endRead is its end.
+// way; Read ends it.
 func (c *conn) beginRead() {
 	c.mu.Lock()
-	if c.dl.readPending {
-		c.dl.readPending = false
-		_ = c.Conn.SetReadDeadline(c.dl.read)
+	c.dl.read.settle(c.Conn, net.Conn.SetReadDeadline)
+	if c.tlsConn != nil {
+		c.dl.write.settle(c.Conn, net.Conn.SetWriteDeadline)
 	}
-	if c.tlsConn != nil && c.dl.writePending {
-		c.dl.writePending = false
-		_ = c.Conn.SetWriteDeadline(c.dl.write)
-	}
-	c.dl.reading++
+	c.dl.read.busy++
 	c.mu.Unlock()
 }
 
 // beginWrite is beginRead for a write; endWrite its end.
 func (c *conn) beginWrite() {
 	c.mu.Lock()
-	if c.dl.writePending {
-		c.dl.writePending = false
-		_ = c.Conn.SetWriteDeadline(c.dl.write)
-	}
-	c.dl.writing++
+	c.dl.write.settle(c.Conn, net.Conn.SetWriteDeadline)
+	c.dl.write.busy++
 	c.mu.Unlock()
 }
 
 func (c *conn) endWrite() {
 	c.mu.Lock()
-	c.dl.writing--
+	c.dl.write.busy--
 	c.mu.Unlock()
 }
 
@@ -96,13 +111,7 @@ func (c *conn) endWrite() {
 // is read or written other than through Read and Write (a lingering close).
 func (c *conn) settle() {
 	c.mu.Lock()
-	if c.dl.readPending {
-		c.dl.readPending = false
-		_ = c.Conn.SetReadDeadline(c.dl.read)
-	}
-	if c.dl.writePending {
-		c.dl.writePending = false
-		_ = c.Conn.SetWriteDeadline(c.dl.write)
-	}
+	c.dl.read.settle(c.Conn, net.Conn.SetReadDeadline)
+	c.dl.write.settle(c.Conn, net.Conn.SetWriteDeadline)
 	c.mu.Unlock()
 }

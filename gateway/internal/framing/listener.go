@@ -228,14 +228,14 @@ func (c *conn) Read(p []byte) (int, error) {
 		c.hsTried = true
 		if err := c.handshake(); err != nil {
 			c.mu.Lock()
-			c.dl.reading--
+			c.dl.read.busy--
 			c.mu.Unlock()
 			return 0, err
 		}
 	}
 	n, err := c.Conn.Read(p)
 	c.mu.Lock()
-	c.dl.reading--
+	c.dl.read.busy--
 	if n > 0 {
 		c.scan.feed(p[:n])
 	}
