@@ -129,14 +129,7 @@ func (r *redisServer) pause(t *testing.T) (resume func()) {
 func TestAbandonedWriteWhileTheStoreIsPaused(t *testing.T) {
 	for _, mode := range []string{"postgres", "redis"} {
 		t.Run(mode, func(t *testing.T) {
-			up := newUpstream(t) // holds writes to /hold/ until Release (faults_test.go)
-			args, pause := pausableStore(t, mode)
-			args = append(args, "--upstream", "svc="+up.URL, "--forward-timeout", "1s")
-			p := startReplicas(t, 1, args...)[0]
-			holder, ans := grant(p.url(), "abandoned-write-paused", "holder", time.Minute, 0)
-			if ans.code != http.StatusCreated {
-				t.Fatalf("the holder's grant: %v", ans)
-			}
+			p, up, holder, pause := pausedStoreHolder(t, mode, "1s")
 			before := writeOutcomes(t, p.url())
 			resume := pause()
 
@@ -162,14 +155,7 @@ func TestAbandonedWriteWhileTheStoreIsPaused(t *testing.T) {
 func TestAbandonedWriteBehindAReleaseWhileTheStoreIsPaused(t *testing.T) {
 	for _, mode := range []string{"postgres", "redis"} {
 		t.Run(mode, func(t *testing.T) {
-			up := newUpstream(t) // holds writes to /hold/ until Release (faults_test.go)
-			args, pause := pausableStore(t, mode)
-			args = append(args, "--upstream", "svc="+up.URL, "--forward-timeout", "30s")
-			p := startReplicas(t, 1, args...)[0]
-			holder, ans := grant(p.url(), "abandoned-write-paused", "holder", time.Minute, 0)
-			if ans.code != http.StatusCreated {
-				t.Fatalf("the holder's grant: %v", ans)
-			}
+			p, up, holder, pause := pausedStoreHolder(t, mode, "30s")
 			written := holdWrite(t, p.url(), up, holder.LeaseID)
 			released := make(chan answer, 1)
 			go func() { released <- release(p.url(), holder.LeaseID) }()
@@ -193,4 +179,21 @@ func TestAbandonedWriteBehindAReleaseWhileTheStoreIsPaused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// pausedStoreHolder starts one replica on a pausableStore of mode, its
+// upstream (which holds writes to /hold/ until Release, faults_test.go)
+// and its forward timeout, and grants a lease of a resource of its own:
+// the start of the tests of a write whose store is paused.
+func pausedStoreHolder(t *testing.T, mode, forwardTimeout string) (p *proc, up *recUpstream, holder lease, pause func() (resume func())) {
+	t.Helper()
+	up = newUpstream(t)
+	args, pause := pausableStore(t, mode)
+	args = append(args, "--upstream", "svc="+up.URL, "--forward-timeout", forwardTimeout)
+	p = startReplicas(t, 1, args...)[0]
+	holder, ans := grant(p.url(), "abandoned-write-paused", "holder", time.Minute, 0)
+	if ans.code != http.StatusCreated {
+		t.Fatalf("the holder's grant: %v", ans)
+	}
+	return p, up, holder, pause
 }

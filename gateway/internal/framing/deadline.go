@@ -80,24 +80,23 @@ func (c *conn) SetDeadline(t time.Time) error {
 	return err
 }
 
-// beginRead sets a pending read deadline (and, under TLS, whose reads may
-// write, a pending write deadline) on the socket and counts a read under
-// way; Read ends it.
-func (c *conn) beginRead() {
+// begin sets the pending deadline of a read (or a write) on the socket and
+// counts the call under way; Read, and endWrite, end it. Under TLS, whose
+// reads may write (an alert) and whose writes may read (a handshake), both
+// pending deadlines are set.
+func (c *conn) begin(read bool) {
 	c.mu.Lock()
-	c.dl.read.settle(c.Conn, net.Conn.SetReadDeadline)
-	if c.tlsConn != nil {
+	if read || c.tlsConn != nil {
+		c.dl.read.settle(c.Conn, net.Conn.SetReadDeadline)
+	}
+	if !read || c.tlsConn != nil {
 		c.dl.write.settle(c.Conn, net.Conn.SetWriteDeadline)
 	}
-	c.dl.read.busy++
-	c.mu.Unlock()
-}
-
-// beginWrite is beginRead for a write; endWrite its end.
-func (c *conn) beginWrite() {
-	c.mu.Lock()
-	c.dl.write.settle(c.Conn, net.Conn.SetWriteDeadline)
-	c.dl.write.busy++
+	if read {
+		c.dl.read.busy++
+	} else {
+		c.dl.write.busy++
+	}
 	c.mu.Unlock()
 }
 

@@ -1,23 +1,34 @@
 package framing
 
 import (
+	"crypto/tls"
 	"errors"
 	"net"
 	"os"
 	"testing"
 	"time"
+
+	"github.com/fencegw/fencegw/internal/testcert"
 )
 
 // pipeConns returns a framing connection over a real TCP connection, and
 // the client's end.
 func pipeConns(t *testing.T) (*conn, net.Conn) {
 	t.Helper()
+	return pipeConnsTLS(t, nil)
+}
+
+// pipeConnsTLS is pipeConns with the listener terminating TLS by cfg (nil:
+// plain); the client's end is then plain TCP, for the test to speak TLS
+// over or not.
+func pipeConnsTLS(t *testing.T, cfg *tls.Config) (*conn, net.Conn) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	l := &listener{Listener: ln, maxHead: 1 << 20}
+	l := &listener{Listener: ln, maxHead: 1 << 20, tls: cfg}
 	client, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -98,5 +109,23 @@ func TestWriteDeadlineTakesEffectAtTheNextWrite(t *testing.T) {
 	buf := make([]byte, 1)
 	if _, err := client.Read(buf); err != nil || buf[0] != 'x' {
 		t.Fatalf("client read %q, %v", buf, err)
+	}
+}
+
+// Under TLS the deadline kept for the next read bounds that read's
+// handshake too: a client that connects and says nothing is cut at it.
+func TestDeadlineBoundsTheTLSHandshake(t *testing.T) {
+	cert := testcert.New(t)
+	fc, _ := pipeConnsTLS(t, &tls.Config{Certificates: []tls.Certificate{cert.TLS}})
+	_ = fc.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	done := make(chan error, 1)
+	go func() { _, err := fc.Read(make([]byte, 8)); done <- err }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("a silent TLS client's first read ended with %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the deadline set before the first read did not bound its handshake")
 	}
 }

@@ -223,7 +223,7 @@ type conn struct {
 }
 
 func (c *conn) Read(p []byte) (int, error) {
-	c.beginRead() // the deadline last set (deadline.go)
+	c.begin(true) // the deadline last set (deadline.go)
 	if c.tlsConn != nil && !c.hsTried {
 		c.hsTried = true
 		if err := c.handshake(); err != nil {
@@ -249,7 +249,7 @@ func (c *conn) Read(p []byte) (int, error) {
 // goes out in its place: 431 for Go's 431, 417 for its 417, else 400.
 // Every other write (the handlers' answers) only pays for a flag.
 func (c *conn) Write(p []byte) (int, error) {
-	c.beginWrite() // the deadline last set (deadline.go)
+	c.begin(false) // the deadline last set (deadline.go)
 	defer c.endWrite()
 	if c.serving.Load() {
 		return c.Conn.Write(p)
