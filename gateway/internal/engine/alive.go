@@ -25,9 +25,8 @@ func (c *engineConn) alive() bool {
 		}
 		// Made once per connection: a closure per check would allocate.
 		c.raw, c.peek = rc, func(fd uintptr) bool {
-			_, _, err := syscall.Recvfrom(int(fd), c.peekBuf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-			c.peekOK = err == syscall.EAGAIN || err == syscall.EWOULDBLOCK
-			return true // never wait
+			c.peekOK = peekIdle(fd, &c.peekBuf) // peek_*.go
+			return true                         // never wait
 		}
 	}
 	c.peekOK = false
