@@ -7,6 +7,8 @@ import (
 	"net/textproto"
 	"strings"
 	"testing"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // fieldsOf builds a header from text: lines "name=value" (a name may come
@@ -131,6 +133,18 @@ func FuzzHeadEnd(f *testing.F) {
 	f.Fuzz(func(t *testing.T, buf []byte) {
 		if got, want := HeadEnd(buf), headEndByByte(buf); got != want {
 			t.Fatalf("HeadEnd(%q) = %d, want %d", buf, got, want)
+		}
+	})
+}
+
+// FuzzValidName holds ValidName to httpguts.ValidHeaderFieldName.
+func FuzzValidName(f *testing.F) {
+	for _, s := range []string{"", "Content-Type", "X_A", "a b", "é", "\xff", "X-\x80", "~!#$%&'*+-.^_`|", "(", "A\x00"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		if got, want := ValidName(name), httpguts.ValidHeaderFieldName(name); got != want {
+			t.Fatalf("ValidName(%q) = %v, want %v", name, got, want)
 		}
 	})
 }
