@@ -448,8 +448,9 @@ func eventStream(ct string) bool {
 
 // containsFold: s contains sub (lower-case ASCII) in any ASCII case.
 func containsFold(s, sub string) bool {
+	first := sub[0] // a letter: |0x20 folds its upper case, and no other byte, to it
 	for i := 0; i+len(sub) <= len(s); i++ {
-		if strings.EqualFold(s[i:i+len(sub)], sub) {
+		if s[i]|0x20 == first && strings.EqualFold(s[i:i+len(sub)], sub) {
 			return true
 		}
 	}
