@@ -281,21 +281,41 @@ func (w *response) writeHead(p []byte) {
 	}
 	var set extraHeader
 
-	trailers := false
-	for k := range header {
-		if strings.HasPrefix(k, http.TrailerPrefix) {
-			exclude = append(exclude, k)
-			trailers = true
+	// One pass over the header finds every field the rules below ask
+	// about, where a lookup of each cost more than the pass.
+	var te, contentLength, connection, contentEncoding string
+	var declared []string
+	haveType, haveDate, trailers := false, false, false
+	for k, vv := range header {
+		switch k {
+		case "Transfer-Encoding":
+			te = first(vv)
+		case "Content-Length":
+			contentLength = first(vv)
+		case "Connection":
+			connection = first(vv)
+		case "Content-Type":
+			haveType = true
+		case "Content-Encoding":
+			contentEncoding = first(vv)
+		case "Date":
+			haveDate = true
+		case "Trailer":
+			declared = vv
+		default:
+			if strings.HasPrefix(k, http.TrailerPrefix) {
+				exclude = append(exclude, k)
+				trailers = true
+			}
 		}
 	}
-	for _, v := range header["Trailer"] {
+	for _, v := range declared {
 		trailers = true
 		foreachHeaderElement(v, w.declareTrailer)
 	}
 
-	te := wire.Get(header, "Transfer-Encoding")
 	hasTE := te != ""
-	if w.handlerDone && !trailers && !hasTE && bodyAllowedForStatus(w.status) && wire.Get(header, "Content-Length") == "" {
+	if w.handlerDone && !trailers && !hasTE && bodyAllowedForStatus(w.status) && contentLength == "" {
 		w.contentLength = int64(len(p))
 		set.contentLength = strconv.AppendInt(w.clenBuf[:0], int64(len(p)), 10)
 	}
@@ -305,7 +325,7 @@ func (w *response) writeHead(p []byte) {
 	if wantsClose(w.req) {
 		w.closeAfter = true
 	}
-	if wire.Get(header, "Connection") == "close" || !keepAlives {
+	if connection == "close" || !keepAlives {
 		w.closeAfter = true
 	}
 
@@ -338,14 +358,16 @@ func (w *response) writeHead(p []byte) {
 		if tooBig {
 			w.closeAfter = true
 			del("Connection")
+			if owned {
+				connection = "" // gone from the header read again below
+			}
 			set.connection = "close"
 		}
 	}
 
 	code := w.status
 	if bodyAllowedForStatus(code) {
-		_, haveType := header["Content-Type"]
-		if !haveType && !hasTE && len(p) > 0 && wire.Get(header, "Content-Encoding") == "" {
+		if !haveType && !hasTE && len(p) > 0 && contentEncoding == "" {
 			set.contentType = http.DetectContentType(p)
 		}
 	} else {
@@ -353,7 +375,7 @@ func (w *response) writeHead(p []byte) {
 			del(k)
 		}
 	}
-	if _, ok := header["Date"]; !ok {
+	if !haveDate {
 		set.date = httpDate(time.Now())
 	}
 	if hasCL && hasTE && te != "identity" {
@@ -380,7 +402,7 @@ func (w *response) writeHead(p []byte) {
 	if w.chunking {
 		del("Content-Length")
 	}
-	if w.closeAfter && (!keepAlives || !hasToken(wire.Get(header, "Connection"), "close")) {
+	if w.closeAfter && (!keepAlives || !hasToken(connection, "close")) {
 		del("Connection")
 		set.connection = "close"
 	}
@@ -428,6 +450,14 @@ func hasTrailerPrefix(h http.Header) bool {
 		}
 	}
 	return false
+}
+
+// first is a field's first value, as Header.Get has it.
+func first(vv []string) string {
+	if len(vv) > 0 {
+		return vv[0]
+	}
+	return ""
 }
 
 // extraHeader is what net/http adds to a handler's header, in its order.
