@@ -19,7 +19,17 @@ import (
 // road):
 //
 //	go test -run '^$' -bench FencedWriteListener -benchmem -count 5 ./gateway/
-func BenchmarkFencedWriteListener(b *testing.B) {
+func BenchmarkFencedWriteListener(b *testing.B) { benchFencedWrite(b, "") }
+
+// BenchmarkFencedWriteListenerGoClient is the same write with the fields
+// Go's client adds to every request (the Go SDK's, fencegw-load's).
+func BenchmarkFencedWriteListenerGoClient(b *testing.B) {
+	benchFencedWrite(b, "User-Agent: Go-http-client/1.1\r\nAccept-Encoding: gzip\r\n")
+}
+
+// benchFencedWrite measures fenced writes whose heads carry extra (whole
+// field lines) besides the lease and the body's fields.
+func benchFencedWrite(b *testing.B, extra string) {
 	up := rawUpstream(b)
 	tg := startFraming(b, "http://"+up, Config{}, false)
 	lease := tg.leaseTTL(b, "bench", time.Hour)
@@ -29,7 +39,7 @@ func BenchmarkFencedWriteListener(b *testing.B) {
 	}
 	b.Cleanup(func() { _ = conn.Close() })
 	body := strings.Repeat("x", 200)
-	req := []byte("POST /v1/proxy/svc/lines HTTP/1.1\r\nHost: gw\r\nFencing-Lease: " + lease +
+	req := []byte("POST /v1/proxy/svc/lines HTTP/1.1\r\nHost: gw\r\n" + extra + "Fencing-Lease: " + lease +
 		"\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
 	br := bufio.NewReader(conn)
 	b.ReportAllocs()

@@ -17,6 +17,7 @@ package framing
 
 import (
 	"bytes"
+	"encoding/binary"
 	"net/http"
 	"net/textproto"
 	"net/url"
@@ -27,19 +28,32 @@ import (
 	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
-// leanRequest is a request the loop parsed itself and its URL, in one
-// allocation.
+// leanRequest is the storage of the requests the loop parses itself on
+// one connection: the request, its URL, its header map and the array of
+// its values. Each request of the connection takes it over from the one
+// before, which was served to its end by then (the loop reads a head only
+// once the last answer is written, and nothing of the gateway keeps a
+// request, its URL or its header map past its handler's return: the
+// handlers copy what they keep), so a fenced write's head costs one
+// allocation, its string.
 type leanRequest struct {
-	req http.Request
-	url url.URL
+	req    http.Request
+	url    url.URL
+	header http.Header
+	vals   []string
 }
+
+// leanKeep is the most fields whose map and values a connection keeps for
+// its next request: a head of more is the exception, and a map cleared
+// for each request costs as much as its largest head.
+const leanKeep = 32
 
 // parseLean parses head (a whole head mine took: CRLF line ends, no
 // obs-fold) into a request made from template (which carries the
 // connection's context and remote address), as http.ReadRequest followed
 // by checkRequest would; ok false when the head is not plain, for
 // http.ReadRequest to parse.
-func parseLean(head []byte, template *http.Request) (req *http.Request, ok bool) {
+func parseLean(head []byte, template *http.Request, into *leanRequest) (req *http.Request, ok bool) {
 	lineEnd := indexCRLF(head)
 	if lineEnd < 0 {
 		return nil, false
@@ -50,24 +64,57 @@ func parseLean(head []byte, template *http.Request) (req *http.Request, ok bool)
 	}
 	// Header lines: their count sizes the map, and every byte is checked
 	// before anything is allocated.
+	// The lines' ends are kept for the second pass, for a head of as many
+	// fields as a fenced write's commonly has.
+	var ends [16]int
 	fields := 0
 	for rest := head[lineEnd+2:]; len(rest) > 2; fields++ {
 		end := indexCRLF(rest)
 		if end < 0 || !plainField(rest[:end]) {
 			return nil, false
 		}
+		if fields < len(ends) {
+			ends[fields] = end
+		}
 		rest = rest[end+2:]
 	}
 
 	s := string(head) // every string of the request is a part of this one
 	// Every field but Host, which is the request's, not the map's.
-	h := make(http.Header, max(fields-1, 0))
-	vals := make([]string, fields)
-	var host string
+	h, vals := into.header, into.vals
+	switch {
+	case h != nil && fields <= leanKeep:
+		clear(h)
+	case fields <= leanKeep:
+		h = make(http.Header, max(fields-1, 0))
+		into.header = h
+	default:
+		h = make(http.Header, fields-1)
+	}
+	if cap(vals) >= fields {
+		vals = vals[:fields]
+		clear(vals) // the last request's strings are not kept alive
+	} else {
+		vals = make([]string, fields)
+		if fields <= leanKeep {
+			into.vals = vals
+		}
+	}
+	var host, contentLength string
 	hosts, lengths := 0, 0
+	closing := false
+	// The names taken so far, while they fit: a repeated name is found
+	// by comparing them, which costs less than a lookup in the map.
+	var names [16]string
+	named := 0
 	rest := s[lineEnd+2:]
 	for i := 0; i < fields; i++ {
-		end := strings.IndexByte(rest, '\n') - 1 // every line ends in CRLF (checked above)
+		end := 0
+		if i < len(ends) {
+			end = ends[i]
+		} else {
+			end = strings.IndexByte(rest, '\n') - 1 // every line ends in CRLF (checked above)
+		}
 		line := rest[:end]
 		rest = rest[end+2:]
 		colon := strings.IndexByte(line, ':')
@@ -82,16 +129,34 @@ func parseLean(head []byte, template *http.Request) (req *http.Request, ok bool)
 			continue
 		case "Content-Length":
 			lengths++
+			contentLength = value
+		case "Connection":
+			closing = closing || httpguts.HeaderValuesContainsToken([]string{value}, "close")
 		case "Pragma", "Transfer-Encoding", "Expect":
 			// Pragma: Go's parser may add a Cache-Control for it; the
 			// other two are never the loop's (mine).
 			return nil, false
 		}
-		if vv := h[key]; vv == nil {
+		repeated := false
+		if named < len(names) {
+			for _, n := range names[:named] {
+				if n == key {
+					repeated = true
+					break
+				}
+			}
+			if !repeated {
+				names[named] = key
+				named++
+			}
+		} else {
+			_, repeated = h[key]
+		}
+		if !repeated {
 			vals[i] = value
 			h[key] = vals[i : i+1 : i+1] // as textproto: an append never writes into the next value
 		} else {
-			h[key] = append(vv, value)
+			h[key] = append(h[key], value)
 		}
 	}
 	if hosts != 1 || !httpguts.ValidHostHeader(host) || lengths > 1 {
@@ -99,13 +164,14 @@ func parseLean(head []byte, template *http.Request) (req *http.Request, ok bool)
 	}
 	var length int64
 	if lengths == 1 {
-		if length, ok = plainLength(h["Content-Length"][0]); !ok {
+		if length, ok = plainLength(contentLength); !ok {
 			return nil, false
 		}
 	}
 
-	lr := new(leanRequest)
+	lr := into
 	lr.req = *template
+	lr.url = url.URL{}
 	r := &lr.req
 	r.Method = s[:len(method)]
 	r.RequestURI = s[len(method)+1 : len(method)+1+len(target)]
@@ -116,7 +182,7 @@ func parseLean(head []byte, template *http.Request) (req *http.Request, ok bool)
 	r.Host = host
 	r.ContentLength = length
 	r.Body = http.NoBody // the loop's own body replaces it when there is one
-	r.Close = httpguts.HeaderValuesContainsToken(h["Connection"], "close")
+	r.Close = closing    // httpguts.HeaderValuesContainsToken(h["Connection"], "close"), value by value
 	return r, true
 }
 
@@ -192,7 +258,24 @@ func plainField(line []byte) bool {
 			return false
 		}
 	}
-	for _, b := range line[colon+1:] {
+	return plainValue(line[colon+1:])
+}
+
+// plainValue reports whether every byte of v is printable ASCII, a space
+// or a tab. Values (a lease, a trace) are most of a head's bytes, so eight
+// are checked at a time: none is below 0x20 or above 0x7e (the exact
+// tests of "Bit Twiddling Hacks", hasless and hasmore); eight with a tab,
+// or a refused byte, are checked one by one.
+func plainValue(v []byte) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	for len(v) >= 8 {
+		x := binary.LittleEndian.Uint64(v)
+		if (x-0x20*ones)&^x&highs != 0 || (x+ones|x)&highs != 0 {
+			break
+		}
+		v = v[8:]
+	}
+	for _, b := range v {
 		if (b < ' ' && b != '\t') || b >= 0x7f {
 			return false
 		}

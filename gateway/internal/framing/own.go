@@ -213,6 +213,7 @@ type ownConn struct {
 	template   http.Request  // a request with ctx and remoteAddr: the lean parse's start (head.go)
 	head       []byte        // the head mine took, in br's buffer until br reads again
 	lean       *http.Request // the head mine took, parsed by the loop (head.go); nil: not plain
+	leanStore  leanRequest   // lean's storage, each request's in turn
 
 	idle      atomic.Bool // waiting for a request: a close of the listener closes it
 	afterPost bool        // the last request the loop served was a POST
@@ -417,7 +418,7 @@ func (c *ownConn) mine() (take bool, err error) {
 	}
 	// A plain head (head.go) meets every condition below: parsed now, it
 	// is not walked twice.
-	if c.lean, _ = parseLean(head, &c.template); c.lean != nil {
+	if c.lean, _ = parseLean(head, &c.template, &c.leanStore); c.lean != nil {
 		return true, nil
 	}
 	hosts := 0
