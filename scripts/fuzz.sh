@@ -64,7 +64,7 @@ fuzz_packages() {
 # output is printed whole once both have ended.
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
-lanes=("./gateway" "./tokens ./gateway/internal/framing ./gateway/internal/engine ./cmd/fencegw ./auth ./storage/bolt ./storage/feed")
+lanes=("./gateway ./gateway/internal/wire" "./tokens ./gateway/internal/framing ./gateway/internal/engine ./cmd/fencegw ./auth ./storage/bolt ./storage/feed")
 pids=()
 for i in "${!lanes[@]}"; do
   # shellcheck disable=SC2086 # a lane is a list of packages
