@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -484,10 +485,19 @@ func TestFrameTLS(t *testing.T) {
 // drains (the upstream may have acted on the part it got), and a normal
 // write on another resource goes through meanwhile. Control calls with a
 // stalled body get 408 too.
+// Over TLS too: the connection's deadlines take effect at its next read
+// (framing/deadline.go), and under TLS a read may have to finish a record
+// the client stalled in.
 func TestBodyTimeoutAnswers408(t *testing.T) {
+	for _, tlsOn := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "TLS"}[tlsOn], func(t *testing.T) { testBodyTimeout(t, tlsOn) })
+	}
+}
+
+func testBodyTimeout(t *testing.T, tlsOn bool) {
 	const bodyTimeout = 300 * time.Millisecond
 	up := newRecorder(t)
-	tg := startFraming(t, up.URL, Config{BodyTimeout: bodyTimeout}, false)
+	tg := startFraming(t, up.URL, Config{BodyTimeout: bodyTimeout}, tlsOn)
 	slow := tg.lease(t, "slow")
 	fast := tg.lease(t, "fast")
 
@@ -496,9 +506,36 @@ func TestBodyTimeoutAnswers408(t *testing.T) {
 		body string
 		err  error
 	}
-	stall := func(raw string) <-chan result {
+	// midRecord: over TLS, raw's head goes in a record of its own, and
+	// the last bytes of the record that carries its body are held back,
+	// so that the gateway's read of the body waits inside a record.
+	stallAt := func(raw string, midRecord bool) <-chan result {
 		done := make(chan result, 1)
-		c := tg.dial(t)
+		var c net.Conn
+		if midRecord {
+			tcp, err := net.Dial("tcp", tg.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held := &holdBack{Conn: tcp}
+			cfg := tg.tls.Clone()
+			cfg.ServerName, _, _ = net.SplitHostPort(tg.addr)
+			tc := tls.Client(held, cfg)
+			if err := tc.Handshake(); err != nil {
+				t.Fatal(err)
+			}
+			// The head in a whole record, then the body's record cut.
+			i := strings.Index(raw, "\r\n\r\n") + 4
+			if _, err := io.WriteString(tc, raw[:i]); err != nil {
+				t.Fatal(err)
+			}
+			held.hold.Store(true)
+			raw = raw[i:]
+			t.Cleanup(func() { _ = tc.Close() })
+			c = tc
+		} else {
+			c = tg.dial(t)
+		}
 		go func() {
 			if _, err := io.WriteString(c, raw); err != nil {
 				done <- result{err: err}
@@ -521,19 +558,32 @@ func TestBodyTimeoutAnswers408(t *testing.T) {
 		}()
 		return done
 	}
+	stall := func(raw string) <-chan result { return stallAt(raw, false) }
 	writeHead := "POST /v1/proxy/svc/slow HTTP/1.1\r\nHost: gw\r\nFencing-Lease: " + slow + "\r\n"
 	stalled := []<-chan result{
 		stall(writeHead + "Content-Length: 100\r\n\r\n" + strings.Repeat("x", 10)),
 		stall(writeHead + "Transfer-Encoding: chunked\r\n\r\na\r\n" + strings.Repeat("y", 10) + "\r\n"),
 		stall("POST /v1/leases HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"resource\":"),
 	}
+	if tlsOn {
+		// Part of the body in a record of which the gateway gets all but
+		// the last bytes: a small body is read whole before the forward,
+		// so nothing is forwarded.
+		stalled = append(stalled, stallAt(writeHead+"Content-Length: 100\r\n\r\n"+strings.Repeat("z", 40), true))
+	}
 
 	// A normal worker meanwhile.
+	client, scheme := http.DefaultClient, "http://"
+	if tlsOn {
+		tr := &http.Transport{TLSClientConfig: tg.tls}
+		defer tr.CloseIdleConnections()
+		client, scheme = &http.Client{Transport: tr}, "https://"
+	}
 	for range 3 {
-		req, _ := http.NewRequest("POST", "http://"+tg.addr+"/v1/proxy/svc/fast", strings.NewReader("fast write"))
+		req, _ := http.NewRequest("POST", scheme+tg.addr+"/v1/proxy/svc/fast", strings.NewReader("fast write"))
 		req.Header.Set(HeaderLease, fast)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		resp, err := http.DefaultClient.Do(req.WithContext(ctx))
+		resp, err := client.Do(req.WithContext(ctx))
 		if err != nil {
 			cancel()
 			t.Fatalf("a normal write while slow clients stall: %v", err)
@@ -582,10 +632,31 @@ func TestBodyTimeoutAnswers408(t *testing.T) {
 	// Metrics count them as bad requests, not upstream errors.
 	out := httptest.NewRecorder()
 	tg.g.ServeHTTP(out, httptest.NewRequest("GET", "/metrics", nil))
-	if !strings.Contains(out.Body.String(), `fencegw_writes_total{outcome="bad_request"} 2`) ||
+	badRequests := 2
+	if tlsOn {
+		badRequests = 3
+	}
+	if !strings.Contains(out.Body.String(), `fencegw_writes_total{outcome="bad_request"} `+strconv.Itoa(badRequests)) ||
 		!strings.Contains(out.Body.String(), `fencegw_writes_total{outcome="upstream_error"} 0`) {
 		t.Fatalf("metrics:\n%s", out.Body.String())
 	}
+}
+
+// holdBack is a connection that, once hold is set, sends all but the last
+// eight bytes of each write: a TLS record cut short.
+type holdBack struct {
+	net.Conn
+	hold atomic.Bool
+}
+
+func (h *holdBack) Write(p []byte) (int, error) {
+	if !h.hold.Load() || len(p) <= 8 {
+		return h.Conn.Write(p)
+	}
+	if _, err := h.Conn.Write(p[:len(p)-8]); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // A request framed by Transfer-Encoding closes its connection after the
