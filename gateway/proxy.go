@@ -17,6 +17,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/fencegw/fencegw/gateway/internal/wire"
 	"github.com/fencegw/fencegw/internal/failpoint"
@@ -71,6 +72,17 @@ type forward struct {
 	// deadline is the forward's (its timeout from the start of the
 	// forward): a proof of the fence waits no longer (sendcheck.go).
 	deadline time.Time
+	// tokenText is the storage of token's bytes (tokenString).
+	tokenText [20]byte
+}
+
+// tokenString is strconv.FormatInt(token, 10) in the storage of one
+// write's state, which is never reused, and never written again: a token
+// of any size costs no allocation (FormatInt allocates from 100 on, so
+// every write past a resource's hundredth grant paid one).
+func tokenString(buf *[20]byte, token int64) string {
+	b := strconv.AppendInt(buf[:0], token, 10)
+	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
 // rewrite turns the client's request into the upstream's, in the direct
@@ -268,7 +280,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	ownBody(w) // admitted: the forward's answer is the body's (early.go)
 	f.live, f.permit, f.name, f.upstream, f.path, f.rawPath = lc, permit, name, base, path, rawPath
-	f.token, f.instance, f.body, f.keyed = strconv.FormatInt(permit.Lease.Token, 10), r.URL.Path, guard, kw
+	f.token, f.instance, f.body, f.keyed = tokenString(&f.tokenText, permit.Lease.Token), r.URL.Path, guard, kw
 	g.forward(w, rc, r, f, wt, buffer)
 }
 
