@@ -128,8 +128,10 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	for k, v := range r.Header {
 		// Without a Connection field, the fields that go (below, and in
 		// rewrite) are known by name: they are left out here rather than
-		// copied and deleted.
-		if !connection && (isHopHeader(k) || forwardingHeader(k)) {
+		// copied and deleted. Content-Length never goes from the header:
+		// the engine writes the body's length (writeHead, Request.Write
+		// both leave the field out).
+		if k == "Content-Length" || !connection && (isHopHeader(k) || forwardingHeader(k)) {
 			continue
 		}
 		h[k] = v[:len(v):len(v)]
