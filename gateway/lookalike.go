@@ -86,6 +86,9 @@ func lookalikeError(name string) error {
 // set's (the upstream's configured headers, which replace the client's
 // under their own names only), or "".
 func upstreamLookalike(h http.Header, set http.Header) string {
+	if len(set) == 0 {
+		return "" // most upstreams have none: no pass over the client's fields
+	}
 	for k := range h {
 		if strings.IndexByte(k, '_') < 0 {
 			continue

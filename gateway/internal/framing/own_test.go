@@ -745,3 +745,22 @@ func TestHTTPDate(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteStatusLine: every status line is net/http's (its
+// writeStatusLine), the common ones written whole included.
+func TestWriteStatusLine(t *testing.T) {
+	var b bytes.Buffer
+	bw := bufio.NewWriter(&b)
+	for code := 100; code <= 999; code++ {
+		b.Reset()
+		writeStatusLine(bw, code)
+		_ = bw.Flush()
+		want := fmt.Sprintf("HTTP/1.1 %03d %s\r\n", code, http.StatusText(code))
+		if http.StatusText(code) == "" {
+			want = fmt.Sprintf("HTTP/1.1 %03d status code %d\r\n", code, code)
+		}
+		if b.String() != want {
+			t.Fatalf("status %d: %q, want %q", code, b.String(), want)
+		}
+	}
+}

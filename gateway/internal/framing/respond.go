@@ -490,6 +490,17 @@ var excludedHeadersNoBody = []string{"Content-Length", "Transfer-Encoding"}
 
 // writeStatusLine is net/http's, for HTTP/1.1.
 func writeStatusLine(bw *bufio.Writer, code int) {
+	switch code { // the answers to most writes, in one write each
+	case http.StatusOK:
+		_, _ = bw.WriteString("HTTP/1.1 200 OK\r\n")
+		return
+	case http.StatusCreated:
+		_, _ = bw.WriteString("HTTP/1.1 201 Created\r\n")
+		return
+	case http.StatusNoContent:
+		_, _ = bw.WriteString("HTTP/1.1 204 No Content\r\n")
+		return
+	}
 	_, _ = bw.WriteString("HTTP/1.1 ")
 	if text := http.StatusText(code); text != "" {
 		_ = bw.WriteByte(byte('0' + code/100))
