@@ -281,16 +281,16 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	ownBody(w) // admitted: the forward's answer is the body's (early.go)
 	f.live, f.permit, f.name, f.upstream, f.path, f.rawPath = lc, permit, name, base, path, rawPath
 	f.token, f.instance, f.body, f.keyed = tokenString(&f.tokenText, permit.Lease.Token), r.URL.Path, guard, kw
-	g.forward(w, rc, r, f, wt, buffer)
+	g.carry(w, rc, r, f, wt, buffer)
 }
 
-// forward carries the admitted write f to its end: its body read if it is
+// carry carries the admitted write f to its end: its body read if it is
 // small, the exchange, and the end of its permit whatever happens. A
 // function of its own, with few returns, so that its deferred calls are
 // open-coded: serveProxy's many returns made the compiler record each
 // defer on the heap's side (runtime.deferreturn, about 1,000 instructions
 // a write).
-func (g *Gateway) forward(w http.ResponseWriter, rc *http.ResponseController, r *http.Request, f *forward, wt *writeTrace, buffer bool) {
+func (g *Gateway) carry(w http.ResponseWriter, rc *http.ResponseController, r *http.Request, f *forward, wt *writeTrace, buffer bool) {
 	permit := f.permit
 	g.inflight.Add(1)
 	start := time.Now()
