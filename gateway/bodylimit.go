@@ -33,18 +33,19 @@ import (
 func limitBody(w http.ResponseWriter, r *http.Request, d time.Duration) (guard *bodyGuard, lift func()) {
 	rc := http.NewResponseController(w)
 	lift = func() { _ = rc.SetWriteDeadline(time.Time{}) }
-	return limitBodyRead(rc, r, d, nil), lift
+	return limitBodyRead(rc, r, time.Now(), d, nil), lift
 }
 
 // limitBodyRead is limitBody for a caller that leaves the write deadline
 // to net/http (it lifts it after the answer is flushed), with the caller's
-// controller of w: the guard and the body reader are into if it is not nil
-// (the caller's storage, unused until then), else one allocation.
-func limitBodyRead(rc *http.ResponseController, r *http.Request, d time.Duration, into *bodyGuard) *bodyGuard {
+// controller of w, and the time it read (the body has d from now): the
+// guard and the body reader are into if it is not nil (the caller's
+// storage, unused until then), else one allocation.
+func limitBodyRead(rc *http.ResponseController, r *http.Request, now time.Time, d time.Duration, into *bodyGuard) *bodyGuard {
 	if r.Body == nil || r.Body == http.NoBody || d <= 0 {
 		return nil
 	}
-	deadline := time.Now().Add(d)
+	deadline := now.Add(d)
 	if rc.SetReadDeadline(deadline) != nil {
 		return nil // not a net/http connection (a test recorder)
 	}

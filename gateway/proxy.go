@@ -229,14 +229,15 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	// The write deadline set below is lifted by net/http itself once the
 	// answer is flushed (not earlier: the flush is bounded too).
 	rc := &f.rc
-	guard := limitBodyRead(rc, r, g.cfg.BodyTimeout, &f.guard)
+	now := time.Now() // one reading for both deadlines: they are set microseconds apart
+	guard := limitBodyRead(rc, r, now, g.cfg.BodyTimeout, &f.guard)
 	kw, ok := g.keyedWrite(w, r)
 	if !ok {
 		return
 	}
 	// A client that does not take its answer must not hold the resource's
 	// shared lock (and so its grants) for longer than this.
-	_ = rc.SetWriteDeadline(time.Now().Add(g.cfg.ForwardTimeout + g.cfg.BodyTimeout))
+	_ = rc.SetWriteDeadline(now.Add(g.cfg.ForwardTimeout + g.cfg.BodyTimeout))
 
 	write := tokens.Write{Method: r.Method, Upstream: name, Path: truncateUTF8(path, 512), Principal: principalName(r.Context())}
 	if len(lc.observe) > 0 {

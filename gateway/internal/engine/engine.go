@@ -81,6 +81,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/fencegw/fencegw/gateway/internal/coarse"
 )
 
 // Write is one fenced write as the engine sees it: what it needs of the
@@ -379,19 +381,19 @@ var aLongTimeAgo = time.Unix(1, 0)
 // get returns a live idle connection to the upstream at key, or dials one
 // (by deadline, if set).
 func (e *Transport) get(ctx context.Context, key upstreamKey, deadline time.Time) (*engineConn, error) {
-	now := time.Now()
+	now := monotonic()
 	e.mu.Lock()
 	for list := e.idle[key]; len(list) > 0; list = e.idle[key] {
 		c := list[len(list)-1]
 		list[len(list)-1] = nil
 		e.idle[key] = list[:len(list)-1]
 		e.mu.Unlock()
-		if e.idleTimeout > 0 && now.Sub(c.idleAt) >= e.idleTimeout {
+		if e.idleTimeout > 0 && now-c.idleAt >= e.idleTimeout {
 			_ = c.nc.Close()
 			e.mu.Lock()
 			continue
 		}
-		if c.deadline && c.deadlineAt.Sub(now) < time.Second {
+		if c.deadline && time.Until(c.deadlineAt) < time.Second {
 			// The last exchange's deadline, left set, passed while c
 			// was idle (or is about to): the peek would fail on it.
 			c.setDeadline(time.Time{})
@@ -493,11 +495,11 @@ func (e *Transport) handshake(ctx context.Context, tcp net.Conn, host string) (n
 // keep coming. (With no writes at all they stay until the next one or
 // CloseIdleConnections; their number is bounded by maxIdle.)
 func (e *Transport) put(c *engineConn) {
-	c.idleAt = time.Now()
+	c.idleAt = monotonic()
 	var stale []*engineConn
 	e.mu.Lock()
 	list := e.idle[c.key]
-	for len(list) > 0 && e.idleTimeout > 0 && c.idleAt.Sub(list[0].idleAt) >= e.idleTimeout {
+	for len(list) > 0 && e.idleTimeout > 0 && c.idleAt-list[0].idleAt >= e.idleTimeout {
 		stale = append(stale, list[0])
 		list[0] = nil
 		list = list[1:]
@@ -540,10 +542,13 @@ type engineConn struct {
 	br     *bufio.Reader // reads through the engineConn (the limit)
 	bw     *bufio.Writer
 	limit  int64
-	idleAt time.Time
-	// deadline: a deadline is set on nc, deadlineAt (setDeadline).
+	idleAt time.Duration // since it went idle (monotonic)
+	// deadline: a deadline is set on nc, deadlineAt (setDeadline), as
+	// Unix nanoseconds deadlineNs (0: none; unknownDeadline: set past
+	// setDeadline, which then sets the next one whatever it is).
 	deadline   bool
 	deadlineAt time.Time
+	deadlineNs int64
 	// trace is a context whose ClientTrace sets wroteHead, for exchanges
 	// with hooks (one per connection, not one per request).
 	trace     context.Context
@@ -579,14 +584,29 @@ type engineConn struct {
 // setDeadline sets an exchange's deadline (zero: none) on c's connection
 // in place of the last exchange's, which is left set while c is idle (a
 // deadline that passes there fails nothing, and lifting it would cost every
-// exchange a second SetDeadline).
+// exchange a second SetDeadline). The deadline is rounded up (package
+// coarse: at most a 64th of its time late), and not set again when it
+// rounds to the last one: exchanges a few milliseconds apart mostly do.
 func (c *engineConn) setDeadline(t time.Time) {
-	if t.IsZero() && !c.deadline {
+	t, ns := coarse.Deadline(t)
+	if ns == c.deadlineNs {
 		return
 	}
-	c.deadline, c.deadlineAt = !t.IsZero(), t
+	c.deadline, c.deadlineAt, c.deadlineNs = !t.IsZero(), t, ns
 	_ = c.nc.SetDeadline(t)
 }
+
+// started is a reading of the monotonic clock that monotonic counts from.
+var started = time.Now()
+
+// monotonic is the time since started: one reading of the monotonic clock,
+// where time.Now reads the wall clock too, for the pool's idle times.
+func monotonic() time.Duration { return time.Since(started) }
+
+// unknownDeadline is engineConn.deadlineNs once a deadline was set on the
+// connection past setDeadline: no deadline's Unix nanoseconds (a time
+// before 1678).
+const unknownDeadline = -1 << 63
 
 var errHeadTooLarge = errors.New("the upstream's response head is too large")
 

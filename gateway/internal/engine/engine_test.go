@@ -415,7 +415,7 @@ func TestEnginePutPrunes(t *testing.T) {
 	}
 	old, oldPeer := conn()
 	e.put(old)
-	old.idleAt = old.idleAt.Add(-2 * time.Minute)
+	old.idleAt -= 2 * time.Minute
 	fresh, freshPeer := conn()
 	e.put(fresh)
 	if !closed(oldPeer) || closed(freshPeer) || len(e.idle[up]) != 1 || e.idle[up][0] != fresh {
@@ -605,6 +605,60 @@ func TestIdleConnectionOutlivesItsDeadline(t *testing.T) {
 	}
 	if n := dials.Load(); n != 1 {
 		t.Errorf("3 exchanges dialled %d connections, want 1 kept alive", n)
+	}
+}
+
+// deadlineCounter counts the deadlines set on a connection.
+type deadlineCounter struct {
+	net.Conn
+	n int
+}
+
+func (c *deadlineCounter) SetDeadline(t time.Time) error {
+	c.n++
+	return c.Conn.SetDeadline(t)
+}
+
+// Exchanges a few milliseconds apart whose deadlines are a minute ahead
+// mostly keep the deadline on their connection (rounded up, package
+// coarse) rather than set it again; one that moves it sets it.
+func TestCloseExchangesKeepTheDeadlineOnTheSocket(t *testing.T) {
+	up := newUpstream(t)
+	e, _ := newTestTransport(t)
+	exchange := func(deadline time.Time) {
+		t.Helper()
+		req, err := http.NewRequest("POST", up.URL+"/x", strings.NewReader("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := &testWrite{body: []byte("x")}
+		if got := readAll(t)(e.Exchange(context.Background(), req, w, deadline, &hooksSeen{})); got != "ok /x" {
+			t.Fatalf("answer %q", got)
+		}
+	}
+	exchange(time.Now().Add(time.Minute))
+	e.mu.Lock()
+	var c *engineConn
+	for _, list := range e.idle {
+		c = list[0]
+	}
+	e.mu.Unlock()
+	counter := &deadlineCounter{Conn: c.nc}
+	c.nc = counter
+	for range 20 {
+		exchange(time.Now().Add(time.Minute))
+	}
+	if counter.n > 5 {
+		t.Fatalf("20 exchanges a minute ahead set the deadline %d times; want a few", counter.n)
+	}
+	n := counter.n
+	want := time.Now().Add(time.Hour)
+	exchange(want)
+	if counter.n != n+1 {
+		t.Fatal("an exchange an hour ahead did not set its deadline")
+	}
+	if late := c.deadlineAt.Sub(want); late < 0 || late > 17*time.Millisecond {
+		t.Fatalf("the deadline on the socket is %v from the exchange's", late)
 	}
 }
 

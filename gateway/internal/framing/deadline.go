@@ -14,10 +14,17 @@ package framing
 // system call runs under the deadline last set before it, as it would if
 // each were set at once: a deadline in the past fails the next call at
 // once, and one set meanwhile ends a call that waits.
+//
+// What goes on the socket is the deadline rounded up (package coarse, at
+// most a 64th of its time late), and only when it is not the one already
+// there: the idle wait's and the answer's deadlines, moved on by every
+// request a few milliseconds apart, mostly round to the one already set.
 
 import (
 	"net"
 	"time"
+
+	"github.com/fencegw/fencegw/gateway/internal/coarse"
 )
 
 // lazyDeadlines is a connection's deadlines not yet set on its socket, and
@@ -27,12 +34,17 @@ type lazyDeadlines struct {
 }
 
 // lazyDeadline is one direction's: the deadline last set, if it is not on
-// the socket yet, and the calls under way.
+// the socket yet, the calls under way, and the deadline on the socket.
 type lazyDeadline struct {
 	t       time.Time
 	pending bool
 	busy    int
+	on      int64 // the (rounded) deadline on the socket as Unix nanoseconds; 0: none
 }
+
+// unknownDeadline is lazyDeadline.on for a socket whose deadline was set
+// past it: no deadline's Unix nanoseconds (a time before 1678).
+const unknownDeadline = -1 << 63
 
 // setter sets one direction's deadline on a socket: net.Conn.SetReadDeadline
 // or net.Conn.SetWriteDeadline.
@@ -43,7 +55,7 @@ type setter = func(net.Conn, time.Time) error
 func (d *lazyDeadline) to(nc net.Conn, set setter, t time.Time, now bool) error {
 	if d.busy > 0 || now {
 		d.pending = false
-		return set(nc, t)
+		return d.put(nc, set, t)
 	}
 	d.t, d.pending = t, true
 	return nil
@@ -53,8 +65,21 @@ func (d *lazyDeadline) to(nc net.Conn, set setter, t time.Time, now bool) error 
 func (d *lazyDeadline) settle(nc net.Conn, set setter) {
 	if d.pending {
 		d.pending = false
-		_ = set(nc, d.t)
+		_ = d.put(nc, set, d.t)
 	}
+}
+
+// put sets t, rounded up, on the socket, unless it is there already.
+func (d *lazyDeadline) put(nc net.Conn, set setter, t time.Time) error {
+	t, ns := coarse.Deadline(t)
+	if ns == d.on {
+		return nil
+	}
+	if err := set(nc, t); err != nil {
+		return err
+	}
+	d.on = ns
+	return nil
 }
 
 // SetReadDeadline sets the deadline of the connection's reads.

@@ -129,3 +129,64 @@ func TestDeadlineBoundsTheTLSHandshake(t *testing.T) {
 		t.Fatal("the deadline set before the first read did not bound its handshake")
 	}
 }
+
+// countingConn counts the deadlines set on it.
+type countingConn struct {
+	net.Conn
+	reads, writes int
+}
+
+func (c *countingConn) SetReadDeadline(t time.Time) error {
+	c.reads++
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *countingConn) SetWriteDeadline(t time.Time) error {
+	c.writes++
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// A deadline moved on by a few milliseconds per request, a minute ahead,
+// mostly rounds to the one on the socket, which is then not set again; a
+// deadline that changes the rounded one, one in the past and none are set.
+func TestDeadlinesOnTheSocketOnlyWhenTheyChange(t *testing.T) {
+	fc, client := pipeConns(t)
+	cc := &countingConn{Conn: fc.Conn}
+	fc.Conn = cc
+	for i := range 100 {
+		_ = fc.SetReadDeadline(time.Now().Add(time.Minute))
+		_ = fc.SetWriteDeadline(time.Now().Add(time.Minute))
+		fc.settle()
+		if i%10 == 9 {
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	if cc.reads > 20 || cc.writes > 20 {
+		t.Fatalf("100 deadlines a minute ahead, close together, set %d read and %d write deadlines on the socket; want a few", cc.reads, cc.writes)
+	}
+	reads := cc.reads
+	_ = fc.SetReadDeadline(time.Now().Add(2 * time.Minute))
+	fc.settle()
+	if cc.reads != reads+1 {
+		t.Fatal("a deadline a minute later was not set on the socket")
+	}
+	_ = fc.SetReadDeadline(time.Unix(1, 0))
+	fc.settle()
+	if cc.reads != reads+2 {
+		t.Fatal("a deadline in the past was not set on the socket")
+	}
+	if _, err := fc.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read after a deadline in the past: %v", err)
+	}
+	_ = fc.SetReadDeadline(time.Time{})
+	fc.settle()
+	if cc.reads != reads+3 {
+		t.Fatal("lifting the deadline was not set on the socket")
+	}
+	if _, err := client.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := fc.Read(make([]byte, 1)); n != 1 || err != nil {
+		t.Fatalf("read with no deadline: %d, %v", n, err)
+	}
+}

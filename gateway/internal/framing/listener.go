@@ -421,6 +421,9 @@ func (c *conn) linger() {
 	// The close_notify below goes out under the write deadline last set.
 	c.settle()
 	_ = c.tcp.SetReadDeadline(time.Now().Add(lingerTime))
+	c.mu.Lock()
+	c.dl.read.on = unknownDeadline // set here past the lazy deadlines
+	c.mu.Unlock()
 	if c.tlsConn != nil {
 		_ = c.tlsConn.CloseWrite() // fails harmlessly before a handshake
 	}

@@ -1,0 +1,54 @@
+// Package coarse rounds a socket's deadline up to a grid, so that a
+// connection whose deadline is moved on by every request changes its
+// runtime timer once per step of the grid instead of once per request.
+//
+// A fenced write sets three socket deadlines (the client's idle wait and
+// answer write, the upstream's exchange), each some seconds ahead. Every
+// SetDeadline is a change of a runtime timer under its heap's lock, and a
+// new deadline, however close to the last, is a change: the runtime takes
+// the time left and adds its own clock again. A deadline rounded up to a
+// step of at most a 64th of the time left (and at most about 16.8 ms) is
+// most often the one already on the socket, which its holder then keeps.
+//
+// So a deadline fires at most a 64th of its time late, and never early: a
+// deadline in the past, or closer than 64 µs, is kept exactly, so that it
+// still fails a call at once or bounds it as closely as it was asked to.
+package coarse
+
+import (
+	"math/bits"
+	"time"
+)
+
+// maxStep is the coarsest step: 2^24 ns, about 16.8 ms.
+const maxStep = 1 << 24
+
+// Deadline is t rounded up to a step of the grid (a power of two
+// nanoseconds, at most a 64th of the time from now to t, at most maxStep),
+// and the rounded time as Unix nanoseconds; t exactly (and its Unix
+// nanoseconds) if it is past or closer than 64 µs; zero (and 0) if t is.
+func Deadline(t time.Time) (time.Time, int64) {
+	if t.IsZero() {
+		return t, 0
+	}
+	// time.Until reads only the monotonic clock for a t that has its
+	// reading (t made by time.Now().Add): half of time.Now's cost.
+	return rounded(t, time.Until(t))
+}
+
+// rounded is t, due in left, rounded up.
+func rounded(t time.Time, left time.Duration) (time.Time, int64) {
+	ns := t.UnixNano()
+	left /= 64
+	if left < time.Microsecond {
+		return t, ns
+	}
+	step := int64(1) << (bits.Len64(uint64(left)) - 1)
+	if step > maxStep {
+		step = maxStep
+	}
+	up := (ns + step - 1) &^ (step - 1)
+	// Add keeps t's monotonic reading: the runtime measures the time left
+	// by it, as it would t's.
+	return t.Add(time.Duration(up - ns)), up
+}

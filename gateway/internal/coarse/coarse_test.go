@@ -1,0 +1,72 @@
+package coarse
+
+import (
+	"testing"
+	"time"
+)
+
+// A rounded deadline is never early, at most a 64th of its time (and the
+// coarsest step) late, and the same for deadlines close together.
+func TestDeadlineBounds(t *testing.T) {
+	now := time.Now()
+	for _, left := range []time.Duration{64 * time.Microsecond, time.Millisecond, 50 * time.Millisecond,
+		time.Second, 30 * time.Second, 2 * time.Minute, time.Hour} {
+		for i := range 1000 {
+			want := now.Add(left + time.Duration(i)*997*time.Nanosecond)
+			got, ns := rounded(want, want.Sub(now))
+			late := got.Sub(want)
+			if late < 0 {
+				t.Fatalf("%v ahead: rounded %v early", left, -late)
+			}
+			if limit := min(want.Sub(now)/64, maxStep); late >= limit && late > 0 {
+				t.Fatalf("%v ahead: rounded %v late, more than %v", left, late, limit)
+			}
+			if ns != got.UnixNano() {
+				t.Fatalf("%v ahead: nanoseconds %d, not the rounded time's %d", left, ns, got.UnixNano())
+			}
+		}
+	}
+	// Deadlines a request apart (2 ms) with a minute ahead mostly round
+	// to the same: what the grid is for.
+	same := 0
+	_, last := rounded(now.Add(time.Minute), time.Minute)
+	for i := 1; i <= 100; i++ {
+		at := now.Add(time.Duration(i) * 2 * time.Millisecond)
+		_, ns := rounded(at.Add(time.Minute), time.Minute)
+		if ns == last {
+			same++
+		}
+		last = ns
+	}
+	if same < 80 {
+		t.Fatalf("%d of 100 deadlines 2 ms apart rounded to the last one's; want most", same)
+	}
+}
+
+// A deadline that is zero, past or very close is kept exactly: a past
+// one must still fail a call at once.
+func TestDeadlineExact(t *testing.T) {
+	now := time.Now()
+	if got, ns := Deadline(time.Time{}); !got.IsZero() || ns != 0 {
+		t.Fatalf("no deadline rounded to %v (%d)", got, ns)
+	}
+	for _, d := range []time.Time{time.Unix(1, 0), now, now.Add(-time.Second), now.Add(63 * time.Microsecond)} {
+		got, ns := rounded(d, d.Sub(now))
+		if !got.Equal(d) {
+			t.Fatalf("%v rounded to %v", d, got)
+		}
+		if ns != d.UnixNano() {
+			t.Fatalf("%v: nanoseconds %d", d, ns)
+		}
+	}
+}
+
+// Deadline on the real clock: a deadline a minute ahead is rounded up by
+// at most the coarsest step.
+func TestDeadlineNow(t *testing.T) {
+	want := time.Now().Add(time.Minute)
+	got, ns := Deadline(want)
+	if late := got.Sub(want); late < 0 || late >= maxStep || ns != got.UnixNano() {
+		t.Fatalf("a minute ahead rounded %v late (%d, %d)", late, ns, got.UnixNano())
+	}
+}
