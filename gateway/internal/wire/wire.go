@@ -120,10 +120,40 @@ func Get(h http.Header, name string) string {
 // Value is a field value as net/http writes it: CR and LF turned to
 // spaces, then trimmed of spaces and tabs.
 func Value(v string) string {
+	if plain(v) {
+		return v // the common value, as it is
+	}
 	if strings.IndexByte(v, '\r') >= 0 || strings.IndexByte(v, '\n') >= 0 { // ContainsAny's general search cost more
 		v = newlineToSpace.Replace(v)
 	}
 	return textproto.TrimString(v)
+}
+
+// plain reports whether Value leaves v as it is because nothing in it
+// could change: no byte below 0x20 (so no CR, LF or tab), and no space at
+// either end. Eight bytes are checked at a time, none below 0x20 (the
+// exact test of "Bit Twiddling Hacks", hasless; a byte from 0x80 up does
+// not trip it, and Value keeps it). A false answer only costs the
+// general path.
+func plain(v string) bool {
+	if len(v) > 0 && (v[0] == ' ' || v[len(v)-1] == ' ') {
+		return false
+	}
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	for len(v) >= 8 {
+		x := uint64(v[0]) | uint64(v[1])<<8 | uint64(v[2])<<16 | uint64(v[3])<<24 |
+			uint64(v[4])<<32 | uint64(v[5])<<40 | uint64(v[6])<<48 | uint64(v[7])<<56
+		if (x-0x20*ones)&^x&highs != 0 {
+			return false
+		}
+		v = v[8:]
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] < ' ' {
+			return false
+		}
+	}
+	return true
 }
 
 var newlineToSpace = strings.NewReplacer("\n", " ", "\r", " ")

@@ -148,3 +148,23 @@ func FuzzValidName(f *testing.F) {
 		}
 	})
 }
+
+// FuzzValue holds Value to what net/http writes of a value (WriteSubset:
+// CR and LF to spaces, then textproto.TrimString), and plain to Value's
+// leaving the value as it is whenever it says so.
+func FuzzValue(f *testing.F) {
+	for _, s := range []string{"", " ", "a", "application/json", " a", "a ", "a\t", "\ta", "01234567", "0123456\r",
+		"0123456789abcdef\n", "0123456789abcde\x1f", "é€ and more than eight", "\x7f\x80\xff01234567", "a\x00b",
+		"a\r\nb", "01234567 ", " 01234567", "0123456789\t"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		want := textproto.TrimString(strings.NewReplacer("\n", " ", "\r", " ").Replace(v))
+		if got := Value(v); got != want {
+			t.Fatalf("Value(%q) = %q, want %q", v, got, want)
+		}
+		if plain(v) && want != v {
+			t.Fatalf("plain(%q), but net/http writes %q", v, want)
+		}
+	})
+}
