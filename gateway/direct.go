@@ -124,7 +124,8 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 		directPool.Put(st)
 	}()
 	h := st.h
-	_, connection := r.Header["Connection"]
+	wf := &f.fields
+	connection := wf.hasConnection
 	for k, v := range r.Header {
 		// Without a Connection field, the fields that go (below, and in
 		// rewrite) are known by name: they are left out here rather than
@@ -158,14 +159,17 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 		delete(h, "X-Forwarded-Host")
 		delete(h, "X-Forwarded-Proto")
 	}
-	if httpguts.HeaderValuesContainsToken(r.Header["Te"], "trailers") { // as the reverse proxy asks
+	if wf.teTrailers { // as the reverse proxy asks
 		// As the reverse proxy: an upstream may learn that trailers of
 		// its answer reach the client.
 		h["Te"] = teTrailers[:1:1]
 	}
 	g.rewrite(&httputil.ProxyRequest{In: r, Out: out}, f, &st.vals, !connection)
-	if _, ok := h["User-Agent"]; !ok {
-		h["User-Agent"] = noUserAgent[:1:1]
+	// The client's User-Agent stays, unless its Connection field named it.
+	if !wf.userAgent || connection {
+		if _, ok := h["User-Agent"]; !ok {
+			h["User-Agent"] = noUserAgent[:1:1]
+		}
 	}
 	deadline := time.Now().Add(g.cfg.ForwardTimeout)
 	f.deadline = deadline
@@ -201,32 +205,32 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	// answer's Connection field where ReadResponse takes it out (it names
 	// close), so the fields it names go too (RFC 9110 7.6.1); it names
 	// the trailer fields that do not go on either (answerTrailer).
-	conn := res.Header["Connection"]
-	if conn != nil || f.keyed != nil {
-		// The fields Connection names go too; a keyed answer is recorded
-		// as it goes on. Otherwise the copy below leaves the hop-by-hop
-		// fields out.
-		removeHopByHop(res.Header)
-	}
-	if f.keyed != nil {
-		// Its ModifyResponse, for a keyed write: the answer is recorded
-		// before any of it goes back.
-		if err := g.recordKeyed(r.Context(), f, res); err != nil {
-			_ = res.Body.Close()
-			g.forwardFailed(w, r, f, err, errors.Is(err, context.DeadlineExceeded) || !time.Now().Before(deadline))
-			return
-		}
-	}
 	dst := w.Header()
-	for k, vv := range res.Header {
-		if isHopHeader(k) {
-			continue
+	conn, contentType, copied := copyAnswerHeader(dst, res.Header, f.keyed == nil)
+	if !copied {
+		// The fields Connection names go too; a keyed answer is recorded
+		// as it goes on.
+		removeHopByHop(res.Header)
+		if f.keyed != nil {
+			// Its ModifyResponse, for a keyed write: the answer is
+			// recorded before any of it goes back.
+			if err := g.recordKeyed(r.Context(), f, res); err != nil {
+				_ = res.Body.Close()
+				g.forwardFailed(w, r, f, err, errors.Is(err, context.DeadlineExceeded) || !time.Now().Before(deadline))
+				return
+			}
 		}
-		if len(dst[k]) == 0 {
-			dst[k] = vv // the value slices are this answer's alone (its map is the engine's, lent)
-		} else {
-			dst[k] = append(dst[k], vv...)
+		for k, vv := range res.Header {
+			if isHopHeader(k) {
+				continue
+			}
+			if len(dst[k]) == 0 {
+				dst[k] = vv // the value slices are this answer's alone (its map is the engine's, lent)
+			} else {
+				dst[k] = append(dst[k], vv...)
+			}
 		}
+		contentType = wire.Get(res.Header, "Content-Type")
 	}
 	announcedTrailers := len(res.Trailer)
 	if announcedTrailers > 0 {
@@ -243,7 +247,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	w.WriteHeader(res.StatusCode)
 	// A body of unknown length, or an event stream, is flushed as it
 	// comes (the reverse proxy's flushInterval -1), its head at once.
-	flush := res.ContentLength == -1 || eventStream(wire.Get(res.Header, "Content-Type"))
+	flush := res.ContentLength == -1 || eventStream(contentType)
 	if flush {
 		_ = rc.Flush()
 	}
@@ -282,6 +286,35 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 			dst.Add(k, v)
 		}
 	}
+}
+
+// copyAnswerHeader copies the answer's header src into the client's dst,
+// the hop-by-hop fields left out, in the common case: dst empty, and
+// may (the write is not keyed: a keyed answer is recorded first). It
+// returns the answer's Connection field and Content-Type, read as it
+// copies (no lookup of either), and whether it copied: not when it may
+// not or dst is not empty, nor when src has a Connection field, whose
+// names must go from src first (dst is then left empty again). The
+// caller then copies as the reverse proxy does.
+func copyAnswerHeader(dst, src http.Header, may bool) (conn []string, contentType string, copied bool) {
+	if !may || len(dst) > 0 {
+		return src["Connection"], "", false
+	}
+	for k, vv := range src {
+		switch k {
+		case "Connection":
+			clear(dst)
+			return vv, "", false
+		case "Content-Type":
+			if len(vv) > 0 {
+				contentType = vv[0] // as wire.Get has it
+			}
+		}
+		if !isHopHeader(k) {
+			dst[k] = vv // the value slices are this answer's alone (its map is the engine's, lent)
+		}
+	}
+	return nil, contentType, true
 }
 
 // answerTrailer reports whether an answer's trailer field named k (as

@@ -98,8 +98,9 @@ func newKeys(x *tokens.Idempotency, reg prometheus.Registerer, log *slog.Logger)
 
 // keyedWrite is hook 1. It returns nil, true for a write without a key;
 // false if it answered (a bad key).
-func (g *Gateway) keyedWrite(w http.ResponseWriter, r *http.Request) (*keyed, bool) {
-	vs, ok := r.Header[HeaderIdempotencyKey]
+// wf is r's header as the road reads it (writefields.go).
+func (g *Gateway) keyedWrite(w http.ResponseWriter, r *http.Request, wf *writeFields) (*keyed, bool) {
+	vs, ok := wf.idempotencyKey, wf.hasKey
 	if !ok {
 		return nil, true
 	}

@@ -322,8 +322,9 @@ func TestUnkeyedWriteAllocatesNothingForKeys(t *testing.T) {
 	g := &Gateway{}
 	r := httptest.NewRequest(http.MethodPost, "/v1/proxy/up/a", strings.NewReader("x"))
 	w := httptest.NewRecorder()
+	wf := readWriteFields(r.Header)
 	allocs := testing.AllocsPerRun(100, func() {
-		if k, ok := g.keyedWrite(w, r); k != nil || !ok {
+		if k, ok := g.keyedWrite(w, r, &wf); k != nil || !ok {
 			t.Fatal("unkeyed write treated as keyed")
 		}
 	})

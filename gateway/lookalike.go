@@ -33,14 +33,18 @@ var foldedProtected = []string{
 // Go's own rules see but folds into a protected one, or "".
 func lookalikeHeader(h http.Header) string {
 	for k := range h {
-		if strings.IndexByte(k, '_') < 0 {
-			continue // Go's canonical form: the header rules see it as is
-		}
-		if protectedFold(k) {
+		if lookalikeName(k) {
 			return k
 		}
 	}
 	return ""
+}
+
+// lookalikeName reports whether the header name k (as Go keys it) folds
+// into a protected name it is not.
+func lookalikeName(k string) bool {
+	// Without a '_', k is Go's canonical form: the header rules see it as is.
+	return strings.IndexByte(k, '_') >= 0 && protectedFold(k)
 }
 
 // protectedFold reports whether name, folded, is protected.

@@ -161,18 +161,19 @@ func dotSegment(seg string) bool {
 
 // checkWriteRequest refuses, before anything else is looked at, fenced
 // writes that could not be one request and one answer (docs/design.md guarantee
-// 8) or whose lease is ambiguous. It returns nil for the common request.
-func checkWriteRequest(r *http.Request) error {
+// 8) or whose lease is ambiguous; wf is r's header as the road reads it
+// (writefields.go). It returns nil for the common request.
+func checkWriteRequest(r *http.Request, wf *writeFields) error {
 	if r.Method == http.MethodConnect {
 		return &tunnelError{method: true}
 	}
-	if len(r.Header["Upgrade"]) > 0 || httpguts.HeaderValuesContainsToken(r.Header["Connection"], "upgrade") {
+	if wf.upgrade || httpguts.HeaderValuesContainsToken(wf.connection, "upgrade") {
 		return &tunnelError{}
 	}
-	if len(r.Header[HeaderLease]) > 1 {
+	if len(wf.lease) > 1 {
 		return tokens.Invalid(HeaderLease, "must be sent once: more than one such header")
 	}
-	if k := lookalikeHeader(r.Header); k != "" { // lookalike.go
+	if k := wf.lookalike; k != "" { // lookalike.go
 		return lookalikeError(k)
 	}
 	if strings.IndexFunc(r.URL.RawQuery, notInRequestLine) >= 0 {

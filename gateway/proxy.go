@@ -19,7 +19,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/fencegw/fencegw/gateway/internal/wire"
 	"github.com/fencegw/fencegw/internal/failpoint"
 	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/tokens"
@@ -74,6 +73,8 @@ type forward struct {
 	deadline time.Time
 	// tokenText is the storage of token's bytes (tokenString).
 	tokenText [20]byte
+	// fields is the client's header as the road reads it (writefields.go).
+	fields writeFields
 }
 
 // tokenString is strconv.FormatInt(token, 10) in the storage of one
@@ -173,7 +174,9 @@ func newTransport() *http.Transport {
 
 // serveProxy handles /v1/proxy/{upstream}/{path...}.
 func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
-	if err := checkWriteRequest(r); err != nil { // pathrule.go
+	// What the road asks of the header, read in one pass.
+	wf := readWriteFields(r.Header)
+	if err := checkWriteRequest(r, &wf); err != nil { // pathrule.go
 		g.metrics.write(outcomeBadRequest)
 		if errors.Is(err, problems.ErrMethodNotAllowed) {
 			w.Header().Set("Allow", proxyMethods) // RFC 9110 15.5.6
@@ -205,7 +208,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, g.log, err)
 		return
 	}
-	leaseID := wire.Get(r.Header, HeaderLease)
+	leaseID := first(wf.lease) // as wire.Get has it
 	if leaseID == "" {
 		g.metrics.write(outcomeBadRequest)
 		p := problemOf(problems.ErrMissingLease)
@@ -218,20 +221,21 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, g.log, &http.MaxBytesError{Limit: g.cfg.MaxBody})
 		return
 	}
-	buffer := bufferable(r) // its Content-Length is within MaxBody
+	buffer := bufferable(r, &wf) // its Content-Length is within MaxBody
 	if r.Body != nil && r.Body != http.NoBody && !buffer {
 		r.Body = http.MaxBytesReader(w, r.Body, g.cfg.MaxBody)
 	}
 	// The write's state, with its response controller and its body's
 	// guard (the rest is set once it is admitted).
 	f := newForward(r)
+	f.fields = wf
 	f.rc = *http.NewResponseController(w)
 	// The write deadline set below is lifted by net/http itself once the
 	// answer is flushed (not earlier: the flush is bounded too).
 	rc := &f.rc
 	now := time.Now() // one reading for both deadlines: they are set microseconds apart
 	guard := limitBodyRead(rc, r, now, g.cfg.BodyTimeout, &f.guard)
-	kw, ok := g.keyedWrite(w, r)
+	kw, ok := g.keyedWrite(w, r, &wf)
 	if !ok {
 		return
 	}

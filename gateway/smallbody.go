@@ -26,8 +26,8 @@ const smallBody = 4 << 10
 // a Content-Length body of at most smallBody bytes, and no Expect:
 // 100-continue (reading the body would send the client 100 Continue before
 // the upstream agreed to take it; such bodies stream, as larger ones do).
-func bufferable(r *http.Request) bool {
-	return r.ContentLength > 0 && r.ContentLength <= smallBody && len(r.Header["Expect"]) == 0 && len(r.TransferEncoding) == 0
+func bufferable(r *http.Request, wf *writeFields) bool {
+	return r.ContentLength > 0 && r.ContentLength <= smallBody && !wf.expect && len(r.TransferEncoding) == 0
 }
 
 // smallBodies lends readSmallBody its buffers, of smallBody bytes and one

@@ -140,27 +140,44 @@ func readHead(br *bufio.Reader, req *http.Request, hdr http.Header) *http.Respon
 	} else {
 		clear(hdr)
 	}
+	// A repeated name is found among the names taken so far (a few), not
+	// by a lookup of each; so are the two fields asked about below.
+	var names [8]string
+	taken := names[:0]
+	pragma, connection := false, false
 	for line := head[h.statusEnd+2:]; len(line) > 2; {
 		eol := indexCRLF(line)
 		colon := indexColon(line[:eol])
 		key := wire.CanonicalKey(line[:colon])
 		value := trimOWS(line[colon+1 : eol])
 		line = line[eol+2:]
-		if vv, ok := hdr[key]; ok {
-			hdr[key] = append(vv, value)
+		if repeated(taken, key) {
+			hdr[key] = append(hdr[key], value)
 			continue
+		}
+		if len(taken) < len(names) {
+			taken = append(taken, key)
+		} else if _, ok := hdr[key]; ok { // past the names kept: a lookup
+			hdr[key] = append(hdr[key], value)
+			continue
+		}
+		switch key {
+		case "Pragma":
+			pragma = true
+		case "Connection":
+			connection = true
 		}
 		vals[0] = value
 		hdr[key], vals = vals[:1:1], vals[1:]
 	}
 	// ReadResponse's fixPragmaCacheControl.
-	if hp, ok := hdr["Pragma"]; ok && len(hp) > 0 && hp[0] == "no-cache" {
+	if pragma && hdr["Pragma"][0] == "no-cache" {
 		if _, ok := hdr["Cache-Control"]; !ok {
 			hdr["Cache-Control"] = []string{"no-cache"}
 		}
 	}
 	// shouldClose for HTTP/1.1, but the Connection field is kept (above).
-	resp.Close = httpguts.HeaderValuesContainsToken(hdr["Connection"], "close")
+	resp.Close = connection && httpguts.HeaderValuesContainsToken(hdr["Connection"], "close")
 	resp.Header = hdr
 	switch {
 	case method == "HEAD":
@@ -172,6 +189,16 @@ func readHead(br *bufio.Reader, req *http.Request, hdr http.Header) *http.Respon
 	}
 	_, _ = br.Discard(h.end)
 	return resp
+}
+
+// repeated reports whether key is one of names.
+func repeated(names []string, key string) bool {
+	for _, n := range names {
+		if n == key {
+			return true
+		}
+	}
+	return false
 }
 
 // answer is a Response and the array of its header's value slices.

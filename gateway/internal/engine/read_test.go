@@ -295,6 +295,11 @@ var answerSeeds = []string{
 	"HTTP/1.1 200 OK\r\nX-Big: " + strings.Repeat("b", 5000) + "\r\nContent-Length: 0\r\n\r\n",
 	"HTTP/1.1 200 OK\r\nX-Big: " + strings.Repeat("b", 3000) + "\r\nContent-Length: 0\r\n\r\n",
 	"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n" + strings.Repeat("x", 5000) + "tail",
+	// More names than readHead keeps to find a repeated one (8), each
+	// repeated before and past that; Pragma and Connection repeated.
+	"HTTP/1.1 200 OK\r\nA: 1\r\nB: 2\r\nC: 3\r\nD: 4\r\nE: 5\r\nF: 6\r\nG: 7\r\nH: 8\r\nI: 9\r\nJ: 10\r\nA: 11\r\nJ: 12\r\nI: 13\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nPragma: x\r\nPragma: no-cache\r\nConnection: keep-alive\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\npragma: no-cache\r\nCache-Control: max-age=1\r\nContent-Length: 0\r\n\r\n",
 }
 
 // manyHeaders is a head with n fields, some duplicated.

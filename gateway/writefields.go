@@ -1,0 +1,61 @@
+package gateway
+
+import (
+	"net/http"
+
+	"golang.org/x/net/http/httpguts"
+)
+
+// writeFields is what a fenced write's road asks of the client's header
+// fields, found in one pass over the header (readWriteFields). Each
+// question was a lookup of its own, a dozen a write: a lookup in a small
+// map costs about as much as the pass over its few fields, which the
+// look-alike check makes anyway.
+type writeFields struct {
+	lease          []string // Fencing-Lease
+	connection     []string
+	idempotencyKey []string
+	lookalike      string // a name CGI reads as one the gateway sets or drops (lookalike.go)
+	hasConnection  bool   // a Connection field, even with no value
+	hasKey         bool   // an Idempotency-Key field, even with no value
+	upgrade        bool   // an Upgrade field with a value
+	expect         bool   // an Expect field with a value
+	teTrailers     bool   // a Te field naming trailers
+	userAgent      bool   // a User-Agent field
+}
+
+// first is a field's first value, as Header.Get has it.
+func first(vv []string) string {
+	if len(vv) > 0 {
+		return vv[0]
+	}
+	return ""
+}
+
+// readWriteFields reads what writeFields holds from h.
+func readWriteFields(h http.Header) writeFields {
+	var wf writeFields
+	for k, vv := range h {
+		switch k {
+		case HeaderLease:
+			wf.lease = vv
+		case "Connection":
+			wf.connection, wf.hasConnection = vv, true
+		case HeaderIdempotencyKey:
+			wf.idempotencyKey, wf.hasKey = vv, true
+		case "Upgrade":
+			wf.upgrade = len(vv) > 0
+		case "Expect":
+			wf.expect = len(vv) > 0
+		case "Te":
+			wf.teTrailers = httpguts.HeaderValuesContainsToken(vv, "trailers")
+		case "User-Agent":
+			wf.userAgent = true
+		default:
+			if wf.lookalike == "" && lookalikeName(k) {
+				wf.lookalike = k
+			}
+		}
+	}
+	return wf
+}
