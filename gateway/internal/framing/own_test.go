@@ -223,6 +223,9 @@ func TestOwnLoopAnswersAsGoServer(t *testing.T) {
 		case "/own/prefix-trailer":
 			_, _ = io.WriteString(w, "body")
 			h.Set(http.TrailerPrefix+"X-Late", "1")
+		case "/own/prefix-trailer-first": // set before the head: chunked, no length
+			h.Set(http.TrailerPrefix+"X-Early", "1")
+			_, _ = io.WriteString(w, "body")
 		case "/own/short-length": // declared 10, wrote 3: the connection ends
 			h.Set("Content-Length", "10")
 			_, _ = io.WriteString(w, "abc")
@@ -301,7 +304,7 @@ func TestOwnLoopAnswersAsGoServer(t *testing.T) {
 		return zs.ReplaceAllStringFunc(got, func(z string) string { return "z*" + strconv.Itoa(len(z)) })
 	}
 	for _, path := range []string{"short", "typed", "long", "flushed", "empty", "204", "304", "1xx", "trailers",
-		"prefix-trailer", "short-length", "over-length", "bad-length", "close", "identity", "chunked-set",
+		"prefix-trailer", "prefix-trailer-first", "short-length", "over-length", "bad-length", "close", "identity", "chunked-set",
 		"after-header", "encoded", "odd-status", "headers", "read-half", "close-body"} {
 		for _, req := range []string{
 			"POST /own/" + path + " HTTP/1.1\r\nHost: x\r\n\r\n",

@@ -112,27 +112,62 @@ func (w *response) WriteHeader(code int) {
 	// it is the header as it is now (net/http's snapshot, taken before an
 	// invalid Content-Length is dropped from the handler's header).
 	h := w.header
-	_, haveType := h["Content-Type"]
-	hasTE := wire.Get(h, "Transfer-Encoding") != ""
-	_, declared := h["Trailer"]
-	hasCL := wire.Get(h, "Content-Length") != ""
-	later := bodyAllowedForStatus(code) && !hasTE &&
-		(!haveType && wire.Get(h, "Content-Encoding") == "" || !hasCL && !declared && !hasTrailerPrefix(h))
+	facts := factsOf(h)
+	later := bodyAllowedForStatus(code) && facts.te == "" &&
+		(!facts.haveType && facts.contentEncoding == "" || facts.contentLength == "" && !facts.haveTrailer && !facts.trailerPrefix)
 	if later {
 		w.sent = h.Clone()
 	}
-	if cl := wire.Get(h, "Content-Length"); cl != "" {
+	if cl := facts.contentLength; cl != "" {
 		v, err := strconv.ParseInt(cl, 10, 64)
 		if err == nil && v >= 0 {
 			w.contentLength = v
 		} else {
 			w.c.o.logf("http: invalid Content-Length of %q", cl)
 			h.Del("Content-Length")
+			facts.contentLength = ""
 		}
 	}
 	if !later {
-		w.writeHead(nil)
+		w.writeHeadOf(nil, &facts)
 	}
+}
+
+// headFacts is what the response rules ask of a handler's header, read in
+// one pass over it (factsOf), where a lookup of each cost more: each
+// field's first value, or its presence.
+type headFacts struct {
+	te, contentLength, connection, contentEncoding string
+	declared                                       []string // the Trailer field's values
+	haveType, haveDate, haveTrailer                bool
+	trailerPrefix                                  bool // a name with http.TrailerPrefix
+}
+
+func factsOf(h http.Header) headFacts {
+	var f headFacts
+	for k, vv := range h {
+		switch k {
+		case "Transfer-Encoding":
+			f.te = first(vv)
+		case "Content-Length":
+			f.contentLength = first(vv)
+		case "Connection":
+			f.connection = first(vv)
+		case "Content-Type":
+			f.haveType = true
+		case "Content-Encoding":
+			f.contentEncoding = first(vv)
+		case "Date":
+			f.haveDate = true
+		case "Trailer":
+			f.declared, f.haveTrailer = vv, true
+		default:
+			if strings.HasPrefix(k, http.TrailerPrefix) {
+				f.trailerPrefix = true
+			}
+		}
+	}
+	return f
 }
 
 func (w *response) Write(p []byte) (int, error) {
@@ -261,7 +296,11 @@ func (cw chunkWriter) Write(p []byte) (int, error) {
 // chunkWriter.writeHeader, for an HTTP/1.1 request that is not HEAD. p is
 // the body's first bytes (to sniff a type from, and, once the handler is
 // done, the whole body).
-func (w *response) writeHead(p []byte) {
+func (w *response) writeHead(p []byte) { w.writeHeadOf(p, nil) }
+
+// writeHeadOf is writeHead with the facts of the header it writes, if the
+// caller has them (nil: read here).
+func (w *response) writeHeadOf(p []byte, facts *headFacts) {
 	w.headOut = true
 	header, owned := w.sent, w.sent != nil
 	if !owned {
@@ -283,33 +322,20 @@ func (w *response) writeHead(p []byte) {
 
 	// One pass over the header finds every field the rules below ask
 	// about, where a lookup of each cost more than the pass.
-	var te, contentLength, connection, contentEncoding string
-	var declared []string
-	haveType, haveDate, trailers := false, false, false
-	for k, vv := range header {
-		switch k {
-		case "Transfer-Encoding":
-			te = first(vv)
-		case "Content-Length":
-			contentLength = first(vv)
-		case "Connection":
-			connection = first(vv)
-		case "Content-Type":
-			haveType = true
-		case "Content-Encoding":
-			contentEncoding = first(vv)
-		case "Date":
-			haveDate = true
-		case "Trailer":
-			declared = vv
-		default:
+	if facts == nil {
+		f := factsOf(header)
+		facts = &f
+	}
+	te, contentLength, connection, contentEncoding := facts.te, facts.contentLength, facts.connection, facts.contentEncoding
+	haveType, haveDate, trailers := facts.haveType, facts.haveDate, facts.trailerPrefix
+	if trailers {
+		for k := range header {
 			if strings.HasPrefix(k, http.TrailerPrefix) {
 				exclude = append(exclude, k)
-				trailers = true
 			}
 		}
 	}
-	for _, v := range declared {
+	for _, v := range facts.declared {
 		trailers = true
 		foreachHeaderElement(v, w.declareTrailer)
 	}
@@ -441,15 +467,6 @@ func (w *response) finalTrailers() http.Header {
 		}
 	}
 	return t
-}
-
-func hasTrailerPrefix(h http.Header) bool {
-	for k := range h {
-		if strings.HasPrefix(k, http.TrailerPrefix) {
-			return true
-		}
-	}
-	return false
 }
 
 // first is a field's first value, as Header.Get has it.
