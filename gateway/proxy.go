@@ -73,8 +73,8 @@ type forward struct {
 	deadline time.Time
 	// tokenText is the storage of token's bytes (tokenString).
 	tokenText [20]byte
-	// fields is the client's header as the road reads it (writefields.go).
-	fields writeFields
+	// fields is what the forward asks of the client's header (writefields.go).
+	fields forwardFields
 }
 
 // tokenString is strconv.FormatInt(token, 10) in the storage of one
@@ -228,7 +228,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	// The write's state, with its response controller and its body's
 	// guard (the rest is set once it is admitted).
 	f := newForward(r)
-	f.fields = wf
+	f.fields = wf.forward
 	f.rc = *http.NewResponseController(w)
 	// The write deadline set below is lifted by net/http itself once the
 	// answer is flushed (not earlier: the flush is bounded too).

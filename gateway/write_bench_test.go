@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // What one small fenced POST costs the gateway, one at a time through a
@@ -106,5 +107,14 @@ func readHead(br *bufio.Reader) (status, length int, err error) {
 				length = length*10 + int(c-'0')
 			}
 		}
+	}
+}
+
+// A request's state is one allocation (requestState, framing.go): past
+// 1,024 bytes it takes the next size class, 128 bytes more for every
+// write, which BenchmarkFencedWriteListener's B/op shows only when run.
+func TestRequestStateFitsItsSizeClass(t *testing.T) {
+	if n := unsafe.Sizeof(requestState{}); n > 1024 {
+		t.Fatalf("requestState is %d bytes, past the 1,024-byte size class", n)
 	}
 }

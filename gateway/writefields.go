@@ -16,12 +16,19 @@ type writeFields struct {
 	connection     []string
 	idempotencyKey []string
 	lookalike      string // a name CGI reads as one the gateway sets or drops (lookalike.go)
-	hasConnection  bool   // a Connection field, even with no value
 	hasKey         bool   // an Idempotency-Key field, even with no value
 	upgrade        bool   // an Upgrade field with a value
 	expect         bool   // an Expect field with a value
-	teTrailers     bool   // a Te field naming trailers
-	userAgent      bool   // a User-Agent field
+	forward        forwardFields
+}
+
+// forwardFields is what the direct forward asks of the client's header
+// (direct.go), kept in the write's state: a few bits, where the whole of
+// writeFields would take the state to the next size class.
+type forwardFields struct {
+	hasConnection bool // a Connection field, even with no value
+	teTrailers    bool // a Te field naming trailers
+	userAgent     bool // a User-Agent field
 }
 
 // first is a field's first value, as Header.Get has it.
@@ -40,7 +47,7 @@ func readWriteFields(h http.Header) writeFields {
 		case HeaderLease:
 			wf.lease = vv
 		case "Connection":
-			wf.connection, wf.hasConnection = vv, true
+			wf.connection, wf.forward.hasConnection = vv, true
 		case HeaderIdempotencyKey:
 			wf.idempotencyKey, wf.hasKey = vv, true
 		case "Upgrade":
@@ -48,9 +55,9 @@ func readWriteFields(h http.Header) writeFields {
 		case "Expect":
 			wf.expect = len(vv) > 0
 		case "Te":
-			wf.teTrailers = httpguts.HeaderValuesContainsToken(vv, "trailers")
+			wf.forward.teTrailers = httpguts.HeaderValuesContainsToken(vv, "trailers")
 		case "User-Agent":
-			wf.userAgent = true
+			wf.forward.userAgent = true
 		default:
 			if wf.lookalike == "" && lookalikeName(k) {
 				wf.lookalike = k

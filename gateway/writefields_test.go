@@ -12,12 +12,12 @@ import (
 func wantWriteFields(h http.Header) writeFields {
 	var wf writeFields
 	wf.lease = h[HeaderLease]
-	wf.connection, wf.hasConnection = h["Connection"]
+	wf.connection, wf.forward.hasConnection = h["Connection"]
 	wf.idempotencyKey, wf.hasKey = h[HeaderIdempotencyKey]
 	wf.upgrade = len(h["Upgrade"]) > 0
 	wf.expect = len(h["Expect"]) > 0
-	wf.teTrailers = httpguts.HeaderValuesContainsToken(h["Te"], "trailers")
-	_, wf.userAgent = h["User-Agent"]
+	wf.forward.teTrailers = httpguts.HeaderValuesContainsToken(h["Te"], "trailers")
+	_, wf.forward.userAgent = h["User-Agent"]
 	return wf
 }
 
@@ -52,9 +52,8 @@ func FuzzReadWriteFields(f *testing.F) {
 		}
 		got.lookalike = ""
 		if !slices.Equal(got.lease, want.lease) || !slices.Equal(got.connection, want.connection) ||
-			!slices.Equal(got.idempotencyKey, want.idempotencyKey) || got.hasConnection != want.hasConnection ||
-			got.hasKey != want.hasKey || got.upgrade != want.upgrade || got.expect != want.expect ||
-			got.teTrailers != want.teTrailers || got.userAgent != want.userAgent {
+			!slices.Equal(got.idempotencyKey, want.idempotencyKey) || got.forward != want.forward ||
+			got.hasKey != want.hasKey || got.upgrade != want.upgrade || got.expect != want.expect {
 			t.Fatalf("%v: read %+v, want %+v", h, got, want)
 		}
 	})
