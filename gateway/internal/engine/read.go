@@ -145,12 +145,17 @@ func readHead(br *bufio.Reader, req *http.Request, hdr http.Header) *http.Respon
 	var names [8]string
 	taken := names[:0]
 	pragma, connection := false, false
-	for line := head[h.statusEnd+2:]; len(line) > 2; {
-		eol := indexCRLF(line)
-		colon := indexColon(line[:eol])
-		key := wire.CanonicalKey(line[:colon])
-		value := trimOWS(line[colon+1 : eol])
-		line = line[eol+2:]
+	for i, start := 0, h.statusEnd+2; start < h.end-2; i++ {
+		var eol, colon int
+		if i < len(h.lines) {
+			eol, colon = int(h.lines[i].eol), int(h.lines[i].colon)
+		} else {
+			eol = start + indexCRLF(head[start:])
+			colon = start + indexColon(head[start:eol])
+		}
+		key := wire.CanonicalKey(head[start:colon])
+		value := trimOWS(head[colon+1 : eol])
+		start = eol + 2
 		if repeated(taken, key) {
 			hdr[key] = append(hdr[key], value)
 			continue
@@ -201,10 +206,15 @@ func repeated(names []string, key string) bool {
 	return false
 }
 
+// answerFields is the most header lines of an answer whose Response and
+// value slices are one allocation (answer), and whose lines' ends
+// readHead takes from scanHead.
+const answerFields = 8
+
 // answer is a Response and the array of its header's value slices.
 type answer struct {
 	resp http.Response
-	vals [8]string
+	vals [answerFields]string
 }
 
 // headScan is what scanHead found in a buffer.
@@ -215,6 +225,10 @@ type headScan struct {
 	code      int   // the status code
 	fields    int   // header lines
 	length    int64 // the Content-Length, -1 if none
+	// lines are the first field lines' ends (where their CR is) and
+	// colons, from the head's start, so that readHead need not look for
+	// them again.
+	lines [answerFields]struct{ eol, colon int32 }
 }
 
 const (
@@ -264,6 +278,10 @@ func scanHead(buf []byte) headScan {
 		if colon <= 0 || !validName(line[:colon]) || !validValue(line[colon+1:]) {
 			return headScan{state: headRefused} // also a leading space: obs-fold
 		}
+		if h.fields < len(h.lines) {
+			start := pos - eol - 1
+			h.lines[h.fields].eol, h.lines[h.fields].colon = int32(start+len(line)), int32(start+colon)
+		}
 		name, value := line[:colon], trimOWSBytes(line[colon+1:])
 		switch {
 		case asciiEqualFold(name, "Transfer-Encoding"):
@@ -297,8 +315,13 @@ func validName(b []byte) bool {
 }
 
 // validValue: httpguts.ValidHeaderFieldValue's bytes (no control byte
-// but HTAB; obs-text allowed), which are textproto's too.
+// but HTAB; obs-text allowed), which are textproto's too. A plain value
+// (wire.PlainValue, eight bytes at a time) is one; obs-text is checked a
+// byte at a time.
 func validValue(b []byte) bool {
+	if wire.PlainValue(b) {
+		return true
+	}
 	for _, c := range b {
 		if c < ' ' && c != '\t' || c == 0x7f {
 			return false

@@ -17,7 +17,6 @@ package framing
 
 import (
 	"bytes"
-	"encoding/binary"
 	"net/http"
 	"net/textproto"
 	"net/url"
@@ -258,29 +257,7 @@ func plainField(line []byte) bool {
 			return false
 		}
 	}
-	return plainValue(line[colon+1:])
-}
-
-// plainValue reports whether every byte of v is printable ASCII, a space
-// or a tab. Values (a lease, a trace) are most of a head's bytes, so eight
-// are checked at a time: none is below 0x20 or above 0x7e (the exact
-// tests of "Bit Twiddling Hacks", hasless and hasmore); eight with a tab,
-// or a refused byte, are checked one by one.
-func plainValue(v []byte) bool {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	for len(v) >= 8 {
-		x := binary.LittleEndian.Uint64(v)
-		if (x-0x20*ones)&^x&highs != 0 || (x+ones|x)&highs != 0 {
-			break
-		}
-		v = v[8:]
-	}
-	for _, b := range v {
-		if (b < ' ' && b != '\t') || b >= 0x7f {
-			return false
-		}
-	}
-	return true
+	return wire.PlainValue(line[colon+1:])
 }
 
 // plainLength is a Content-Length of 1 to 18 digits (strconv.ParseUint's

@@ -268,22 +268,3 @@ func BenchmarkHeadParse(b *testing.B) {
 		}
 	})
 }
-
-// FuzzPlainValue holds plainValue's eight-byte blocks to the test of one
-// byte at a time.
-func FuzzPlainValue(f *testing.F) {
-	f.Add([]byte("0123456789abcdef\tghijklmnop"))
-	f.Add([]byte("01234567\x80abcdefgh\x7f"))
-	f.Add([]byte(" ~~~~~~~~~~~~~~~~\x1f"))
-	f.Fuzz(func(t *testing.T, v []byte) {
-		want := true
-		for _, b := range v {
-			if (b < ' ' && b != '\t') || b >= 0x7f {
-				want = false
-			}
-		}
-		if got := plainValue(v); got != want {
-			t.Fatalf("plainValue(%q) = %v, want %v", v, got, want)
-		}
-	})
-}

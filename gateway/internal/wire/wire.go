@@ -14,6 +14,7 @@ package wire
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"net/http"
 	"net/textproto"
 	"slices"
@@ -127,6 +128,30 @@ func Value(v string) string {
 		v = newlineToSpace.Replace(v)
 	}
 	return textproto.TrimString(v)
+}
+
+// PlainValue reports whether every byte of v is printable ASCII, a space
+// or a tab: a field value both the loop's parse of a request head
+// (package framing) and the engine's of an answer's (package engine) take
+// as it is. Values (a lease, a trace) are most of a head's bytes, so eight
+// are checked at a time: none is below 0x20 or above 0x7e (the exact
+// tests of "Bit Twiddling Hacks", hasless and hasmore); eight with a tab,
+// or a refused byte, are checked one by one.
+func PlainValue(v []byte) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	for len(v) >= 8 {
+		x := binary.LittleEndian.Uint64(v)
+		if (x-0x20*ones)&^x&highs != 0 || (x+ones|x)&highs != 0 {
+			break
+		}
+		v = v[8:]
+	}
+	for _, b := range v {
+		if (b < ' ' && b != '\t') || b >= 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // plain reports whether Value leaves v as it is because nothing in it

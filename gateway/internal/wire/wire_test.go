@@ -168,3 +168,22 @@ func FuzzValue(f *testing.F) {
 		}
 	})
 }
+
+// FuzzPlainValue holds PlainValue's eight-byte blocks to the test of one
+// byte at a time.
+func FuzzPlainValue(f *testing.F) {
+	f.Add([]byte("0123456789abcdef\tghijklmnop"))
+	f.Add([]byte("01234567\x80abcdefgh\x7f"))
+	f.Add([]byte(" ~~~~~~~~~~~~~~~~\x1f"))
+	f.Fuzz(func(t *testing.T, v []byte) {
+		want := true
+		for _, b := range v {
+			if (b < ' ' && b != '\t') || b >= 0x7f {
+				want = false
+			}
+		}
+		if got := PlainValue(v); got != want {
+			t.Fatalf("PlainValue(%q) = %v, want %v", v, got, want)
+		}
+	})
+}
