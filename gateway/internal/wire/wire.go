@@ -68,7 +68,14 @@ func WriteFields(w *bufio.Writer, h http.Header, exclude []string) {
 // more than the rest of a field's writing: no byte of a multi-byte rune,
 // nor of an invalid one, is a token byte, so the two agree.
 func ValidName(name string) bool {
-	if name == "" {
+	switch name {
+	case "Content-Type", "Content-Length", "Accept-Encoding", "Date", "Fencing-Token", "Fencing-Resource",
+		"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "Traceparent":
+		// The names of nearly every fenced write's two heads (the answer's
+		// and the request upstream, with what the gateway sets): a
+		// comparison each, where the loop below reads every byte.
+		return true
+	case "":
 		return false
 	}
 	for i := 0; i < len(name); i++ {
