@@ -565,6 +565,20 @@ func TestLostFenceResetsAWaitForContinue(t *testing.T) {
 	}
 }
 
+// postX makes one exchange of POST /x with deadline through e to up, and
+// requires up's answer.
+func postX(t *testing.T, e *Transport, up *upstream, deadline time.Time) {
+	t.Helper()
+	req, err := http.NewRequest("POST", up.URL+"/x", strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &testWrite{body: []byte("x")}
+	if got := readAll(t)(e.Exchange(context.Background(), req, w, deadline, &hooksSeen{})); got != "ok /x" {
+		t.Fatalf("answer %q", got)
+	}
+}
+
 // An exchange's deadline stays on its connection while the connection is
 // idle (lifting it would cost each exchange a second SetDeadline): one
 // that passed there neither fails the liveness check of the connection's
@@ -572,17 +586,7 @@ func TestLostFenceResetsAWaitForContinue(t *testing.T) {
 func TestIdleConnectionOutlivesItsDeadline(t *testing.T) {
 	up := newUpstream(t)
 	e, dials := newTestTransport(t)
-	exchange := func(deadline time.Time) {
-		t.Helper()
-		req, err := http.NewRequest("POST", up.URL+"/x", strings.NewReader("x"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		w := &testWrite{body: []byte("x")}
-		if got := readAll(t)(e.Exchange(context.Background(), req, w, deadline, &hooksSeen{})); got != "ok /x" {
-			t.Fatalf("answer %q", got)
-		}
-	}
+	exchange := func(deadline time.Time) { t.Helper(); postX(t, e, up, deadline) }
 	idle := func() *engineConn {
 		t.Helper()
 		e.mu.Lock()
@@ -625,17 +629,7 @@ func (c *deadlineCounter) SetDeadline(t time.Time) error {
 func TestCloseExchangesKeepTheDeadlineOnTheSocket(t *testing.T) {
 	up := newUpstream(t)
 	e, _ := newTestTransport(t)
-	exchange := func(deadline time.Time) {
-		t.Helper()
-		req, err := http.NewRequest("POST", up.URL+"/x", strings.NewReader("x"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		w := &testWrite{body: []byte("x")}
-		if got := readAll(t)(e.Exchange(context.Background(), req, w, deadline, &hooksSeen{})); got != "ok /x" {
-			t.Fatalf("answer %q", got)
-		}
-	}
+	exchange := func(deadline time.Time) { t.Helper(); postX(t, e, up, deadline) }
 	exchange(time.Now().Add(time.Minute))
 	e.mu.Lock()
 	var c *engineConn
