@@ -17,6 +17,7 @@ package coarse
 
 import (
 	"math/bits"
+	"net"
 	"time"
 )
 
@@ -52,3 +53,34 @@ func rounded(t time.Time, left time.Duration) (time.Time, int64) {
 	// by it, as it would t's.
 	return t.Add(time.Duration(up - ns)), up
 }
+
+// Socket is what a connection's holder knows of the deadline on one of its
+// socket's directions (or on both): the rounded deadline it last set, so
+// that the next is set only when it rounds to another. The zero Socket is a
+// socket with no deadline.
+type Socket struct {
+	ns int64 // the deadline's Unix nanoseconds; 0: none; unknown: see Forget
+}
+
+// unknown is Socket.ns once a deadline was set on the socket past it: no
+// deadline's Unix nanoseconds (a time before 1678).
+const unknown = -1 << 63
+
+// Set sets t, rounded up (Deadline), on nc with set (net.Conn's
+// SetDeadline, SetReadDeadline or SetWriteDeadline), unless nc has it
+// already; it returns the deadline nc has then.
+func (s *Socket) Set(nc net.Conn, set func(net.Conn, time.Time) error, t time.Time) (time.Time, error) {
+	t, ns := Deadline(t)
+	if ns == s.ns {
+		return t, nil
+	}
+	if err := set(nc, t); err != nil {
+		return t, err
+	}
+	s.ns = ns
+	return t, nil
+}
+
+// Forget says the socket's deadline was set past s: the next Set sets its
+// deadline whatever it is.
+func (s *Socket) Forget() { s.ns = unknown }

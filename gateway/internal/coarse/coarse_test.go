@@ -1,6 +1,7 @@
 package coarse
 
 import (
+	"net"
 	"testing"
 	"time"
 )
@@ -68,5 +69,41 @@ func TestDeadlineNow(t *testing.T) {
 	got, ns := Deadline(want)
 	if late := got.Sub(want); late < 0 || late >= maxStep || ns != got.UnixNano() {
 		t.Fatalf("a minute ahead rounded %v late (%d, %d)", late, ns, got.UnixNano())
+	}
+}
+
+// A Socket sets a deadline only when it rounds to another than the one
+// set, sets none and a past one when they change, and after Forget sets
+// the next whatever it is.
+func TestSocketSetsOnlyChanges(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	sets := 0
+	set := func(nc net.Conn, t time.Time) error { sets++; return nc.SetDeadline(t) }
+	var s Socket
+	at := time.Now().Add(time.Minute)
+	for i := range 10 {
+		if _, err := s.Set(a, set, at.Add(time.Duration(i)*time.Microsecond)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if sets > 2 {
+		t.Fatalf("10 deadlines within 10 µs, a minute ahead: %d set; want 1 (2 across a step)", sets)
+	}
+	n := sets
+	if got, _ := s.Set(a, set, time.Time{}); !got.IsZero() || sets != n+1 {
+		t.Fatalf("no deadline: %v, %d sets", got, sets-n)
+	}
+	if _, _ = s.Set(a, set, time.Time{}); sets != n+1 {
+		t.Fatal("no deadline twice: set again")
+	}
+	s.Forget()
+	if _, _ = s.Set(a, set, time.Time{}); sets != n+2 {
+		t.Fatal("after Forget, the next deadline was not set")
+	}
+	past := time.Unix(1, 0)
+	if got, _ := s.Set(a, set, past); !got.Equal(past) || sets != n+3 {
+		t.Fatalf("a past deadline: %v, %d sets", got, sets-n)
 	}
 }

@@ -543,12 +543,11 @@ type engineConn struct {
 	bw     *bufio.Writer
 	limit  int64
 	idleAt time.Duration // since it went idle (monotonic)
-	// deadline: a deadline is set on nc, deadlineAt (setDeadline), as
-	// Unix nanoseconds deadlineNs (0: none; unknownDeadline: set past
-	// setDeadline, which then sets the next one whatever it is).
+	// deadline: a deadline is set on nc, deadlineAt (setDeadline), which
+	// sock tracks.
 	deadline   bool
 	deadlineAt time.Time
-	deadlineNs int64
+	sock       coarse.Socket
 	// trace is a context whose ClientTrace sets wroteHead, for exchanges
 	// with hooks (one per connection, not one per request).
 	trace     context.Context
@@ -588,12 +587,8 @@ type engineConn struct {
 // coarse: at most a 64th of its time late), and not set again when it
 // rounds to the last one: exchanges a few milliseconds apart mostly do.
 func (c *engineConn) setDeadline(t time.Time) {
-	t, ns := coarse.Deadline(t)
-	if ns == c.deadlineNs {
-		return
-	}
-	c.deadline, c.deadlineAt, c.deadlineNs = !t.IsZero(), t, ns
-	_ = c.nc.SetDeadline(t)
+	t, _ = c.sock.Set(c.nc, net.Conn.SetDeadline, t)
+	c.deadline, c.deadlineAt = !t.IsZero(), t
 }
 
 // started is a reading of the monotonic clock that monotonic counts from.
@@ -602,11 +597,6 @@ var started = time.Now()
 // monotonic is the time since started: one reading of the monotonic clock,
 // where time.Now reads the wall clock too, for the pool's idle times.
 func monotonic() time.Duration { return time.Since(started) }
-
-// unknownDeadline is engineConn.deadlineNs once a deadline was set on the
-// connection past setDeadline: no deadline's Unix nanoseconds (a time
-// before 1678).
-const unknownDeadline = -1 << 63
 
 var errHeadTooLarge = errors.New("the upstream's response head is too large")
 

@@ -123,7 +123,7 @@ func (b *continueBody) wait() error {
 // exchange's context ended (its abort must not be undone).
 func (b *continueBody) setReadDeadline(t time.Time) error {
 	_ = b.c.nc.SetReadDeadline(t)
-	b.c.deadlineNs = unknownDeadline // the next exchange's is set whatever it is
+	b.c.sock.Forget() // the next exchange's is set whatever it is
 	if b.ctx.Err() != nil {
 		_ = b.c.nc.SetDeadline(aLongTimeAgo)
 		return context.Cause(b.ctx)

@@ -142,7 +142,7 @@ func readHead(br *bufio.Reader, req *http.Request, hdr http.Header) *http.Respon
 	}
 	// A repeated name is found among the names taken so far (a few), not
 	// by a lookup of each; so are the two fields asked about below.
-	var names [8]string
+	var names [answerFields]string
 	taken := names[:0]
 	pragma, connection := false, false
 	for i, start := 0, h.statusEnd+2; start < h.end-2; i++ {

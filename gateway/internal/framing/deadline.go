@@ -39,12 +39,8 @@ type lazyDeadline struct {
 	t       time.Time
 	pending bool
 	busy    int
-	on      int64 // the (rounded) deadline on the socket as Unix nanoseconds; 0: none
+	on      coarse.Socket // the (rounded) deadline on the socket
 }
-
-// unknownDeadline is lazyDeadline.on for a socket whose deadline was set
-// past it: no deadline's Unix nanoseconds (a time before 1678).
-const unknownDeadline = -1 << 63
 
 // setter sets one direction's deadline on a socket: net.Conn.SetReadDeadline
 // or net.Conn.SetWriteDeadline.
@@ -55,7 +51,8 @@ type setter = func(net.Conn, time.Time) error
 func (d *lazyDeadline) to(nc net.Conn, set setter, t time.Time, now bool) error {
 	if d.busy > 0 || now {
 		d.pending = false
-		return d.put(nc, set, t)
+		_, err := d.on.Set(nc, set, t)
+		return err
 	}
 	d.t, d.pending = t, true
 	return nil
@@ -65,21 +62,8 @@ func (d *lazyDeadline) to(nc net.Conn, set setter, t time.Time, now bool) error 
 func (d *lazyDeadline) settle(nc net.Conn, set setter) {
 	if d.pending {
 		d.pending = false
-		_ = d.put(nc, set, d.t)
+		_, _ = d.on.Set(nc, set, d.t)
 	}
-}
-
-// put sets t, rounded up, on the socket, unless it is there already.
-func (d *lazyDeadline) put(nc net.Conn, set setter, t time.Time) error {
-	t, ns := coarse.Deadline(t)
-	if ns == d.on {
-		return nil
-	}
-	if err := set(nc, t); err != nil {
-		return err
-	}
-	d.on = ns
-	return nil
 }
 
 // SetReadDeadline sets the deadline of the connection's reads.

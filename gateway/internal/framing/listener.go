@@ -422,7 +422,7 @@ func (c *conn) linger() {
 	c.settle()
 	_ = c.tcp.SetReadDeadline(time.Now().Add(lingerTime))
 	c.mu.Lock()
-	c.dl.read.on = unknownDeadline // set here past the lazy deadlines
+	c.dl.read.on.Forget() // set here past the lazy deadlines
 	c.mu.Unlock()
 	if c.tlsConn != nil {
 		_ = c.tlsConn.CloseWrite() // fails harmlessly before a handshake
