@@ -306,9 +306,7 @@ func copyAnswerHeader(dst, src http.Header, may bool) (conn []string, contentTyp
 			clear(dst)
 			return vv, "", false
 		case "Content-Type":
-			if len(vv) > 0 {
-				contentType = vv[0] // as wire.Get has it
-			}
+			contentType = wire.First(vv)
 		}
 		if !isHopHeader(k) {
 			dst[k] = vv // the value slices are this answer's alone (its map is the engine's, lent)

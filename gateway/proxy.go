@@ -19,6 +19,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 	"github.com/fencegw/fencegw/internal/failpoint"
 	"github.com/fencegw/fencegw/internal/problems"
 	"github.com/fencegw/fencegw/tokens"
@@ -208,7 +209,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, g.log, err)
 		return
 	}
-	leaseID := first(wf.lease) // as wire.Get has it
+	leaseID := wire.First(wf.lease)
 	if leaseID == "" {
 		g.metrics.write(outcomeBadRequest)
 		p := problemOf(problems.ErrMissingLease)

@@ -31,14 +31,6 @@ type forwardFields struct {
 	userAgent     bool // a User-Agent field
 }
 
-// first is a field's first value, as Header.Get has it.
-func first(vv []string) string {
-	if len(vv) > 0 {
-		return vv[0]
-	}
-	return ""
-}
-
 // readWriteFields reads what writeFields holds from h.
 func readWriteFields(h http.Header) writeFields {
 	var wf writeFields

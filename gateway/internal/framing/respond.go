@@ -148,15 +148,15 @@ func factsOf(h http.Header) headFacts {
 	for k, vv := range h {
 		switch k {
 		case "Transfer-Encoding":
-			f.te = first(vv)
+			f.te = wire.First(vv)
 		case "Content-Length":
-			f.contentLength = first(vv)
+			f.contentLength = wire.First(vv)
 		case "Connection":
-			f.connection = first(vv)
+			f.connection = wire.First(vv)
 		case "Content-Type":
 			f.haveType = true
 		case "Content-Encoding":
-			f.contentEncoding = first(vv)
+			f.contentEncoding = wire.First(vv)
 		case "Date":
 			f.haveDate = true
 		case "Trailer":
@@ -467,14 +467,6 @@ func (w *response) finalTrailers() http.Header {
 		}
 	}
 	return t
-}
-
-// first is a field's first value, as Header.Get has it.
-func first(vv []string) string {
-	if len(vv) > 0 {
-		return vv[0]
-	}
-	return ""
 }
 
 // extraHeader is what net/http adds to a handler's header, in its order.

@@ -118,9 +118,13 @@ func CanonicalKey(name string) string {
 // Get is Header.Get for a name already canonical (every constant name
 // the road looks up): the first value, without canonicalizing the name
 // again, which was most of what Get cost.
-func Get(h http.Header, name string) string {
-	if v := h[name]; len(v) > 0 {
-		return v[0]
+func Get(h http.Header, name string) string { return First(h[name]) }
+
+// First is a field's first value, as Header.Get has it: for a field whose
+// values were found without a lookup (a pass over the header).
+func First(vv []string) string {
+	if len(vv) > 0 {
+		return vv[0]
 	}
 	return ""
 }
