@@ -12,10 +12,12 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/fencegw/fencegw/bench"
+	"github.com/fencegw/fencegw/internal/gcheadroom"
 )
 
 // runServe serves one setup until SIGTERM or SIGINT (the parent's
@@ -32,6 +34,11 @@ func runServe(o options) error {
 		}
 	}
 	var closeServer func() error
+	if strings.HasPrefix(o.serveRole, "gateway") {
+		// As fencegw serve runs, with its default --gc-headroom; the
+		// others as their users run them, with Go's own collector.
+		defer gcheadroom.Start(gcheadroom.Default)()
+	}
 	switch o.serveRole {
 	case "gateway":
 		gw, err := bench.StartGatewayTLS(o.serveDir, up, o.serveListen, cfg)

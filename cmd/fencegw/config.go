@@ -19,6 +19,7 @@ import (
 
 	"github.com/fencegw/fencegw/auth"
 	"github.com/fencegw/fencegw/gateway"
+	"github.com/fencegw/fencegw/internal/gcheadroom"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -75,6 +76,10 @@ type config struct {
 	IdempotencyWindow     time.Duration
 	IdempotencyMaxBody    int64
 	IdempotencyMaxRecords int
+
+	// GCHeadroom is the garbage collector's headroom above the live heap
+	// (internal/gcheadroom; 0: Go's default, as is GOGC set).
+	GCHeadroom int64
 
 	// Tracing: the OTEL_* variables ask for OpenTelemetry traces
 	// (tracing.go); the SDK reads the rest of them itself.
@@ -198,6 +203,17 @@ func (b byteSize) Set(v string) error {
 	return nil
 }
 
+// byteSizeOrOff is a byteSize that may also be 0: off.
+type byteSizeOrOff struct{ byteSize }
+
+func (b byteSizeOrOff) Set(v string) error {
+	if strings.TrimSpace(v) == "0" {
+		*b.n = 0
+		return nil
+	}
+	return b.byteSize.Set(v)
+}
+
 func parseSize(v string) (int64, error) {
 	s := strings.TrimSpace(v)
 	mult := int64(1)
@@ -233,6 +249,7 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 		IdempotencyWindow:     tokens.DefaultIdempotencyWindow,
 		IdempotencyMaxBody:    tokens.DefaultIdempotencyMaxBody,
 		IdempotencyMaxRecords: 100_000,
+		GCHeadroom:            gcheadroom.Default,
 	}
 	ups := &upstreamList{m: map[string]*url.URL{}}
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
@@ -271,6 +288,7 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 	fs.Var(duration{&cfg.IdempotencyWindow}, "idempotency-window", "how long an Idempotency-Key's record (and the answer it replays) is kept")
 	fs.Var(byteSize{&cfg.IdempotencyMaxBody}, "idempotency-max-body", "largest upstream answer body kept for replay (like 64KiB); a longer one is replayed without its body")
 	fs.Var(integer{&cfg.IdempotencyMaxRecords}, "idempotency-max-records", "most Idempotency-Key records kept; past it the oldest go first")
+	fs.Var(byteSizeOrOff{byteSize{&cfg.GCHeadroom}}, "gc-headroom", "memory the garbage collector may let garbage take above twice the live heap before it collects (like 32MiB; 0: Go's default; GOGC set: GOGC's)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return cfg, errHelp
@@ -382,6 +400,8 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 		return cfg, src.bad("idempotency-max-body", "must be at most 16MiB (records are kept in the store)")
 	case cfg.IdempotencyMaxRecords < 1 || cfg.IdempotencyMaxRecords > 100_000_000:
 		return cfg, src.bad("idempotency-max-records", "must be between 1 and 100000000")
+	case cfg.GCHeadroom > 16<<30:
+		return cfg, src.bad("gc-headroom", "must be at most 16GiB")
 	}
 	if err := parseSecurity(&cfg, src); err != nil {
 		return cfg, err

@@ -27,6 +27,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fencegw/fencegw/auth"
+	"github.com/fencegw/fencegw/internal/gcheadroom"
 	"github.com/fencegw/fencegw/replica"
 )
 
@@ -152,6 +153,8 @@ usage:
       --idempotency-window D   how long an Idempotency-Key's record is kept (24h)
       --idempotency-max-body SIZE  largest answer body kept for replay (64KiB)
       --idempotency-max-records N  most Idempotency-Key records kept; the oldest go first (100000)
+      --gc-headroom SIZE       memory garbage may take above twice the live heap before Go's collector runs
+                               (32MiB; 0: Go's default; GOGC set in the environment: GOGC's)
   Every flag can come from the environment as FENCEGW_<FLAG>; FENCEGW_UPSTREAMS, FENCEGW_ROUTES and
   FENCEGW_OBSERVES take comma-separated lists.`
 
@@ -180,6 +183,9 @@ func serve(ctx context.Context, hurry <-chan struct{}, cfg config, stdout io.Wri
 		logger.Warn("--drain-period is shorter than --forward-timeout: a write whose outcome is unknown may land after the next holder's",
 			"drain_period", cfg.DrainPeriod, "forward_timeout", cfg.ForwardTimeout)
 	}
+
+	// The collector's headroom is the process's: one replica per process.
+	defer gcheadroom.Start(cfg.GCHeadroom)()
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fencegw/fencegw/internal/gcheadroom"
 )
 
 var binary string
@@ -346,5 +348,34 @@ func TestConfigFromEnvironment(t *testing.T) {
 	if cfg.Listen != "127.0.0.1:7777" || cfg.Data != "/tmp/x" || cfg.ForwardTimeout != 5*time.Second ||
 		cfg.DrainPeriod != 5*time.Second || cfg.MaxBody != 1<<20 || len(cfg.Upstreams) != 2 || cfg.Upstreams["b"].Path != "/base" {
 		t.Fatalf("config: %+v", cfg)
+	}
+}
+
+// --gc-headroom takes a size, or 0 for Go's own collector; anything else is
+// a usage error naming it.
+func TestGCHeadroomFlag(t *testing.T) {
+	none := func(string) string { return "" }
+	for _, c := range []struct {
+		args []string
+		want int64
+	}{
+		{nil, gcheadroom.Default},
+		{[]string{"--gc-headroom", "0"}, 0},
+		{[]string{"--gc-headroom", "64MiB"}, 64 << 20},
+		{[]string{"--gc-headroom", "1048576"}, 1 << 20},
+	} {
+		cfg, err := parseServe(c.args, none)
+		if err != nil || cfg.GCHeadroom != c.want {
+			t.Errorf("parseServe(%q): headroom %d, %v; want %d", c.args, cfg.GCHeadroom, err, c.want)
+		}
+	}
+	cfg, err := parseServe(nil, func(k string) string { return map[string]string{"FENCEGW_GC_HEADROOM": "8MiB"}[k] })
+	if err != nil || cfg.GCHeadroom != 8<<20 {
+		t.Errorf("FENCEGW_GC_HEADROOM=8MiB: headroom %d, %v", cfg.GCHeadroom, err)
+	}
+	for _, bad := range []string{"-1", "lots", "17GiB", "0MiB"} {
+		if _, err := parseServe([]string{"--gc-headroom", bad}, none); err == nil || !strings.Contains(err.Error(), "gc-headroom") {
+			t.Errorf("--gc-headroom %s: %v, want an error naming the flag", bad, err)
+		}
 	}
 }

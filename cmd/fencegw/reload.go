@@ -141,7 +141,7 @@ var fixedSettings = []struct{ field, flag string }{
 	{"PGLockTimeout", "pg-lock-timeout"}, {"PGFenceSessions", "pg-fence-sessions"}, {"PGSchema", "pg-schema"},
 	{"PGMaxFences", "pg-max-fences"}, {"PGSessionCheck", "pg-session-check"},
 	{"IdempotencyWindow", "idempotency-window"}, {"IdempotencyMaxBody", "idempotency-max-body"},
-	{"IdempotencyMaxRecords", "idempotency-max-records"}, {"Tracing", "OTEL_*"},
+	{"IdempotencyMaxRecords", "idempotency-max-records"}, {"GCHeadroom", "gc-headroom"}, {"Tracing", "OTEL_*"},
 }
 
 // reloadedFields are the config fields a reload applies (or that only say

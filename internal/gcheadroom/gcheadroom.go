@@ -1,0 +1,137 @@
+// Package gcheadroom gives the garbage collector a fixed headroom above the
+// live heap, so that a process whose live heap is small does not collect
+// many times a second.
+//
+// Go's collector starts a cycle when the heap has grown by GOGC percent of
+// what the last cycle found live, and no sooner than at 4 MB. A gateway's
+// live heap is a few megabytes until it has granted many resources, while
+// every request leaves a kilobyte or two of garbage: at 20,000 writes a
+// second that is about ten cycles a second, each one scanning the stacks
+// and globals afresh, and the collector took 2 µs of CPU per write
+// (docs/benchmarks.md). With a headroom H, a cycle starts once the heap
+// has grown by the live heap plus H: the goal is 2×live + H, where Go's
+// default (GOGC=100) is 2×live. The growth per live byte is Go's, so what
+// memory grows by per resource is unchanged; the process holds at most H
+// more, whatever its size.
+//
+// The headroom is kept by setting GOGC after each cycle from the live heap
+// that cycle found (debug.SetGCPercent, which takes effect at once, no
+// stop of the world). GOGC and GOMEMLIMIT keep their meaning: a memory
+// limit still bounds the heap, and a process started with GOGC set is left
+// to it (Start does nothing), as an operator who set it expects.
+package gcheadroom
+
+import (
+	"os"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"sync"
+	"sync/atomic"
+)
+
+// Default is the headroom fencegw runs with unless told otherwise: at most
+// 32 MiB more memory, for about one collection a second at 20,000 writes a
+// second instead of ten.
+const Default = 32 << 20
+
+// basePercent is GOGC's default, which the headroom is added to.
+const basePercent = 100
+
+// maxPercent bounds the percent set (the goal of a tiny heap with a huge
+// headroom).
+const maxPercent = 1_000_000
+
+// heapMinimum is Go's least goal at GOGC=100 (runtime.defaultHeapMinimum);
+// the runtime scales it with GOGC, so a high GOGC raises it too.
+const heapMinimum = 4 << 20
+
+// The heap the last cycle marked live, and the roots it scanned (stacks
+// and globals), which Go's goal grows by GOGC percent of too.
+var sampleNames = []string{"/gc/heap/live:bytes", "/gc/scan/stack:bytes", "/gc/scan/globals:bytes"}
+
+// Percent is the GOGC that puts the goal of a heap with live bytes live,
+// and roots bytes of stacks and globals, at 2×live + headroom. Go's goal is
+// the larger of live + (live+roots)×GOGC/100 and heapMinimum×GOGC/100; the
+// percent is the least of those that reach it, so the goal is neither.
+func Percent(live, roots, headroom uint64) int {
+	if headroom == 0 {
+		return basePercent
+	}
+	if headroom >= 1<<50 {
+		return maxPercent
+	}
+	goal := 2*live + headroom
+	p := min(goal*100/heapMinimum, (live+headroom)*100/max(live+roots, 1))
+	return int(min(max(p, basePercent), maxPercent))
+}
+
+// tuner sets GOGC after each collection; one per process at a time.
+type tuner struct {
+	headroom uint64
+	stopped  atomic.Bool
+	sample   []metrics.Sample
+	mu       sync.Mutex // one tune at a time (a stop racing a cycle)
+}
+
+var running atomic.Pointer[tuner]
+
+// Start keeps headroom bytes of headroom above the live heap from the next
+// collection on, until stop is called (which puts GOGC back to 100). It does
+// nothing with headroom 0, when GOGC is set in the environment (the
+// operator's choice wins), or when a headroom is already kept (the first
+// one stays).
+func Start(headroom int64) (stop func()) {
+	if headroom <= 0 || os.Getenv("GOGC") != "" {
+		return func() {}
+	}
+	t := &tuner{headroom: uint64(headroom), sample: make([]metrics.Sample, len(sampleNames))}
+	for i, name := range sampleNames {
+		t.sample[i].Name = name
+	}
+	if !running.CompareAndSwap(nil, t) {
+		return func() {}
+	}
+	t.arm()
+	return func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.stopped.Swap(true) {
+			return
+		}
+		debug.SetGCPercent(basePercent)
+		running.CompareAndSwap(t, nil)
+	}
+}
+
+// sentinel is garbage whose finalizer runs after the cycle that found it
+// unreachable: the tuner's hook into every collection. (Large enough not
+// to share a block of the tiny allocator, whose blocks die together.)
+type sentinel struct{ _ [32]byte }
+
+func (t *tuner) arm() {
+	runtime.SetFinalizer(new(sentinel), func(*sentinel) {
+		if t.tune() {
+			t.arm()
+		}
+	})
+}
+
+// tune sets GOGC for the live heap the last cycle found; false once stopped.
+func (t *tuner) tune() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.stopped.Load() {
+		return false
+	}
+	metrics.Read(t.sample)
+	var v [3]uint64
+	for i, s := range t.sample {
+		if s.Value.Kind() != metrics.KindUint64 {
+			return true // not in this runtime: leave GOGC as it is
+		}
+		v[i] = s.Value.Uint64()
+	}
+	debug.SetGCPercent(Percent(v[0], v[1]+v[2], t.headroom))
+	return true
+}
