@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"syscall"
 	"testing"
@@ -83,5 +85,64 @@ func TestStreamOutlivesTheWriteTimeout(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatalf("no event %d", i)
 		}
+	}
+}
+
+// The forward timeout is never early: the upstream connection's deadline
+// is rounded up on a grid (gateway/internal/coarse), never down, and on a
+// pooled connection whose last deadline rounds to a time already past is
+// set again. A hung upstream's write gets its 504 no sooner than the
+// forward timeout after the client sent it (and well before the upstream
+// would have answered: the deadline is there at all). Timeouts of
+// different grid steps, on a fresh connection and on a pooled one.
+func TestForwardTimeoutIsNeverEarly(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		if r.URL.Path == "/hang" {
+			select {
+			case <-release:
+			case <-time.After(20 * time.Second):
+			}
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	t.Cleanup(up.Close)
+	t.Cleanup(func() { close(release) })
+	for _, timeout := range []time.Duration{90 * time.Millisecond, 250 * time.Millisecond, 700 * time.Millisecond} {
+		t.Run(timeout.String(), func(t *testing.T) {
+			tg := startFraming(t, up.URL, Config{ForwardTimeout: timeout}, false)
+			c := &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second}
+			t.Cleanup(c.CloseIdleConnections)
+			n := 0
+			write := func(path string) (int, time.Duration) {
+				// A resource of its own: a timed-out write's drains.
+				n++
+				req, _ := http.NewRequest("POST", "http://"+tg.addr+"/v1/proxy/svc"+path, strings.NewReader("b"))
+				req.Header.Set(HeaderLease, tg.lease(t, fmt.Sprintf("r%d", n)))
+				start := time.Now()
+				resp, err := c.Do(req)
+				if err != nil {
+					t.Fatalf("%s: %v", path, err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				return resp.StatusCode, time.Since(start)
+			}
+			// Fresh: the first write to the upstream dials.
+			if code, took := write("/hang"); code != http.StatusGatewayTimeout || took < timeout || took > 10*time.Second {
+				t.Fatalf("a hung forward on a fresh connection: %d after %v; want 504 after %v or more", code, took, timeout)
+			}
+			// Pooled: a write that ends leaves its connection, and its
+			// deadline, in the pool; the next write's deadline is later.
+			for i := range 3 {
+				if code, _ := write("/fine"); code != 200 {
+					t.Fatalf("a write that ends: %d", code)
+				}
+				if code, took := write("/hang"); code != http.StatusGatewayTimeout || took < timeout || took > 10*time.Second {
+					t.Fatalf("hung forward %d on a pooled connection: %d after %v; want 504 after %v or more", i, code, took, timeout)
+				}
+			}
+		})
 	}
 }
