@@ -52,8 +52,10 @@ var sampleNames = []string{"/gc/heap/live:bytes", "/gc/scan/stack:bytes", "/gc/s
 
 // Percent is the GOGC that puts the goal of a heap with live bytes live,
 // and roots bytes of stacks and globals, at 2×live + headroom. Go's goal is
-// the larger of live + (live+roots)×GOGC/100 and heapMinimum×GOGC/100; the
-// percent is the least of those that reach it, so the goal is neither.
+// the larger of two terms, live + (live+roots)×GOGC/100 and
+// heapMinimum×GOGC/100: of the two percents that bring one of them to
+// that goal, the smaller keeps the other term at or below it (never less
+// than Go's own 100, never more than maxPercent).
 func Percent(live, roots, headroom uint64) int {
 	if headroom == 0 {
 		return basePercent
