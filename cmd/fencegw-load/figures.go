@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -43,6 +44,13 @@ type Figures struct {
 	// per fresh resource granted (-figures-resources of them).
 	AnonBytesPerResource float64 `json:"anon_bytes_per_resource"`
 	Resources            int     `json:"resources"`
+	// RoundCPURatios are the gateway's server CPU per write ÷ the fasthttp
+	// ceiling's, round by round (roundRatios): the spread the quotient of
+	// the whole run hides.
+	RoundCPURatios []float64 `json:"round_cpu_ratios,omitempty"`
+	// Rounds is -rounds; RoundSeconds each setup's slice of a round.
+	Rounds       int     `json:"rounds,omitempty"`
+	RoundSeconds float64 `json:"round_seconds,omitempty"`
 }
 
 // grantTime says how long the grants were measured, if the run recorded it.
@@ -80,6 +88,8 @@ func runFigures(ctx context.Context, o options, args []string, out io.Writer) er
 	}
 	printWrites(out, setups, results)
 	rows := writeRows(setups, results)
+	f.RoundCPURatios = roundRatios(results["gateway"], results["fasthttp"])
+	f.Rounds, f.RoundSeconds = w.rounds, (w.duration / time.Duration(w.rounds)).Seconds()
 	lone := w
 	lone.concurrency = 1
 	fmt.Fprintln(out, "== writes, 1 writer")
@@ -224,6 +234,15 @@ func (f Figures) Render() string {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", setupLabels[w.Setup], fmtFloat(w.PerSecond, 0), fmtFloat(w.P50US, 0), fmtFloat(w.P99US, 0),
 			cpu, rf, rn, fmtFloat(w.LoneAddedUS, 0))
 	}
+	if len(f.RoundCPURatios) > 1 {
+		ratios := make([]string, len(f.RoundCPURatios))
+		for i, r := range f.RoundCPURatios {
+			ratios[i] = fmtRatio(r)
+		}
+		sorted := slices.Sorted(slices.Values(f.RoundCPURatios))
+		fmt.Fprintf(&b, "\nRound by round (%d rounds, each setup %s s a round, the setups in turn), fencegw's server CPU per write ÷ the ceiling's: %s (median %s).\n",
+			len(ratios), strconv.FormatFloat(f.RoundSeconds, 'f', -1, 64), strings.Join(ratios, ", "), fmtRatio(median(sorted)))
+	}
 	b.WriteString("\n| grants, 64 acquirers on fresh resources" + grantTime(f.GrantSeconds) + " | grants/s | p50 µs | p99 µs | server CPU µs/grant |\n|---|---:|---:|---:|---:|\n")
 	labels := map[string]string{"gateway": "**fencegw** grants through HTTP (embedded store)", "etcd": "etcd lock acquisitions (LeaseGrant + put-if-absent, one member)"}
 	for _, g := range f.Grants {
@@ -234,6 +253,15 @@ func (f Figures) Render() string {
 			ratio(f.Grants[0].PerSecond, f.Grants[1].PerSecond), fmtFloat(f.AnonBytesPerResource, 0), fmtFloat(f.AnonBytesPerResource, 0), fmtFloat(float64(f.Resources), 0))
 	}
 	return b.String()
+}
+
+// median is the median of sorted, which is not empty.
+func median(sorted []float64) float64 {
+	n := len(sorted)
+	if n%2 == 1 {
+		return sorted[n/2]
+	}
+	return (sorted[n/2-1] + sorted[n/2]) / 2
 }
 
 // fmtFloat formats v with prec decimals and thousands separators.

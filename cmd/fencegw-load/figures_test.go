@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // quotedFigure is a figure as docs quote one: a rate, or a ratio ("0.84×";
@@ -132,5 +133,42 @@ func TestFiguresBlockRoundTrip(t *testing.T) {
 	}
 	if q := quotedFigures("x\n" + historyBegin + "\n| 9.99× |\n" + historyEnd + "\n```\n1.23×\n```\n    4.56×\n"); len(q) != 0 {
 		t.Fatalf("history, code and indented blocks are not quotes: %v", q)
+	}
+}
+
+// The gateway's CPU ÷ the ceiling's is taken round by round, from each
+// round's slice of both, and rendered with its median; a setup without a
+// process of its own, or with a round of no answers, gives none.
+func TestRoundRatios(t *testing.T) {
+	gw := &merged{rounds: []slice{{100, 3 * time.Millisecond}, {200, 5 * time.Millisecond}, {100, 2 * time.Millisecond}}}
+	fh := &merged{rounds: []slice{{100, 2 * time.Millisecond}, {100, 2 * time.Millisecond}, {50, time.Millisecond}}}
+	got := roundRatios(gw, fh)
+	want := []float64{1.5, 1.25, 1}
+	if len(got) != len(want) {
+		t.Fatalf("roundRatios = %v, want %v", got, want)
+	}
+	for i := range want {
+		if d := got[i] - want[i]; d > 1e-9 || d < -1e-9 {
+			t.Fatalf("roundRatios = %v, want %v", got, want)
+		}
+	}
+	inline := &merged{rounds: []slice{{100, 0}, {100, 0}, {100, 0}}}
+	if r := roundRatios(inline, fh); r != nil {
+		t.Errorf("an in-process setup: %v, want none", r)
+	}
+	if r := roundRatios(gw, &merged{rounds: fh.rounds[:2]}); r != nil {
+		t.Errorf("rounds that do not pair: %v, want none", r)
+	}
+	if r := roundRatios(&merged{rounds: []slice{{0, time.Millisecond}, {1, time.Millisecond}, {1, time.Millisecond}}}, fh); r != nil {
+		t.Errorf("a round with no answers: %v, want none", r)
+	}
+	f := Figures{Commit: "abc1234", Writers: 32, RoundCPURatios: got, Rounds: 3, RoundSeconds: 2}
+	r := f.Render()
+	if !strings.Contains(r, "Round by round (3 rounds, each setup 2 s a round, the setups in turn), fencegw's server CPU per write ÷ the ceiling's: 1.50×, 1.25×, 1.00× (median 1.25×).") {
+		t.Errorf("rendering lacks the rounds:\n%s", r)
+	}
+	f.RoundCPURatios = []float64{1.2, 1.1, 1.4, 1.0}
+	if r := f.Render(); !strings.Contains(r, "(median 1.15×)") {
+		t.Errorf("an even number of rounds: the median is the mean of the middle two:\n%s", r)
 	}
 }

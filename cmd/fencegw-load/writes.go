@@ -120,9 +120,12 @@ func measureWrites(ctx context.Context, o options, out io.Writer) ([]string, map
 			}
 			results[s].add(r)
 			results[s].selfCPU += bench.SelfCPU() - self0
+			var peerCPU time.Duration
 			if p != nil {
-				results[s].peerCPU += p.cpu() - peer0
+				peerCPU = p.cpu() - peer0
+				results[s].peerCPU += peerCPU
 			}
+			results[s].rounds = append(results[s].rounds, slice{requests: r.Requests, peerCPU: peerCPU})
 		}
 	}
 	if err := stopProfiles(); err != nil {
@@ -161,6 +164,34 @@ type merged struct {
 	// (clients, upstream, in-process servers); peerCPU, the peer
 	// proxy's processes'.
 	selfCPU, peerCPU time.Duration
+	// rounds are the setup's slices one by one, in the rounds' order.
+	rounds []slice
+}
+
+// slice is one round's slice of a setup: its answered requests and its
+// peer's CPU time (0 for an in-process server).
+type slice struct {
+	requests int
+	peerCPU  time.Duration
+}
+
+// roundRatios are a's server CPU per request ÷ b's, round by round (each
+// round drives every setup once, one after another): how far one run's
+// quotient of the whole moves from slice to slice. Nil unless both ran in
+// processes of their own for the same rounds.
+func roundRatios(a, b *merged) []float64 {
+	if a == nil || b == nil || len(a.rounds) != len(b.rounds) {
+		return nil
+	}
+	var out []float64
+	for i := range a.rounds {
+		x, y := a.rounds[i], b.rounds[i]
+		if x.requests == 0 || y.requests == 0 || x.peerCPU <= 0 || y.peerCPU <= 0 {
+			return nil
+		}
+		out = append(out, float64(x.peerCPU)/float64(x.requests)/(float64(y.peerCPU)/float64(y.requests)))
+	}
+	return out
 }
 
 // perRequest is d per answered request, in µs.
