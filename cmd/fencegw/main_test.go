@@ -14,6 +14,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -378,4 +380,71 @@ func TestGCHeadroomFlag(t *testing.T) {
 			t.Errorf("--gc-headroom %s: %v, want an error naming the flag", bad, err)
 		}
 	}
+}
+
+// fencegw serve keeps the collector's headroom: once a collection has run,
+// GOGC is what puts the heap's goal 32 MiB above twice the live heap, as
+// /metrics shows (go_gc_gogc_percent, go_memstats_next_gc_bytes). With
+// --gc-headroom 0, or GOGC in the environment, Go's collector runs as they
+// say.
+func TestServeKeepsTheCollectorsHeadroom(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		env  []string
+		args []string
+		gogc float64 // 0: above 100, with the goal past the headroom
+	}{
+		{"default", nil, nil, 0},
+		{"off", nil, []string{"--gc-headroom", "0"}, 100},
+		{"GOGC", []string{"GOGC=50"}, nil, 50},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := startProcEnv(t, c.env, append([]string{"--data", t.TempDir()}, c.args...)...)
+			var m map[string]float64
+			for deadline := time.Now().Add(30 * time.Second); ; {
+				// Garbage, so that collections run: the spec, rendered.
+				for range 20 {
+					resp, err := http.Get(p.url() + "/v1/openapi.json")
+					if err != nil {
+						t.Fatal(err)
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				m = scrapeMetrics(t, p.url(), "go_gc_duration_seconds_count", "go_gc_gogc_percent", "go_memstats_next_gc_bytes")
+				// Two cycles: the tuner sets GOGC after the first it sees.
+				ran := m["go_gc_duration_seconds_count"] >= 2
+				if ran && c.gogc != 0 || ran && m["go_gc_gogc_percent"] > 100 && m["go_memstats_next_gc_bytes"] >= 32<<20 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("no headroom kept after 30 s of requests: %v", m)
+				}
+			}
+			if c.gogc != 0 && (m["go_gc_gogc_percent"] != c.gogc || m["go_memstats_next_gc_bytes"] >= 32<<20) {
+				t.Fatalf("GOGC %v with a goal of %v bytes, want %v and Go's own goal", m["go_gc_gogc_percent"], m["go_memstats_next_gc_bytes"], c.gogc)
+			}
+		})
+	}
+}
+
+// scrapeMetrics reads the named unlabelled series from base's /metrics.
+func scrapeMetrics(t *testing.T, base string, names ...string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, value, ok := strings.Cut(sc.Text(), " ")
+		if ok && slices.Contains(names, name) {
+			if v, err := strconv.ParseFloat(value, 64); err == nil {
+				out[name] = v
+			}
+		}
+	}
+	return out
 }
