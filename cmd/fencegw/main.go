@@ -154,7 +154,7 @@ usage:
       --idempotency-max-body SIZE  largest answer body kept for replay (64KiB)
       --idempotency-max-records N  most Idempotency-Key records kept; the oldest go first (100000)
       --gc-headroom SIZE       memory garbage may take above twice the live heap before Go's collector runs
-                               (32MiB; 0: Go's default; GOGC set in the environment: GOGC's)
+                               (32MiB, at most an eighth of a memory limit; 0: Go's default; GOGC set: GOGC's)
   Every flag can come from the environment as FENCEGW_<FLAG>; FENCEGW_UPSTREAMS, FENCEGW_ROUTES and
   FENCEGW_OBSERVES take comma-separated lists.`
 

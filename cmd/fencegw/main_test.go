@@ -383,11 +383,14 @@ func TestGCHeadroomFlag(t *testing.T) {
 }
 
 // fencegw serve keeps the collector's headroom: once a collection has run,
-// GOGC is what puts the heap's goal 32 MiB above twice the live heap, as
+// GOGC is what puts the heap's goal 32 MiB (at most an eighth of a memory
+// limit) above twice the live heap, as
 // /metrics shows (go_gc_gogc_percent, go_memstats_next_gc_bytes). With
 // --gc-headroom 0, or GOGC in the environment, Go's collector runs as they
 // say.
 func TestServeKeepsTheCollectorsHeadroom(t *testing.T) {
+	// 32 MiB, or an eighth of this machine's memory limit (the child's).
+	headroom := gcheadroom.Capped(gcheadroom.Default, gcheadroom.MemoryLimit())
 	for _, c := range []struct {
 		name string
 		env  []string
@@ -414,14 +417,14 @@ func TestServeKeepsTheCollectorsHeadroom(t *testing.T) {
 				m = scrapeMetrics(t, p.url(), "go_gc_duration_seconds_count", "go_gc_gogc_percent", "go_memstats_next_gc_bytes")
 				// Two cycles: the tuner sets GOGC after the first it sees.
 				ran := m["go_gc_duration_seconds_count"] >= 2
-				if ran && c.gogc != 0 || ran && m["go_gc_gogc_percent"] > 100 && m["go_memstats_next_gc_bytes"] >= 32<<20 {
+				if ran && c.gogc != 0 || ran && m["go_gc_gogc_percent"] > 100 && m["go_memstats_next_gc_bytes"] >= float64(headroom) {
 					break
 				}
 				if time.Now().After(deadline) {
 					t.Fatalf("no headroom kept after 30 s of requests: %v", m)
 				}
 			}
-			if c.gogc != 0 && (m["go_gc_gogc_percent"] != c.gogc || m["go_memstats_next_gc_bytes"] >= 32<<20) {
+			if c.gogc != 0 && (m["go_gc_gogc_percent"] != c.gogc || m["go_memstats_next_gc_bytes"] >= float64(headroom)) {
 				t.Fatalf("GOGC %v with a goal of %v bytes, want %v and Go's own goal", m["go_gc_gogc_percent"], m["go_memstats_next_gc_bytes"], c.gogc)
 			}
 		})

@@ -22,17 +22,22 @@
 package gcheadroom
 
 import (
+	"math"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
 
 // Default is the headroom fencegw runs with unless told otherwise: at most
-// 32 MiB more memory, for about one collection a second at 20,000 writes a
-// second instead of ten.
+// 32 MiB more memory (less under a memory limit: Start), for about one
+// collection a second at 20,000 writes a second instead of ten.
 const Default = 32 << 20
 
 // basePercent is GOGC's default, which the headroom is added to.
@@ -78,12 +83,26 @@ type tuner struct {
 
 var running atomic.Pointer[tuner]
 
+// limitShare: the headroom takes at most this part of the process's memory
+// limit, so that a replica in a small container is not pushed towards it.
+const limitShare = 8
+
+// Capped is headroom, but at most an eighth of limit (0: none known).
+func Capped(headroom, limit int64) int64 {
+	if limit > 0 {
+		return min(headroom, limit/limitShare)
+	}
+	return headroom
+}
+
 // Start keeps headroom bytes of headroom above the live heap from the next
-// collection on, until stop is called (which puts GOGC back to 100). It does
-// nothing with headroom 0, when GOGC is set in the environment (the
-// operator's choice wins), or when a headroom is already kept (the first
-// one stays).
+// collection on, until stop is called (which puts GOGC back to 100). The
+// headroom is at most an eighth of the process's memory limit, the least
+// of GOMEMLIMIT and its cgroup's (MemoryLimit). It does nothing with
+// headroom 0, when GOGC is set in the environment (the operator's choice
+// wins), or when a headroom is already kept (the first one stays).
 func Start(headroom int64) (stop func()) {
+	headroom = Capped(headroom, MemoryLimit())
 	if headroom <= 0 || os.Getenv("GOGC") != "" {
 		return func() {}
 	}
@@ -136,4 +155,70 @@ func (t *tuner) tune() bool {
 	}
 	debug.SetGCPercent(Percent(v[0], v[1]+v[2], t.headroom))
 	return true
+}
+
+// MemoryLimit is the least of the process's memory limits that are set:
+// GOMEMLIMIT (or debug.SetMemoryLimit) and its cgroup's (cgroup v2's
+// memory.max, v1's memory.limit_in_bytes); 0 if none is.
+func MemoryLimit() int64 {
+	limit := cgroupLimit("/sys/fs/cgroup", "/proc/self/cgroup")
+	if l := debug.SetMemoryLimit(-1); l > 0 && l < math.MaxInt64 && (limit == 0 || l < limit) {
+		limit = l
+	}
+	return limit
+}
+
+// noLimit is what cgroup v1 reports for no limit (a page-rounded
+// MaxInt64) and above: no container has 2^62 bytes.
+const noLimit = 1 << 62
+
+// cgroupLimit reads the memory limit of the process's cgroup under root
+// (the cgroup file system), by its path in self (/proc/self/cgroup): the
+// least limit of that cgroup and of those above it, as a parent's limit
+// bounds its children (where the path is not mounted, as in a cgroup
+// namespace, root's own is read); 0 if there is none, or none can be read.
+func cgroupLimit(root, self string) int64 {
+	b, _ := os.ReadFile(self)
+	v1, v2 := "/", "/" // the process's cgroup paths
+	for line := range strings.SplitSeq(string(b), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		switch {
+		case parts[0] == "0" && parts[1] == "":
+			v2 = parts[2]
+		case slices.Contains(strings.Split(parts[1], ","), "memory"):
+			v1 = parts[2]
+		}
+	}
+	var limit int64
+	for _, c := range []struct{ dir, path, file string }{
+		{root, v2, "memory.max"},
+		{filepath.Join(root, "memory"), v1, "memory.limit_in_bytes"},
+	} {
+		for p := filepath.Clean("/" + c.path); ; p = filepath.Dir(p) {
+			if n := readLimit(filepath.Join(c.dir, p, c.file)); n > 0 && (limit == 0 || n < limit) {
+				limit = n
+			}
+			if p == "/" {
+				break
+			}
+		}
+	}
+	return limit
+}
+
+// readLimit is the limit a cgroup's memory.max or memory.limit_in_bytes
+// holds; 0 for none ("max", v1's huge number) or a file that cannot be read.
+func readLimit(file string) int64 {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 0
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil || n <= 0 || n >= noLimit {
+		return 0 // "max", or no limit
+	}
+	return n
 }

@@ -1,6 +1,8 @@
 package gcheadroom
 
 import (
+	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
@@ -55,17 +57,20 @@ func TestHeadroomSpacesCollections(t *testing.T) {
 	runtime.GC()
 	without := churn(total)
 
+	// 128 MiB, or an eighth of this machine's memory limit if less.
+	headroom := Capped(128<<20, MemoryLimit())
 	stop := Start(128 << 20)
 	runtime.GC() // the first cycle the tuner sees
-	waitForGoal(t, 128<<20)
+	waitForGoal(t, uint64(headroom))
 	with := churn(total)
 	stop()
 	if prev := debug.SetGCPercent(basePercent); prev != basePercent {
 		t.Errorf("GOGC after stop = %d, want %d", prev, basePercent)
 	}
-	t.Logf("collections for %d MiB of garbage: %d without a headroom, %d with 128 MiB", total>>20, without, with)
-	if with == 0 || with > total/(128<<20)+2 {
-		t.Errorf("%d collections with a 128 MiB headroom for %d MiB of garbage, want 1 to %d", with, total>>20, total/(128<<20)+2)
+	most := uint32(total/headroom) + 2
+	t.Logf("collections for %d MiB of garbage: %d without a headroom, %d with %d MiB", total>>20, without, with, headroom>>20)
+	if with == 0 || with > most {
+		t.Errorf("%d collections with a %d MiB headroom for %d MiB of garbage, want 1 to %d", with, headroom>>20, total>>20, most)
 	}
 	if without < 4*with {
 		t.Errorf("%d collections without a headroom, %d with: the headroom did not space them", without, with)
@@ -104,5 +109,61 @@ func TestStartDoesNothingWhenGOGCIsSet(t *testing.T) {
 	runtime.GC()
 	if running.Load() != nil {
 		t.Fatal("a headroom is kept though GOGC is set")
+	}
+}
+
+// The headroom takes at most an eighth of a memory limit.
+func TestCapped(t *testing.T) {
+	for _, c := range []struct{ headroom, limit, want int64 }{
+		{32 << 20, 0, 32 << 20},
+		{32 << 20, 1 << 30, 32 << 20},
+		{32 << 20, 128 << 20, 16 << 20},
+		{32 << 20, 256 << 20, 32 << 20},
+		{0, 128 << 20, 0},
+	} {
+		if got := Capped(c.headroom, c.limit); got != c.want {
+			t.Errorf("Capped(%d, %d) = %d, want %d", c.headroom, c.limit, got, c.want)
+		}
+	}
+}
+
+// The cgroup's limit is the least along the process's cgroup path, in
+// cgroup v2 or v1, and none where the files say none or are missing.
+func TestCgroupLimit(t *testing.T) {
+	write := func(t *testing.T, path, text string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		name  string
+		self  string
+		files map[string]string
+		want  int64
+	}{
+		{"v2 leaf", "0::/pod/app\n", map[string]string{"pod/app/memory.max": "268435456\n", "pod/memory.max": "max\n", "memory.max": "max\n"}, 256 << 20},
+		{"v2 parent", "0::/pod/app\n", map[string]string{"pod/app/memory.max": "max\n", "pod/memory.max": "134217728\n"}, 128 << 20},
+		{"v2 none", "0::/pod/app\n", map[string]string{"pod/app/memory.max": "max\n"}, 0},
+		{"v2 namespaced", "0::/\n", map[string]string{"memory.max": "536870912\n"}, 512 << 20},
+		{"v1", "4:memory:/process_api/x\n1:cpu:/\n0::/\n", map[string]string{"memory/process_api/x/memory.limit_in_bytes": "1073741824\n", "memory/memory.limit_in_bytes": "9223372036854771712\n"}, 1 << 30},
+		{"v1 none", "4:memory:/process_api/x\n0::/\n", map[string]string{"memory/process_api/x/memory.limit_in_bytes": "9223372036854771712\n"}, 0},
+		{"v1 joined controllers", "3:cpu,memory:/a\n", map[string]string{"memory/a/memory.limit_in_bytes": "67108864\n"}, 64 << 20},
+		{"nothing", "", nil, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			root := t.TempDir()
+			self := filepath.Join(root, "self-cgroup")
+			write(t, self, c.self)
+			for f, v := range c.files {
+				write(t, filepath.Join(root, "fs", f), v)
+			}
+			if got := cgroupLimit(filepath.Join(root, "fs"), self); got != c.want {
+				t.Errorf("cgroupLimit = %d, want %d", got, c.want)
+			}
+		})
 	}
 }
