@@ -407,12 +407,9 @@ func TestServeKeepsTheCollectorsHeadroom(t *testing.T) {
 			for deadline := time.Now().Add(30 * time.Second); ; {
 				// Garbage, so that collections run: the spec, rendered.
 				for range 20 {
-					resp, err := http.Get(p.url() + "/v1/openapi.json")
-					if err != nil {
-						t.Fatal(err)
+					if a := call("GET", p.url()+"/v1/openapi.json", nil); a.err != nil || a.code != http.StatusOK {
+						t.Fatalf("the spec: %v", a)
 					}
-					_, _ = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
 				}
 				m = scrapeMetrics(t, p.url(), "go_gc_duration_seconds_count", "go_gc_gogc_percent", "go_memstats_next_gc_bytes")
 				// Two cycles: the tuner sets GOGC after the first it sees.
@@ -434,15 +431,13 @@ func TestServeKeepsTheCollectorsHeadroom(t *testing.T) {
 // scrapeMetrics reads the named unlabelled series from base's /metrics.
 func scrapeMetrics(t *testing.T, base string, names ...string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
+	a := call("GET", base+"/metrics", nil)
+	if a.err != nil || a.code != http.StatusOK {
+		t.Fatalf("%s/metrics: %v", base, a)
 	}
-	defer resp.Body.Close()
 	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		name, value, ok := strings.Cut(sc.Text(), " ")
+	for line := range strings.SplitSeq(string(a.body), "\n") {
+		name, value, ok := strings.Cut(line, " ")
 		if ok && slices.Contains(names, name) {
 			if v, err := strconv.ParseFloat(value, 64); err == nil {
 				out[name] = v

@@ -55,13 +55,13 @@ const heapMinimum = 4 << 20
 // and globals), which Go's goal grows by GOGC percent of too.
 var sampleNames = []string{"/gc/heap/live:bytes", "/gc/scan/stack:bytes", "/gc/scan/globals:bytes"}
 
-// Percent is the GOGC that puts the goal of a heap with live bytes live,
+// percent is the GOGC that puts the goal of a heap with live bytes live,
 // and roots bytes of stacks and globals, at 2×live + headroom. Go's goal is
 // the larger of two terms, live + (live+roots)×GOGC/100 and
 // heapMinimum×GOGC/100: of the two percents that bring one of them to
 // that goal, the smaller keeps the other term at or below it (never less
 // than Go's own 100, never more than maxPercent).
-func Percent(live, roots, headroom uint64) int {
+func percent(live, roots, headroom uint64) int {
 	if headroom == 0 {
 		return basePercent
 	}
@@ -76,9 +76,9 @@ func Percent(live, roots, headroom uint64) int {
 // tuner sets GOGC after each collection; one per process at a time.
 type tuner struct {
 	headroom uint64
-	stopped  atomic.Bool
 	sample   []metrics.Sample
 	mu       sync.Mutex // one tune at a time (a stop racing a cycle)
+	stopped  bool       // under mu
 }
 
 var running atomic.Pointer[tuner]
@@ -117,9 +117,10 @@ func Start(headroom int64) (stop func()) {
 	return func() {
 		t.mu.Lock()
 		defer t.mu.Unlock()
-		if t.stopped.Swap(true) {
+		if t.stopped {
 			return
 		}
+		t.stopped = true
 		debug.SetGCPercent(basePercent)
 		running.CompareAndSwap(t, nil)
 	}
@@ -142,7 +143,7 @@ func (t *tuner) arm() {
 func (t *tuner) tune() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.stopped.Load() {
+	if t.stopped {
 		return false
 	}
 	metrics.Read(t.sample)
@@ -153,7 +154,7 @@ func (t *tuner) tune() bool {
 		}
 		v[i] = s.Value.Uint64()
 	}
-	debug.SetGCPercent(Percent(v[0], v[1]+v[2], t.headroom))
+	debug.SetGCPercent(percent(v[0], v[1]+v[2], t.headroom))
 	return true
 }
 

@@ -29,8 +29,8 @@ func TestPercent(t *testing.T) {
 		{1 * mib, 0, 1 << 62, maxPercent},   // no overflow
 		{1 * mib, 0, 1 * mib, basePercent},  // never below Go's own 100
 	} {
-		if got := Percent(c.live, c.roots, c.headroom); got != c.want {
-			t.Errorf("Percent(%d, %d, %d) = %d, want %d", c.live, c.roots, c.headroom, got, c.want)
+		if got := percent(c.live, c.roots, c.headroom); got != c.want {
+			t.Errorf("percent(%d, %d, %d) = %d, want %d", c.live, c.roots, c.headroom, got, c.want)
 		}
 	}
 }
