@@ -49,18 +49,18 @@ import (
 )
 
 // directState is what one direct forward needs besides its forward, lent
-// by directPool: the outbound request, its URL and header map, and the
-// hooks. The map is filled with the client's value slices (capacity
-// clipped, so that an append never writes into them) and emptied after
-// use; nothing keeps a reference to any of it past forwardDirect.
+// by directPool: the outbound request, its URL and header fields, and the
+// hooks. The fields hold the client's value slices (capacity clipped, so
+// that an append never writes into them); nothing keeps a reference to
+// any of it past forwardDirect.
 type directState struct {
-	out   http.Request
-	url   url.URL
-	hooks directHooks
-	h     http.Header
-	vals  [4]string // the values rewrite sets
-	body  memBody   // a body in memory, as the outbound request's Body
-	open  openBody  // a body that streams, as the outbound request's Body
+	out    http.Request
+	url    url.URL
+	hooks  directHooks
+	fields [24]wire.Field // the outbound header's storage (a head of more fields grows on the heap)
+	vals   [4]string      // the values rewrite sets
+	body   memBody        // a body in memory, as the outbound request's Body
+	open   openBody       // a body that streams, as the outbound request's Body
 }
 
 // openBody is the client's body that streams, as the outbound request's
@@ -99,9 +99,7 @@ type memBody struct{ bytes.Reader }
 
 func (*memBody) Close() error { return nil }
 
-// The header map is a small one (8 fields, one group): clearing a larger
-// table after each write cost more than the copy.
-var directPool = sync.Pool{New: func() any { return &directState{h: make(http.Header, 8)} }}
+var directPool = sync.Pool{New: func() any { return new(directState) }}
 
 // noUserAgent keeps Request.Write from sending Go's User-Agent, as the
 // reverse proxy does for a client that sent none.
@@ -118,28 +116,44 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	}
 	st := directPool.Get().(*directState)
 	defer func() {
-		clear(st.h)
-		h := st.h
-		*st = directState{h: h}
+		*st = directState{}
 		directPool.Put(st)
 	}()
-	h := st.h
+	// The outbound header, as a list (wire.Fields): it is copied, trimmed
+	// and added to by name, and written once, so a map bought nothing.
+	h := wire.Fields(st.fields[:0])
 	wf := &f.fields
 	connection := wf.hasConnection
-	for k, v := range r.Header {
-		// Without a Connection field, the fields that go (below, and in
-		// rewrite) are known by name: they are left out here rather than
-		// copied and deleted. Content-Length never goes from the header:
-		// the engine writes the body's length (writeHead, Request.Write
-		// both leave the field out).
-		if k == "Content-Length" || !connection && (isHopHeader(k) || forwardingHeader(k)) {
-			continue
+	if connection {
+		// The client's Connection field names more fields that go: the
+		// reverse proxy's steps before its Rewrite (ServeHTTP), on a map
+		// of their own (a rare request).
+		m := make(http.Header, len(r.Header))
+		for k, v := range r.Header {
+			m[k] = v[:len(v):len(v)]
 		}
-		h[k] = v[:len(v):len(v)]
+		removeHopByHop(m)
+		for k, v := range m {
+			if k != "Content-Length" && !forwardingHeader(k) {
+				h.Add(k, v)
+			}
+		}
+	} else {
+		for k, v := range r.Header {
+			// The fields that go (below, and in rewrite) are known by
+			// name: they are left out here rather than copied and
+			// deleted. Content-Length never goes from the header: the
+			// engine writes the body's length (writeHead, Request.Write
+			// both leave the field out).
+			if k == "Content-Length" || isHopHeader(k) || forwardingHeader(k) {
+				continue
+			}
+			h.Add(k, v[:len(v):len(v)])
+		}
 	}
 	st.url = *r.URL
 	st.out = http.Request{Method: r.Method, URL: &st.url, Proto: r.Proto, ProtoMajor: r.ProtoMajor, ProtoMinor: r.ProtoMinor,
-		Header: h, Host: r.Host, ContentLength: r.ContentLength, RemoteAddr: r.RemoteAddr}
+		Host: r.Host, ContentLength: r.ContentLength, RemoteAddr: r.RemoteAddr}
 	out := &st.out
 	if f.buffered != nil {
 		st.body.Reset(f.buffered)
@@ -151,24 +165,16 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 		st.open.Reader = r.Body
 		out.Body, out.TransferEncoding, out.Trailer = &st.open, r.TransferEncoding, r.Trailer
 	}
-	// The reverse proxy's steps before its Rewrite (ServeHTTP).
-	if connection {
-		removeHopByHop(h)
-		delete(h, "Forwarded")
-		delete(h, "X-Forwarded-For")
-		delete(h, "X-Forwarded-Host")
-		delete(h, "X-Forwarded-Proto")
-	}
 	if wf.teTrailers { // as the reverse proxy asks
 		// As the reverse proxy: an upstream may learn that trailers of
 		// its answer reach the client.
-		h["Te"] = teTrailers[:1:1]
+		h.Set("Te", teTrailers[:1:1])
 	}
-	g.rewrite(&httputil.ProxyRequest{In: r, Out: out}, f, &st.vals, !connection)
+	g.rewrite(&httputil.ProxyRequest{In: r, Out: out}, &h, f, &st.vals, true)
 	// The client's User-Agent stays, unless its Connection field named it.
 	if !wf.userAgent || connection {
-		if _, ok := h["User-Agent"]; !ok {
-			h["User-Agent"] = noUserAgent[:1:1]
+		if _, ok := h.Lookup("User-Agent"); !ok {
+			h.Add("User-Agent", noUserAgent[:1:1])
 		}
 	}
 	deadline := time.Now().Add(g.cfg.ForwardTimeout)
@@ -186,7 +192,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	if ctx.Done() != nil { // the own loop's context is never cancelled: nothing to take away
 		ctx = context.WithoutCancel(ctx)
 	}
-	res, err := g.engine.Exchange(ctx, out, f, deadline, fw)
+	res, err := g.engine.Exchange(ctx, out, h, f, deadline, fw)
 	// The exchange is over: a client's body it did not read to its end (a
 	// send that failed, an upstream that answered early) is no longer the
 	// forward's, and the answer closes the connection rather than wait for

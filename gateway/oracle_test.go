@@ -15,6 +15,8 @@ import (
 	"net/http/httptrace"
 	"net/http/httputil"
 	"time"
+
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
 type oracleKey struct{}
@@ -32,7 +34,9 @@ func useReverseProxy(tg *testGateway) {
 			if f.buffered != nil {
 				pr.Out.Body = inMemoryBody(f.buffered)
 			}
-			g.rewrite(pr, f, new([4]string), false)
+			h := wire.FieldsOf(pr.Out.Header)
+			g.rewrite(pr, &h, f, new([4]string), false)
+			pr.Out.Header = h.Header()
 		},
 		Transport: g.transport,
 		ModifyResponse: func(resp *http.Response) error {

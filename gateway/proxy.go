@@ -89,13 +89,14 @@ func tokenString(buf *[20]byte, token int64) string {
 
 // rewrite turns the client's request into the upstream's, in the direct
 // forward (direct.go), as a Rewrite of httputil.ReverseProxy would (the
-// tests' reference road is one with this Rewrite).
+// tests' reference road is one with this Rewrite): pr.Out's URL, and h,
+// its header (pr.Out.Header is not read).
 //
 // vals holds the values of the headers it sets (one allocation, or none
 // where the caller lends it). clean: the caller left the client's
-// forwarding fields out of pr.Out's header as it copied it (one pass over
-// the fields less).
-func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward, vals *[4]string, clean bool) {
+// forwarding fields out of h as it copied them (one pass over the fields
+// less).
+func (g *Gateway) rewrite(pr *httputil.ProxyRequest, h *wire.Fields, f *forward, vals *[4]string, clean bool) {
 	pr.Out.URL.Path, pr.Out.URL.RawPath = f.path, f.rawPath
 	// The query as the client sent it, byte for byte (a reverse proxy
 	// drops the parameters url.ParseQuery refuses, a ';', a bad escape,
@@ -104,49 +105,44 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, f *forward, vals *[4]string
 	// is no reading of it to disagree with the upstream's.
 	pr.Out.URL.RawQuery = pr.In.URL.RawQuery
 	pr.SetURL(f.upstream)
-	h := pr.Out.Header
 	// The lease is a secret between worker and gateway; the token,
 	// the resource and the forwarding facts are the gateway's word,
 	// never the client's: every client-sent Fencing-*, Forwarded,
 	// X-Forwarded-* and X-Real-Ip is dropped before the gateway's own
 	// are set.
 	if !clean {
-		for k := range h {
-			if forwardingHeader(k) {
-				delete(h, k)
-			}
-		}
+		h.DelFunc(forwardingHeader)
 	}
 	// What ProxyRequest.SetXForwarded sets (the client-sent ones were
 	// dropped above).
 	if ip, _, err := net.SplitHostPort(pr.In.RemoteAddr); err == nil {
 		vals[0] = ip
-		h["X-Forwarded-For"] = vals[0:1:1]
+		h.Set("X-Forwarded-For", vals[0:1:1])
 	}
 	// The client's Host is the gateway's word only when the Host
 	// check vouched for it (hosts.go); otherwise it is dropped.
 	if !f.live.hosts.any {
 		vals[1] = pr.In.Host
-		h["X-Forwarded-Host"] = vals[1:2:2]
+		h.Set("X-Forwarded-Host", vals[1:2:2])
 	}
 	if pr.In.TLS == nil {
-		h["X-Forwarded-Proto"] = protoHTTP[:1:1]
+		h.Set("X-Forwarded-Proto", protoHTTP[:1:1])
 	} else {
-		h["X-Forwarded-Proto"] = protoHTTPS[:1:1]
+		h.Set("X-Forwarded-Proto", protoHTTPS[:1:1])
 	}
 	// Trailer fields go on under the same rules (trailers.go), announced
 	// and copied in at the body's end.
 	g.forwardTrailer(pr.Out, pr.In, f.name)
 	vals[2], vals[3] = f.token, f.permit.Lease.Resource
-	h[HeaderToken] = vals[2:3:3]
-	h[HeaderResource] = vals[3:4:4]
+	h.Set(HeaderToken, vals[2:3:3])
+	h.Set(HeaderResource, vals[3:4:4])
 	// With authentication the client's Authorization is its key at
 	// the gateway, not a credential for the upstream.
 	if f.live.auth != nil {
 		h.Del("Authorization")
 	}
 	for k, v := range f.live.headers[f.name] {
-		h[k] = v
+		h.Set(k, v)
 	}
 	f.trace.inject(g.tr, h)
 }

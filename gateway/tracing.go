@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 	"github.com/fencegw/fencegw/tokens"
 )
 
@@ -281,13 +282,13 @@ func (wt *writeTrace) endForward(f *forward) {
 // the forward span's context, so that the upstream's trace continues from
 // the gateway's hop. Without tracing the client's headers pass unchanged,
 // as through any proxy that does not trace.
-func (wt *writeTrace) inject(tr *tracing, h http.Header) {
+func (wt *writeTrace) inject(tr *tracing, h *wire.Fields) {
 	if wt == nil || wt.fwdCtx == nil {
 		return
 	}
-	delete(h, "Traceparent")
-	delete(h, "Tracestate")
-	tr.prop.Inject(wt.fwdCtx, propagation.HeaderCarrier(h))
+	h.Del("Traceparent")
+	h.Del("Tracestate")
+	tr.prop.Inject(wt.fwdCtx, wire.Carrier{Fields: h})
 }
 
 // traceID is the write's trace id, for its rejection.

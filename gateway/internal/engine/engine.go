@@ -83,6 +83,7 @@ import (
 	"time"
 
 	"github.com/fencegw/fencegw/gateway/internal/coarse"
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
 // Write is one fenced write as the engine sees it: what it needs of the
@@ -195,7 +196,8 @@ type Hooks interface {
 	Got1xx(code int, header textproto.MIMEHeader) error
 }
 
-// Exchange writes req, which carries w (its body is w.Body() if that is
+// Exchange writes req, whose header is fields (req.Header is not read)
+// and which carries w (its body is w.Body() if that is
 // not nil, req.Body if it streams), on a connection to its upstream
 // (req.URL: http or https), and reads the answer's head; the body is read
 // through the returned response, which must be closed once, and neither
@@ -207,7 +209,7 @@ type Hooks interface {
 // the head leave and the 1xx answers. Every write of req's bytes is
 // checked against w's fence first (w.CheckSend). req must not be CONNECT
 // nor ask for an Upgrade (the gateway refuses both before).
-func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, deadline time.Time, hooks Hooks) (*http.Response, error) {
+func (e *Transport) Exchange(ctx context.Context, req *http.Request, fields wire.Fields, w Write, deadline time.Time, hooks Hooks) (*http.Response, error) {
 	c, err := e.get(ctx, upstreamKey{host: req.URL.Host, tls: req.URL.Scheme == "https"}, deadline)
 	if err != nil {
 		if req.Body != nil {
@@ -230,7 +232,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	c.limit, c.infos = e.maxHead()+int64(c.br.Size()), 0
 	fail := func(err error) (*http.Response, error) { return nil, c.failed(ctx, stop, deadline, err) }
 	var cb *continueBody
-	if expectsContinue(req) {
+	if expectsContinue(req, fields) {
 		// The body waits for the upstream's leave (expect.go).
 		cb = &continueBody{ReadCloser: req.Body, ctx: ctx, c: c, e: e, deadline: deadline, got1xx: hooks.Got1xx}
 		r2 := *req
@@ -242,7 +244,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 	switch {
 	case c.host != nil && req.Host == "" && cb == nil && inMemory(req, w):
 		// Request.Write's bytes without its allocations (write.go).
-		if err = writeHead(c.bw, req, c.host); err == nil {
+		if err = writeHead(c.bw, req, fields, c.host); err == nil {
 			hooks.WroteHeaders()
 			_, err = c.bw.Write(w.Body())
 		}
@@ -263,7 +265,10 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, w Write, de
 		// or chunked with its trailer), which flushes the head first and
 		// then copies the body: every write of it is checked
 		// (engineConn.Write).
+		// Request.Write reads the header from a map: the one exchange
+		// that builds one (a body that streams costs more than that).
 		req = req.WithContext(c.trace)
+		req.Header = fields.Header()
 		err = req.Write(c.bw)
 		if c.wroteHead {
 			c.wroteHead = false

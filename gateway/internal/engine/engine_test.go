@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
 // testWrite is a Write whose fence the test declares lost (lost, and
@@ -144,7 +146,7 @@ func post(t *testing.T, e *Transport, url string, w *testWrite, body io.Reader, 
 	if w.body != nil {
 		req.Body = io.NopCloser(strings.NewReader(string(w.body)))
 	}
-	return e.Exchange(context.Background(), req, w, time.Time{}, &hooksSeen{})
+	return e.Exchange(context.Background(), req, wire.FieldsOf(req.Header), w, time.Time{}, &hooksSeen{})
 }
 
 // readAll returns a reader of an answer's body, that fails t on an error.
@@ -528,7 +530,7 @@ func TestLostFenceResetsAWaitForContinue(t *testing.T) {
 			req.Header.Set("Expect", "100-continue")
 			done := make(chan error, 1)
 			go func() {
-				resp, err := e.Exchange(context.Background(), req, w, time.Now().Add(time.Hour), &hooksSeen{})
+				resp, err := e.Exchange(context.Background(), req, wire.FieldsOf(req.Header), w, time.Now().Add(time.Hour), &hooksSeen{})
 				if err == nil {
 					_ = resp.Body.Close()
 				}
@@ -574,7 +576,7 @@ func postX(t *testing.T, e *Transport, up *upstream, deadline time.Time) {
 		t.Fatal(err)
 	}
 	w := &testWrite{body: []byte("x")}
-	if got := readAll(t)(e.Exchange(context.Background(), req, w, deadline, &hooksSeen{})); got != "ok /x" {
+	if got := readAll(t)(e.Exchange(context.Background(), req, wire.FieldsOf(req.Header), w, deadline, &hooksSeen{})); got != "ok /x" {
 		t.Fatalf("answer %q", got)
 	}
 }

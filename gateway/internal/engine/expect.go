@@ -19,16 +19,18 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
 // expectsContinue reports whether req asks the upstream's leave to send
 // its body (the Transport's condition: HTTP/1.1, a body, Expect naming
 // 100-continue).
-func expectsContinue(req *http.Request) bool {
+func expectsContinue(req *http.Request, fields wire.Fields) bool {
 	if !req.ProtoAtLeast(1, 1) || req.Body == nil || req.Body == http.NoBody {
 		return false
 	}
-	vs := req.Header["Expect"]
+	vs, _ := fields.Lookup("Expect")
 	return len(vs) > 0 && httpguts.HeaderValuesContainsToken(vs[:1], "100-continue")
 }
 

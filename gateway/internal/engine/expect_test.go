@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
 // hooksSeen records what an exchange's Hooks heard.
@@ -119,7 +121,7 @@ func TestExpectContinue(t *testing.T) {
 			req.ContentLength = 4
 			req.Header.Set("Expect", "100-continue")
 			var hooks hooksSeen
-			resp, err := e.Exchange(context.Background(), req, w, time.Now().Add(time.Minute), &hooks)
+			resp, err := e.Exchange(context.Background(), req, wire.FieldsOf(req.Header), w, time.Now().Add(time.Minute), &hooks)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -170,7 +172,7 @@ func TestEarlyAnswerDuringBody(t *testing.T) {
 		req, _ := http.NewRequest("POST", up.URL+"/big", io.LimitReader(zeros{}, size))
 		req.ContentLength = size
 		heard := &hooksSeen{}
-		resp, err := e.Exchange(context.Background(), req, w, time.Time{}, heard)
+		resp, err := e.Exchange(context.Background(), req, wire.FieldsOf(req.Header), w, time.Time{}, heard)
 		if err != nil {
 			t.Fatalf("hints %v: the upstream's early answer was not heard: %v", hints, err)
 		}

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
 // feedConn is an upstream connection that delivers input in pieces of
@@ -478,7 +480,7 @@ func TestInformationalAnswersAreBounded(t *testing.T) {
 				w.body = []byte("body")
 			}
 			heard := &hooksSeen{}
-			resp, err := e.Exchange(context.Background(), req, w, time.Now().Add(10*time.Second), heard)
+			resp, err := e.Exchange(context.Background(), req, wire.FieldsOf(req.Header), w, time.Now().Add(10*time.Second), heard)
 			if tc.ok != (err == nil) {
 				t.Fatalf("after %d 1xx answers: %v, want success %t", len(heard.info), err, tc.ok)
 			}

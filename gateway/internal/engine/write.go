@@ -49,9 +49,10 @@ var writeExcluded = []string{"Host", "User-Agent", "Content-Length", "Transfer-E
 
 var errCTLInURL = errors.New("net/http: can't write control character in Request.URL")
 
-// writeHead writes the head of req (see the top of this file; host is
-// hostLine's for req.URL.Host) to w, as Request.Write would.
-func writeHead(w *bufio.Writer, req *http.Request, host []byte) error {
+// writeHead writes the head of req, whose header is fields (see the top
+// of this file; host is hostLine's for req.URL.Host), to w, as
+// Request.Write would with fields.Header() as req.Header.
+func writeHead(w *bufio.Writer, req *http.Request, fields wire.Fields, host []byte) error {
 	u := req.URL
 	method := req.Method
 	if method == "" {
@@ -80,7 +81,7 @@ func writeHead(w *bufio.Writer, req *http.Request, host []byte) error {
 	}
 	_, _ = w.WriteString(" HTTP/1.1\r\n")
 	_, _ = w.Write(host)
-	if vs, ok := req.Header["User-Agent"]; ok && len(vs) > 0 && vs[0] != "" {
+	if vs, ok := fields.Lookup("User-Agent"); ok && len(vs) > 0 && vs[0] != "" {
 		_, _ = w.WriteString("User-Agent: ")
 		_, _ = w.WriteString(wire.Value(vs[0]))
 		_, _ = w.WriteString("\r\n")
@@ -92,7 +93,7 @@ func writeHead(w *bufio.Writer, req *http.Request, host []byte) error {
 		_, _ = w.Write(strconv.AppendInt(w.AvailableBuffer(), n, 10))
 		_, _ = w.WriteString("\r\n")
 	}
-	wire.WriteFields(w, req.Header, writeExcluded)
+	wire.WriteSorted(w, fields, writeExcluded)
 	_, err := w.WriteString("\r\n")
 	return err
 }

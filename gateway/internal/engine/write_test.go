@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
 // checkWriteHead requires writeHead and the body write to write exactly
@@ -22,7 +24,7 @@ func checkWriteHead(t *testing.T, name, host string, req *http.Request, body []b
 		line, herr := hostLine(host)
 		var got bytes.Buffer
 		bw := bufio.NewWriter(&got)
-		if herr == nil && writeHead(bw, req, line) == nil {
+		if herr == nil && writeHead(bw, req, wire.FieldsOf(req.Header), line) == nil {
 			t.Errorf("case %s: Request.Write fails (%v), writeHead does not", name, err)
 		}
 		return
@@ -33,7 +35,7 @@ func checkWriteHead(t *testing.T, name, host string, req *http.Request, body []b
 	}
 	var got bytes.Buffer
 	bw := bufio.NewWriter(&got)
-	if err := writeHead(bw, req, line); err != nil {
+	if err := writeHead(bw, req, wire.FieldsOf(req.Header), line); err != nil {
 		t.Fatalf("case %s: writeHead: %v (Request.Write wrote %q)", name, err, want.String())
 	}
 	_, _ = bw.Write(body)

@@ -1,12 +1,13 @@
 // Package wire is the HTTP/1.1 head as the listener's loop and the engine
 // see it on the wire: HeadEnd finds where a head whose lines all end in
 // CRLF stops (the loop's requests, the engine's informational answers),
-// and WriteFields writes the fields of a head as net/http writes
-// them (Header.WriteSubset: sorted by name, invalid names dropped, CR and
-// LF in a value turned to spaces, the value trimmed), for the two places
+// and WriteFields (from a header map) and WriteSorted (from a list of
+// Fields) write the fields of a head as net/http writes them
+// (Header.WriteSubset: sorted by name, invalid names dropped, CR and LF
+// in a value turned to spaces, the value trimmed), for the two places
 // that write heads of their own: the listener's loop answering a client
 // (package framing) and the engine sending a request upstream (package
-// engine). It is WriteSubset's output byte for byte, without its pooled
+// engine, whose header the gateway builds as Fields). It is WriteSubset's output byte for byte, without its pooled
 // sorter, its sort closure and a replacer per value: a fenced write writes
 // two heads, and WriteSubset was a tenth of the loop's own work.
 package wire
@@ -28,34 +29,41 @@ import (
 func WriteFields(w *bufio.Writer, h http.Header, exclude []string) {
 	// The fields in name order, sorted as they are taken (insertion: a
 	// head has a few fields), each with its values: no second lookup.
-	var fields [16]field // a head of more fields sorts on the heap
-	sorted := fields[:0]
+	var fields [16]Field // a head of more fields sorts on the heap
+	sorted := Fields(fields[:0])
 	for k, vv := range h {
 		if slices.Contains(exclude, k) {
 			continue
 		}
-		sorted = append(sorted, field{k, vv})
-		for i := len(sorted) - 1; i > 0 && sorted[i-1].name > k; i-- {
+		sorted = append(sorted, Field{k, vv})
+		for i := len(sorted) - 1; i > 0 && sorted[i-1].Name > k; i-- {
 			sorted[i], sorted[i-1] = sorted[i-1], sorted[i]
 		}
 	}
-	for _, f := range sorted {
-		if !ValidName(f.name) {
-			continue // WriteSubset drops it: a handler has no error to hear
+	writeLines(w, sorted, nil)
+}
+
+// writeLines writes the lines of fields, sorted, whose names are not in
+// exclude: WriteSubset's rules for each (an invalid name dropped, the
+// value as Value makes it).
+func writeLines(w *bufio.Writer, fields Fields, exclude []string) {
+	for _, f := range fields {
+		if !ValidName(f.Name) || slices.Contains(exclude, f.Name) {
+			continue // WriteSubset drops an invalid name: a handler has no error to hear
 		}
-		for _, v := range f.values {
+		for _, v := range f.Values {
 			v = Value(v)
 			// One write of the whole line, in the buffer's free space
 			// when it fits.
-			if b := w.AvailableBuffer(); cap(b) >= len(f.name)+len(v)+4 {
-				b = append(b, f.name...)
+			if b := w.AvailableBuffer(); cap(b) >= len(f.Name)+len(v)+4 {
+				b = append(b, f.Name...)
 				b = append(b, ": "...)
 				b = append(b, v...)
 				b = append(b, "\r\n"...)
 				_, _ = w.Write(b)
 				continue
 			}
-			_, _ = w.WriteString(f.name)
+			_, _ = w.WriteString(f.Name)
 			_, _ = w.WriteString(": ")
 			_, _ = w.WriteString(v)
 			_, _ = w.WriteString("\r\n")
@@ -93,12 +101,6 @@ var tokenByte = func() (t [256]bool) {
 	}
 	return t
 }()
-
-// field is a header field's name and values.
-type field struct {
-	name   string
-	values []string
-}
 
 // CanonicalKey is textproto.CanonicalMIMEHeaderKey(name), with the names
 // a fenced write's request and answer commonly carry, already canonical,

@@ -1,0 +1,138 @@
+package wire
+
+import (
+	"bufio"
+	"net/http"
+	"net/textproto"
+)
+
+// Field is one field of a head: its name (as a header map keys it) and
+// its values.
+type Field struct {
+	Name   string
+	Values []string
+}
+
+// Fields is the header of the request the gateway sends upstream, built
+// as a list rather than a map: the road copies a client's fields into
+// it, drops and sets a few by name, and writes it once, sorted, so a map's
+// hashing, growth, clearing and unordered walk (which WriteFields must
+// then sort) bought it nothing. It keeps a map's rules: one entry per name
+// (Set replaces, Add is for names known to be absent), names compared as
+// they are. Header is the map, for the one writer that needs one
+// (Request.Write, for a body that streams).
+type Fields []Field
+
+// FieldsOf returns h's fields, sorted by name.
+func FieldsOf(h http.Header) Fields {
+	fs := make(Fields, 0, len(h))
+	for k, vv := range h {
+		fs = append(fs, Field{k, vv})
+	}
+	fs.Sort()
+	return fs
+}
+
+// Add appends a field whose name is not in fs.
+func (fs *Fields) Add(name string, values []string) { *fs = append(*fs, Field{name, values}) }
+
+// Set sets the values of the field name, replacing any there.
+func (fs *Fields) Set(name string, values []string) {
+	if i := fs.index(name); i >= 0 {
+		(*fs)[i].Values = values
+		return
+	}
+	fs.Add(name, values)
+}
+
+// Del removes the field name, if it is there.
+func (fs *Fields) Del(name string) {
+	if i := fs.index(name); i >= 0 {
+		fs.remove(i)
+	}
+}
+
+// DelFunc removes every field whose name drop reports.
+func (fs *Fields) DelFunc(drop func(name string) bool) {
+	for i := 0; i < len(*fs); {
+		if drop((*fs)[i].Name) {
+			fs.remove(i)
+			continue
+		}
+		i++
+	}
+}
+
+// remove takes out the field at i, keeping the order of the rest (a
+// sorted list stays sorted).
+func (fs *Fields) remove(i int) {
+	s := *fs
+	copy(s[i:], s[i+1:])
+	s[len(s)-1] = Field{}
+	*fs = s[:len(s)-1]
+}
+
+// Lookup returns the values of the field name, and whether it is there.
+func (fs Fields) Lookup(name string) ([]string, bool) {
+	if i := fs.index(name); i >= 0 {
+		return fs[i].Values, true
+	}
+	return nil, false
+}
+
+func (fs Fields) index(name string) int {
+	for i := range fs {
+		if fs[i].Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// Sort puts the fields in name order, as Header.WriteSubset writes them
+// (insertion: a head has a few fields, most of them in order already).
+func (fs Fields) Sort() {
+	for i := 1; i < len(fs); i++ {
+		for j := i; j > 0 && fs[j-1].Name > fs[j].Name; j-- {
+			fs[j], fs[j-1] = fs[j-1], fs[j]
+		}
+	}
+}
+
+// Header is fs as a header map.
+func (fs Fields) Header() http.Header {
+	h := make(http.Header, len(fs))
+	for _, f := range fs {
+		h[f.Name] = f.Values
+	}
+	return h
+}
+
+// Carrier lets a trace propagator (OpenTelemetry's TextMapCarrier) set
+// its fields in fs, as propagation.HeaderCarrier sets them in a header
+// map: names canonicalized, a value set replacing what was there.
+type Carrier struct{ Fields *Fields }
+
+func (c Carrier) Get(key string) string {
+	vv, _ := c.Fields.Lookup(textproto.CanonicalMIMEHeaderKey(key))
+	return First(vv)
+}
+
+func (c Carrier) Set(key, value string) {
+	c.Fields.Set(textproto.CanonicalMIMEHeaderKey(key), []string{value})
+}
+
+func (c Carrier) Keys() []string {
+	keys := make([]string, len(*c.Fields))
+	for i, f := range *c.Fields {
+		keys[i] = f.Name
+	}
+	return keys
+}
+
+// WriteSorted sorts fs and writes its fields whose names are not in
+// exclude, as Header.WriteSubset would write fs.Header().
+func WriteSorted(w *bufio.Writer, fs Fields, exclude []string) {
+	fs.Sort()
+	writeLines(w, fs, exclude)
+}

@@ -1,0 +1,120 @@
+package wire
+
+import (
+	"bufio"
+	"bytes"
+	"net/http"
+	"strings"
+	"testing"
+
+	"go.opentelemetry.io/otel/propagation"
+)
+
+// FuzzFieldsMatchHeader: a header built as Fields, by any sequence of
+// Add (of an absent name), Set, Del and DelFunc, writes (WriteSorted)
+// what the same steps on a header map write through WriteSubset, and
+// Header is that map. ops is a list of steps "op name=value" separated by
+// "|": + adds, = sets, - deletes, ~ deletes every name with that prefix.
+func FuzzFieldsMatchHeader(f *testing.F) {
+	for _, s := range []string{
+		"+X-A=1|+X-B=2|=X-A=3|-X-B|=Fencing-Token=7",
+		"+Content-Length=5|+User-Agent=w|=Host=h|~X-|+X-Forwarded-For=1|=X-Forwarded-For=2",
+		"+Z=1|+Y=2|+X=3|+W=4|+V=5|+U=6|+T=7|+S=8|+R=9|+Q=10|+P=11|+O=12|+N=13|+M=14|+L=15|+K=16|+J=17|=A=0",
+		"+bad name=1|+x-low=a\r\nb|=x-low= pad |-nothing|~",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, ops string) {
+		var fs Fields
+		h := http.Header{}
+		for _, op := range strings.Split(ops, "|") {
+			if op == "" {
+				continue
+			}
+			name, value, _ := strings.Cut(op[1:], "=")
+			switch op[0] {
+			case '+':
+				if _, ok := h[name]; ok {
+					continue // Add is for absent names only
+				}
+				fs.Add(name, []string{value})
+				h[name] = []string{value}
+			case '=':
+				fs.Set(name, []string{value})
+				h[name] = []string{value}
+			case '-':
+				fs.Del(name)
+				delete(h, name)
+			case '~':
+				drop := func(k string) bool { return strings.HasPrefix(k, name) }
+				fs.DelFunc(drop)
+				for k := range h {
+					if drop(k) {
+						delete(h, k)
+					}
+				}
+			}
+		}
+		if len(fs) != len(h) {
+			t.Fatalf("%d fields, the map has %d", len(fs), len(h))
+		}
+		for k, vv := range fs.Header() {
+			if got, ok := fs.Lookup(k); !ok || !equal(got, vv) || !equal(h[k], vv) {
+				t.Fatalf("field %q: Lookup %q, Header %q, the map %q", k, got, vv, h[k])
+			}
+		}
+		exclude := []string{"Host", "User-Agent", "Content-Length"}
+		excludeMap := map[string]bool{"Host": true, "User-Agent": true, "Content-Length": true}
+		var want, got bytes.Buffer
+		if err := h.WriteSubset(&want, excludeMap); err != nil {
+			t.Fatal(err)
+		}
+		bw := bufio.NewWriterSize(&got, 16) // lines that do not fit too
+		WriteSorted(bw, fs, exclude)
+		_ = bw.Flush()
+		if got.String() != want.String() {
+			t.Fatalf("WriteSorted wrote\n%q\nWriteSubset\n%q", got.String(), want.String())
+		}
+	})
+}
+
+func equal(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestCarrierMatchesHeaderCarrier: a propagator sets in Fields (through
+// Carrier) what it sets in a header map through HeaderCarrier, and
+// reads it back the same way.
+func TestCarrierMatchesHeaderCarrier(t *testing.T) {
+	h := http.Header{"Traceparent": {"old"}, "X-A": {"1"}}
+	fs := FieldsOf(h)
+	hc, fc := propagation.HeaderCarrier(h), Carrier{Fields: &fs}
+	for _, kv := range [][2]string{{"traceparent", "00-abc-def-01"}, {"tracestate", "k=v"}, {"TRACEPARENT", "00-new-01"}} {
+		hc.Set(kv[0], kv[1])
+		fc.Set(kv[0], kv[1])
+	}
+	var want, got bytes.Buffer
+	_ = h.Write(&want)
+	bw := bufio.NewWriter(&got)
+	WriteSorted(bw, fs, nil)
+	_ = bw.Flush()
+	if got.String() != want.String() {
+		t.Fatalf("Carrier set\n%q\nHeaderCarrier\n%q", got.String(), want.String())
+	}
+	for _, k := range []string{"traceparent", "Tracestate", "x-a", "absent"} {
+		if hc.Get(k) != fc.Get(k) {
+			t.Errorf("Get(%q): %q, HeaderCarrier %q", k, fc.Get(k), hc.Get(k))
+		}
+	}
+	if len(fc.Keys()) != len(hc.Keys()) {
+		t.Errorf("Keys: %q, HeaderCarrier %q", fc.Keys(), hc.Keys())
+	}
+}
