@@ -57,7 +57,8 @@ type directState struct {
 	out    http.Request
 	url    url.URL
 	hooks  directHooks
-	fields [24]wire.Field // the outbound header's storage (a head of more fields grows on the heap)
+	h      wire.Fields    // the outbound header (here, not on the stack: rewrite's tracing takes its address)
+	fields [24]wire.Field // h's storage (a head of more fields grows on the heap)
 	vals   [4]string      // the values rewrite sets
 	body   memBody        // a body in memory, as the outbound request's Body
 	open   openBody       // a body that streams, as the outbound request's Body
@@ -121,7 +122,8 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	}()
 	// The outbound header, as a list (wire.Fields): it is copied, trimmed
 	// and added to by name, and written once, so a map bought nothing.
-	h := wire.Fields(st.fields[:0])
+	st.h = st.fields[:0]
+	h := &st.h
 	wf := &f.fields
 	connection := wf.hasConnection
 	if connection {
@@ -170,7 +172,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 		// its answer reach the client.
 		h.Set("Te", teTrailers[:1:1])
 	}
-	g.rewrite(&httputil.ProxyRequest{In: r, Out: out}, &h, f, &st.vals, true)
+	g.rewrite(&httputil.ProxyRequest{In: r, Out: out}, h, f, &st.vals, true)
 	// The client's User-Agent stays, unless its Connection field named it.
 	if !wf.userAgent || connection {
 		if _, ok := h.Lookup("User-Agent"); !ok {
@@ -192,7 +194,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	if ctx.Done() != nil { // the own loop's context is never cancelled: nothing to take away
 		ctx = context.WithoutCancel(ctx)
 	}
-	res, err := g.engine.Exchange(ctx, out, h, f, deadline, fw)
+	res, err := g.engine.Exchange(ctx, out, *h, f, deadline, fw)
 	// The exchange is over: a client's body it did not read to its end (a
 	// send that failed, an upstream that answered early) is no longer the
 	// forward's, and the answer closes the connection rather than wait for
