@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -59,7 +60,7 @@ func FuzzFieldsMatchHeader(f *testing.F) {
 			t.Fatalf("%d fields, the map has %d", len(fs), len(h))
 		}
 		for k, vv := range fs.Header() {
-			if got, ok := fs.Lookup(k); !ok || !equal(got, vv) || !equal(h[k], vv) {
+			if got, ok := fs.Lookup(k); !ok || !slices.Equal(got, vv) || !slices.Equal(h[k], vv) {
 				t.Fatalf("field %q: Lookup %q, Header %q, the map %q", k, got, vv, h[k])
 			}
 		}
@@ -76,18 +77,6 @@ func FuzzFieldsMatchHeader(f *testing.F) {
 			t.Fatalf("WriteSorted wrote\n%q\nWriteSubset\n%q", got.String(), want.String())
 		}
 	})
-}
-
-func equal(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestCarrierMatchesHeaderCarrier: a propagator sets in Fields (through
