@@ -172,3 +172,36 @@ func TestProxyForwardsRequestTrailers(t *testing.T) {
 		})
 	}
 }
+
+// TestConfiguredHeadersReplaceTheClients: an upstream's configured field
+// (a credential the gateway holds) replaces a client-sent field of the
+// same name, whatever case the client wrote it in and however many times:
+// the upstream sees the configured value alone, on every road a write
+// takes (a body in memory, one that streams, one with a Connection field
+// naming more).
+func TestConfiguredHeadersReplaceTheClients(t *testing.T) {
+	up := newHeadSink(t, []byte("ok"))
+	tg := startFraming(t, up.URL, Config{UpstreamHeaders: map[string]http.Header{"svc": {"X-Upstream-Key": {"the gateway's"}}}}, false)
+	forged := "X-Upstream-Key: forged\r\nx-upstream-key: forged too\r\n"
+	for i, tc := range []struct{ name, head, body string }{
+		{"in memory", "Content-Length: 3\r\n", "abc"},
+		{"streamed", "Transfer-Encoding: chunked\r\n", "3\r\nabc\r\n0\r\n\r\n"},
+		{"connection", "Content-Length: 3\r\nConnection: X-Other\r\nX-Other: 1\r\n", "abc"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lease := tg.lease(t, "configured-"+strconv.Itoa(i))
+			answers, bodies := final(tg.exchange(t, "POST /v1/proxy/svc/t HTTP/1.1\r\nHost: gw\r\nFencing-Lease: "+lease+"\r\n"+
+				forged+tc.head+"Connection: close\r\n\r\n"+tc.body))
+			if len(answers) != 1 || answers[0].StatusCode != http.StatusOK {
+				t.Fatalf("answers %v %q, want one 200", answers, bodies)
+			}
+			header, _ := up.take()
+			if len(header) != 1 {
+				t.Fatalf("the upstream got %d requests", len(header))
+			}
+			if v := header[0].Values("X-Upstream-Key"); len(v) != 1 || v[0] != "the gateway's" {
+				t.Errorf("the upstream got X-Upstream-Key %q, want the configured value alone", v)
+			}
+		})
+	}
+}
