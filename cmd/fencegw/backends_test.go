@@ -7,6 +7,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -143,7 +144,18 @@ func startPostgres(t *testing.T) *pgCluster {
 		t.Fatal(err)
 	}
 	c.dir = data
-	if err := c.Start(); err != nil {
+	// The port was free when freePort looked; another package's server
+	// (the suite runs packages side by side) may take it before ours
+	// binds it: then a fresh port, not a failed test.
+	for attempt := 1; ; attempt++ {
+		err := c.Start()
+		if err == nil {
+			break
+		}
+		if log, _ := os.ReadFile(filepath.Join(c.dir, "server.log")); attempt < 5 && bytes.Contains(log, []byte("Address already in use")) {
+			c.port = freePort(t)
+			continue
+		}
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -209,13 +221,26 @@ type redisServer struct {
 // startRedis starts a private Redis; it is killed when the test ends.
 func startRedis(t *testing.T) *redisServer {
 	t.Helper()
-	r := &redisServer{t: t, bin: requireBinary(t, "redis-server"), port: freePort(t)}
-	if err := r.Start(); err != nil {
-		t.Fatal(err)
-	}
+	r := &redisServer{t: t, bin: requireBinary(t, "redis-server")}
 	t.Cleanup(r.Kill)
-	return r
+	// The port was free when freePort looked; another package's server
+	// (the suite runs packages side by side) may take it before ours
+	// binds it: then a fresh port, not a failed test, nor a test that
+	// talks to the other server (and pauses a process nobody uses).
+	for attempt := 1; ; attempt++ {
+		r.port = freePort(t)
+		err := r.Start()
+		if err == nil {
+			return r
+		}
+		if !errors.Is(err, errPortTaken) || attempt == 5 {
+			t.Fatal(err)
+		}
+	}
 }
+
+// errPortTaken: the server's port turned out to be another process's.
+var errPortTaken = errors.New("the port is another server's")
 
 // URL is the server's connection URL.
 func (r *redisServer) URL() string { return fmt.Sprintf("redis://127.0.0.1:%d/0", r.port) }
@@ -249,11 +274,18 @@ func (r *redisServer) Start() error {
 		err := c.Ping(ctx).Err()
 		cancel()
 		if err == nil {
+			// The server that answered must be this one, not another
+			// that holds the port (ours then exits, unable to bind it).
+			if pid := redisPID(c); pid != cmd.Process.Pid {
+				r.Kill()
+				return fmt.Errorf("%w: port %d answers as process %d, not redis-server %d", errPortTaken, r.port, pid, cmd.Process.Pid)
+			}
 			return nil
 		}
 		select {
 		case <-done:
-			return fmt.Errorf("redis-server on port %d exited at start", r.port)
+			r.Kill()
+			return fmt.Errorf("%w: redis-server on port %d exited at start", errPortTaken, r.port)
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -261,6 +293,21 @@ func (r *redisServer) Start() error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// redisPID is the process id the server c talks to reports (0 if it
+// does not say).
+func redisPID(c *goredis.Client) int {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	info, _ := c.Info(ctx, "server").Result()
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			pid, _ := strconv.Atoi(v)
+			return pid
+		}
+	}
+	return 0
 }
 
 // Kill stops the server with SIGKILL (no chance to save anything).
