@@ -7,9 +7,10 @@
 // in a value turned to spaces, the value trimmed), for the two places
 // that write heads of their own: the listener's loop answering a client
 // (package framing) and the engine sending a request upstream (package
-// engine, whose header the gateway builds as Fields). It is WriteSubset's output byte for byte, without its pooled
-// sorter, its sort closure and a replacer per value: a fenced write writes
-// two heads, and WriteSubset was a tenth of the loop's own work.
+// engine, whose header the gateway builds as Fields). It is WriteSubset's
+// output byte for byte, without its pooled sorter, its sort closure and a
+// replacer per value: a fenced write writes two heads, and WriteSubset was
+// a tenth of the loop's own work.
 package wire
 
 import (
@@ -27,19 +28,16 @@ import (
 // WriteFields writes the fields of h whose names are not in exclude, as
 // Header.WriteSubset would with those names excluded.
 func WriteFields(w *bufio.Writer, h http.Header, exclude []string) {
-	// The fields in name order, sorted as they are taken (insertion: a
-	// head has a few fields), each with its values: no second lookup.
+	// The fields in name order (Fields.Sort), each with its values: no
+	// second lookup.
 	var fields [16]Field // a head of more fields sorts on the heap
 	sorted := Fields(fields[:0])
 	for k, vv := range h {
-		if slices.Contains(exclude, k) {
-			continue
-		}
-		sorted = append(sorted, Field{k, vv})
-		for i := len(sorted) - 1; i > 0 && sorted[i-1].Name > k; i-- {
-			sorted[i], sorted[i-1] = sorted[i-1], sorted[i]
+		if !slices.Contains(exclude, k) {
+			sorted = append(sorted, Field{k, vv})
 		}
 	}
+	sorted.Sort()
 	writeLines(w, sorted, nil)
 }
 
