@@ -40,6 +40,11 @@ type leanRequest struct {
 	url    url.URL
 	header http.Header
 	vals   []string
+
+	// What the scanner would have noted of the head (scan.go, head):
+	// its request line's length and whether it has a Content-Length.
+	lineLen   int
+	hasLength bool
 }
 
 // leanKeep is the most fields whose map and values a connection keeps for
@@ -136,6 +141,9 @@ func parseLean(head []byte, template *http.Request, into *leanRequest) (req *htt
 			// other two are never the loop's (mine).
 			return nil, false
 		}
+		if framingLookalike(key) {
+			return nil, false // the scanner refuses it: it follows this head itself
+		}
 		repeated := false
 		if named < len(names) {
 			for _, n := range names[:named] {
@@ -182,7 +190,29 @@ func parseLean(head []byte, template *http.Request, into *leanRequest) (req *htt
 	r.ContentLength = length
 	r.Body = http.NoBody // the loop's own body replaces it when there is one
 	r.Close = closing    // httpguts.HeaderValuesContainsToken(h["Connection"], "close"), value by value
+	lr.lineLen, lr.hasLength = lineEnd, lengths == 1
 	return r, true
+}
+
+// framingLookalike reports whether a field name is Content-Length or
+// Transfer-Encoding with a '_' for a '-': Go takes it for another field,
+// some proxies do not, and the scanner refuses it (scan.go, endName).
+func framingLookalike(key string) bool {
+	if len(key) != len(nameCL) && len(key) != len(nameTE) || strings.IndexByte(key, '_') < 0 {
+		return false
+	}
+	dashed := strings.ReplaceAll(key, "_", "-")
+	return strings.EqualFold(dashed, nameCL) || strings.EqualFold(dashed, nameTE)
+}
+
+// scanned is what the scanner would have noted of the head parseLean
+// parsed into lr (scan.go, head), for takeHead.
+func (lr *leanRequest) scanned() head {
+	h := head{lineLen: lr.lineLen, length: lr.req.ContentLength, lean: true}
+	if lr.hasLength {
+		h.flags = hasCL
+	}
+	return h
 }
 
 // leanRequestLine splits a request line the loop took (a method Own takes,

@@ -382,11 +382,13 @@ func (c *conn) Close() error {
 // midRequest reports whether the client may still be sending a request:
 // the scanner is not between two requests (it is in a head or a body, or
 // stopped following the connection: after a Transfer-Encoding head or a
-// head it refused).
+// head it refused). Held for the loop (scanner.hold) with nothing read,
+// it is between two.
 func (c *conn) midRequest() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.scan.state != scanStart
+	s := &c.scan
+	return s.state != scanStart && (s.state != scanHeld || s.held > 0)
 }
 
 // A lingering close reads and drops at most lingerBytes for at most

@@ -296,10 +296,19 @@ func (c *ownConn) serve() {
 		// As Go's server: four bytes of the next request, or the
 		// connection ends without a word (its first request excepted).
 		firstRequest := peekNext == 1
+		// The loop scans the head it reads itself, if none of its bytes
+		// were read yet (scanner.hold: between two requests, every head
+		// taken; bytes Go's server gave back with the connection were
+		// followed as it read them, so the scanner is not): a plain one
+		// in the one pass that parses it (settleHead).
+		held := c.br.Buffered() == 0 && fc.holdHead()
 		_, err := c.br.Peek(peekNext)
 		peekNext = 4
 		c.idle.Store(false)
 		if err != nil || o.closing() {
+			if held {
+				c.settleHead(nil, false)
+			}
 			release()
 			_ = fc.Close()
 			return
@@ -313,13 +322,19 @@ func (c *ownConn) serve() {
 				_ = fc.SetReadDeadline(time.Now().Add(d))
 			}
 		}
+		var lead [4]byte
+		dropped := 0
 		if c.afterPost {
 			// Go's server's tolerance of old clients (RFC 9112 2.2): the
 			// CR and LF a client sends after a POST's body are dropped.
 			peek, _ := c.br.Peek(4)
-			_, _ = c.br.Discard(leadingCRorLF(peek))
+			dropped = copy(lead[:], peek[:leadingCRorLF(peek)])
+			_, _ = c.br.Discard(dropped)
 		}
 		take, readErr := c.mine()
+		if held {
+			c.settleHead(lead[:dropped], take)
+		}
 		if !take {
 			held := c.held()
 			c.afterPost = false // Go's server drops what it would itself
@@ -349,6 +364,30 @@ func (c *ownConn) serve() {
 			return
 		}
 	}
+}
+
+// holdHead starts the loop's own scan of the next head (scanner.hold).
+func (c *conn) holdHead() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.scan.hold()
+}
+
+// settleHead ends the loop's own scan of a head (holdHead), before the
+// request is served or lent: the bytes read meanwhile (lead, which the
+// loop dropped, and what its reader holds) are followed by the scanner as
+// if it had followed them as they were read, but for a plain head the
+// loop takes (c.lean), whose scan is its parse's (takeHead).
+func (c *ownConn) settleHead(lead []byte, take bool) {
+	rest, _ := c.br.Peek(c.br.Buffered())
+	fc := c.fc
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	if take && c.lean != nil {
+		fc.scan.takeHead(lead, rest, len(c.head), c.leanStore.scanned(), c.lean.Method == http.MethodPost)
+		return
+	}
+	fc.scan.release(lead, rest)
 }
 
 // leadingCRorLF is how many CR and LF start p (net/http's

@@ -18,6 +18,10 @@ type head struct {
 	flags    uint8
 	bad      string // why the gateway refuses the head, "" if it does not
 	badField string // the field bad names
+	// lean: the own loop parsed this head itself, from the bytes it would
+	// have been scanned from (takeHead): lineHash is not computed, as the
+	// request's line is those bytes.
+	lean bool
 }
 
 // Flags of head.
@@ -46,6 +50,7 @@ const (
 	scanChunkDataLF              // its LF
 	scanLastCRLF                 // after the last chunk: "\r\n" or a trailer
 	scanLastLF                   // the LF of that "\r\n"
+	scanHeld                     // bytes counted for the own loop, which scans the head they start (hold)
 	scanStopped                  // not following the connection any more
 )
 
@@ -81,6 +86,7 @@ type scanner struct {
 	cr       bool  // the previous byte was a CR not yet known to end a line
 	skipCRLF int   // CR/LF bytes Go skips before the next request line
 	bodyLeft int64 // bytes of the Content-Length body still to come
+	held     int   // bytes read while held (scanHeld)
 	headLen  int   // bytes of the current head so far
 	maxHead  int
 
@@ -120,6 +126,9 @@ func (s *scanner) feed(p []byte) {
 	for i < len(p) {
 		switch s.state {
 		case scanStopped:
+			return
+		case scanHeld:
+			s.held += len(p) - i
 			return
 		case scanChunkSize, scanChunkOWS, scanChunkExt, scanChunkLF, scanChunkData,
 			scanChunkDataCR, scanChunkDataLF, scanLastCRLF, scanLastLF:
@@ -220,6 +229,69 @@ func (s *scanner) feed(p []byte) {
 			}
 		}
 	}
+}
+
+// hold starts the own loop's scan of the next head (own.go): the bytes
+// read from now on are only counted, until the loop, which reads them
+// into its buffer, has them followed (release) or, for a head it parsed
+// itself, takes its scan from that parse (takeHead). So the loop's plain
+// head is read once, not once by the scanner and once by the parse. Only
+// between two requests, every head scanned taken: false otherwise.
+func (s *scanner) hold() bool {
+	if s.state != scanStart || len(s.queue) > 0 {
+		return false
+	}
+	s.state, s.held = scanHeld, 0
+	return true
+}
+
+// release follows the bytes read while held, lead and then rest (the
+// loop's buffer), as if they had been followed as they were read.
+func (s *scanner) release(lead, rest []byte) {
+	if !s.resume(lead, rest) {
+		return
+	}
+	s.feed(lead)
+	s.feed(rest)
+}
+
+// takeHead follows the bytes read while held, lead and then rest, where
+// rest starts with a head of n bytes that the loop parsed itself (a
+// plain head, parseLean) and whose scan is h: the scanner takes h for
+// it, as endHead would have pushed it, and follows the bytes after it.
+// lead is what the loop dropped before the head (the CR and LF after a
+// POST); if the scanner would not have dropped it too, or the head is
+// larger than it takes, it follows every byte itself, as release.
+func (s *scanner) takeHead(lead, rest []byte, n int, h head, post bool) {
+	if !s.resume(lead, rest) {
+		return
+	}
+	queued := len(s.queue)
+	s.feed(lead)
+	if s.state != scanStart || len(s.queue) != queued || n > s.maxHead || n > len(rest) {
+		s.feed(rest)
+		return
+	}
+	s.skipCRLF = 0
+	s.cur, s.isPost, s.headLen, s.cr = h, post, n, false
+	s.endHead()
+	s.feed(rest[n:])
+}
+
+// resume ends the hold, if there is one, for bytes lead and rest: false
+// when there is none, or when they are not the bytes it counted (the
+// scanner then stops following the connection: every request after is
+// unverified, and refused).
+func (s *scanner) resume(lead, rest []byte) bool {
+	if s.state != scanHeld {
+		return false
+	}
+	if s.held != len(lead)+len(rest) {
+		s.state = scanStopped
+		return false
+	}
+	s.state, s.held = scanStart, 0
+	return true
 }
 
 // count adds n bytes to the current head; false if it grew too large (the
