@@ -98,6 +98,13 @@ func tokenString(buf *[20]byte, token int64) string {
 // less).
 func (g *Gateway) rewrite(pr *httputil.ProxyRequest, h *wire.Fields, f *forward, vals *[4]string, clean bool) {
 	pr.Out.URL.Path, pr.Out.URL.RawPath = f.path, f.rawPath
+	if f.rawPath == f.path && wire.PlainPath(f.path) {
+		// The path is its own escaped form: without a RawPath, SetURL
+		// joins it to the upstream's as it is, and the engine writes it
+		// as it is (wire.EscapedPath), where each would check a RawPath
+		// against it first. The bytes upstream are the same.
+		pr.Out.URL.RawPath = ""
+	}
 	// The query as the client sent it, byte for byte (a reverse proxy
 	// drops the parameters url.ParseQuery refuses, a ';', a bad escape,
 	// more than 10,000, before Rewrite: a change to the request Go's
@@ -181,7 +188,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, g.log, err)
 		return
 	}
-	name, rawPath := strings.TrimPrefix(r.URL.EscapedPath(), proxyPrefix), "/"
+	name, rawPath := strings.TrimPrefix(wire.EscapedPath(r.URL), proxyPrefix), "/"
 	if i := strings.IndexByte(name, '/'); i >= 0 {
 		name, rawPath = name[:i], name[i:] // the path keeps its '/': no concatenation
 	}

@@ -62,7 +62,7 @@ func writeHead(w *bufio.Writer, req *http.Request, fields wire.Fields, host []by
 	if u.Opaque != "" {
 		path = u.RequestURI()
 	} else {
-		if path = u.EscapedPath(); path == "" {
+		if path = wire.EscapedPath(u); path == "" {
 			path = "/"
 		}
 		if u.ForceQuery || u.RawQuery != "" {

@@ -243,25 +243,11 @@ func leanRequestLine(line []byte) (method, target []byte, ok bool) {
 			if b <= ' ' || b >= 0x7f || b == '#' {
 				return nil, nil, false
 			}
-		case !plainPathByte(b):
+		case !wire.PlainPathByte(b):
 			return nil, nil, false
 		}
 	}
 	return method, target, true
-}
-
-// plainPathByte reports whether net/url leaves b in a request's path as it
-// is: unreserved, or a reserved character it does not escape in a path.
-func plainPathByte(b byte) bool {
-	switch {
-	case 'a' <= b && b <= 'z', 'A' <= b && b <= 'Z', '0' <= b && b <= '9':
-		return true
-	}
-	switch b {
-	case '-', '.', '_', '~', '/', '$', '&', '+', ',', ':', ';', '=', '@':
-		return true
-	}
-	return false
 }
 
 // splitQuery is net/url's split of a request target into path and query:
