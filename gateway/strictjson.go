@@ -1,9 +1,12 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
+	"math/bits"
 	"net/http"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -24,7 +27,10 @@ import (
 // bodyFields are the member names one call's body may hold.
 type bodyFields struct {
 	names []string // at most 8 (a bit each for duplicates)
-	list  string   // for messages: "holder, resource, ttl_ms, wait_ms"
+	// required has a bit for each of names the call needs: the spec's
+	// required members, which the generated types tag without omitempty.
+	required uint8
+	list     string // for messages: "holder, resource, ttl_ms, wait_ms"
 }
 
 var (
@@ -38,8 +44,11 @@ func fieldsOf(v any) bodyFields {
 	var f bodyFields
 	t := reflect.TypeOf(v)
 	for i := range t.NumField() {
-		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		name, opts, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
 		if name != "" && name != "-" {
+			if !slices.Contains(strings.Split(opts, ","), "omitempty") {
+				f.required |= 1 << len(f.names)
+			}
 			f.names = append(f.names, name)
 		}
 	}
@@ -64,7 +73,10 @@ func fieldsFor(r *http.Request) bodyFields {
 }
 
 // checkFields refuses a body whose top-level object has a member that is
-// not one of f's, or has one twice. data must be valid JSON (json.Valid);
+// not one of f's, or has one twice, or lacks one the call needs (absent
+// or null: encoding/json would decode either to a zero the domain then
+// judges, "ttl_ms: must be between 100 and 3600000" for a forgotten
+// ttl_ms). data must be valid JSON (json.Valid);
 // a body that is not an object is left to the decoder, whose errors say
 // what it should be, and so is one that is not JSON (no panic on it). It does not allocate unless a member name holds an
 // escape or is refused.
@@ -73,7 +85,7 @@ func checkFields(data []byte, f bodyFields) error {
 	if i == len(data) || data[i] != '{' {
 		return nil
 	}
-	var seen uint8
+	var seen, given uint8 // given: seen with a value other than null
 	i = skipSpace(data, i+1)
 	for i < len(data) && data[i] != '}' {
 		if data[i] != '"' {
@@ -124,10 +136,19 @@ func checkFields(data []byte, f bodyFields) error {
 			return nil
 		}
 		i = skipSpace(data, i+1)
+		if !bytes.HasPrefix(data[i:], []byte("null")) {
+			given |= 1 << n
+		}
 		i = skipSpace(data, valueEnd(data, i))
 		if i < len(data) && data[i] == ',' {
 			i = skipSpace(data, i+1)
 		}
+	}
+	if i == len(data) {
+		return nil // not JSON after all: the decoder says so
+	}
+	if missing := f.required &^ given; missing != 0 {
+		return tokens.Invalid(f.names[bits.TrailingZeros8(missing)], "is required")
 	}
 	return nil
 }

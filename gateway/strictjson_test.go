@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -44,16 +45,27 @@ func TestControlBodiesAreStrict(t *testing.T) {
 		{"/v1/leases/nope/renew", `{"ttl_ms":5000,"ttlms":1}`, "ttlms", "its fields: ttl_ms"},
 		{"/v1/leases/nope/renew", `{"ttl_ms":5000,"ttl_ms":1}`, "ttl_ms", "given twice"},
 		{"/v1/leases/nope/revoke", `{"force":true}`, "force", "it takes no body"},
+		// The spec's required members, absent or null: named as such, not
+		// judged as the zero encoding/json would make of them.
+		{"/v1/leases", `{"resource":"r9","holder":"w2"}`, "ttl_ms", "is required"},
+		{"/v1/leases", `{"resource":"r9","ttl_ms":null}`, "ttl_ms", "is required"},
+		{"/v1/leases", `{"holder":"w2","ttl_ms":5000}`, "resource", "is required"},
+		{"/v1/leases", `{}`, "resource", "is required"},
+		{"/v1/leases", `{"resource":null,"ttl_ms":null}`, "resource", "is required"},
 	} {
 		status, p := post(c.path, c.body)
 		if status != http.StatusBadRequest || p.Code != "invalid_request" || p.Field != c.field || !strings.Contains(p.Detail, c.detail) {
 			t.Errorf("POST %s %s: %d %+v, want 400 invalid_request, field %s, detail with %q", c.path, c.body, status, p, c.field, c.detail)
 		}
 	}
-	// Bodies without extra members pass on to the call (404: no such lease).
-	for path, body := range map[string]string{"/v1/leases/nope/renew": `{"ttl_ms":5000}`, "/v1/leases/nope/revoke": `{}`} {
-		if status, p := post(path, body); status != http.StatusNotFound {
-			t.Errorf("POST %s %s: %d %+v, want 404", path, body, status, p)
+	// Bodies without extra members pass on to the call (404: no such lease);
+	// renew's ttl_ms is optional, absent or null.
+	for _, c := range [][2]string{
+		{"/v1/leases/nope/renew", `{"ttl_ms":5000}`}, {"/v1/leases/nope/renew", `{}`},
+		{"/v1/leases/nope/renew", `{"ttl_ms":null}`}, {"/v1/leases/nope/revoke", `{}`},
+	} {
+		if status, p := post(c[0], c[1]); status != http.StatusNotFound {
+			t.Errorf("POST %s %s: %d %+v, want 404", c[0], c[1], status, p)
 		}
 	}
 }
@@ -75,17 +87,38 @@ func TestBodyFieldsAreTheSpecs(t *testing.T) {
 	if got := renewFields.list; got != "ttl_ms" {
 		t.Errorf("renew fields %q", got)
 	}
+	if got := namesOf(acquireFields, acquireFields.required); !slices.Equal(got, acquireRequired) {
+		t.Errorf("acquire's required fields %q, want the spec's %q", got, acquireRequired)
+	}
+	if renewFields.required != 0 || noFields.required != 0 {
+		t.Errorf("renew's required fields %q, want none", namesOf(renewFields, renewFields.required))
+	}
+}
+
+// acquireRequired is the spec's required list of AcquireRequest.
+var acquireRequired = []string{"resource", "ttl_ms"}
+
+func namesOf(f bodyFields, mask uint8) []string {
+	var names []string
+	for i, n := range f.names {
+		if mask&(1<<i) != 0 {
+			names = append(names, n)
+		}
+	}
+	return names
 }
 
 // FuzzCheckFields holds checkFields to encoding/json's own reading of the
 // body's member names: for a valid JSON object it refuses exactly those
-// with a member not among the fields (compared exactly, after unescaping)
-// or one given twice, and it never panics on anything.
+// with a member not among the fields (compared exactly, after unescaping),
+// one given twice, or a required one absent or null, and it never panics
+// on anything.
 func FuzzCheckFields(f *testing.F) {
 	for _, s := range []string{
 		`{"resource":"r","ttl_ms":1}`, `{"resource":"r","resource":"s"}`, `{"waitms":1}`,
 		`{"a":{"b":[1,"}",{"c":null}]},"ttl_ms":2}`, `{"\u0072esource":"x"}`, `[]`, `{`, `"x"`, `{"a\"b":1}`,
-		` { "holder" : "h" , "wait_ms" : -1e5 } `,
+		` { "holder" : "h" , "wait_ms" : -1e5 } `, `{"resource":null,"ttl_ms":1}`, `{"resource":"r","ttl_ms":nul}`,
+		`{"resource":"r","ttl_ms" : null }`, `{"ttl_ms":1,"resource":"nullable"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -94,7 +127,7 @@ func FuzzCheckFields(f *testing.F) {
 		if !json.Valid(data) {
 			return
 		}
-		want := referenceFieldsError(data, acquireFields.names)
+		want := referenceFieldsError(data, acquireFields.names, acquireRequired)
 		if (err != nil) != want {
 			t.Fatalf("checkFields(%q) = %v, want an error: %v", data, err, want)
 		}
@@ -103,13 +136,13 @@ func FuzzCheckFields(f *testing.F) {
 
 // referenceFieldsError reads the top-level member names with
 // encoding/json's tokenizer.
-func referenceFieldsError(data []byte, names []string) bool {
+func referenceFieldsError(data []byte, names, required []string) bool {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	tok, err := dec.Token()
 	if err != nil || tok != json.Delim('{') {
 		return false
 	}
-	seen := map[string]bool{}
+	seen, given := map[string]bool{}, map[string]bool{}
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
@@ -124,9 +157,15 @@ func referenceFieldsError(data []byte, names []string) bool {
 			return true
 		}
 		seen[name] = true
-		var skip json.RawMessage
-		if dec.Decode(&skip) != nil {
+		var value json.RawMessage
+		if dec.Decode(&value) != nil {
 			return false
+		}
+		given[name] = string(value) != "null"
+	}
+	for _, n := range required {
+		if !given[n] {
+			return true
 		}
 	}
 	return false
