@@ -115,8 +115,19 @@ func (v address) Set(s string) error {
 	if _, err := strconv.Atoi(s); err == nil {
 		return fmt.Errorf("%q is a port alone; an address is HOST:PORT, e.g. 127.0.0.1:%s (0.0.0.0:%s for every interface)", s, s, s)
 	}
-	if _, port, err := net.SplitHostPort(s); err != nil || port == "" {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil || port == "" {
 		return fmt.Errorf("%q is not HOST:PORT, e.g. 127.0.0.1:8080", s)
+	}
+	// A port out of range, or a name no services entry has, would pass
+	// to net.Listen and fail there, after the store was opened, named as
+	// net's "address 99999: invalid port" rather than as the flag.
+	if n, err := strconv.Atoi(port); err == nil {
+		if n < 0 || n > 65535 {
+			return fmt.Errorf("%q: port %d is out of range (0 to 65535; 0 picks a free one)", s, n)
+		}
+	} else if _, err := net.LookupPort("tcp", port); err != nil {
+		return fmt.Errorf("%q: %q is not a port number (0 to 65535)", s, port)
 	}
 	*v.s = s
 	return nil

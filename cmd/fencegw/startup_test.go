@@ -62,6 +62,8 @@ func TestStartupErrorsNameTheirCause(t *testing.T) {
 			[]string{"--postgres ", "cannot reach PostgreSQL at " + refused, "connection refused"}, []string{"hunter2"}},
 		{"postgres never answers", []string{"--postgres", "postgres://u:hunter2@" + silent.Addr().String() + "/test"}, nil, 1,
 			[]string{"cannot reach PostgreSQL at " + silent.Addr().String(), "no answer within the connect timeout"}, []string{"hunter2"}},
+		{"listen port out of range", []string{"--listen", "127.0.0.1:99999"}, nil, 2, []string{"--listen: ", "127.0.0.1:99999", "out of range"}, []string{"invalid port"}},
+		{"listen port variable", nil, []string{"FENCEGW_LISTEN=127.0.0.1:http-alt-nope"}, 2, []string{"FENCEGW_LISTEN: ", "not a port number"}, nil},
 		{"listen a port alone", []string{"--listen", "18130"}, nil, 2, []string{"--listen: ", "a port alone", "127.0.0.1:18130"}, []string{"loopback"}},
 		{"redis not a URL", []string{"--redis", "127.0.0.1:6379", "--postgres", "postgres://u@127.0.0.1/test"}, nil, 2, []string{"--redis: ", "not a URL", "redis://"}, nil},
 		{"log level", []string{"--log-level", "verbose"}, nil, 2, []string{"--log-level: ", "debug, info, warn or error"}, nil},
