@@ -133,10 +133,19 @@ func (u *upstreamList) Set(v string) error {
 	}
 	target, err := url.Parse(raw)
 	if err != nil || (target.Scheme != "http" && target.Scheme != "https") || target.Host == "" {
+		if err == nil {
+			raw = target.Redacted() // the line may go to a log: no password in it
+		}
 		return fmt.Errorf("upstream %q: %q is not an http(s) URL", name, raw)
 	}
 	if target.RawQuery != "" || target.Fragment != "" {
 		return fmt.Errorf("upstream %q: the base URL may not have a query or fragment", name)
+	}
+	if target.User != nil {
+		// Neither the engine nor the reverse proxy sends a URL's user
+		// information: it would be dropped in silence (and the start
+		// banner would print the password).
+		return fmt.Errorf("upstream %q: the base URL may not hold credentials (user:password@); the gateway sends an upstream's own credentials from the auth file's upstreams (headers: {Authorization: ...}), docs/security.md", name)
 	}
 	if _, dup := u.m[name]; dup {
 		return fmt.Errorf("upstream %q given twice", name)
@@ -351,6 +360,9 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 			cfg.Observe = map[string]bool{}
 		}
 		cfg.Observe[name] = true
+	}
+	if cfg.Postgres == "" && strings.TrimSpace(cfg.Data) == "" { // the embedded mode's only
+		return cfg, src.bad("data", "must not be empty: the embedded store's directory (./fencegw-data unless told)")
 	}
 	var err error
 	if cfg.Tracing, err = tracingSetting(getenv); err != nil {

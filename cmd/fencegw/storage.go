@@ -50,6 +50,8 @@ func storeError(err error, cfg config) error {
 		case se.Failure == mode.InUse:
 			return usageError("%s: %s is in use by another process%s: is another fencegw serving from it? Stop it, or give this one its own --data",
 				cfg.src.of("data"), se.Where, se.Holder)
+		case se.Failure == mode.NoDirectory:
+			return fmt.Errorf("%s %s: cannot create the directory: %s", cfg.src.of("data"), cfg.Data, se.Cause)
 		case se.Store == "postgres":
 			return fmt.Errorf("%s %s: cannot reach PostgreSQL at %s: %s", cfg.src.of("postgres"), redactURL(cfg.Postgres), se.Where, se.Cause)
 		case se.Store == "redis":

@@ -52,6 +52,8 @@ const (
 	Unreachable Failure = iota + 1
 	// InUse: the embedded store's file is locked by another process.
 	InUse
+	// NoDirectory: the embedded store's directory could not be created.
+	NoDirectory
 )
 
 // StoreError is a store that did not open for a reason a caller reports
@@ -72,6 +74,8 @@ func (e *StoreError) Error() string {
 	switch e.Failure {
 	case InUse:
 		return e.Where + " is in use by another process" + e.Holder
+	case NoDirectory:
+		return "cannot create the data directory " + e.Where + ": " + e.Cause
 	default:
 		return "cannot reach " + e.Store + " at " + e.Where + ": " + e.Cause
 	}

@@ -9,6 +9,7 @@ package mode
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -141,7 +142,15 @@ func OpenEmbedded(cfg Config) (_ *Mode, err error) {
 		}
 	}()
 	if err := os.MkdirAll(cfg.Data, 0o750); err != nil {
-		return nil, fmt.Errorf("create data directory: %w", err)
+		cause := err.Error()
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			cause = pe.Err.Error() // "permission denied"
+			if pe.Path != cfg.Data {
+				cause = pe.Op + " " + pe.Path + ": " + cause // a parent's
+			}
+		}
+		return nil, &StoreError{Store: "data", Failure: NoDirectory, Where: cfg.Data, Cause: cause, Err: err}
 	}
 	path := filepath.Join(cfg.Data, "fencegw.db")
 	// Every fenced write holds its resource's shared lock until it is done
