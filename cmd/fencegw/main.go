@@ -64,6 +64,8 @@ func run(ctx context.Context, hurry <-chan struct{}, args []string, getenv func(
 	cmd := "serve"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, args = args[0], args[1:]
+	} else if len(args) > 0 && (args[0] == "--version" || args[0] == "-version") {
+		cmd, args = "version", args[1:]
 	}
 	var err error
 	switch cmd {
@@ -82,11 +84,17 @@ func run(ctx context.Context, hurry <-chan struct{}, args []string, getenv func(
 	case "gen-key":
 		key := auth.GenerateKey()
 		fmt.Fprintf(stdout, "key:    %s\nsha256: %s\n", key, auth.Hash(key))
+	case "version":
+		if len(args) > 0 {
+			err = usageError("version takes no arguments")
+			break
+		}
+		fmt.Fprintln(stdout, versionLine())
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)
 		return 0
 	default:
-		err = usageError("unknown command %q (want serve, config, demo, gen-key or hash-key)", cmd)
+		err = usageError("unknown command %q (want serve, config, demo, gen-key, hash-key or version)", cmd)
 	}
 	switch {
 	case err == nil:
@@ -111,6 +119,7 @@ usage:
   fencegw gen-key              print a new API key and its sha256 for --auth-file
   fencegw hash-key < KEY       print the sha256 of a key read on stdin
   fencegw config check FILE    read a --config file (and the files it names) as serve would, without serving
+  fencegw version              print the build: version, commit, Go version
   fencegw serve [flags]
       --config FILE            YAML: every flag a key of the same name (forward-timeout: 30s), a repeatable flag a
                                list (upstream: [statements=http://10.0.0.5:8080]); flags and FENCEGW_* override it.
