@@ -411,6 +411,13 @@ func jsonTypeName(kind string) string {
 
 // paramErrorHandler answers path and query parameters that do not parse.
 func (g *Gateway) paramErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
+	// The generated binder runs before controlBody and refuses a declared
+	// parameter given twice as malformed: the query's own check names it
+	// better ("is given twice"), and an unknown one beside it.
+	if qerr := checkQuery(r, routePattern(r)); qerr != nil {
+		writeProblem(w, r, g.log, qerr)
+		return
+	}
 	field := "parameters"
 	var f *server.InvalidParamFormatError
 	if errors.As(err, &f) {
@@ -426,9 +433,14 @@ func (g *Gateway) paramErrorHandler(w http.ResponseWriter, r *http.Request, err 
 // controlBody bounds control-call bodies and insists they are JSON: a body
 // needs Content-Type: application/json (or +json), which a cross-site page
 // cannot send without a CORS preflight the gateway never grants (hosts.go),
-// and must be one JSON value with nothing after it.
+// and must be one JSON value with nothing after it. It also refuses a
+// query parameter the call does not take (checkQuery).
 func (g *Gateway) controlBody(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := checkQuery(r, routePattern(r)); err != nil { // strictquery.go
+			writeProblem(w, r, g.log, err)
+			return
+		}
 		if r.Method == http.MethodPost {
 			hasBody := r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody
 			if ct := r.Header.Get("Content-Type"); ct != "" || hasBody {

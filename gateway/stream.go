@@ -113,6 +113,10 @@ func (g *Gateway) serveStream(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	extend := func() { _ = rc.SetWriteDeadline(time.Now().Add(g.cfg.WriteTimeout)) }
 	extend()
+	if err := checkQuery(r, pathStream); err != nil { // strictquery.go
+		writeProblem(w, r, g.log, err)
+		return
+	}
 	q := r.URL.Query()
 	filter := streamFilter{resource: q.Get("resource"), holder: q.Get("holder"), code: q.Get("code")}
 	if err := g.checkStreamFilter(filter); err != nil {
