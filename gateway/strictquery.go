@@ -114,6 +114,8 @@ func checkQuery(r *http.Request, pattern string) error {
 			return tokens.Invalid("query", "is malformed: "+err.Error())
 		}
 		switch {
+		case name == "":
+			return tokens.Invalid("query", "has a parameter without a name")
 		case !slices.Contains(allowed, name):
 			detail := "is not a parameter of this call; it takes none"
 			if len(allowed) > 0 {

@@ -66,6 +66,7 @@ func TestControlQueriesAreStrict(t *testing.T) {
 		{"GET", "/v1/leases/fl_x?verbose=1", "", "verbose", "it takes none"},
 		{"POST", "/v1/leases?wait_ms=5000", acquire, "wait_ms", "it takes none"},
 		{"GET", "/v1/resources/q1?%zz=1", "", "query", "malformed"},
+		{"GET", "/v1/rejections?=q1", "", "query", "without a name"},
 		{"GET", "/v1/rejections/stream?resorce=q1", "", "resorce", "its parameters: after, resource, holder, code"},
 	} {
 		status, p := do(c.method, c.target, c.body)
