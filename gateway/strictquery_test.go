@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -87,4 +88,33 @@ func TestControlQueriesAreStrict(t *testing.T) {
 			t.Errorf("%s %s: %d %+v, want %d", c.method, c.target, status, p, c.status)
 		}
 	}
+}
+
+// FuzzCheckQuery holds checkQuery to net/url's own reading of a query
+// (url.ParseQuery): of a query it parses, checkQuery refuses exactly those
+// with a name the call does not declare, an empty one, or one given more
+// than once; it never panics on anything.
+func FuzzCheckQuery(f *testing.F) {
+	for _, s := range []string{
+		"resource=a", "resource=a&resource=b", "resorce=a", "=x", "%zz=1", "limit=%zz",
+		"limit=1&&since=x", "resource%3D=x", "re%73ource=a", "limit", "limit&limit", "a;b=c", "+resource=a",
+	} {
+		f.Add(s)
+	}
+	declared := []string{"resource", "since", "limit", "cursor"}
+	f.Fuzz(func(t *testing.T, raw string) {
+		r := &http.Request{Method: http.MethodGet, URL: &url.URL{Path: "/v1/rejections", RawQuery: raw}}
+		err := checkQuery(r, "/v1/rejections")
+		values, perr := url.ParseQuery(raw)
+		if perr != nil {
+			return // checkQuery may take or refuse it; it did not panic
+		}
+		want := false
+		for name, vv := range values {
+			want = want || name == "" || !slices.Contains(declared, name) || len(vv) > 1
+		}
+		if (err != nil) != want {
+			t.Fatalf("checkQuery(%q) = %v; url.ParseQuery reads %q, want a refusal: %v", raw, err, values, want)
+		}
+	})
 }
