@@ -414,7 +414,7 @@ func (g *Gateway) paramErrorHandler(w http.ResponseWriter, r *http.Request, err 
 	// The generated binder runs before controlBody and refuses a declared
 	// parameter given twice as malformed: the query's own check names it
 	// better ("is given twice"), and an unknown one beside it.
-	if qerr := checkQuery(r, routePattern(r)); qerr != nil {
+	if qerr := checkQuery(r, ""); qerr != nil {
 		writeProblem(w, r, g.log, qerr)
 		return
 	}
@@ -437,7 +437,7 @@ func (g *Gateway) paramErrorHandler(w http.ResponseWriter, r *http.Request, err 
 // query parameter the call does not take (checkQuery).
 func (g *Gateway) controlBody(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := checkQuery(r, routePattern(r)); err != nil { // strictquery.go
+		if err := checkQuery(r, ""); err != nil { // strictquery.go
 			writeProblem(w, r, g.log, err)
 			return
 		}

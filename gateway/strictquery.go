@@ -65,8 +65,8 @@ var specQuery = sync.OnceValues(func() (map[string][]string, error) {
 			}
 		}
 		for method, n := range item {
-			if method == "parameters" || strings.HasPrefix(method, "x-") || method == "summary" || method == "description" || method == "servers" {
-				continue
+			if !slices.Contains(operations, method) {
+				continue // parameters, summary, description, servers, $ref, x-…
 			}
 			var op struct {
 				Parameters []param `yaml:"parameters"`
@@ -84,12 +84,19 @@ var specQuery = sync.OnceValues(func() (map[string][]string, error) {
 	return ops, nil
 })
 
+// operations are the keys of an OpenAPI path item that name an operation.
+var operations = []string{"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+
 // checkQuery refuses r's query if it names a parameter the spec's operation
-// "METHOD pattern" does not take (HEAD is GET's), or one twice. An
-// operation the spec does not have is not checked.
+// "METHOD pattern" does not take (HEAD is GET's), or one twice; pattern ""
+// is the route's (routePattern), looked up only for a request with a query.
+// An operation the spec does not have is not checked.
 func checkQuery(r *http.Request, pattern string) error {
 	if r.URL.RawQuery == "" {
 		return nil
+	}
+	if pattern == "" {
+		pattern = routePattern(r)
 	}
 	method := r.Method
 	if method == http.MethodHead {

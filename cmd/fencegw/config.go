@@ -361,7 +361,7 @@ func parseServe(args []string, getenv func(string) string) (config, error) {
 		}
 		cfg.Observe[name] = true
 	}
-	if cfg.Postgres == "" && strings.TrimSpace(cfg.Data) == "" { // the embedded mode's only
+	if cfg.Postgres == "" && strings.TrimSpace(cfg.Data) == "" { // only the embedded mode uses --data
 		return cfg, src.bad("data", "must not be empty: the embedded store's directory (./fencegw-data unless told)")
 	}
 	var err error
