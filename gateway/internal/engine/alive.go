@@ -15,16 +15,11 @@ func (c *engineConn) alive() bool {
 		return false
 	}
 	if c.peek == nil {
-		sc, ok := c.tcp.(syscall.Conn) // below TLS: any unsolicited record, a close_notify, is bytes there
-		if !ok {
-			return false
-		}
-		rc, err := sc.SyscallConn()
-		if err != nil {
+		if c.rawConn() == nil {
 			return false
 		}
 		// Made once per connection: a closure per check would allocate.
-		c.raw, c.peek = rc, func(fd uintptr) bool {
+		c.peek = func(fd uintptr) bool {
 			c.peekOK = peekIdle(fd, &c.peekBuf) // peek_*.go
 			return true                         // never wait
 		}
@@ -32,4 +27,21 @@ func (c *engineConn) alive() bool {
 	c.peekOK = false
 	err := c.raw.Read(c.peek)
 	return err == nil && c.peekOK
+}
+
+// rawConn returns the connection's socket below TLS (any unsolicited
+// record, a close_notify, is bytes there), made once; nil if it has none.
+func (c *engineConn) rawConn() syscall.RawConn {
+	if c.raw == nil {
+		sc, ok := c.tcp.(syscall.Conn)
+		if !ok {
+			return nil
+		}
+		rc, err := sc.SyscallConn()
+		if err != nil {
+			return nil
+		}
+		c.raw = rc
+	}
+	return c.raw
 }

@@ -210,7 +210,12 @@ type Hooks interface {
 // checked against w's fence first (w.CheckSend). req must not be CONNECT
 // nor ask for an Upgrade (the gateway refuses both before).
 func (e *Transport) Exchange(ctx context.Context, req *http.Request, fields wire.Fields, w Write, deadline time.Time, hooks Hooks) (*http.Response, error) {
-	c, err := e.get(ctx, upstreamKey{host: req.URL.Host, tls: req.URL.Scheme == "https"}, deadline)
+	key := upstreamKey{host: req.URL.Host, tls: req.URL.Scheme == "https"}
+	expect := expectsContinue(req, fields)
+	// A request held whole on a plain connection is sent inside the wait
+	// for its answer, its connection checked there (await_*.go).
+	whole := !key.tls && req.Host == "" && !expect && inMemory(req, w)
+	c, reused, err := e.get(ctx, key, deadline, whole)
 	if err != nil {
 		if req.Body != nil {
 			_ = req.Body.Close()
@@ -232,7 +237,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, fields wire
 	c.limit, c.infos = e.maxHead()+int64(c.br.Size()), 0
 	fail := func(err error) (*http.Response, error) { return nil, c.failed(ctx, stop, deadline, err) }
 	var cb *continueBody
-	if expectsContinue(req, fields) {
+	if expect {
 		// The body waits for the upstream's leave (expect.go).
 		cb = &continueBody{ReadCloser: req.Body, ctx: ctx, c: c, e: e, deadline: deadline, got1xx: hooks.Got1xx}
 		r2 := *req
@@ -241,13 +246,15 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, fields wire
 	}
 	var watch *fenceWatch
 	var early *answerWatch
+	awaited, headOK := false, false
 	switch {
-	case c.host != nil && req.Host == "" && cb == nil && inMemory(req, w):
+	case c.host != nil && whole:
 		// Request.Write's bytes without its allocations (write.go).
 		if err = writeHead(c.bw, req, fields, c.host); err == nil {
-			hooks.WroteHeaders()
+			headOK = true
 			_, err = c.bw.Write(w.Body())
 		}
+		awaited = true
 	default:
 		if cb != nil || !inMemory(req, w) {
 			// The request may stay half-sent, for as long as its body
@@ -284,7 +291,29 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, fields wire
 		}
 	}
 	// One flush sends head and body (what is left of them).
-	if err == nil && (cb == nil || !cb.skipped) {
+	switch {
+	case awaited:
+		// Sent, and the answer waited for, in one pass (await_*.go).
+		if err == nil {
+			err = c.flushAwaitingAnswer()
+		}
+		if errors.Is(err, errUnsent) {
+			// The connection's check, made as it was about to be sent
+			// on, found it ended: nothing left. An idle one is dropped
+			// for another (or a new one); a new one that ended at once
+			// fails the exchange, the request unsent.
+			if reused {
+				stop()
+				_ = c.nc.Close()
+				return e.Exchange(ctx, req, fields, w, deadline, hooks)
+			}
+			return fail(err)
+		}
+		if headOK {
+			hooks.WroteHeaders()
+		}
+	case err != nil || cb != nil && cb.skipped:
+	default:
 		err = c.bw.Flush()
 	}
 	heard := early.end(ctx)
@@ -385,11 +414,15 @@ var aLongTimeAgo = time.Unix(1, 0)
 
 // get returns a live idle connection to the upstream at key, or dials one
 // (by deadline, if set).
-func (e *Transport) get(ctx context.Context, key upstreamKey, deadline time.Time) (*engineConn, error) {
+//
+// With whole (a request held whole is to be sent on it), the check of an
+// idle connection, and the first look at a new one, are left to its first
+// send (unchecked: sendAwaiting, checkedWrite); reused says it was idle.
+func (e *Transport) get(ctx context.Context, key upstreamKey, deadline time.Time, whole bool) (c *engineConn, reused bool, err error) {
 	now := monotonic()
 	e.mu.Lock()
 	for list := e.idle[key]; len(list) > 0; list = e.idle[key] {
-		c := list[len(list)-1]
+		c = list[len(list)-1]
 		list[len(list)-1] = nil
 		e.idle[key] = list[:len(list)-1]
 		e.mu.Unlock()
@@ -403,8 +436,12 @@ func (e *Transport) get(ctx context.Context, key upstreamKey, deadline time.Time
 			// was idle (or is about to): the peek would fail on it.
 			c.setDeadline(time.Time{})
 		}
+		if whole && checkAtSend && c.host != nil && c.br.Buffered() == 0 && c.rawConn() != nil {
+			c.unchecked = true
+			return c, true, nil
+		}
 		if c.alive() {
-			return c, nil
+			return c, true, nil
 		}
 		_ = c.nc.Close()
 		e.mu.Lock()
@@ -420,7 +457,7 @@ func (e *Transport) get(ctx context.Context, key upstreamKey, deadline time.Time
 		if ctx.Err() != nil {
 			err = errors.Join(context.Cause(ctx), err)
 		}
-		return nil, err
+		return nil, false, err
 	}
 	nc := tcp
 	if key.tls {
@@ -429,16 +466,17 @@ func (e *Transport) get(ctx context.Context, key upstreamKey, deadline time.Time
 			if ctx.Err() != nil {
 				err = errors.Join(context.Cause(ctx), err)
 			}
-			return nil, err
+			return nil, false, err
 		}
 	}
-	c := &engineConn{nc: nc, tcp: tcp, key: key, limit: -1}
+	c = &engineConn{nc: nc, tcp: tcp, key: key, limit: -1}
 	c.abort = func() { _ = c.nc.SetDeadline(aLongTimeAgo) }
 	c.host, _ = hostLine(key.host) // nil: Request.Write writes the head
 	c.trace = httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{WroteHeaders: func() { c.wroteHead = true }})
 	c.br = bufio.NewReaderSize(c, 4<<10)
 	c.bw = bufio.NewWriterSize(c, 4<<10)
-	return c, nil
+	c.unchecked = whole && checkAtSend && c.rawConn() != nil // nothing is expected from it before the request
+	return c, false, nil
 }
 
 // header is the map the answers' heads read by readHead are read into
@@ -575,6 +613,11 @@ type engineConn struct {
 	// writeFailed: a write of the request to the connection failed (not
 	// its fence check): the upstream may have answered early.
 	writeFailed bool
+	// unchecked: taken by get without its check, made at its first send.
+	unchecked bool
+	// await: the next Write is the flush of a request held whole in bw,
+	// which sends it and waits for the answer (flushAwaitingAnswer).
+	await bool
 	// sent counts the bytes of requests written, for the watch of a
 	// half-sent one (answerwatch.go), on another goroutine.
 	sent atomic.Int64
@@ -659,13 +702,37 @@ func (c *engineConn) Write(p []byte) (int, error) {
 		resetNow(c.tcp)
 		return 0, err
 	}
-	n, err := c.nc.Write(p)
+	var n int
+	var err error
+	if c.await {
+		c.await = false
+		n, err = c.sendAwaiting(p)
+	} else {
+		n, err = c.checkedWrite(p)
+	}
 	w.Sent(n)
 	c.sent.Add(int64(n))
 	if err != nil {
 		c.writeFailed = true
 	}
 	return n, err
+}
+
+// errUnsent: a connection's check, made as a request was about to be sent
+// on it, found it ended (or holding bytes nobody asked for); nothing of the
+// request left.
+var errUnsent = errors.New("the upstream's connection ended before the request was sent")
+
+// checkedWrite writes p, after the check of a connection taken without
+// one (unchecked: get).
+func (c *engineConn) checkedWrite(p []byte) (int, error) {
+	if c.unchecked {
+		c.unchecked = false
+		if !c.alive() {
+			return 0, errUnsent
+		}
+	}
+	return c.nc.Write(p)
 }
 
 // engineBody is a response body over an engine connection. Its end, if
