@@ -133,7 +133,7 @@ func runFigures(ctx context.Context, o options, args []string, out io.Writer) er
 		{Setup: "gateway", PerSecond: g.gateway.PerSecond(), P50US: µs(g.gateway.Latency.P50), P99US: µs(g.gateway.Latency.P99), ServerCPUUS: µs(g.gatewayCPU)},
 		{Setup: "etcd", PerSecond: g.etcd.PerSecond, P50US: g.etcd.P50US, P99US: g.etcd.P99US, ServerCPUUS: µs(g.etcd.ServerCPU)},
 	}
-	f.AnonBytesPerResource, f.Resources = g.anonPerResource, o.memResources
+	f.AnonBytesPerResource, f.Resources = g.anonPerResource, int(g.anonResources)
 	b, err := json.MarshalIndent(f, "", "  ")
 	if err != nil {
 		return err

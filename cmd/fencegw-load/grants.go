@@ -61,6 +61,7 @@ type grantsRun struct {
 	// run per resource granted, in bytes (0 if unknown); memory says it
 	// in full.
 	anonPerResource float64
+	anonResources   int64 // the fresh resources anonPerResource was taken over
 	memory          string
 	etcd            *etcdResult // nil without -etcd-locks, or if etcd failed (etcdErr)
 	etcdErr         error
@@ -119,7 +120,7 @@ func measureGrants(ctx context.Context, o options, out io.Writer) (grantsRun, er
 		// granted does not.
 		if m, err := bench.ReadMemory(gw.cmd.Process.Pid); err == nil {
 			n := seq.Load() - seq0
-			g.anonPerResource = float64(m["RssAnon"]-anon0) * 1024 / float64(n)
+			g.anonPerResource, g.anonResources = float64(m["RssAnon"]-anon0)*1024/float64(n), n
 			g.memory += fmt.Sprintf("; anonymous growth since the warm-up: %+.0f B per resource (%d KiB over %d grants)", g.anonPerResource, m["RssAnon"]-anon0, n)
 		}
 	}
@@ -137,7 +138,7 @@ func measureGrants(ctx context.Context, o options, out io.Writer) (grantsRun, er
 			return g, err
 		}
 		n := seq.Load() - seq0
-		g.anonPerResource = float64(m["RssAnon"]-anon0) * 1024 / float64(n)
+		g.anonPerResource, g.anonResources = float64(m["RssAnon"]-anon0)*1024/float64(n), n
 		g.memory = fmt.Sprintf("gateway process after %d fresh resources since the warm-up: anonymous memory grew by %.0f MiB (%.0f B per resource)",
 			n, float64(m["RssAnon"]-anon0)/1024, g.anonPerResource)
 	}

@@ -125,7 +125,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.etcdLocks, "etcd-locks", "", "with -grants: also measure lock acquisitions on etcd (a LeaseGrant and a put-if-absent each, as many acquirers, as long) with this program; build it (a module of its own) with: "+etcdLocksBuild)
 	fs.StringVar(&o.figures, "figures", "", "measure the one table every doc quotes (writes of 32 writers and of 1 on direct, fasthttp, bare-proxy, gateway, nginx, haproxy, caddy; grants beside etcd: needs -fasthttp and -etcd-locks), write its numbers to this file (docs/figures.json) and render them into README.md and docs/benchmarks.md; run from the repository's root")
 	fs.DurationVar(&o.grantsDuration, "figures-grants-duration", 20*time.Second, "with -figures: measured time of the grants and of etcd's acquisitions (each), at most "+maxDuration.String())
-	fs.IntVar(&o.memResources, "figures-resources", 200_000, "with -figures: fresh resources granted for the memory figure (its growth per resource)")
+	// A million: the unit the figure is quoted in, and enough that the
+	// collector's headroom (32 MiB of garbage held or not when memory is
+	// read, internal/gcheadroom) moves it by 32 B a resource, not 160.
+	fs.IntVar(&o.memResources, "figures-resources", 1_000_000, "with -figures: fresh resources granted for the memory figure (its growth per resource)")
 	fs.StringVar(&o.etcd, "etcd", "etcd", "with -etcd-locks: etcd's server program (Debian: etcd-server), started on 127.0.0.1 in a temporary directory")
 	fs.BoolVar(&o.tls, "tls", false, "clients speak TLS (HTTP/1.1) to the bare proxy, the gateway and the peers, with a self-signed certificate for 127.0.0.1; the upstream stays plain HTTP")
 	fs.StringVar(&o.serveTLSCert, "serve-tls-cert", "", "internal: with -serve, the certificate file")
