@@ -2,7 +2,10 @@
 
 package engine
 
-import "syscall"
+import (
+	"errors"
+	"syscall"
+)
 
 // Where a non-blocking peek is not available, idle upstream connections
 // are not reused.
@@ -13,3 +16,8 @@ func (c *engineConn) alive() bool { return false }
 
 // rawConn: no socket to check or wait in.
 func (c *engineConn) rawConn() syscall.RawConn { return nil }
+
+// check: no peek to make.
+func (c *engineConn) check() (bool, error) { return false, errNoCheck }
+
+var errNoCheck = errors.New("no peek on this platform")

@@ -347,3 +347,67 @@ func TestExchangeOnANewConnectionEndedAtOnceSendsNothing(t *testing.T) {
 		t.Fatal("the ended connection was never closed")
 	}
 }
+
+// An exchange whose deadline has already passed fails on the connection
+// it takes, and on no other: a check that cannot be made is no sign that
+// a connection ended, so the idle ones stay in the pool.
+func TestPastDeadlineGivesUpOnlyItsConnection(t *testing.T) {
+	url := rawUpstream(t, func(_ int, c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			if _, err := br.Peek(1); err != nil {
+				return
+			}
+			time.Sleep(20 * time.Millisecond) // so that three at once take three connections
+			if answerOne(c, br, "ok") != nil {
+				return
+			}
+		}
+	})
+	e, dials := newTestTransport(t)
+	exchange := func(deadline time.Time) (string, error) {
+		w := &testWrite{body: []byte("x")}
+		req, _ := http.NewRequest("POST", url+"/a", bytes.NewReader(w.body))
+		req.Host = "" // a request held whole (writeHead)
+		resp, err := e.Exchange(context.Background(), req, wire.FieldsOf(req.Header), w, deadline, &hooksSeen{})
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return string(b), err
+	}
+	errs := make(chan error, 3)
+	for range 3 {
+		go func() {
+			got, err := exchange(time.Now().Add(10 * time.Second))
+			if err == nil && got != "ok" {
+				err = errors.New("answer " + got)
+			}
+			errs <- err
+		}()
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	idle := func() int {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		n := 0
+		for _, list := range e.idle {
+			n += len(list)
+		}
+		return n
+	}
+	if n := idle(); n != 3 || dials.Load() != 3 {
+		t.Fatalf("after three exchanges at once: %d idle, %d dials; want 3 and 3", n, dials.Load())
+	}
+	if _, err := exchange(time.Now().Add(-time.Second)); !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("exchange past its deadline: %v", err)
+	}
+	if n := idle(); n != 2 || dials.Load() != 3 {
+		t.Errorf("after an exchange past its deadline: %d idle, %d dials; want 2 and 3", n, dials.Load())
+	}
+}

@@ -73,9 +73,11 @@ func (c *engineConn) sendAwaiting(p []byte) (int, error) {
 	case gone:
 		return 0, errUnsent
 	case !called:
-		// The wait failed before the send (a deadline passed, an abort,
-		// the connection closed): the usual write meets the same.
-		return c.checkedWrite(p)
+		// The wait failed before the check and the send (a deadline
+		// passed, an abort, the connection closed): no sign of the
+		// connection's end, and the usual write meets the same failure.
+		c.unchecked = false
+		return c.nc.Write(p)
 	case errno != nil && errno != syscall.EAGAIN:
 		return n, &net.OpError{Op: "write", Net: "tcp", Source: c.tcp.LocalAddr(), Addr: c.tcp.RemoteAddr(), Err: os.NewSyscallError("write", errno)}
 	case n < len(p):

@@ -724,11 +724,13 @@ func (c *engineConn) Write(p []byte) (int, error) {
 var errUnsent = errors.New("the upstream's connection ended before the request was sent")
 
 // checkedWrite writes p, after the check of a connection taken without
-// one (unchecked: get).
+// one (unchecked: get). A check that cannot be made (a deadline past, an
+// abort) is no sign of the connection's end: the write meets the same
+// failure, and only this connection is given up.
 func (c *engineConn) checkedWrite(p []byte) (int, error) {
 	if c.unchecked {
 		c.unchecked = false
-		if !c.alive() {
+		if idle, err := c.check(); err == nil && !idle {
 			return 0, errUnsent
 		}
 	}
