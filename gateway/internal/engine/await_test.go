@@ -411,3 +411,56 @@ func TestPastDeadlineGivesUpOnlyItsConnection(t *testing.T) {
 		t.Errorf("after an exchange past its deadline: %d idle, %d dials; want 2 and 3", n, dials.Load())
 	}
 }
+
+// An exchange held whole on a reused connection allocates only its
+// answer's head (one string, one Response with its values): the send in
+// the wait, the check and the callback are the connection's, made once.
+func TestAwaitedExchangeAllocatesOnlyTheAnswer(t *testing.T) {
+	answer := []byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	url := rawUpstream(t, func(_ int, c net.Conn) {
+		// Allocates nothing per request (AllocsPerRun counts every
+		// goroutine's): the head's lines, then the 1-byte body.
+		br := bufio.NewReader(c)
+		for {
+			line, err := br.ReadSlice('\n')
+			if err != nil {
+				return
+			}
+			if len(line) > 2 {
+				continue
+			}
+			if _, err := br.Discard(1); err != nil {
+				return
+			}
+			if _, err := c.Write(answer); err != nil {
+				return
+			}
+		}
+	})
+	e, dials := newTestTransport(t)
+	w := &testWrite{body: []byte("x")}
+	body := bytes.NewReader(w.body)
+	req, _ := http.NewRequest("POST", url+"/a", body)
+	req.Host = "" // a request held whole (writeHead)
+	fields := wire.FieldsOf(req.Header)
+	hooks := &hooksSeen{}
+	var buf [16]byte
+	exchange := func() {
+		body.Reset(w.body)
+		resp, err := e.Exchange(context.Background(), req, fields, w, time.Time{}, hooks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, _ := io.ReadFull(resp.Body, buf[:2]); string(buf[:n]) != "ok" {
+			t.Fatalf("answer %q", buf[:n])
+		}
+		_ = resp.Body.Close()
+	}
+	exchange() // the connection, dialled once
+	if n := testing.AllocsPerRun(100, exchange); n > 2 {
+		t.Errorf("%v allocations per exchange, want at most 2 (the answer's head)", n)
+	}
+	if dials.Load() != 1 {
+		t.Errorf("%d dials, want 1", dials.Load())
+	}
+}

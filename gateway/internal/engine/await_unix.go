@@ -8,10 +8,6 @@ import (
 	"syscall"
 )
 
-// checkAtSend: an idle connection reused for a request held whole is
-// checked as the request is sent (sendAwaiting), not when it is taken.
-const checkAtSend = true
-
 // flushAwaitingAnswer sends what c.bw holds, as its Flush does, and then
 // waits in the connection's poller until the upstream's answer can be
 // read, so that the read after it finds the answer there. A read straight
@@ -46,29 +42,15 @@ func (c *engineConn) flushAwaitingAnswer() error {
 // meets again). A connection the check finds ended, or holding bytes, sends
 // nothing: errUnsent.
 func (c *engineConn) sendAwaiting(p []byte) (int, error) {
-	n, called, gone := 0, false, false
-	var errno error
-	_ = c.raw.Read(func(fd uintptr) bool {
-		if called {
-			return true // readable
-		}
-		called = true
-		if c.unchecked {
-			c.unchecked = false
-			if !peekIdle(fd, &c.peekBuf) {
-				gone = true
-				return true
-			}
-		}
-		for {
-			m, err := syscall.Write(int(fd), p)
-			if err == syscall.EINTR {
-				continue
-			}
-			n, errno = max(m, 0), err
-			return err != nil || n < len(p) // wait only once all of p left
-		}
-	})
+	s := &c.send
+	if s.fn == nil {
+		// Made once per connection: a closure per send would allocate.
+		s.fn = func(fd uintptr) bool { return c.sendInWait(fd) }
+	}
+	*s = awaitedSend{fn: s.fn, p: p}
+	_ = c.raw.Read(s.fn)
+	n, called, gone, errno := s.n, s.called, s.gone, s.errno
+	*s = awaitedSend{fn: s.fn}
 	switch {
 	case gone:
 		return 0, errUnsent
@@ -85,4 +67,30 @@ func (c *engineConn) sendAwaiting(p []byte) (int, error) {
 		return n + m, err
 	}
 	return n, nil
+}
+
+// sendInWait is sendAwaiting's callback: its first call checks the
+// connection and sends, and asks to wait only once all of the bytes left;
+// the next (the socket readable) ends the wait.
+func (c *engineConn) sendInWait(fd uintptr) bool {
+	s := &c.send
+	if s.called {
+		return true // readable
+	}
+	s.called = true
+	if c.unchecked {
+		c.unchecked = false
+		if !peekIdle(fd, &c.peekBuf) {
+			s.gone = true
+			return true
+		}
+	}
+	for {
+		m, err := syscall.Write(int(fd), s.p)
+		if err == syscall.EINTR {
+			continue
+		}
+		s.n, s.errno = max(m, 0), err
+		return err != nil || s.n < len(s.p) // wait only once all of p left
+	}
 }

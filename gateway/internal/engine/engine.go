@@ -417,12 +417,13 @@ var aLongTimeAgo = time.Unix(1, 0)
 //
 // With whole (a request held whole is to be sent on it), the check of an
 // idle connection, and the first look at a new one, are left to its first
-// send (unchecked: sendAwaiting, checkedWrite); reused says it was idle.
-func (e *Transport) get(ctx context.Context, key upstreamKey, deadline time.Time, whole bool) (c *engineConn, reused bool, err error) {
+// send (unchecked: sendAwaiting, checkedWrite). It also says whether the
+// connection was idle (reused).
+func (e *Transport) get(ctx context.Context, key upstreamKey, deadline time.Time, whole bool) (*engineConn, bool, error) {
 	now := monotonic()
 	e.mu.Lock()
 	for list := e.idle[key]; len(list) > 0; list = e.idle[key] {
-		c = list[len(list)-1]
+		c := list[len(list)-1]
 		list[len(list)-1] = nil
 		e.idle[key] = list[:len(list)-1]
 		e.mu.Unlock()
@@ -436,7 +437,7 @@ func (e *Transport) get(ctx context.Context, key upstreamKey, deadline time.Time
 			// was idle (or is about to): the peek would fail on it.
 			c.setDeadline(time.Time{})
 		}
-		if whole && checkAtSend && c.host != nil && c.br.Buffered() == 0 && c.rawConn() != nil {
+		if whole && c.host != nil && c.br.Buffered() == 0 && c.rawConn() != nil {
 			c.unchecked = true
 			return c, true, nil
 		}
@@ -469,13 +470,13 @@ func (e *Transport) get(ctx context.Context, key upstreamKey, deadline time.Time
 			return nil, false, err
 		}
 	}
-	c = &engineConn{nc: nc, tcp: tcp, key: key, limit: -1}
+	c := &engineConn{nc: nc, tcp: tcp, key: key, limit: -1}
 	c.abort = func() { _ = c.nc.SetDeadline(aLongTimeAgo) }
 	c.host, _ = hostLine(key.host) // nil: Request.Write writes the head
 	c.trace = httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{WroteHeaders: func() { c.wroteHead = true }})
 	c.br = bufio.NewReaderSize(c, 4<<10)
 	c.bw = bufio.NewWriterSize(c, 4<<10)
-	c.unchecked = whole && checkAtSend && c.rawConn() != nil // nothing is expected from it before the request
+	c.unchecked = whole && c.host != nil && c.rawConn() != nil // nothing is expected from it before the request
 	return c, false, nil
 }
 
@@ -616,8 +617,10 @@ type engineConn struct {
 	// unchecked: taken by get without its check, made at its first send.
 	unchecked bool
 	// await: the next Write is the flush of a request held whole in bw,
-	// which sends it and waits for the answer (flushAwaitingAnswer).
+	// which sends it and waits for the answer (flushAwaitingAnswer); send
+	// is that Write's state, inside the wait.
 	await bool
+	send  awaitedSend
 	// sent counts the bytes of requests written, for the watch of a
 	// half-sent one (answerwatch.go), on another goroutine.
 	sent atomic.Int64
@@ -716,6 +719,16 @@ func (c *engineConn) Write(p []byte) (int, error) {
 		c.writeFailed = true
 	}
 	return n, err
+}
+
+// awaitedSend is the state of a send made inside the wait for its answer
+// (await_unix.go): the callback, made once, and what its call did.
+type awaitedSend struct {
+	fn           func(fd uintptr) bool
+	p            []byte // the bytes to send
+	n            int    // sent
+	errno        error  // the write's
+	called, gone bool   // the callback ran; its check found the connection ended
 }
 
 // errUnsent: a connection's check, made as a request was about to be sent
