@@ -209,7 +209,7 @@ func TestFaultReplicaPartitionedFromRedis(t *testing.T) {
 	common := []string{"--log-level", "warn", "--pg-schema", schema, "--forward-timeout", "3s", "--drain-period", "1s", "--grant-wait", "8s"}
 	// Replica 1, in the namespace.
 	wrapper := filepath.Join(t.TempDir(), "fencegw-in-netns")
-	name, nsArgs := ns.Command(binary)
+	name, nsArgs := ns.Command(fencegwBinary(t))
 	script := "#!/bin/sh\nexec " + name
 	for _, a := range nsArgs {
 		script += " '" + a + "'"

@@ -25,20 +25,45 @@ import (
 	"github.com/fencegw/fencegw/internal/gcheadroom"
 )
 
-var binary string
+// The fencegw binary the tests run, built with -race on first use
+// (fencegwBinary): a run that needs none (a fuzz target's coordinator and
+// each of its workers, a listing of the tests) builds none.
+var (
+	binaryOnce sync.Once
+	binaryDir  string
+	binaryPath string
+	binaryErr  error
+)
+
+// fencegwBinary returns the path of the fencegw binary, building it the
+// first time.
+func fencegwBinary(t testing.TB) string {
+	t.Helper()
+	binaryOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "fencegw-bin-")
+		if err != nil {
+			binaryErr = err
+			return
+		}
+		binaryDir = dir
+		path := filepath.Join(dir, "fencegw")
+		if out, err := exec.Command("go", "build", "-race", "-o", path, ".").CombinedOutput(); err != nil {
+			binaryErr = fmt.Errorf("build fencegw: %w\n%s", err, out)
+			return
+		}
+		binaryPath = path
+	})
+	if binaryErr != nil {
+		t.Fatal(binaryErr)
+	}
+	return binaryPath
+}
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "fencegw-bin-")
-	if err != nil {
-		panic(err)
-	}
-	binary = filepath.Join(dir, "fencegw")
-	if out, err := exec.Command("go", "build", "-race", "-o", binary, ".").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build fencegw: %v\n%s", err, out)
-		os.Exit(1)
-	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	if binaryDir != "" {
+		os.RemoveAll(binaryDir)
+	}
 	os.Exit(code)
 }
 
@@ -76,7 +101,7 @@ func startProcEnv(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
 	// No shutdown delay unless a test asks for one (a later flag wins):
 	// nothing balances load in front of these processes.
-	return startBinaryEnv(t, binary, env, append([]string{"--shutdown-delay", "0"}, args...)...)
+	return startBinaryEnv(t, fencegwBinary(t), env, append([]string{"--shutdown-delay", "0"}, args...)...)
 }
 
 // startBinary starts `bin serve` on a free port (a later --listen wins).
@@ -313,7 +338,7 @@ func TestExitCodes(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
-			cmd := exec.Command(binary, c.args...)
+			cmd := exec.Command(fencegwBinary(t), c.args...)
 			cmd.Env = append(os.Environ(), c.env...)
 			cmd.Dir = t.TempDir()
 			var stderr bytes.Buffer

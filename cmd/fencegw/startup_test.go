@@ -87,7 +87,7 @@ func TestStartupErrorsNameTheirCause(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			cmd := exec.Command(binary, append([]string{"serve", "--shutdown-delay", "0"}, c.args...)...)
+			cmd := exec.Command(fencegwBinary(t), append([]string{"serve", "--shutdown-delay", "0"}, c.args...)...)
 			cmd.Env = append(os.Environ(), c.env...)
 			cmd.Dir = t.TempDir()
 			var stdout, stderr bytes.Buffer
@@ -145,7 +145,7 @@ func TestConfigCheck(t *testing.T) {
 		{good, 0, good + ": ok (1 upstreams, 1 routes)"},
 		{bad, 2, bad + ": line 2: waitms is not a setting"},
 	} {
-		cmd := exec.Command(binary, "config", "check", c.file)
+		cmd := exec.Command(fencegwBinary(t), "config", "check", c.file)
 		out, err := cmd.CombinedOutput()
 		code := 0
 		if ee, ok := err.(*exec.ExitError); ok {

@@ -14,7 +14,7 @@ import (
 func TestVersionNamesTheBuild(t *testing.T) {
 	for _, args := range [][]string{{"version"}, {"--version"}} {
 		var stdout, stderr bytes.Buffer
-		cmd := exec.Command(binary, args...)
+		cmd := exec.Command(fencegwBinary(t), args...)
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		if err := cmd.Run(); err != nil {
 			t.Fatalf("fencegw %s: %v, stderr %q", args[0], err, stderr.String())
@@ -25,7 +25,7 @@ func TestVersionNamesTheBuild(t *testing.T) {
 			t.Errorf("fencegw %s printed %q; want one line: fencegw, the build, the Go version and platform", args[0], out)
 		}
 	}
-	err := exec.Command(binary, "version", "--json").Run()
+	err := exec.Command(fencegwBinary(t), "version", "--json").Run()
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
 		t.Errorf("fencegw version --json: %v, want exit 2", err)
 	}
