@@ -397,7 +397,7 @@ func TestPastDeadlineGivesUpOnlyItsConnection(t *testing.T) {
 		defer e.mu.Unlock()
 		n := 0
 		for _, list := range e.idle {
-			n += len(list)
+			n += len(list.conns)
 		}
 		return n
 	}

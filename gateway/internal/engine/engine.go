@@ -133,8 +133,14 @@ type Transport struct {
 	idleTimeout time.Duration // an idle connection older than this is closed
 
 	mu   sync.Mutex
-	idle map[upstreamKey][]*engineConn // most recent last
+	idle map[upstreamKey]*idleList
 }
+
+// idleList is an upstream's idle connections, most recent last. The map
+// holds a pointer, so that taking and giving back a connection changes
+// the list in place: an assignment to a map of struct keys, twice a
+// write, cost more than the rest of get and put.
+type idleList struct{ conns []*engineConn }
 
 // upstreamKey names the upstream of a connection: its URL's host, and
 // whether it speaks TLS.
@@ -162,7 +168,7 @@ func New(std *http.Transport) *Transport {
 		},
 		maxIdle:     std.MaxIdleConnsPerHost,
 		idleTimeout: std.IdleConnTimeout,
-		idle:        map[upstreamKey][]*engineConn{},
+		idle:        map[upstreamKey]*idleList{},
 	}
 }
 
@@ -422,10 +428,17 @@ var aLongTimeAgo = time.Unix(1, 0)
 func (e *Transport) get(ctx context.Context, key upstreamKey, deadline time.Time, whole bool) (*engineConn, bool, error) {
 	now := monotonic()
 	e.mu.Lock()
-	for list := e.idle[key]; len(list) > 0; list = e.idle[key] {
+	for {
+		// Looked up again after each connection dropped: meanwhile
+		// CloseIdleConnections may have taken the lists away.
+		idle := e.idle[key]
+		if idle == nil || len(idle.conns) == 0 {
+			break
+		}
+		list := idle.conns
 		c := list[len(list)-1]
 		list[len(list)-1] = nil
-		e.idle[key] = list[:len(list)-1]
+		idle.conns = list[:len(list)-1]
 		e.mu.Unlock()
 		if e.idleTimeout > 0 && now-c.idleAt >= e.idleTimeout {
 			_ = c.nc.Close()
@@ -542,7 +555,12 @@ func (e *Transport) put(c *engineConn) {
 	c.idleAt = monotonic()
 	var stale []*engineConn
 	e.mu.Lock()
-	list := e.idle[c.key]
+	idle := e.idle[c.key]
+	if idle == nil {
+		idle = new(idleList)
+		e.idle[c.key] = idle
+	}
+	list := idle.conns
 	for len(list) > 0 && e.idleTimeout > 0 && c.idleAt-list[0].idleAt >= e.idleTimeout {
 		stale = append(stale, list[0])
 		list[0] = nil
@@ -552,7 +570,7 @@ func (e *Transport) put(c *engineConn) {
 	if keep {
 		list = append(list, c)
 	}
-	e.idle[c.key] = list
+	idle.conns = list
 	e.mu.Unlock()
 	for _, s := range stale {
 		_ = s.nc.Close()
@@ -567,10 +585,10 @@ func (e *Transport) put(c *engineConn) {
 func (e *Transport) CloseIdleConnections() {
 	e.mu.Lock()
 	idle := e.idle
-	e.idle = map[upstreamKey][]*engineConn{}
+	e.idle = map[upstreamKey]*idleList{}
 	e.mu.Unlock()
 	for _, list := range idle {
-		for _, c := range list {
+		for _, c := range list.conns {
 			_ = c.nc.Close()
 		}
 	}

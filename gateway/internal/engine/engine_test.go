@@ -402,9 +402,17 @@ func TestFenceWatchEndsWithTheRequest(t *testing.T) {
 
 // put closes the connections that were idle too long, oldest first, and
 // keeps at most maxIdle.
+// idleOf is e's idle connections to key (nil for none).
+func idleOf(e *Transport, key upstreamKey) []*engineConn {
+	if l := e.idle[key]; l != nil {
+		return l.conns
+	}
+	return nil
+}
+
 func TestEnginePutPrunes(t *testing.T) {
 	up := upstreamKey{host: "up"}
-	e := &Transport{maxIdle: 2, idleTimeout: time.Minute, idle: map[upstreamKey][]*engineConn{}}
+	e := &Transport{maxIdle: 2, idleTimeout: time.Minute, idle: map[upstreamKey]*idleList{}}
 	conn := func() (*engineConn, net.Conn) {
 		a, b := net.Pipe()
 		t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
@@ -420,15 +428,15 @@ func TestEnginePutPrunes(t *testing.T) {
 	old.idleAt -= 2 * time.Minute
 	fresh, freshPeer := conn()
 	e.put(fresh)
-	if !closed(oldPeer) || closed(freshPeer) || len(e.idle[up]) != 1 || e.idle[up][0] != fresh {
-		t.Fatalf("after putting a fresh connection beside one idle for 2 minutes: %d idle", len(e.idle[up]))
+	if !closed(oldPeer) || closed(freshPeer) || len(idleOf(e, up)) != 1 || idleOf(e, up)[0] != fresh {
+		t.Fatalf("after putting a fresh connection beside one idle for 2 minutes: %d idle", len(idleOf(e, up)))
 	}
 	second, _ := conn()
 	e.put(second)
 	extra, extraPeer := conn()
 	e.put(extra)
-	if len(e.idle[up]) != 2 || !closed(extraPeer) {
-		t.Fatalf("maxIdle 2: %d idle, the third not closed", len(e.idle[up]))
+	if len(idleOf(e, up)) != 2 || !closed(extraPeer) {
+		t.Fatalf("maxIdle 2: %d idle, the third not closed", len(idleOf(e, up)))
 	}
 }
 
@@ -594,8 +602,8 @@ func TestIdleConnectionOutlivesItsDeadline(t *testing.T) {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		for _, list := range e.idle {
-			if len(list) == 1 {
-				return list[0]
+			if len(list.conns) == 1 {
+				return list.conns[0]
 			}
 		}
 		t.Fatal("no idle connection")
@@ -636,7 +644,7 @@ func TestCloseExchangesKeepTheDeadlineOnTheSocket(t *testing.T) {
 	e.mu.Lock()
 	var c *engineConn
 	for _, list := range e.idle {
-		c = list[0]
+		c = list.conns[0]
 	}
 	e.mu.Unlock()
 	counter := &deadlineCounter{Conn: c.nc}
@@ -704,8 +712,8 @@ func TestReuseSkipsAConnectionTheUpstreamEnded(t *testing.T) {
 				for deadline := time.Now().Add(5 * time.Second); ; {
 					e.mu.Lock()
 					for _, list := range e.idle {
-						if len(list) == 1 {
-							pooled = list[0]
+						if len(list.conns) == 1 {
+							pooled = list.conns[0]
 						}
 					}
 					e.mu.Unlock()

@@ -140,7 +140,7 @@ func TestExpectContinue(t *testing.T) {
 				t.Errorf("1xx heard %v, want %v", hooks.info, tc.info)
 			}
 			e.mu.Lock()
-			kept := len(e.idle[upstreamKey{host: ln.Addr().String()}])
+			kept := len(idleOf(e, upstreamKey{host: ln.Addr().String()}))
 			e.mu.Unlock()
 			if kept == 0 != tc.dropped {
 				t.Errorf("%d connections kept, want the connection dropped: %v", kept, tc.dropped)
@@ -185,7 +185,7 @@ func TestEarlyAnswerDuringBody(t *testing.T) {
 		}
 		e.mu.Lock()
 		for _, list := range e.idle {
-			if len(list) > 0 {
+			if len(list.conns) > 0 {
 				t.Errorf("hints %v: a connection whose request was cut short was kept", hints)
 			}
 		}
