@@ -26,6 +26,10 @@ func FuzzFieldsMatchHeader(f *testing.F) {
 		"+Content-Length=5|+User-Agent=w|=Host=h|~X-|+X-Forwarded-For=1|=X-Forwarded-For=2",
 		"+Z=1|+Y=2|+X=3|+W=4|+V=5|+U=6|+T=7|+S=8|+R=9|+Q=10|+P=11|+O=12|+N=13|+M=14|+L=15|+K=16|+J=17|=A=0",
 		"+bad name=1|+x-low=a\r\nb|=x-low= pad |-nothing|~",
+		// names alike in their first eight bytes or more, and names that are
+		// others' beginnings (Sort's prefixKey)
+		"+X-Forwarded-Host=1|+X-Forwarded-For=2|+X-Forwar=3|+X-Forwarded=4|+X-Forwa=5|+X=6|+Xa=7|+X-Forwarded-Fo=8",
+		"+X-Forwarded-Host-A=1|+X-Forwarded-Host=2|+X-Forwarded-Host-=3|+X-Forwarded-HostB=4|+X-Forwarded-Hos=5",
 	} {
 		f.Add(s)
 	}
