@@ -17,9 +17,11 @@ package framing
 
 import (
 	"bytes"
+	"encoding/binary"
+	"math/bits"
 	"net/http"
-	"net/textproto"
 	"net/url"
+	"slices"
 	"strings"
 
 	"golang.org/x/net/http/httpguts"
@@ -58,35 +60,33 @@ const leanKeep = 32
 // by checkRequest would; ok false when the head is not plain, for
 // http.ReadRequest to parse.
 func parseLean(head []byte, template *http.Request, into *leanRequest) (req *http.Request, ok bool) {
-	lineEnd := indexCRLF(head)
-	if lineEnd < 0 {
-		return nil, false
-	}
-	method, target, ok := leanRequestLine(head[:lineEnd])
+	line, ok := leanRequestLine(head)
 	if !ok {
 		return nil, false
 	}
-	// Header lines: their count sizes the map, and every byte is checked
-	// before anything is allocated.
-	// The lines' ends are kept for the second pass, for a head of as many
-	// fields as a fenced write's commonly has.
-	var ends [16]int
-	fields := 0
-	for rest := head[lineEnd+2:]; len(rest) > 2; fields++ {
-		end := indexCRLF(rest)
-		if end < 0 || !plainField(rest[:end]) {
-			return nil, false
-		}
-		if fields < len(ends) {
-			ends[fields] = end
-		}
-		rest = rest[end+2:]
+	// A field a line: every line of the head ends in CRLF, its last is
+	// empty. The count sizes the map and vals. Each line is checked as it
+	// is parsed, in one pass: a pass to check every line before the
+	// string is made, and one to parse them, read each twice and kept
+	// their ends between the two. A head declined half way costs its
+	// string beside http.ReadRequest's own allocations.
+	fields := bytes.Count(head[line.end+2:], []byte("\n")) - 1
+	if fields < 0 {
+		return nil, false
 	}
-
 	s := string(head) // every string of the request is a part of this one
-	// Every field but Host, which is the request's, not the map's.
+	// Every field but Host, which is the request's, not the map's. The
+	// map of the connection's last request is set over rather than
+	// cleared, while the names fit in names: each of this head's names
+	// is set, and any other deleted after (none, when a client sends the
+	// same fields each time). A clear (each slot, and a new hash seed)
+	// cost about 150 instructions a head more than setting over the
+	// same names (BenchmarkHeadParse/client).
+	var names [16]string
 	h, vals := into.header, into.vals
+	kept := h != nil && fields <= len(names)
 	switch {
+	case kept:
 	case h != nil && fields <= leanKeep:
 		clear(h)
 	case fields <= leanKeep:
@@ -97,7 +97,6 @@ func parseLean(head []byte, template *http.Request, into *leanRequest) (req *htt
 	}
 	if cap(vals) >= fields {
 		vals = vals[:fields]
-		clear(vals) // the last request's strings are not kept alive
 	} else {
 		vals = make([]string, fields)
 		if fields <= leanKeep {
@@ -108,22 +107,26 @@ func parseLean(head []byte, template *http.Request, into *leanRequest) (req *htt
 	hosts, lengths := 0, 0
 	closing := false
 	// The names taken so far, while they fit: a repeated name is found
-	// by comparing them, which costs less than a lookup in the map.
-	var names [16]string
-	named := 0
-	rest := s[lineEnd+2:]
+	// by comparing them, which costs less than a lookup in the map, and
+	// only once one of its length was taken (sizes: a bit a length, mod
+	// 64), as a head's names commonly all differ in length.
+	named, sizes := 0, uint64(0)
+	p := line.end + 2
 	for i := 0; i < fields; i++ {
-		end := 0
-		if i < len(ends) {
-			end = ends[i]
-		} else {
-			end = strings.IndexByte(rest, '\n') - 1 // every line ends in CRLF (checked above)
+		f, ok := plainField(head, p)
+		if !ok {
+			return nil, false
 		}
-		line := rest[:end]
-		rest = rest[end+2:]
-		colon := strings.IndexByte(line, ':')
-		key := wire.CanonicalKey(line[:colon])
-		value := textproto.TrimString(line[colon+1:]) // textproto's trim: no CR or LF here (plainField)
+		key := f.name
+		if key == "" {
+			key = wire.CanonicalKey(s[p:f.colon])
+			if framingLookalike(key) {
+				return nil, false // the scanner refuses it: it follows this head itself
+			}
+		}
+		value := s[f.from:f.to] // trimmed as textproto trims it
+		p = f.next
+		vals[i] = value // every one, Host's too: a parsed head's vals hold no earlier head's strings, with no clear
 		switch key {
 		case "Host":
 			// The request's Host, never a header field (as
@@ -141,16 +144,12 @@ func parseLean(head []byte, template *http.Request, into *leanRequest) (req *htt
 			// other two are never the loop's (mine).
 			return nil, false
 		}
-		if framingLookalike(key) {
-			return nil, false // the scanner refuses it: it follows this head itself
-		}
 		repeated := false
 		if named < len(names) {
-			for _, n := range names[:named] {
-				if n == key {
-					repeated = true
-					break
-				}
+			if size := uint64(1) << (len(key) % 64); sizes&size == 0 {
+				sizes |= size
+			} else {
+				repeated = slices.Contains(names[:named], key)
 			}
 			if !repeated {
 				names[named] = key
@@ -160,10 +159,19 @@ func parseLean(head []byte, template *http.Request, into *leanRequest) (req *htt
 			_, repeated = h[key]
 		}
 		if !repeated {
-			vals[i] = value
 			h[key] = vals[i : i+1 : i+1] // as textproto: an append never writes into the next value
 		} else {
 			h[key] = append(h[key], value)
+		}
+	}
+	if string(head[p:]) != "\r\n" {
+		return nil, false // not a whole head (mine gives only whole ones)
+	}
+	if kept && len(h) != named {
+		for k := range h {
+			if !slices.Contains(names[:named], k) {
+				delete(h, k) // a name of an earlier head, or a handler's
+			}
 		}
 	}
 	if hosts != 1 || !httpguts.ValidHostHeader(host) || lengths > 1 {
@@ -180,9 +188,9 @@ func parseLean(head []byte, template *http.Request, into *leanRequest) (req *htt
 	lr.req = *template
 	lr.url = url.URL{}
 	r := &lr.req
-	r.Method = s[:len(method)]
-	r.RequestURI = s[len(method)+1 : len(method)+1+len(target)]
-	lr.url.Path, lr.url.RawQuery, lr.url.ForceQuery = splitQuery(r.RequestURI)
+	r.Method = s[:line.method]
+	r.RequestURI = s[line.method+1 : line.end-len(" HTTP/1.1")]
+	lr.url.Path, lr.url.RawQuery, lr.url.ForceQuery = splitQuery(r.RequestURI, line.query-line.method-1)
 	r.URL = &lr.url
 	r.Proto, r.ProtoMajor, r.ProtoMinor = "HTTP/1.1", 1, 1
 	r.Header = h
@@ -190,8 +198,44 @@ func parseLean(head []byte, template *http.Request, into *leanRequest) (req *htt
 	r.ContentLength = length
 	r.Body = http.NoBody // the loop's own body replaces it when there is one
 	r.Close = closing    // httpguts.HeaderValuesContainsToken(h["Connection"], "close"), value by value
-	lr.lineLen, lr.hasLength = lineEnd, lengths == 1
+	lr.lineLen, lr.hasLength = line.end, lengths == 1
 	return r, true
+}
+
+// knownName is name as a constant if it is one of the names a fenced
+// write's head commonly carries (each canonical, so its own
+// wire.CanonicalKey), "" if not. A name found here needs no check of its
+// bytes, and the map kept from the connection's last request (parseLean)
+// holds the same string, which a set finds equal by its pointer, not byte
+// by byte.
+func knownName(name []byte) string {
+	switch string(name) {
+	case "Host":
+		return "Host"
+	case "User-Agent":
+		return "User-Agent"
+	case "Content-Length":
+		return "Content-Length"
+	case "Content-Type":
+		return "Content-Type"
+	case "Accept-Encoding":
+		return "Accept-Encoding"
+	case "Accept":
+		return "Accept"
+	case "Authorization":
+		return "Authorization"
+	case "Fencing-Lease":
+		return "Fencing-Lease"
+	case "Fencing-Token":
+		return "Fencing-Token"
+	case "Idempotency-Key":
+		return "Idempotency-Key"
+	case "Traceparent":
+		return "Traceparent"
+	case "Tracestate":
+		return "Tracestate"
+	}
+	return ""
 }
 
 // framingLookalike reports whether a field name is Content-Length or
@@ -215,65 +259,151 @@ func (lr *leanRequest) scanned() head {
 	return h
 }
 
-// leanRequestLine splits a request line the loop took (a method Own takes,
-// a target, " HTTP/1.1") if its target is plain: a path of characters
-// net/url keeps as they are (no escape, no RawPath) and a query of
-// printable ASCII.
-func leanRequestLine(line []byte) (method, target []byte, ok bool) {
-	const proto = " HTTP/1.1"
-	sp := bytes.IndexByte(line, ' ')
-	if sp <= 0 || len(line) < sp+1+len(proto) || string(line[len(line)-len(proto):]) != proto {
-		return nil, nil, false
-	}
-	method, target = line[:sp], line[sp+1:len(line)-len(proto)]
-	for _, b := range method {
-		if !httpguts.IsTokenRune(rune(b)) {
-			return nil, nil, false
+// The classes of a head's bytes, one table lookup a byte where the
+// checks were a function call each (httpguts.IsTokenRune decodes a rune).
+const (
+	tokenByte = 1 << iota // of a method or a field name (httpguts.IsTokenRune)
+	pathByte              // net/url keeps it as it is in a path (wire.PlainPathByte)
+	queryByte             // printable ASCII but '#': kept as it is in a query
+)
+
+var headBytes = func() (t [256]uint8) {
+	for b := range 256 {
+		if httpguts.IsTokenRune(rune(b)) {
+			t[b] |= tokenByte
+		}
+		if wire.PlainPathByte(byte(b)) {
+			t[b] |= pathByte
+		}
+		if b > ' ' && b < 0x7f && b != '#' {
+			t[b] |= queryByte
 		}
 	}
-	if len(target) == 0 || target[0] != '/' {
-		return nil, nil, false
+	return t
+}()
+
+// requestLine is where a request line's parts end: the method at method,
+// the path at query (the target's first '?', or its end), the line at
+// end (its CR).
+type requestLine struct{ method, query, end int }
+
+// leanRequestLine finds the request line that starts head (a method Own
+// takes, a target, " HTTP/1.1", CRLF) if its target is plain: a path of
+// characters net/url keeps as they are (no escape, no RawPath) and a
+// query of printable ASCII.
+func leanRequestLine(head []byte) (line requestLine, ok bool) {
+	const proto = " HTTP/1.1\r\n"
+	i := 0
+	for i < len(head) && headBytes[head[i]]&tokenByte != 0 {
+		i++
 	}
-	inQuery := false
-	for _, b := range target {
-		switch {
-		case b == '?':
-			inQuery = true
-		case inQuery:
-			if b <= ' ' || b >= 0x7f || b == '#' {
-				return nil, nil, false
+	if i == 0 || i+1 >= len(head) || head[i] != ' ' || head[i+1] != '/' {
+		return line, false
+	}
+	line.method = i
+	for i++; i < len(head) && headBytes[head[i]]&pathByte != 0; i++ {
+	}
+	line.query = i
+	if i < len(head) && head[i] == '?' {
+		for i++; i < len(head) && headBytes[head[i]]&queryByte != 0; i++ {
+		}
+	}
+	// A space ends the target: neither a path nor a query has one.
+	if len(head)-i < len(proto) || string(head[i:i+len(proto)]) != proto {
+		return line, false
+	}
+	line.end = i + len(proto) - 2
+	return line, true
+}
+
+// splitQuery is net/url's split of a request target into path and query
+// at q, its first '?' (len(target) if none): a lone '?' at the end is
+// ForceQuery.
+func splitQuery(target string, q int) (path, query string, force bool) {
+	if q >= len(target) {
+		return target, "", false
+	}
+	return target[:q], target[q+1:], q == len(target)-1
+}
+
+// leanField is where a header line's parts are in its head: the name ends
+// at colon, the value, trimmed, is [from, to), the next line starts at
+// next. name is the name if it is a known one (knownName).
+type leanField struct {
+	name                  string
+	colon, from, to, next int
+}
+
+// plainField finds the header line at head[p:] if it is "name:value" with
+// a token name and a value of printable ASCII, spaces and tabs: one every
+// check of textproto and of Go's server takes as it is.
+func plainField(head []byte, p int) (f leanField, ok bool) {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	// The colon, eight bytes at a time (the lowest zero byte of x^':' is
+	// exact in "Bit Twiddling Hacks"' haszero): a name found, if known,
+	// is then not read again byte by byte. Where a line has no colon the
+	// search goes on into the next, and the name it finds has the line's
+	// CR, which no known name nor token has.
+	i := p
+	for ; len(head)-i >= 8; i += 8 {
+		x := binary.LittleEndian.Uint64(head[i:]) ^ ':'*ones
+		if m := (x - ones) &^ x & highs; m != 0 {
+			i += bits.TrailingZeros64(m) >> 3
+			break
+		}
+	}
+	for i < len(head) && head[i] != ':' {
+		i++
+	}
+	if i == p || i >= len(head) {
+		return f, false
+	}
+	name := head[p:i]
+	if f.name = knownName(name); f.name == "" {
+		for _, b := range name {
+			if headBytes[b]&tokenByte == 0 {
+				return f, false
 			}
-		case !wire.PlainPathByte(b):
-			return nil, nil, false
 		}
 	}
-	return method, target, true
-}
-
-// splitQuery is net/url's split of a request target into path and query:
-// a lone '?' at the end is ForceQuery.
-func splitQuery(target string) (path, query string, force bool) {
-	if strings.HasSuffix(target, "?") && strings.Count(target, "?") == 1 {
-		return target[:len(target)-1], "", true
+	f.colon = i
+	i++
+	for i < len(head) && (head[i] == ' ' || head[i] == '\t') {
+		i++
 	}
-	path, query, _ = strings.Cut(target, "?")
-	return path, query, false
-}
-
-// plainField reports whether a header line is "name:value" with a token
-// name and a value of printable ASCII, spaces and tabs: one every check
-// of textproto and of Go's server takes as it is.
-func plainField(line []byte) bool {
-	colon := bytes.IndexByte(line, ':')
-	if colon <= 0 {
-		return false
-	}
-	for _, b := range line[:colon] {
-		if !httpguts.IsTokenRune(rune(b)) {
-			return false
+	from := i
+	// Values (a lease, a trace) are most of a head's bytes, so eight are
+	// read at a time: the lowest byte below 0x20 or above 0x7e (the tests
+	// of "Bit Twiddling Hacks", hasless and hasmore, whose false hits all
+	// lie above a true one) is the first not printable, which is the
+	// line's CR or a tab to step over, or a byte refused.
+	for i < len(head) {
+		if len(head)-i >= 8 {
+			x := binary.LittleEndian.Uint64(head[i:])
+			m := ((x-0x20*ones)&^x | (x + ones | x)) & highs
+			if m == 0 {
+				i += 8
+				continue
+			}
+			i += bits.TrailingZeros64(m) >> 3
+		} else if c := head[i]; c >= ' ' && c < 0x7f {
+			i++
+			continue
 		}
+		if head[i] != '\t' {
+			break
+		}
+		i++
 	}
-	return wire.PlainValue(line[colon+1:])
+	if len(head)-i < 2 || binary.LittleEndian.Uint16(head[i:]) != '\r'|'\n'<<8 {
+		return f, false
+	}
+	f.next = i + 2
+	for i > from && (head[i-1] == ' ' || head[i-1] == '\t') {
+		i--
+	}
+	f.from, f.to = from, i
+	return f, true
 }
 
 // plainLength is a Content-Length of 1 to 18 digits (strconv.ParseUint's
@@ -290,14 +420,4 @@ func plainLength(v string) (int64, bool) {
 		n = n*10 + int64(v[i]-'0')
 	}
 	return n, true
-}
-
-// indexCRLF is the index of the CRLF ending b's first line, -1 if that line
-// does not end in CRLF.
-func indexCRLF(b []byte) int {
-	i := bytes.IndexByte(b, '\n')
-	if i < 1 || b[i-1] != '\r' {
-		return -1
-	}
-	return i - 1
 }

@@ -313,12 +313,17 @@ func (c *ownConn) serve() {
 			_ = fc.Close()
 			return
 		}
+		// The head's end (wire.HeadEnd), if found here, for mine not to
+		// search again: a search was about 650 instructions of a fenced
+		// write (scripts/callgrind-servers.sh).
+		end := 0
 		if d := readHeaderTimeout(srv); d > 0 && !firstRequest {
 			// Bounds the rest of the head, from its first bytes, if it is
 			// not all here yet (a head the loop lends Go's server is
 			// bounded by Go's server). The first request's is bounded
 			// from the connection's start, as Go's server bounds it.
-			if buf, _ := c.br.Peek(c.br.Buffered()); wire.HeadEnd(buf) == 0 {
+			buf, _ := c.br.Peek(c.br.Buffered())
+			if end = wire.HeadEnd(buf); end == 0 {
 				_ = fc.SetReadDeadline(time.Now().Add(d))
 			}
 		}
@@ -331,7 +336,10 @@ func (c *ownConn) serve() {
 			dropped = copy(lead[:], peek[:leadingCRorLF(peek)])
 			_, _ = c.br.Discard(dropped)
 		}
-		take, readErr := c.mine()
+		if dropped > 0 {
+			end = 0 // found where the head started before: mine searches again
+		}
+		take, readErr := c.mine(end)
 		if held {
 			c.settleHead(lead[:dropped], take)
 		}
@@ -430,12 +438,15 @@ func readHeaderTimeout(srv *http.Server) time.Duration {
 // request line Own takes. It reads until the head is whole, the buffer is
 // full or a read fails (err: the header timeout passed, the client went),
 // which Go's server is then lent to see and answer as it does. A plain
-// head it takes it parses too (c.lean), for readRequest.
-func (c *ownConn) mine() (take bool, err error) {
+// head it takes it parses too (c.lean), for readRequest. end is
+// wire.HeadEnd of the bytes buffered, if the caller found it (0 if not).
+func (c *ownConn) mine(end int) (take bool, err error) {
 	var head []byte
 	for {
 		buf, _ := c.br.Peek(c.br.Buffered())
-		end := wire.HeadEnd(buf)
+		if end == 0 {
+			end = wire.HeadEnd(buf)
+		}
 		if end < 0 {
 			return false, nil
 		}
