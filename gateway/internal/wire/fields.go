@@ -2,6 +2,7 @@ package wire
 
 import (
 	"bufio"
+	"math/bits"
 	"net/http"
 	"net/textproto"
 	"slices"
@@ -114,15 +115,30 @@ func (fs Fields) Sort() {
 	}
 	var keys [insertionMax]uint64
 	for i := range fs {
-		keys[i] = prefixKey(fs[i].Name)
+		// prefixKey, its common case inline: too large to be inlined, it
+		// cost a call a field (100 instructions of the upstream head).
+		if name := fs[i].Name; len(name) >= 8 {
+			keys[i] = bits.ReverseBytes64(word(name, 0))
+		} else {
+			keys[i] = prefixKey(name)
+		}
 	}
+	// Each field is taken out, the fields before it that sort after it
+	// moved up a place, and it is put in the gap: a move a step where a
+	// swap was two. The upstream head, whose gateway-set fields come after
+	// the client's (about twenty steps), costs 97 instructions fewer; the
+	// answer's four fields, in a map's order, 23 more.
 	for i := 1; i < len(fs); i++ {
-		for j := i; j > 0; j-- {
-			if a, b := keys[j-1], keys[j]; a < b || a == b && fs[j-1].Name <= fs[j].Name {
+		k, f := keys[i], fs[i]
+		j := i
+		for ; j > 0; j-- {
+			if a := keys[j-1]; a < k || a == k && fs[j-1].Name <= f.Name {
 				break
 			}
-			fs[j], fs[j-1] = fs[j-1], fs[j]
-			keys[j], keys[j-1] = keys[j-1], keys[j]
+			fs[j], keys[j] = fs[j-1], keys[j-1]
+		}
+		if j < i {
+			fs[j], keys[j] = f, k
 		}
 	}
 }
@@ -131,15 +147,11 @@ func (fs Fields) Sort() {
 // of two names whose keys differ, the smaller key's name sorts first.
 func prefixKey(name string) uint64 {
 	if len(name) >= 8 {
-		return uint64(name[0])<<56 | uint64(name[1])<<48 | uint64(name[2])<<40 | uint64(name[3])<<32 |
-			uint64(name[4])<<24 | uint64(name[5])<<16 | uint64(name[6])<<8 | uint64(name[7])
+		return bits.ReverseBytes64(word(name, 0))
 	}
 	var k uint64
-	for i := range 8 {
-		k <<= 8
-		if i < len(name) {
-			k |= uint64(name[i])
-		}
+	for i := range len(name) {
+		k |= uint64(name[i]) << (56 - 8*i)
 	}
 	return k
 }

@@ -58,12 +58,17 @@ func FuzzWriteFieldsMatchesWriteSubset(f *testing.F) {
 		"X-Split=a\r\nInjected: yes|Bad Name=v|=empty|X-Nul=a\x00b",
 		"A=1|B=2|C=3|D=4|E=5|F=6|G=7|H=8|I=9|J=10|K=11|L=12|M=13|N=14|O=15|P=16|Q=17|R=18",
 		"Transfer-Encoding=chunked|Content-Length=5|X-Caf\xc3\xa9=\xff",
+		// lines of 15, 16 and 17 bytes (writeBoth's small buffer is 16), one
+		// not plain
+		"X-A=12345678|X-B=123456789|X-C=1234567890|X-D= 12345678",
+		"Date=Sat, 05 Dec 2026 01:00:00 GMT, a value longer than a small buffer|A=1|B=2",
 	} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, text string) {
 		h := fieldsOf(text)
 		writeBoth(t, h)
+		writeBoth(t, h, []string{}...) // empty, not nil
 		writeBoth(t, h, "Content-Length", "Transfer-Encoding")
 		writeBoth(t, h, "Host", "User-Agent", "Content-Length", "Transfer-Encoding", "Trailer")
 	})
@@ -81,6 +86,37 @@ func FuzzCanonicalKey(f *testing.F) {
 			t.Fatalf("CanonicalKey(%q) = %q; CanonicalMIMEHeaderKey says %q", name, got, want)
 		}
 	})
+}
+
+// TestWriteFieldsAtEveryFreeSpace: a head written into every free space
+// from 0 to more than it needs (a writer of each size, after a part of
+// another head), so that its lines fill the space exactly, do not fit by
+// a byte, or go out after a flush, is WriteSubset's, from a map and from
+// a list.
+func TestWriteFieldsAtEveryFreeSpace(t *testing.T) {
+	h := fieldsOf("Content-Type=application/json|Content-Length=11|Date=Sat, 05 Dec 2026 01:00:00 GMT|X-Split=a\r\nb|X-A=1|X-A=2")
+	exclude := []string{"Content-Length"}
+	var want bytes.Buffer
+	if err := h.WriteSubset(&want, map[string]bool{"Content-Length": true}); err != nil {
+		t.Fatal(err)
+	}
+	for size := 16; size <= want.Len()+32; size++ {
+		for used := range size {
+			for name, write := range map[string]func(*bufio.Writer){
+				"WriteFields": func(bw *bufio.Writer) { WriteFields(bw, h, exclude) },
+				"WriteSorted": func(bw *bufio.Writer) { WriteSorted(bw, FieldsOf(h), exclude) },
+			} {
+				var got bytes.Buffer
+				bw := bufio.NewWriterSize(&got, size)
+				_, _ = bw.WriteString(strings.Repeat("x", used))
+				write(bw)
+				_ = bw.Flush()
+				if got.String()[used:] != want.String() {
+					t.Fatalf("%s, %d bytes free of %d, wrote\n%q\nWriteSubset\n%q", name, size-used, size, got.String()[used:], want.String())
+				}
+			}
+		}
+	}
 }
 
 func TestWriteFieldsEmpty(t *testing.T) {
@@ -158,7 +194,10 @@ func FuzzValidName(f *testing.F) {
 func FuzzValue(f *testing.F) {
 	for _, s := range []string{"", " ", "a", "application/json", " a", "a ", "a\t", "\ta", "01234567", "0123456\r",
 		"0123456789abcdef\n", "0123456789abcde\x1f", "é€ and more than eight", "\x7f\x80\xff01234567", "a\x00b",
-		"a\r\nb", "01234567 ", " 01234567", "0123456789\t"} {
+		"a\r\nb", "01234567 ", " 01234567", "0123456789\t",
+		// plain's last eight bytes, overlapping the eight before
+		"0123456\x01", "01234567\x01", "\x0101234567", "0123456\x0089", "01234567890123\x00", "012345678901234\x00",
+		"0123456789abcdef", "0123456789abcdef\x1f", "\t0123456"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, v string) {
