@@ -236,6 +236,10 @@ func TestOwnLoopAnswersAsGoServer(t *testing.T) {
 		case "/own/bad-length":
 			h.Set("Content-Length", "x")
 			_, _ = io.WriteString(w, "ok")
+		case "/own/bad-length-typed": // typed: the head goes out at once, without the length
+			h.Set("Content-Type", "text/plain")
+			h.Set("Content-Length", "x")
+			_, _ = io.WriteString(w, "ok")
 		case "/own/close":
 			h.Set("Connection", "close")
 			_, _ = io.WriteString(w, "bye")
@@ -304,7 +308,7 @@ func TestOwnLoopAnswersAsGoServer(t *testing.T) {
 		return zs.ReplaceAllStringFunc(got, func(z string) string { return "z*" + strconv.Itoa(len(z)) })
 	}
 	for _, path := range []string{"short", "typed", "long", "flushed", "empty", "204", "304", "1xx", "trailers",
-		"prefix-trailer", "prefix-trailer-first", "short-length", "over-length", "bad-length", "close", "identity", "chunked-set",
+		"prefix-trailer", "prefix-trailer-first", "short-length", "over-length", "bad-length", "bad-length-typed", "close", "identity", "chunked-set",
 		"after-header", "encoded", "odd-status", "headers", "read-half", "close-body"} {
 		for _, req := range []string{
 			"POST /own/" + path + " HTTP/1.1\r\nHost: x\r\n\r\n",

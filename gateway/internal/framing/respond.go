@@ -112,7 +112,8 @@ func (w *response) WriteHeader(code int) {
 	// it is the header as it is now (net/http's snapshot, taken before an
 	// invalid Content-Length is dropped from the handler's header).
 	h := w.header
-	facts := factsOf(h)
+	var fields [16]wire.Field // a header of more fields is listed on the heap
+	facts, list := factsOf(h, fields[:0])
 	later := bodyAllowedForStatus(code) && facts.te == "" &&
 		(!facts.haveType && facts.contentEncoding == "" || facts.contentLength == "" && !facts.haveTrailer && !facts.trailerPrefix)
 	if later {
@@ -126,16 +127,19 @@ func (w *response) WriteHeader(code int) {
 			w.c.o.logf("http: invalid Content-Length of %q", cl)
 			h.Del("Content-Length")
 			facts.contentLength = ""
+			list = nil // the header changed: writeHeadOf walks it again
 		}
 	}
 	if !later {
-		w.writeHeadOf(nil, &facts)
+		w.writeHeadOf(nil, &facts, list)
 	}
 }
 
 // headFacts is what the response rules ask of a handler's header, read in
 // one pass over it (factsOf), where a lookup of each cost more: each
-// field's first value, or its presence.
+// field's first value, or its presence; and the fields themselves, listed
+// in the same pass for the head's writing (writeHeadOf), where a second
+// walk of the map cost as much as the first.
 type headFacts struct {
 	te, contentLength, connection, contentEncoding string
 	declared                                       []string // the Trailer field's values
@@ -143,9 +147,14 @@ type headFacts struct {
 	trailerPrefix                                  bool // a name with http.TrailerPrefix
 }
 
-func factsOf(h http.Header) headFacts {
+// factsOf reads h's facts, and lists its fields after those of list if
+// list is not nil (unsorted).
+func factsOf(h http.Header, list wire.Fields) (headFacts, wire.Fields) {
 	var f headFacts
 	for k, vv := range h {
+		if list != nil {
+			list = append(list, wire.Field{Name: k, Values: vv})
+		}
 		switch k {
 		case "Transfer-Encoding":
 			f.te = wire.First(vv)
@@ -167,7 +176,7 @@ func factsOf(h http.Header) headFacts {
 			}
 		}
 	}
-	return f
+	return f, list
 }
 
 func (w *response) Write(p []byte) (int, error) {
@@ -296,11 +305,11 @@ func (cw chunkWriter) Write(p []byte) (int, error) {
 // chunkWriter.writeHeader, for an HTTP/1.1 request that is not HEAD. p is
 // the body's first bytes (to sniff a type from, and, once the handler is
 // done, the whole body).
-func (w *response) writeHead(p []byte) { w.writeHeadOf(p, nil) }
+func (w *response) writeHead(p []byte) { w.writeHeadOf(p, nil, nil) }
 
-// writeHeadOf is writeHead with the facts of the header it writes, if the
-// caller has them (nil: read here).
-func (w *response) writeHeadOf(p []byte, facts *headFacts) {
+// writeHeadOf is writeHead with the facts of the header it writes and its
+// fields, if the caller has them (nil: read here).
+func (w *response) writeHeadOf(p []byte, facts *headFacts, fields wire.Fields) {
 	w.headOut = true
 	header, owned := w.sent, w.sent != nil
 	if !owned {
@@ -323,7 +332,7 @@ func (w *response) writeHeadOf(p []byte, facts *headFacts) {
 	// One pass over the header finds every field the rules below ask
 	// about, where a lookup of each cost more than the pass.
 	if facts == nil {
-		f := factsOf(header)
+		f, _ := factsOf(header, nil)
 		facts = &f
 	}
 	te, contentLength, connection, contentEncoding := facts.te, facts.contentLength, facts.connection, facts.contentEncoding
@@ -435,7 +444,14 @@ func (w *response) writeHeadOf(p []byte, facts *headFacts) {
 
 	bw := w.c.bw
 	writeStatusLine(bw, code)
-	wire.WriteFields(bw, header, exclude)
+	if fields != nil && !owned {
+		// The fields factsOf listed are the header's still: a field the
+		// rules above take out of a header not owned is excluded, not
+		// deleted.
+		wire.WriteSorted(bw, fields, exclude)
+	} else {
+		wire.WriteFields(bw, header, exclude)
+	}
 	set.write(bw)
 	_, _ = bw.WriteString("\r\n")
 }
