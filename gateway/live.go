@@ -129,9 +129,11 @@ type scope struct {
 
 type scopeKey struct{}
 
-// Value finds the scope without a separate context layer.
+// Value finds the scope without a separate context layer. The key is
+// told by its type alone (a comparison of the interface with scopeKey{}
+// called the runtime's equality, seven times a fenced write).
 func (s *scope) Value(key any) any {
-	if key == (scopeKey{}) {
+	if _, ok := key.(scopeKey); ok {
 		return s
 	}
 	return s.Context.Value(key)

@@ -335,6 +335,9 @@ func asciiEqualFold(b []byte, s string) bool {
 	if len(b) != len(s) {
 		return false
 	}
+	if string(b) == s {
+		return true // as the name is nearly always written: one comparison, not one a byte
+	}
 	for i := range len(b) {
 		if b[i]|0x20 != s[i]|0x20 {
 			return false
