@@ -134,7 +134,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 		for k, v := range r.Header {
 			m[k] = v[:len(v):len(v)]
 		}
-		removeHopByHop(m)
+		wire.RemoveHopByHop(m)
 		for k, v := range m {
 			if k != "Content-Length" && !forwardingHeader(k) {
 				h.Add(k, v)
@@ -147,7 +147,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 			// deleted. Content-Length never goes from the header: the
 			// engine writes the body's length (writeHead, Request.Write
 			// both leave the field out).
-			if k == "Content-Length" || isHopHeader(k) || forwardingHeader(k) {
+			if k == "Content-Length" || wire.IsHopHeader(k) || forwardingHeader(k) {
 				continue
 			}
 			h.Add(k, v[:len(v):len(v)])
@@ -218,7 +218,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	if !copied {
 		// The fields Connection names go too; a keyed answer is recorded
 		// as it goes on.
-		removeHopByHop(res.Header)
+		wire.RemoveHopByHop(res.Header)
 		if f.keyed != nil {
 			// Its ModifyResponse, for a keyed write: the answer is
 			// recorded before any of it goes back.
@@ -229,7 +229,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 			}
 		}
 		for k, vv := range res.Header {
-			if isHopHeader(k) {
+			if wire.IsHopHeader(k) {
 				continue
 			}
 			if len(dst[k]) == 0 {
@@ -316,7 +316,7 @@ func copyAnswerHeader(dst, src http.Header, may bool) (conn []string, contentTyp
 		case "Content-Type":
 			contentType = wire.First(vv)
 		}
-		if !isHopHeader(k) {
+		if !wire.IsHopHeader(k) {
 			dst[k] = vv // the value slices are this answer's alone (its map is the engine's, lent)
 		}
 	}
@@ -339,7 +339,7 @@ func answerTrailer(k string, conn []string) bool {
 		return false
 	}
 	k = http.CanonicalHeaderKey(k) // as it is already, from textproto
-	if isHopHeader(k) || !httpguts.ValidTrailerHeader(k) {
+	if wire.IsHopHeader(k) || !httpguts.ValidTrailerHeader(k) {
 		return false
 	}
 	switch k {
@@ -416,7 +416,7 @@ func (d *directHooks) Got1xx(code int, header textproto.MIMEHeader) error {
 	if code == http.StatusContinue || d.http10 {
 		return nil
 	}
-	removeHopByHop(http.Header(header)) // the 1xx's own map
+	wire.RemoveHopByHop(http.Header(header)) // the 1xx's own map
 	h := d.w.Header()
 	for k, vv := range header {
 		for _, v := range vv {
@@ -430,50 +430,11 @@ func (d *directHooks) Got1xx(code int, header textproto.MIMEHeader) error {
 
 var teTrailers = []string{"trailers"}
 
-// hopHeaders are removed from requests and answers alike, with those a
-// Connection field names (the reverse proxy's removeHopByHopHeaders).
-var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
-	"Te", "Trailer", "Transfer-Encoding", "Upgrade"}
-
-func removeHopByHop(h http.Header) {
-	for _, f := range h["Connection"] {
-		for sf := range strings.SplitSeq(f, ",") {
-			if sf = textproto.TrimString(sf); sf != "" {
-				h.Del(sf)
-			}
-		}
-	}
-	if len(h) < len(hopHeaders) {
-		// Fewer fields than hop-by-hop names (an answer's header, most
-		// requests'): one pass over the fields instead of a lookup of
-		// each name.
-		for k := range h {
-			if isHopHeader(k) {
-				delete(h, k)
-			}
-		}
-		return
-	}
-	for _, f := range hopHeaders {
-		delete(h, f)
-	}
-}
-
 // forwardingHeader reports whether a field named k (canonical) is one the
 // gateway drops from a request and sets itself (rewrite): the fencing
 // fields, Forwarded, X-Forwarded-* and X-Real-Ip.
 func forwardingHeader(k string) bool {
 	return strings.HasPrefix(k, "Fencing-") || strings.HasPrefix(k, "X-Forwarded-") || k == "Forwarded" || k == "X-Real-Ip"
-}
-
-// isHopHeader reports whether k is one of hopHeaders.
-func isHopHeader(k string) bool {
-	switch k {
-	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
-		"Te", "Trailer", "Transfer-Encoding", "Upgrade":
-		return true
-	}
-	return false
 }
 
 // eventStream reports whether a Content-Type is text/event-stream, as the

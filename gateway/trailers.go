@@ -22,6 +22,8 @@ import (
 	"net/http"
 	"net/textproto"
 	"strings"
+
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
 // keepTrailer makes r's Trailer map one that all copies of r share, so
@@ -83,7 +85,7 @@ func (g *Gateway) trailerRule(h http.Header, upstream string) func(k string) boo
 				return false
 			}
 		}
-		for _, hop := range hopHeaders {
+		for _, hop := range wire.HopHeaders {
 			if k == hop {
 				return false
 			}

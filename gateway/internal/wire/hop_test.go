@@ -1,4 +1,4 @@
-package gateway
+package wire
 
 import (
 	"maps"
@@ -7,14 +7,14 @@ import (
 	"testing"
 )
 
-// removeHopByHop takes the same fields out of a header with fewer fields
-// than hop-by-hop names (one pass over its fields, isHopHeader) as out of
+// RemoveHopByHop takes the same fields out of a header with fewer fields
+// than hop-by-hop names (one pass over its fields, IsHopHeader) as out of
 // one with more (a lookup of each name): the hop-by-hop ones, and those
 // its Connection field names.
 func TestRemoveHopByHopSmallAndLargeAgree(t *testing.T) {
-	for _, k := range hopHeaders {
-		if !isHopHeader(k) {
-			t.Errorf("isHopHeader(%q) is false", k)
+	for _, k := range HopHeaders {
+		if !IsHopHeader(k) {
+			t.Errorf("IsHopHeader(%q) is false", k)
 		}
 	}
 	small := http.Header{"Connection": {"X-Named, keep-alive"}, "Keep-Alive": {"5"}, "Te": {"trailers"},
@@ -23,11 +23,11 @@ func TestRemoveHopByHopSmallAndLargeAgree(t *testing.T) {
 	for _, k := range []string{"A", "B", "C", "D", "E", "F"} {
 		large[k] = []string{"kept"}
 	}
-	if len(small) >= len(hopHeaders) || len(large) < len(hopHeaders) {
+	if len(small) >= len(HopHeaders) || len(large) < len(HopHeaders) {
 		t.Fatalf("the headers (%d, %d fields) do not take both roads", len(small), len(large))
 	}
-	removeHopByHop(small)
-	removeHopByHop(large)
+	RemoveHopByHop(small)
+	RemoveHopByHop(large)
 	for _, k := range []string{"A", "B", "C", "D", "E", "F"} {
 		delete(large, k)
 	}
