@@ -183,6 +183,14 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	f.deadline = deadline
 	fw := &st.hooks
 	fw.w, fw.f, fw.http10 = w, f, !r.ProtoAtLeast(1, 1)
+	dst := w.Header()
+	if f.keyed == nil && len(dst) == 0 {
+		// The common answer is read straight into the client's header,
+		// its hop-by-hop fields left out (engine.Hooks.AnswerHeader): no
+		// map of the engine's to copy from. A keyed answer is recorded
+		// before any of it is the client's.
+		fw.into = dst
+	}
 	// The whole request is the gateway's to carry from here: a client that
 	// goes away (or only half-closes its connection, which net/http's
 	// server takes for gone) does not abort the exchange. Aborted, the
@@ -201,6 +209,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	// the rest (early.go).
 	disownBody(w)
 	if err != nil {
+		clear(fw.into) // the engine fails no exchange whose answer it read, but the problem must not carry one
 		if st.open.err != nil {
 			err = errors.Join(st.open.err, err)
 		}
@@ -213,8 +222,14 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	// answer's Connection field where ReadResponse takes it out (it names
 	// close), so the fields it names go too (RFC 9110 7.6.1); it names
 	// the trailer fields that do not go on either (answerTrailer).
-	dst := w.Header()
-	conn, contentType, copied := copyAnswerHeader(dst, res.Header, f.keyed == nil)
+	var conn []string
+	var contentType string
+	copied := fw.into != nil && len(dst) > 0 // read into dst by the engine
+	if copied {
+		contentType = wire.Get(dst, "Content-Type")
+	} else {
+		conn, contentType, copied = copyAnswerHeader(dst, res.Header, f.keyed == nil)
+	}
 	if !copied {
 		// The fields Connection names go too; a keyed answer is recorded
 		// as it goes on.
@@ -394,10 +409,15 @@ func (g *Gateway) copyAnswer(w http.ResponseWriter, rc *http.ResponseController,
 type directHooks struct {
 	w      http.ResponseWriter
 	f      *forward
-	http10 bool // the client speaks HTTP/1.0, which has no 1xx
+	http10 bool        // the client speaks HTTP/1.0, which has no 1xx
+	into   http.Header // the client's header, empty, for the answer's (AnswerHeader); nil: none
 }
 
 var _ engine.Hooks = (*directHooks)(nil)
+
+// AnswerHeader: the client's header, for the answer's fields, if it is
+// the forward's to fill.
+func (d *directHooks) AnswerHeader() http.Header { return d.into }
 
 // WroteHeaders: the request left, and a failure from now on leaves the
 // outcome unknown.

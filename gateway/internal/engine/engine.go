@@ -200,6 +200,13 @@ type Hooks interface {
 	WroteHeaders()
 	// Got1xx: an informational answer came before the final one.
 	Got1xx(code int, header textproto.MIMEHeader) error
+	// AnswerHeader is an empty map the final answer's header may be read
+	// into, its hop-by-hop fields removed (and those its Connection field
+	// names), or nil. A proxy passes the client's own header: the answer
+	// is then relayed without a copy of its fields from map to map. The
+	// common answer is read into it (read.go, readHead); any other has a
+	// map of its own, with its hop-by-hop fields, and leaves it empty.
+	AnswerHeader() http.Header
 }
 
 // Exchange writes req, whose header is fields (req.Header is not read)
@@ -229,6 +236,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, fields wire
 		return nil, err
 	}
 	c.setDeadline(deadline)
+	c.into = hooks.AnswerHeader()
 	// A context that ends unblocks the connection's I/O at once. (No
 	// cheaper registration that keeps the abort immediate was found: a
 	// watcher goroutine per connection would cost the goroutine switches
@@ -384,7 +392,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, fields wire
 			return fail(err)
 		}
 	}
-	c.limit = -1
+	c.limit, c.into = -1, nil
 	b := &c.body
 	*b = engineBody{e: e, c: c, rc: resp.Body, stop: stop, reuse: !resp.Close && !req.Close && !broken}
 	switch resp.Body {
@@ -401,6 +409,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, fields wire
 // it: ctx (its cause) or the deadline (context.DeadlineExceeded).
 func (c *engineConn) failed(ctx context.Context, stop func() bool, deadline time.Time, err error) error {
 	stop()
+	c.into = nil
 	_ = c.nc.Close()
 	switch {
 	case ctx.Err() != nil:
@@ -617,6 +626,7 @@ type engineConn struct {
 	abort     func()      // fails blocked I/O on nc at once (made once)
 	host      []byte      // the Host line of its requests (write.go)
 	hdr       http.Header // the header of the answer being read (header)
+	into      http.Header // the exchange's hooks' map for the final answer's header, if any (AnswerHeader)
 	infos     int         // the exchange's 1xx answers so far (heard1xx)
 	// rec holds the bytes read while recording (readAnswer: a head read
 	// by ReadResponse), whose Connection field ReadResponse may take out.

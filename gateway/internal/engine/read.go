@@ -32,7 +32,9 @@ package engine
 // substrings; the value slices share one array per answer, each capped at
 // its length so that an append to one never writes into the next. The
 // header map itself is the connection's, lent as its body is (Exchange):
-// forwardDirect copies its slices out before it closes the body.
+// forwardDirect copies its slices out before it closes the body; or the
+// client's own, which the exchange's hooks lend (Hooks.AnswerHeader), and
+// then nothing is copied.
 
 import (
 	"bufio"
@@ -51,7 +53,11 @@ import (
 // engine frames itself (engineBody): the next ContentLength bytes of
 // c.br. Its Header keeps its Connection field (above).
 func readAnswer(c *engineConn, req *http.Request) (*http.Response, error) {
-	if resp := readHead(c.br, req, c.header()); resp != nil {
+	if c.into != nil {
+		if resp := readHead(c.br, req, c.into, true); resp != nil {
+			return resp, nil
+		}
+	} else if resp := readHead(c.br, req, c.header(), false); resp != nil {
 		return resp, nil
 	}
 	buffered, _ := c.br.Peek(c.br.Buffered()) // where the head begins
@@ -87,8 +93,10 @@ func connectionField(b []byte) []string {
 // accepts (where ReadResponse too would read on), so it never waits for
 // bytes ReadResponse would not have waited for. The answer's header is hdr,
 // emptied first, if it is not nil (a map lent by the caller), else a new
-// map.
-func readHead(br *bufio.Reader, req *http.Request, hdr http.Header) *http.Response {
+// map. hop: the answer's hop-by-hop fields are removed from it, and those
+// its Connection field names (wire.RemoveHopByHop), as a proxy removes
+// them before the answer goes on; else they are kept.
+func readHead(br *bufio.Reader, req *http.Request, hdr http.Header, hop bool) *http.Response {
 	var h headScan
 	for {
 		buf, _ := br.Peek(br.Buffered())
@@ -144,7 +152,7 @@ func readHead(br *bufio.Reader, req *http.Request, hdr http.Header) *http.Respon
 	// by a lookup of each; so are the two fields asked about below.
 	var names [answerFields]string
 	taken := names[:0]
-	pragma, connection := false, false
+	pragma, connection, hopField := false, false, false
 	for i, start := 0, h.statusEnd+2; start < h.end-2; i++ {
 		var eol, colon int
 		if i < len(h.lines) {
@@ -170,7 +178,9 @@ func readHead(br *bufio.Reader, req *http.Request, hdr http.Header) *http.Respon
 		case "Pragma":
 			pragma = true
 		case "Connection":
-			connection = true
+			connection, hopField = true, true
+		case "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Upgrade":
+			hopField = true // (Transfer-Encoding is ReadResponse's: scanHead)
 		}
 		vals[0] = value
 		hdr[key], vals = vals[:1:1], vals[1:]
@@ -183,6 +193,9 @@ func readHead(br *bufio.Reader, req *http.Request, hdr http.Header) *http.Respon
 	}
 	// shouldClose for HTTP/1.1, but the Connection field is kept (above).
 	resp.Close = connection && httpguts.HeaderValuesContainsToken(hdr["Connection"], "close")
+	if hop && hopField {
+		wire.RemoveHopByHop(hdr)
+	}
 	resp.Header = hdr
 	switch {
 	case method == "HEAD":

@@ -112,7 +112,7 @@ func checkReadAnswer(t *testing.T, name string, input []byte, method string, chu
 	gc := feedEngineConn(input, chunk, maxHead)
 	// Into a lent map, as the engine's, that held the last answer's header.
 	lent := http.Header{"Content-Type": {"text/last"}, "X-Last": {"1"}}
-	got := readHead(gc.br, req, lent)
+	got := readHead(gc.br, req, lent, false)
 	if got == nil {
 		// The fallback reads the same answer from the same reader.
 		gc.hdr = lent
@@ -150,6 +150,24 @@ func checkReadAnswer(t *testing.T, name string, input []byte, method string, chu
 	}
 	if got.Body != nil && got.Body != http.NoBody {
 		t.Fatalf("case %s: readHead's body is %T, not nil (the engine's) or NoBody", name, got.Body)
+	}
+	// Read into the client's map (hop), the same answer comes without
+	// the fields a proxy removes: ReadResponse's, then the gateway's
+	// removal.
+	hc := feedEngineConn(input, chunk, maxHead)
+	hopped := readHead(hc.br, req, http.Header{"X-Last": {"1"}}, true)
+	if hopped == nil {
+		t.Fatalf("case %s: readHead steps aside when it removes the hop-by-hop fields, not otherwise", name)
+	}
+	stripped := want.Header.Clone()
+	wire.RemoveHopByHop(stripped)
+	if len(stripped) == 0 {
+		stripped = http.Header{} // Clone of an empty header is nil; readHead's map is empty
+	}
+	g, w := of(hopped), of(want)
+	g.Header, w.Header = nil, nil
+	if !reflect.DeepEqual(g, w) || !reflect.DeepEqual(hopped.Header, stripped) {
+		t.Fatalf("case %s: for %q\nreadHead into the client's map: %+v %v\nReadResponse, hop-by-hop fields removed: %+v %v", name, truncate(string(input), 300), g, hopped.Header, w, stripped)
 	}
 	// Each value's slice is its own: an append to one (forwardDirect's
 	// dst.Add) must not write into another's.
@@ -345,7 +363,7 @@ func TestReadAnswerReadsTheCommonCaseAndOutlivesTheConnection(t *testing.T) {
 	second := "HTTP/1.1 201 Created\r\nContent-Type: text/other\r\nX-Id: secnd\r\nContent-Length: 0\r\n\r\n"
 	c := feedEngineConn([]byte(first+second), 0, 10<<20)
 	req := &http.Request{Method: "POST"}
-	res := readHead(c.br, req, c.header())
+	res := readHead(c.br, req, c.header(), false)
 	if res == nil {
 		t.Fatal("readHead left a common answer to ReadResponse")
 	}
@@ -354,7 +372,7 @@ func TestReadAnswerReadsTheCommonCaseAndOutlivesTheConnection(t *testing.T) {
 		t.Fatalf("body %q %v", r.data, r.err)
 	}
 	xid, ct := res.Header["X-Id"], res.Header["Content-Type"]
-	if res2 := readHead(c.br, req, c.header()); res2 == nil || res2.StatusCode != 201 || res2.Header.Get("X-Id") != "secnd" {
+	if res2 := readHead(c.br, req, c.header(), false); res2 == nil || res2.StatusCode != 201 || res2.Header.Get("X-Id") != "secnd" {
 		t.Fatalf("the second answer: %v", res2)
 	}
 	c.br.Reset(strings.NewReader(strings.Repeat("Z", 4096)))
@@ -411,7 +429,7 @@ func BenchmarkReadAnswer(b *testing.B) {
 		name string
 		read func() *http.Response
 	}{
-		{"readHead", func() *http.Response { return readHead(br, req, lent) }},
+		{"readHead", func() *http.Response { return readHead(br, req, lent, false) }},
 		{"ReadResponse", func() *http.Response { res, _ := http.ReadResponse(br, req); return res }},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
