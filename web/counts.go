@@ -63,8 +63,18 @@ type tokenKey struct {
 // resource retired, under mu; counting into an existing entry takes no lock.
 type resourceCounts struct {
 	tokens sync.Map // int64 -> *tokenCount
-	mu     sync.Mutex
-	dead   bool // retired: count in a fresh resourceCounts
+	// last is the entry a write last counted in, found without a lookup
+	// in tokens: a resource's writes come under one token until its next
+	// grant, and the lookup was about half of Accepted's cost.
+	last atomic.Pointer[lastToken]
+	mu   sync.Mutex
+	dead bool // retired: count in a fresh resourceCounts
+}
+
+// lastToken is a resource's entry last counted in, and its token.
+type lastToken struct {
+	token int64
+	e     *tokenCount
 }
 
 type tokenCount struct {
@@ -97,6 +107,13 @@ func (c *Counts) Accepted(resource string, token int64) {
 			v, _ = c.res.LoadOrStore(resource, &resourceCounts{})
 		}
 		rc := v.(*resourceCounts)
+		if l := rc.last.Load(); l != nil && l.token == token {
+			if l.e.n.Add(1)&closedBit == 0 {
+				return
+			}
+			// Retired by the flusher before the add, as below: count in
+			// the entry under the token now, or a fresh one.
+		}
 		e, ok := rc.tokens.Load(token)
 		if !ok {
 			rc.mu.Lock()
@@ -118,6 +135,9 @@ func (c *Counts) Accepted(resource string, token int64) {
 			rc.mu.Unlock()
 		}
 		if e.(*tokenCount).n.Add(1)&closedBit == 0 {
+			if l := rc.last.Load(); l == nil || l.e != e {
+				rc.last.Store(&lastToken{token, e.(*tokenCount)})
+			}
 			return
 		}
 		// The flusher retired this entry before the add (its count was

@@ -36,9 +36,15 @@ func TestCountsPersist(t *testing.T) {
 		wg.Go(func() {
 			for i := range each {
 				// Tokens 1..8 of two resources, some going idle and
-				// retiring between bursts.
+				// retiring between bursts: half the writers change token
+				// each write, half write bursts under one (counted in the
+				// resource's last entry, which may retire meanwhile).
 				res := []string{"stmt:1", "stmt:2"}[w%2]
-				c.Accepted(res, int64(1+i%8))
+				tok := int64(1 + i%8)
+				if w >= writers/2 {
+					tok = int64(1 + i/50%8)
+				}
+				c.Accepted(res, tok)
 				if i%300 == 0 {
 					// Token 99 is written rarely: it retires between
 					// writes, and a write may race its retirement.
@@ -114,5 +120,47 @@ func TestCountsPersist(t *testing.T) {
 	}
 	if !c2.Durable() || NewCounts().Durable() {
 		t.Error("Durable")
+	}
+}
+
+// A write under the token of a resource's last entry, which the flusher
+// retired meanwhile, is counted in a fresh entry, not in the retired one
+// (whose later counts no flush stores).
+func TestCountsLastEntryRetired(t *testing.T) {
+	store, err := bolt.Open(filepath.Join(t.TempDir(), "fencegw.db"), bolt.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	c := NewCounts()
+	defer c.Persist(store, time.Hour, nil)()
+	c.Accepted("r", 5)
+	v, _ := c.res.Load("r")
+	rc := v.(*resourceCounts)
+	last := rc.last.Load()
+	if last == nil || last.token != 5 {
+		t.Fatalf("the last entry is %+v, want token 5's", last)
+	}
+	// Token 6 keeps the resource alive while token 5's entry retires.
+	for range idleFlushes + 1 {
+		c.Accepted("r", 6)
+		if err := c.flush(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if last.e.n.Load()&closedBit == 0 {
+		t.Fatal("token 5's entry did not retire")
+	}
+	rc.last.Store(last) // as a writer that last counted under token 5 left it
+	c.Accepted("r", 5)
+	if err := c.flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Writes(t.Context(), "r", []int64{5, 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[5] != 2 || got[6] != idleFlushes+1 {
+		t.Fatalf("counted %v, want 2 writes under token 5 and %d under 6", got, idleFlushes+1)
 	}
 }
