@@ -39,6 +39,8 @@ package engine
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
+	"math/bits"
 	"net/http"
 	"net/textproto"
 
@@ -98,9 +100,15 @@ func connectionField(b []byte) []string {
 // them before the answer goes on; else they are kept.
 func readHead(br *bufio.Reader, req *http.Request, hdr http.Header, hop bool) *http.Response {
 	var h headScan
+	if br.Buffered() == 0 { // as it is when an answer is awaited: no scan of nothing
+		if _, err := br.Peek(1); err != nil {
+			return nil // ReadResponse meets the same end
+		}
+	}
+	var buf []byte
 	for {
-		buf, _ := br.Peek(br.Buffered())
-		h = scanHead(buf)
+		buf, _ = br.Peek(br.Buffered())
+		h.scan(buf)
 		if h.state == headRefused {
 			return nil
 		}
@@ -123,8 +131,7 @@ func readHead(br *bufio.Reader, req *http.Request, hdr http.Header, hop bool) *h
 		return nil // a body delimited by the connection's close
 	}
 
-	buf, _ := br.Peek(h.end)
-	head := string(buf)
+	head := string(buf[:h.end])
 	// The Response and the value slices' array, in one allocation for a
 	// head of a few fields (the common answer's).
 	var resp *http.Response
@@ -148,42 +155,20 @@ func readHead(br *bufio.Reader, req *http.Request, hdr http.Header, hop bool) *h
 	} else {
 		clear(hdr)
 	}
-	// A repeated name is found among the names taken so far (a few), not
-	// by a lookup of each; so are the two fields asked about below.
-	var names [answerFields]string
-	taken := names[:0]
-	pragma, connection, hopField := false, false, false
-	for i, start := 0, h.statusEnd+2; start < h.end-2; i++ {
-		var eol, colon int
-		if i < len(h.lines) {
-			eol, colon = int(h.lines[i].eol), int(h.lines[i].colon)
-		} else {
-			eol = start + indexCRLF(head[start:])
-			colon = start + indexColon(head[start:eol])
+	var pragma, connection, hopField bool
+	if h.distinct && h.fields <= len(h.lines) {
+		// Known names, none repeated (the common answer's): each is its
+		// key, and which fields the head has is in h.seen. The general
+		// loop (readFields) cost 70 instructions a field more.
+		for i := range h.fields {
+			l := &h.lines[i]
+			vals[i] = head[l.value:l.valueEnd]
+			hdr[knownNames[l.known]] = vals[i : i+1 : i+1]
 		}
-		key := wire.CanonicalKey(head[start:colon])
-		value := trimOWS(head[colon+1 : eol])
-		start = eol + 2
-		if repeated(taken, key) {
-			hdr[key] = append(hdr[key], value)
-			continue
-		}
-		if len(taken) < len(names) {
-			taken = append(taken, key)
-		} else if _, ok := hdr[key]; ok { // past the names kept: a lookup
-			hdr[key] = append(hdr[key], value)
-			continue
-		}
-		switch key {
-		case "Pragma":
-			pragma = true
-		case "Connection":
-			connection, hopField = true, true
-		case "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Upgrade":
-			hopField = true // (Transfer-Encoding is ReadResponse's: scanHead)
-		}
-		vals[0] = value
-		hdr[key], vals = vals[:1:1], vals[1:]
+		connection = h.seen&(1<<nameConnection) != 0
+		hopField = connection || h.seen&(1<<nameKeepAlive) != 0
+	} else {
+		pragma, connection, hopField = readFields(head, &h, hdr, vals)
 	}
 	// ReadResponse's fixPragmaCacheControl.
 	if pragma && hdr["Pragma"][0] == "no-cache" {
@@ -209,6 +194,52 @@ func readHead(br *bufio.Reader, req *http.Request, hdr http.Header, hop bool) *h
 	return resp
 }
 
+// readFields reads the field lines of head, scanned by h, into hdr, the
+// values' slices from vals (one each), and reports whether it has the
+// fields readHead asks about.
+func readFields(head string, h *headScan, hdr http.Header, vals []string) (pragma, connection, hopField bool) {
+	// A repeated name is found among the names taken so far (a few), not
+	// by a lookup of each; so are the two fields asked about below.
+	var names [answerFields]string
+	taken := names[:0]
+	for i, start := 0, h.rest; i < h.fields; i++ {
+		var key, value string
+		if i < len(h.lines) {
+			l := &h.lines[i]
+			if key = knownNames[l.known]; key == "" {
+				key = wire.CanonicalKey(head[l.name:l.colon])
+			}
+			value = head[l.value:l.valueEnd]
+		} else { // past the lines scan kept
+			eol := start + indexCRLF(head[start:])
+			colon := start + indexColon(head[start:eol])
+			key, value = wire.CanonicalKey(head[start:colon]), trimOWS(head[colon+1:eol])
+			start = eol + 2
+		}
+		if repeated(taken, key) {
+			hdr[key] = append(hdr[key], value)
+			continue
+		}
+		if len(taken) < len(names) {
+			taken = append(taken, key)
+		} else if _, ok := hdr[key]; ok { // past the names kept: a lookup
+			hdr[key] = append(hdr[key], value)
+			continue
+		}
+		switch key {
+		case "Pragma":
+			pragma = true
+		case "Connection":
+			connection, hopField = true, true
+		case "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Upgrade":
+			hopField = true // (Transfer-Encoding is ReadResponse's: scan)
+		}
+		vals[0] = value
+		hdr[key], vals = vals[:1:1], vals[1:]
+	}
+	return pragma, connection, hopField
+}
+
 // repeated reports whether key is one of names.
 func repeated(names []string, key string) bool {
 	for _, n := range names {
@@ -220,8 +251,8 @@ func repeated(names []string, key string) bool {
 }
 
 // answerFields is the most header lines of an answer whose Response and
-// value slices are one allocation (answer), and whose lines' ends
-// readHead takes from scanHead.
+// value slices are one allocation (answer), and whose lines' parts
+// readHead takes from scan.
 const answerFields = 8
 
 // answer is a Response and the array of its header's value slices.
@@ -230,7 +261,7 @@ type answer struct {
 	vals [answerFields]string
 }
 
-// headScan is what scanHead found in a buffer.
+// headScan is what scan found in a buffer.
 type headScan struct {
 	state     int
 	end       int   // the head's length, with its empty line
@@ -238,10 +269,23 @@ type headScan struct {
 	code      int   // the status code
 	fields    int   // header lines
 	length    int64 // the Content-Length, -1 if none
-	// lines are the first field lines' ends (where their CR is) and
-	// colons, from the head's start, so that readHead need not look for
-	// them again.
-	lines [answerFields]struct{ eol, colon int32 }
+	// distinct: every field's name is a known one (knownName), none
+	// repeated (seen: bit k, knownNames[k] was), so that readHead need
+	// canonicalize no name and look for no repeated one.
+	distinct bool
+	seen     uint32
+	// lines are the first field lines' parts, from the head's start, so
+	// that readHead need not look for them again; rest is where the line
+	// after them begins.
+	lines [answerFields]fieldLine
+	rest  int
+}
+
+// fieldLine is where a field line's parts are.
+type fieldLine struct {
+	name, colon     int32 // the name, if it is not known
+	value, valueEnd int32 // the value, without OWS
+	known           uint8 // the name's index in knownNames, 0 if none
 }
 
 const (
@@ -250,98 +294,268 @@ const (
 	headRefused         // ReadResponse's to read
 )
 
-// scanHead checks the complete lines of buf against the common case:
-// "HTTP/1.1 " 3DIGIT (200 to 599) SP reason CRLF, then field lines
-// token ":" OWS value OWS CRLF (no obs-fold, no control bytes but HTAB,
-// no Transfer-Encoding, at most one Content-Length of at most 18 digits),
-// then CRLF.
-func scanHead(buf []byte) headScan {
-	h := headScan{length: -1}
-	eol := bytes.IndexByte(buf, '\n')
-	if eol < 0 {
-		return h
+// scan checks the lines of buf against the common case (and a line not
+// yet complete, as far as it goes: what it refuses there is
+// ReadResponse's to read, so nothing is waited for): "HTTP/1.1 " 3DIGIT
+// (200 to 599) SP reason CRLF, then field lines token ":" OWS value OWS
+// CRLF (no obs-fold, no control bytes but HTAB, no Transfer-Encoding, at
+// most one Content-Length of at most 18 digits), then CRLF. Each line is
+// read once, a byte's worth of work each for its name (none for a known
+// one's: knownName) and an eighth for its value (lineEnd): a pass that
+// found each line's end and colon with IndexByte, then checked their
+// bytes and compared the name with the two asked about cost 600
+// instructions more for an answer of three fields (BenchmarkReadAnswer),
+// and readHead canonicalized and trimmed again.
+func (h *headScan) scan(buf []byte) {
+	h.state, h.fields, h.length, h.distinct, h.seen = headPartial, 0, -1, true, 0
+	if len(buf) < len("HTTP/1.1 200 ") {
+		if bytes.IndexByte(buf, '\n') >= 0 {
+			h.state = headRefused // a line too short to be a status line
+		}
+		return
 	}
-	line := buf[:eol]
-	if len(line) < len("HTTP/1.1 200 \r") || string(line[:len("HTTP/1.1 ")]) != "HTTP/1.1 " || line[len(line)-1] != '\r' || line[12] != ' ' {
-		return headScan{state: headRefused}
-	}
-	d0, d1, d2 := line[9], line[10], line[11]
-	if d0 < '2' || d0 > '5' || !isDigit(d1) || !isDigit(d2) || !validValue(line[13:len(line)-1]) {
-		return headScan{state: headRefused}
+	d0, d1, d2 := buf[9], buf[10], buf[11]
+	if string(buf[:len("HTTP/1.1 ")]) != "HTTP/1.1 " || d0 < '2' || d0 > '5' || !isDigit(d1) || !isDigit(d2) || buf[12] != ' ' {
+		h.state = headRefused
+		return
 	}
 	h.code = int(d0-'0')*100 + int(d1-'0')*10 + int(d2-'0')
-	h.statusEnd = eol - 1
-	pos := eol + 1
+	pos := lineEnd(buf, len("HTTP/1.1 200 "))
+	if pos < 0 {
+		h.state = headRefused
+		return
+	}
+	if pos == len(buf) {
+		return
+	}
+	h.statusEnd = pos
+	pos += 2
 	for {
-		eol := bytes.IndexByte(buf[pos:], '\n')
+		if pos >= len(buf) {
+			return
+		}
+		if buf[pos] == '\r' {
+			if pos+1 < len(buf) {
+				if buf[pos+1] != '\n' {
+					h.state = headRefused
+					return
+				}
+				h.state, h.end = headComplete, pos+2
+			}
+			return
+		}
+		known := knownName(buf[pos:])
+		colon := pos + len(knownNames[known])
+		isLength := known == nameContentLength
+		if known != 0 {
+			if h.seen&(1<<known) != 0 {
+				h.distinct = false
+			}
+			h.seen |= 1 << known
+		} else {
+			for colon < len(buf) && tokenByte[buf[colon]] {
+				colon++
+			}
+			if colon == len(buf) {
+				return
+			}
+			if colon == pos || buf[colon] != ':' {
+				h.state = headRefused // also a leading space: obs-fold
+				return
+			}
+			name := buf[pos:colon]
+			if asciiEqualFold(name, "Transfer-Encoding") {
+				h.state = headRefused
+				return
+			}
+			isLength = asciiEqualFold(name, "Content-Length")
+			h.distinct = false
+		}
+		v := colon + 1
+		for v < len(buf) && (buf[v] == ' ' || buf[v] == '\t') {
+			v++
+		}
+		eol := lineEnd(buf, v)
 		if eol < 0 {
-			return h
+			h.state = headRefused
+			return
 		}
-		line := buf[pos : pos+eol]
-		pos += eol + 1
-		if len(line) == 0 || line[len(line)-1] != '\r' {
-			return headScan{state: headRefused} // a bare LF
+		if eol == len(buf) {
+			return
 		}
-		line = line[:len(line)-1]
-		if len(line) == 0 {
-			h.state, h.end = headComplete, pos
-			return h
+		ve := eol
+		for ve > v && (buf[ve-1] == ' ' || buf[ve-1] == '\t') {
+			ve--
 		}
-		colon := bytes.IndexByte(line, ':')
-		if colon <= 0 || !validName(line[:colon]) || !validValue(line[colon+1:]) {
-			return headScan{state: headRefused} // also a leading space: obs-fold
-		}
-		if h.fields < len(h.lines) {
-			start := pos - eol - 1
-			h.lines[h.fields].eol, h.lines[h.fields].colon = int32(start+len(line)), int32(start+colon)
-		}
-		name, value := line[:colon], trimOWSBytes(line[colon+1:])
-		switch {
-		case asciiEqualFold(name, "Transfer-Encoding"):
-			return headScan{state: headRefused}
-		case asciiEqualFold(name, "Content-Length"):
-			if h.length >= 0 || len(value) == 0 || len(value) > 18 {
-				return headScan{state: headRefused}
+		if isLength {
+			if h.length >= 0 || ve == v || ve-v > 18 {
+				h.state = headRefused
+				return
 			}
 			h.length = 0
-			for _, c := range value {
+			for _, c := range buf[v:ve] {
 				if !isDigit(c) {
-					return headScan{state: headRefused}
+					h.state = headRefused
+					return
 				}
 				h.length = h.length*10 + int64(c-'0')
 			}
 		}
-		h.fields++
+		if h.fields < len(h.lines) {
+			h.lines[h.fields] = fieldLine{int32(pos), int32(colon), int32(v), int32(ve), uint8(known)}
+		}
+		pos = eol + 2
+		if h.fields++; h.fields == len(h.lines) {
+			h.rest = pos
+		}
 	}
 }
+
+// lineEnd returns where the value (or reason) from i in b ends, at the CR
+// of its line's CRLF, if each of its bytes is a value's
+// (httpguts.ValidHeaderFieldValue's, textproto's too: no control byte but
+// HTAB; obs-text allowed); -1 if one is not, or the CR is not followed by
+// LF; len(b) if the line is not complete. Eight bytes are checked at a
+// time, for any byte below 0x20 or above 0x7e (the exact tests of "Bit
+// Twiddling Hacks", hasless and hasmore, whose lowest flagged byte is the
+// first such byte): the CR that ends the line, else a tab or obs-text
+// (taken) or a refused byte.
+func lineEnd(b []byte, i int) int {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	for {
+		for i+8 <= len(b) {
+			x := binary.LittleEndian.Uint64(b[i:])
+			if m := ((x-0x20*ones)&^x | (x + ones | x)) & highs; m != 0 {
+				i += bits.TrailingZeros64(m) / 8
+				break
+			}
+			i += 8
+		}
+		if i >= len(b) {
+			return len(b)
+		}
+		switch c := b[i]; {
+		case c == '\r':
+			if i+1 == len(b) {
+				return len(b)
+			}
+			if b[i+1] != '\n' {
+				return -1
+			}
+			return i
+		case c >= ' ' && c != 0x7f || c == '\t':
+			i++
+		default:
+			return -1
+		}
+	}
+}
+
+// knownNames are the field names of nearly every answer, by index, as
+// a header map keys them (canonical): readHead takes such a name as its
+// key, where it checked each byte of a name and canonicalized it
+// (CanonicalKey).
+var knownNames = [...]string{
+	nameContentType: "Content-Type", nameContentLength: "Content-Length", nameDate: "Date", nameServer: "Server",
+	nameCacheControl: "Cache-Control", nameEtag: "Etag", nameLastModified: "Last-Modified", nameVary: "Vary",
+	nameConnection: "Connection", nameKeepAlive: "Keep-Alive", nameXRequestID: "X-Request-Id",
+	nameLocation: "Location", nameExpires: "Expires", nameContentEncoding: "Content-Encoding",
+}
+
+const (
+	nameContentType = 1 + iota // 0: none
+	nameContentLength
+	nameDate
+	nameServer
+	nameCacheControl
+	nameEtag
+	nameLastModified
+	nameVary
+	nameConnection
+	nameKeepAlive
+	nameXRequestID
+	nameLocation
+	nameExpires
+	nameContentEncoding
+)
+
+// knownName is the index in knownNames of the name, followed by its
+// colon, at the start of b (as written there, or as commonly written
+// otherwise: ETag, X-Request-ID, which canonicalize to it), 0 if none
+// is: a switch on the first byte, then a comparison of one or two words
+// for each name it may be (colonAt).
+func knownName(b []byte) int {
+	if len(b) < len("Date:") {
+		return 0
+	}
+	switch b[0] {
+	case 'C':
+		switch {
+		case colonAt(b, 12) && string(b[:12]) == "Content-Type":
+			return nameContentType
+		case colonAt(b, 14) && string(b[:14]) == "Content-Length":
+			return nameContentLength
+		case colonAt(b, 13) && string(b[:13]) == "Cache-Control":
+			return nameCacheControl
+		case colonAt(b, 10) && string(b[:10]) == "Connection":
+			return nameConnection
+		case colonAt(b, 16) && string(b[:16]) == "Content-Encoding":
+			return nameContentEncoding
+		}
+	case 'D':
+		if colonAt(b, 4) && string(b[:4]) == "Date" {
+			return nameDate
+		}
+	case 'S':
+		if colonAt(b, 6) && string(b[:6]) == "Server" {
+			return nameServer
+		}
+	case 'E':
+		switch {
+		case colonAt(b, 4) && string(b[:4]) == "Etag", colonAt(b, 4) && string(b[:4]) == "ETag":
+			return nameEtag
+		case colonAt(b, 7) && string(b[:7]) == "Expires":
+			return nameExpires
+		}
+	case 'L':
+		switch {
+		case colonAt(b, 13) && string(b[:13]) == "Last-Modified":
+			return nameLastModified
+		case colonAt(b, 8) && string(b[:8]) == "Location":
+			return nameLocation
+		}
+	case 'V':
+		if colonAt(b, 4) && string(b[:4]) == "Vary" {
+			return nameVary
+		}
+	case 'K':
+		if colonAt(b, 10) && string(b[:10]) == "Keep-Alive" {
+			return nameKeepAlive
+		}
+	case 'X':
+		if colonAt(b, 12) && string(b[:12]) == "X-Request-Id" || colonAt(b, 12) && string(b[:12]) == "X-Request-ID" {
+			return nameXRequestID
+		}
+	}
+	return 0
+}
+
+// colonAt reports whether b has a colon at n. (The names are compared
+// where knownName names them: a constant compared with a string is one or
+// two comparisons of words, a name passed to a function is a memequal
+// call, 25 instructions.)
+func colonAt(b []byte, n int) bool { return len(b) > n && b[n] == ':' }
 
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 
-// validName: a field name, httpguts.ValidHeaderFieldName's bytes.
-func validName(b []byte) bool {
-	for _, c := range b {
-		if !httpguts.IsTokenRune(rune(c)) {
-			return false
-		}
+// tokenByte: the bytes of a field name, a token (RFC 9110 5.6.2):
+// httpguts.IsTokenRune's, a load each.
+var tokenByte = func() (t [256]bool) {
+	for b := range 0x80 {
+		t[b] = httpguts.IsTokenRune(rune(b))
 	}
-	return len(b) > 0
-}
-
-// validValue: httpguts.ValidHeaderFieldValue's bytes (no control byte
-// but HTAB; obs-text allowed), which are textproto's too. A plain value
-// (wire.PlainValue, eight bytes at a time) is one; obs-text is checked a
-// byte at a time.
-func validValue(b []byte) bool {
-	if wire.PlainValue(b) {
-		return true
-	}
-	for _, c := range b {
-		if c < ' ' && c != '\t' || c == 0x7f {
-			return false
-		}
-	}
-	return true
-}
+	return t
+}()
 
 // asciiEqualFold: b is s (ASCII letters, digits and '-') in any case.
 func asciiEqualFold(b []byte, s string) bool {
@@ -359,8 +573,8 @@ func asciiEqualFold(b []byte, s string) bool {
 	return true
 }
 
-// trimOWS and trimOWSBytes trim spaces and tabs at both ends, as
-// textproto trims a field line and its value.
+// trimOWS trims spaces and tabs at both ends, as textproto trims a
+// field line and its value.
 func trimOWS(s string) string {
 	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
 		s = s[1:]
@@ -369,16 +583,6 @@ func trimOWS(s string) string {
 		s = s[:len(s)-1]
 	}
 	return s
-}
-
-func trimOWSBytes(b []byte) []byte {
-	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
-		b = b[1:]
-	}
-	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t') {
-		b = b[:len(b)-1]
-	}
-	return b
 }
 
 // indexCRLF and indexColon find a scanned line's end and colon (there is

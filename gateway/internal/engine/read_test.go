@@ -320,6 +320,43 @@ var answerSeeds = []string{
 	"HTTP/1.1 200 OK\r\nA: 1\r\nB: 2\r\nC: 3\r\nD: 4\r\nE: 5\r\nF: 6\r\nG: 7\r\nH: 8\r\nI: 9\r\nJ: 10\r\nA: 11\r\nJ: 12\r\nI: 13\r\nContent-Length: 0\r\n\r\n",
 	"HTTP/1.1 200 OK\r\nPragma: x\r\nPragma: no-cache\r\nConnection: keep-alive\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
 	"HTTP/1.1 200 OK\r\npragma: no-cache\r\nCache-Control: max-age=1\r\nContent-Length: 0\r\n\r\n",
+	// Known names (scan's knownName) and their edges: in another case, a
+	// name that begins as one does, one written two ways, repeated, more
+	// of them than scan keeps, a hop-by-hop one.
+	"HTTP/1.1 200 OK\r\ncontent-type: a\r\nContent-Type: b\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nContent-Type: a\r\ncontent-type: b\r\nCONTENT-LENGTH: 1\r\n\r\nx",
+	"HTTP/1.1 200 OK\r\nContent-Typed: a\r\nDates: b\r\nContent-Length2: 3\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nContent-Type : a\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nContent-Type\t: a\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nContent-Type",
+	"HTTP/1.1 200 OK\r\nContent-Type:",
+	"HTTP/1.1 200 OK\r\nDate: a\r\nDate: b\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nETag: \"a\"\r\nEtag: \"b\"\r\nX-Request-ID: 1\r\nX-Request-Id: 2\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nContent-Type: t\r\nDate: d\r\nServer: s\r\nCache-Control: c\r\nETag: e\r\nLast-Modified: l\r\nVary: v\r\nX-Request-ID: x\r\nLocation: /l\r\nExpires: 0\r\nContent-Encoding: gzip\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nConnection: close, Server\r\nServer: s\r\nDate: d\r\nContent-Length: 0\r\n\r\n",
+	// Values: tabs around them, empty, obs-text and refused bytes on
+	// either side of an eight-byte word's edge, a CR without LF.
+	"HTTP/1.1 200 OK\r\nContent-Type:\ttext/plain\t\r\nDate: \t d \t \r\nContent-Length:\t2\t\r\n\r\nok",
+	"HTTP/1.1 200 OK\r\nContent-Type:\r\nServer: \r\nX-Empty:\t\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nServer: caf\xe9\r\nX-A: 1234567\xff89\r\nX-B: 12345678\x80\t9\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nServer: 1234567\x7f\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nServer: 12345678\x01\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nDate: abcdefgh\rijk\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nDate: abcdefgh\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nDate: abcdefgh\r",
+	"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\rX\r\n\r\n",
+	// Status lines whose reason has odd bytes, or is long.
+	"HTTP/1.1 200 O\tK \xff\x80\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\x7f\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\rX\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 A reason longer than a word or two\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 \t\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 O",
+	"HTTP/1.1 200\r",
+	"HTTP/1.1 20",
+	"\r\n",
 }
 
 // manyHeaders is a head with n fields, some duplicated.
@@ -382,15 +419,45 @@ func TestReadAnswerReadsTheCommonCaseAndOutlivesTheConnection(t *testing.T) {
 	}
 }
 
-// The bytes readHead accepts in names and values are httpguts's.
+// readHead reads itself (does not leave to ReadResponse) the common
+// answers, whatever their names' spelling, their values' bytes and their
+// fields' number: what TestReadAnswerMatchesReadResponse would still pass
+// if readHead stepped aside.
+func TestReadAnswerReadsCommonHeads(t *testing.T) {
+	for _, s := range []string{
+		"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nDate: d\r\nServer: s\r\nContent-Length: 2\r\n\r\nok",
+		"HTTP/1.1 200 OK\r\ncontent-type: a\r\nContent-Type: b\r\nContent-Typed: c\r\ncontent-length: 0\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nETag: a\r\nEtag: b\r\nX-Request-ID: 1\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.1 200 O\tK \xff\r\nContent-Type:\ttext/plain\t\r\nServer:\r\nX-A: 1234567\xff89\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.1 204 No Content\r\nConnection: close\r\nKeep-Alive: timeout=5\r\n\r\n",
+		manyHeaders(3), manyHeaders(40),
+		"HTTP/1.1 200 OK\r\nContent-Type: t\r\nDate: d\r\nServer: s\r\nCache-Control: c\r\nETag: e\r\nLast-Modified: l\r\nVary: v\r\nX-Request-ID: x\r\nLocation: /l\r\nExpires: 0\r\nContent-Encoding: gzip\r\nContent-Length: 0\r\n\r\n",
+	} {
+		for _, chunk := range []int{0, 1, 9} {
+			c := feedEngineConn([]byte(s), chunk, 10<<20)
+			if readHead(c.br, &http.Request{Method: "GET"}, nil, false) == nil {
+				t.Errorf("readHead left %q (in pieces of %d) to ReadResponse", truncate(s, 80), chunk)
+			}
+		}
+	}
+}
+
+// The bytes readHead accepts in names and values are httpguts's: each
+// byte alone, and at each place of the eight lineEnd reads at a time.
 func TestReadAnswerBytesAreHttpgutsBytes(t *testing.T) {
 	for c := range 256 {
-		b := []byte{byte(c)}
-		if validName(b) != httpguts.ValidHeaderFieldName(string(b)) {
-			t.Errorf("name byte %#x: validName %t", c, validName(b))
+		if tokenByte[c] != httpguts.ValidHeaderFieldName(string([]byte{byte(c)})) {
+			t.Errorf("name byte %#x: tokenByte %t", c, tokenByte[c])
 		}
-		if validValue(b) != httpguts.ValidHeaderFieldValue(string(b)) {
-			t.Errorf("value byte %#x: validValue %t", c, validValue(b))
+		for at := range 10 {
+			v := []byte(strings.Repeat("v", at) + string([]byte{byte(c)}) + "vvvvvvvvvv\r\n")
+			want := len(v) - 2
+			if !httpguts.ValidHeaderFieldValue(string(v[:want])) {
+				want = -1
+			}
+			if got := lineEnd(v, 0); got != want {
+				t.Errorf("value byte %#x at %d: lineEnd %d, want %d", c, at, got, want)
+			}
 		}
 	}
 }

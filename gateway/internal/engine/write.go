@@ -59,43 +59,94 @@ func writeHead(w *bufio.Writer, req *http.Request, fields wire.Fields, host []by
 		method = "GET"
 	}
 	var path, query string
+	withQuery := u.Opaque == "" && (u.ForceQuery || u.RawQuery != "")
 	if u.Opaque != "" {
 		path = u.RequestURI()
 	} else {
 		if path = wire.EscapedPath(u); path == "" {
 			path = "/"
 		}
-		if u.ForceQuery || u.RawQuery != "" {
+		if withQuery {
 			query = u.RawQuery
 		}
 	}
 	if hasCTL(path) || hasCTL(query) {
 		return errCTLInURL
 	}
+	ua, uaOK := fields.Lookup("User-Agent")
+	n := outgoingLength(req)
+	withLength := n > 0 || n == 0 && (method == "POST" || method == "PUT" || method == "PATCH")
+	// The lines before the fields are put in the writer's free space and
+	// written with one Write, as wire's writeLines puts the fields: a
+	// WriteString a part was 9 calls and 580 instructions of a fenced
+	// write's head. A head whose start does not fit is written a part at
+	// a time, as before, so that the writer flushes (and the connection
+	// checks each write's fence) where and as it did.
+	b := w.AvailableBuffer()
+	if len(method)+len(path)+len(query)+len(host)+len("  ? HTTP/1.1\r\nUser-Agent: Go-http-client/1.1\r\nContent-Length: -9223372036854775808\r\n")+userAgentLen(ua) > cap(b) {
+		writeStart(w, method, path, query, withQuery, host, ua, uaOK, n, withLength)
+	} else {
+		b = append(b, method...)
+		b = append(b, ' ')
+		b = append(b, path...)
+		if withQuery {
+			b = append(b, '?')
+			b = append(b, query...)
+		}
+		b = append(b, " HTTP/1.1\r\n"...)
+		b = append(b, host...)
+		if uaOK && len(ua) > 0 && ua[0] != "" {
+			b = append(b, "User-Agent: "...)
+			b = append(b, wire.Value(ua[0])...)
+			b = append(b, "\r\n"...)
+		} else if !uaOK {
+			b = append(b, "User-Agent: Go-http-client/1.1\r\n"...)
+		}
+		if withLength {
+			b = append(b, "Content-Length: "...)
+			b = strconv.AppendInt(b, n, 10)
+			b = append(b, "\r\n"...)
+		}
+		_, _ = w.Write(b)
+	}
+	wire.WriteSorted(w, fields, writeExcluded)
+	_, err := w.WriteString("\r\n")
+	return err
+}
+
+// userAgentLen is the most bytes the User-Agent value ua takes in the
+// head (wire.Value only ever shortens it).
+func userAgentLen(ua []string) int {
+	if len(ua) > 0 {
+		return len(ua[0])
+	}
+	return 0
+}
+
+// writeStart writes the head's lines before its fields a part at a time:
+// writeHead's, for a head whose start does not fit in w's free space.
+func writeStart(w *bufio.Writer, method, path, query string, withQuery bool, host []byte, ua []string, uaOK bool, n int64, withLength bool) {
 	_, _ = w.WriteString(method)
 	_ = w.WriteByte(' ')
 	_, _ = w.WriteString(path)
-	if u.Opaque == "" && (u.ForceQuery || u.RawQuery != "") {
+	if withQuery {
 		_ = w.WriteByte('?')
 		_, _ = w.WriteString(query)
 	}
 	_, _ = w.WriteString(" HTTP/1.1\r\n")
 	_, _ = w.Write(host)
-	if vs, ok := fields.Lookup("User-Agent"); ok && len(vs) > 0 && vs[0] != "" {
+	if uaOK && len(ua) > 0 && ua[0] != "" {
 		_, _ = w.WriteString("User-Agent: ")
-		_, _ = w.WriteString(wire.Value(vs[0]))
+		_, _ = w.WriteString(wire.Value(ua[0]))
 		_, _ = w.WriteString("\r\n")
-	} else if !ok {
+	} else if !uaOK {
 		_, _ = w.WriteString("User-Agent: Go-http-client/1.1\r\n")
 	}
-	if n := outgoingLength(req); n > 0 || n == 0 && (method == "POST" || method == "PUT" || method == "PATCH") {
+	if withLength {
 		_, _ = w.WriteString("Content-Length: ")
 		_, _ = w.Write(strconv.AppendInt(w.AvailableBuffer(), n, 10))
 		_, _ = w.WriteString("\r\n")
 	}
-	wire.WriteSorted(w, fields, writeExcluded)
-	_, err := w.WriteString("\r\n")
-	return err
 }
 
 // outgoingLength is Request.outgoingLength for a body of known length.

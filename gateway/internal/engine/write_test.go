@@ -96,6 +96,20 @@ func TestWriteHeadMatchesRequestWrite(t *testing.T) {
 		}
 		check(i, host, req, body)
 	}
+	// Heads whose start (request line, Host, User-Agent, Content-Length)
+	// fits the writer's free space, or just does not (writeHead's two
+	// ways), with bodies that fill the buffer after it.
+	for i, n := range []int{3900, 3990, 4000, 4010, 4020, 4030, 4040, 4050, 4060, 5000, 9000} {
+		for _, ua := range []string{"", "w", strings.Repeat("u", 100)} {
+			u := &url.URL{Scheme: "http", Host: "h", Path: "/" + strings.Repeat("p", n), RawQuery: "q=1"}
+			body := []byte(strings.Repeat("b", 100+i))
+			req := &http.Request{Method: "POST", URL: u, Header: http.Header{"User-Agent": {ua}, "X-A": {"1"}},
+				Body: inMemoryBody(body), ContentLength: int64(len(body))}
+			check(4000+i, "h", req, body)
+			req = &http.Request{Method: "POST", URL: u, Header: http.Header{"X-A": {"1"}}}
+			check(4000+i, "h", req, nil)
+		}
+	}
 	// An empty User-Agent list, and a path that needs escaping.
 	req := &http.Request{Method: "POST", URL: &url.URL{Scheme: "http", Host: "h", Path: "/a b/ü"}, Header: http.Header{"User-Agent": nil, "X": {"1"}}}
 	check(-1, "h", req, nil)
@@ -110,6 +124,7 @@ func FuzzWriteHead(f *testing.F) {
 	f.Add("", "[fe80::1%25eth0]:80", "/a%2Fb", "/a%2Fb", "", true, "Content-Length", "5", "Host", "other", []byte{})
 	f.Add("PUT", "bücher.example", "/sp ace", "", "a=1;b=2", false, "multi", "line\nbreak", "Transfer-Encoding", "chunked", []byte("x"))
 	f.Add("GET", "bad host/x", "/ctl\x01", "/not/matching", "x=\x7f", false, "Trailer", "X-T", "X", " padded ", []byte(nil))
+	f.Add("POST", "h", "/"+strings.Repeat("p", 4030), "", "q", true, "User-Agent", strings.Repeat("u", 40), "X", "v", []byte("body")) // a head's start that does not fit
 	f.Fuzz(func(t *testing.T, method, host, path, rawPath, query string, forceQuery bool, n1, v1, n2, v2 string, body []byte) {
 		if !validMethod(method) {
 			return // Request.Write writes any method; the direct forward gets only the ones Go's server parsed
@@ -134,4 +149,39 @@ func validMethod(m string) bool {
 		}
 	}
 	return true
+}
+
+// BenchmarkWriteHead: the head of a fenced write as the gateway sends it
+// upstream (its fields in the order the gateway builds them: the client's,
+// then its own), by writeHead.
+func BenchmarkWriteHead(b *testing.B) {
+	body := bytes.Repeat([]byte("w"), 200)
+	req := &http.Request{Method: "POST", URL: &url.URL{Scheme: "http", Host: "127.0.0.1:8080", Path: "/x"},
+		Body: inMemoryBody(body), ContentLength: int64(len(body))}
+	host, err := hostLine("127.0.0.1:8080")
+	if err != nil {
+		b.Fatal(err)
+	}
+	fields := wire.Fields{
+		{Name: "Content-Type", Values: []string{"application/json"}},
+		{Name: "User-Agent", Values: []string{"fence-worker/1.4 (+go)"}},
+		{Name: "Accept-Encoding", Values: []string{"gzip"}},
+		{Name: "Fencing-Token", Values: []string{"184467"}},
+		{Name: "Fencing-Resource", Values: []string{"orders:eu-west-1"}},
+		{Name: "X-Forwarded-For", Values: []string{"10.1.2.3"}},
+		{Name: "X-Forwarded-Host", Values: []string{"api.example.com"}},
+		{Name: "X-Forwarded-Proto", Values: []string{"http"}},
+		{Name: "Traceparent", Values: []string{"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}},
+	}
+	bw := bufio.NewWriterSize(io.Discard, 4<<10)
+	sorted := make(wire.Fields, len(fields)) // writeHead sorts the fields in place
+	b.ReportAllocs()
+	for b.Loop() {
+		copy(sorted, fields)
+		if err := writeHead(bw, req, sorted, host); err != nil {
+			b.Fatal(err)
+		}
+		_, _ = bw.Write(body)
+		_ = bw.Flush()
+	}
 }
