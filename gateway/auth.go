@@ -61,8 +61,11 @@ func principalFrom(ctx context.Context) *Principal {
 
 // principalName is the caller's name, "" without authentication (which
 // skips the lease-ownership checks).
-func principalName(ctx context.Context) string {
-	if p := principalFrom(ctx); p != nil {
+func principalName(ctx context.Context) string { return nameOf(principalFrom(ctx)) }
+
+// nameOf is principalName for the caller p (nil: no authentication).
+func nameOf(p *Principal) string {
+	if p != nil {
 		return p.Name
 	}
 	return ""
@@ -71,7 +74,12 @@ func principalName(ctx context.Context) string {
 // mayUse checks the caller's resource prefixes (always true without
 // authentication).
 func mayUse(ctx context.Context, resource string) error {
-	if p := principalFrom(ctx); p != nil && !p.MayUse(resource) {
+	return mayUseAs(principalFrom(ctx), resource)
+}
+
+// mayUseAs is mayUse for the caller p (nil: no authentication).
+func mayUseAs(p *Principal, resource string) error {
+	if p != nil && !p.MayUse(resource) {
 		return &tokens.Error{Kind: problems.ErrForbidden, Resource: resource,
 			Detail: "key " + strconv.Quote(p.Name) + " may not use this resource"}
 	}

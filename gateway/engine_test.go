@@ -324,6 +324,10 @@ func TestEngineMatchesReverseProxy(t *testing.T) {
 		{method: "POST", path: "/plain", body: "x", header: h("Keep-Alive", "timeout=5", "Proxy-Connection", "keep-alive", "Te", "gzip", "Proxy-Authorization", "Basic eA==", "X-Keep", "kept")},
 		{method: "PUT", path: "/plain", body: "", header: h("Content-Type", "text/plain")},
 		{method: "GET", path: "/plain", header: h("Accept", "a", "Accept", "b", "Cookie", "c=1")},
+		// More fields that go than serveProxy's pass lists (writeFields):
+		// the forward walks the header itself.
+		{method: "POST", path: "/plain", body: "x", header: h("X-A", "1", "X-B", "2", "X-C", "3", "X-D", "4", "X-E", "5", "X-F", "6",
+			"X-G", "7", "X-H", "8", "X-I", "9", "Keep-Alive", "timeout=5", "X-Forwarded-For", "6.6.6.6", "User-Agent", "worker/1.0")},
 	}
 	for i, dc := range cases {
 		compare(t, up, eng, std, el, sl, c, "fixed-"+strconv.Itoa(i), dc)

@@ -58,10 +58,11 @@ type ServingListener = framing.ServingListener
 // (DELETE /v1/leases/{lease_id}). Every other request, and any the loop
 // cannot take whatever this says (own.go: mine), is Go's server's.
 func ownsRequest(line []byte) bool {
-	method, target, ok := bytes.Cut(line, []byte(" "))
-	if !ok {
+	sp := bytes.IndexByte(line, ' ') // not bytes.Cut, whose bytes.Index cost 50 instructions more
+	if sp < 0 {
 		return false
 	}
+	method, target := line[:sp], line[sp+1:]
 	if bytes.HasPrefix(target, []byte(proxyPrefix)) {
 		switch string(method) {
 		case http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodGet:

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -235,6 +236,20 @@ func FuzzProxyHeaderName(f *testing.F) {
 		}
 		if tok := h.Values(HeaderToken); len(tok) != 1 || tok[0] != "1" {
 			t.Fatalf("the upstream's token: %v", tok)
+		}
+	})
+}
+
+// FuzzRemoteIP holds remoteIP to net.SplitHostPort's host.
+func FuzzRemoteIP(f *testing.F) {
+	for _, s := range []string{"127.0.0.1:5432", "[::1]:80", "::1", "host", "a:b:c", "[a]:b", "a]:b", "a:[b", ":", ":80", "1.2.3.4:", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, addr string) {
+		ip, ok := remoteIP(addr)
+		wantIP, _, err := net.SplitHostPort(addr)
+		if ip != wantIP || ok != (err == nil) {
+			t.Fatalf("remoteIP(%q) = %q, %v; SplitHostPort: %q, %v", addr, ip, ok, wantIP, err)
 		}
 	})
 }

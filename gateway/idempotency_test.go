@@ -322,7 +322,8 @@ func TestUnkeyedWriteAllocatesNothingForKeys(t *testing.T) {
 	g := &Gateway{}
 	r := httptest.NewRequest(http.MethodPost, "/v1/proxy/up/a", strings.NewReader("x"))
 	w := httptest.NewRecorder()
-	wf := readWriteFields(r.Header)
+	var wf writeFields
+	readWriteFields(r.Header, &wf)
 	allocs := testing.AllocsPerRun(100, func() {
 		if k, ok := g.keyedWrite(w, r, &wf); k != nil || !ok {
 			t.Fatal("unkeyed write treated as keyed")

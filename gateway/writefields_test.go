@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
 // wantWriteFields is writeFields as lookups of each field read it.
@@ -21,8 +23,8 @@ func wantWriteFields(h http.Header) writeFields {
 	return wf
 }
 
-// FuzzReadWriteFields holds the one pass to a lookup of each field, and
-// to lookalikeHeader: any header of up to three fields (names as the
+// FuzzReadWriteFields holds the one pass to a lookup of each field, to
+// lookalikeHeader, and to the fields the forward would copy: any header of up to three fields (names as the
 // client sent them, canonicalized as Go's server does).
 func FuzzReadWriteFields(f *testing.F) {
 	f.Add("Fencing-Lease", "l1", "fencing-lease", "l2", "Connection", "close, upgrade")
@@ -30,6 +32,8 @@ func FuzzReadWriteFields(f *testing.F) {
 	f.Add("Idempotency-Key", "", "User-Agent", "", "X_Forwarded_For", "1.2.3.4")
 	f.Add("Fencing_Token", "1", "Content_Length", "5", "My_Header", "x")
 	f.Add("Te", "trailersx", "Connection", "", "Upgrade", "h2c")
+	f.Add("Keep-Alive", "timeout=5", "Proxy-Authorization", "Basic eA==", "X-Forwarded-For", "1.2.3.4")
+	f.Add("Content-Length", "5", "Fencing-Token", "9", "Accept", "a")
 	f.Fuzz(func(t *testing.T, n1, v1, n2, v2, n3, v3 string) {
 		h := http.Header{}
 		for _, kv := range [][2]string{{n1, v1}, {n2, v2}, {n3, v3}} {
@@ -43,12 +47,30 @@ func FuzzReadWriteFields(f *testing.F) {
 			}
 			h[k] = append(h[k], kv[1])
 		}
-		got, want := readWriteFields(h), wantWriteFields(h)
+		var got writeFields
+		readWriteFields(h, &got)
+		want := wantWriteFields(h)
 		if got.lookalike != "" && !lookalikeName(got.lookalike) {
 			t.Fatalf("%v: look-alike %q is not one", h, got.lookalike)
 		}
 		if (got.lookalike == "") != (lookalikeHeader(h) == "") {
 			t.Fatalf("%v: look-alike %q, lookalikeHeader %q", h, got.lookalike, lookalikeHeader(h))
+		}
+		// The list is the fields the forward would copy itself: each
+		// the client's, but Content-Length, the hop-by-hop fields and
+		// the ones the gateway sets; its values' capacity clipped.
+		want.nUpstream = 0
+		for k, vv := range h {
+			if k != "Content-Length" && !slices.Contains(wire.HopHeaders, k) && !forwardingHeader(k) {
+				want.nUpstream++
+				i := slices.IndexFunc(got.listed(), func(f wire.Field) bool { return f.Name == k })
+				if i < 0 || !slices.Equal(got.upstream[i].Values, vv) || cap(got.upstream[i].Values) != len(vv) {
+					t.Fatalf("%v: %q listed as %+v", h, k, got.listed())
+				}
+			}
+		}
+		if got.nUpstream != want.nUpstream {
+			t.Fatalf("%v: listed %+v, want %d fields", h, got.listed(), want.nUpstream)
 		}
 		got.lookalike = ""
 		if !slices.Equal(got.lease, want.lease) || !slices.Equal(got.connection, want.connection) ||
