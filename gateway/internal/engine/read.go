@@ -39,8 +39,6 @@ package engine
 import (
 	"bufio"
 	"bytes"
-	"encoding/binary"
-	"math/bits"
 	"net/http"
 	"net/textproto"
 
@@ -353,7 +351,7 @@ func (h *headScan) scan(buf []byte) {
 			}
 			h.seen |= 1 << known
 		} else {
-			for colon < len(buf) && tokenByte[buf[colon]] {
+			for colon < len(buf) && wire.TokenByte[buf[colon]] {
 				colon++
 			}
 			if colon == len(buf) {
@@ -415,23 +413,13 @@ func (h *headScan) scan(buf []byte) {
 // of its line's CRLF, if each of its bytes is a value's
 // (httpguts.ValidHeaderFieldValue's, textproto's too: no control byte but
 // HTAB; obs-text allowed); -1 if one is not, or the CR is not followed by
-// LF; len(b) if the line is not complete. Eight bytes are checked at a
-// time, for any byte below 0x20 or above 0x7e (the exact tests of "Bit
-// Twiddling Hacks", hasless and hasmore, whose lowest flagged byte is the
-// first such byte): the CR that ends the line, else a tab or obs-text
+// LF; len(b) if the line is not complete. The bytes are passed over eight
+// at a time up to the first that is not printable ASCII
+// (wire.Unprintable): the CR that ends the line, else a tab or obs-text
 // (taken) or a refused byte.
 func lineEnd(b []byte, i int) int {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
 	for {
-		for i+8 <= len(b) {
-			x := binary.LittleEndian.Uint64(b[i:])
-			if m := ((x-0x20*ones)&^x | (x + ones | x)) & highs; m != 0 {
-				i += bits.TrailingZeros64(m) / 8
-				break
-			}
-			i += 8
-		}
-		if i >= len(b) {
+		if i = wire.Unprintable(b, i); i >= len(b) {
 			return len(b)
 		}
 		switch c := b[i]; {
@@ -547,15 +535,6 @@ func knownName(b []byte) int {
 func colonAt(b []byte, n int) bool { return len(b) > n && b[n] == ':' }
 
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }
-
-// tokenByte: the bytes of a field name, a token (RFC 9110 5.6.2):
-// httpguts.IsTokenRune's, a load each.
-var tokenByte = func() (t [256]bool) {
-	for b := range 0x80 {
-		t[b] = httpguts.IsTokenRune(rune(b))
-	}
-	return t
-}()
 
 // asciiEqualFold: b is s (ASCII letters, digits and '-') in any case.
 func asciiEqualFold(b []byte, s string) bool {

@@ -446,8 +446,8 @@ func TestReadAnswerReadsCommonHeads(t *testing.T) {
 // byte alone, and at each place of the eight lineEnd reads at a time.
 func TestReadAnswerBytesAreHttpgutsBytes(t *testing.T) {
 	for c := range 256 {
-		if tokenByte[c] != httpguts.ValidHeaderFieldName(string([]byte{byte(c)})) {
-			t.Errorf("name byte %#x: tokenByte %t", c, tokenByte[c])
+		if wire.TokenByte[c] != httpguts.ValidHeaderFieldName(string([]byte{byte(c)})) {
+			t.Errorf("name byte %#x: wire.TokenByte %t", c, wire.TokenByte[c])
 		}
 		for at := range 10 {
 			v := []byte(strings.Repeat("v", at) + string([]byte{byte(c)}) + "vvvvvvvvvv\r\n")

@@ -262,14 +262,14 @@ func (lr *leanRequest) scanned() head {
 // The classes of a head's bytes, one table lookup a byte where the
 // checks were a function call each (httpguts.IsTokenRune decodes a rune).
 const (
-	tokenByte = 1 << iota // of a method or a field name (httpguts.IsTokenRune)
+	tokenByte = 1 << iota // of a method or a field name (wire.TokenByte)
 	pathByte              // net/url keeps it as it is in a path (wire.PlainPathByte)
 	queryByte             // printable ASCII but '#': kept as it is in a query
 )
 
 var headBytes = func() (t [256]uint8) {
 	for b := range 256 {
-		if httpguts.IsTokenRune(rune(b)) {
+		if wire.TokenByte[b] {
 			t[b] |= tokenByte
 		}
 		if wire.PlainPathByte(byte(b)) {
@@ -372,25 +372,12 @@ func plainField(head []byte, p int) (f leanField, ok bool) {
 		i++
 	}
 	from := i
-	// Values (a lease, a trace) are most of a head's bytes, so eight are
-	// read at a time: the lowest byte below 0x20 or above 0x7e (the tests
-	// of "Bit Twiddling Hacks", hasless and hasmore, whose false hits all
-	// lie above a true one) is the first not printable, which is the
-	// line's CR or a tab to step over, or a byte refused.
-	for i < len(head) {
-		if len(head)-i >= 8 {
-			x := binary.LittleEndian.Uint64(head[i:])
-			m := ((x-0x20*ones)&^x | (x + ones | x)) & highs
-			if m == 0 {
-				i += 8
-				continue
-			}
-			i += bits.TrailingZeros64(m) >> 3
-		} else if c := head[i]; c >= ' ' && c < 0x7f {
-			i++
-			continue
-		}
-		if head[i] != '\t' {
+	// Values (a lease, a trace) are most of a head's bytes: passed over
+	// eight at a time up to the first byte not printable ASCII
+	// (wire.Unprintable), the line's CR, or a tab to step over, or a byte
+	// refused.
+	for {
+		if i = wire.Unprintable(head, i); i >= len(head) || head[i] != '\t' {
 			break
 		}
 		i++

@@ -17,6 +17,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/binary"
+	"math/bits"
 	"net/http"
 	"net/textproto"
 	"strings"
@@ -136,15 +137,16 @@ func ValidName(name string) bool {
 		return false
 	}
 	for i := 0; i < len(name); i++ {
-		if !tokenByte[name[i]] {
+		if !TokenByte[name[i]] {
 			return false
 		}
 	}
 	return true
 }
 
-// tokenByte: the bytes of a token (RFC 9110 5.6.2), httpguts.IsTokenRune's.
-var tokenByte = func() (t [256]bool) {
+// TokenByte: the bytes of a token (RFC 9110 5.6.2), a field name's or a
+// method's: httpguts.IsTokenRune's, a load each where that decodes a rune.
+var TokenByte = func() (t [256]bool) {
 	for b := range 0x80 {
 		t[b] = httpguts.IsTokenRune(rune(b))
 	}
@@ -192,28 +194,29 @@ func Value(v string) string {
 	return textproto.TrimString(v)
 }
 
-// PlainValue reports whether every byte of v is printable ASCII, a space
-// or a tab: a field value both the loop's parse of a request head
-// (package framing) and the engine's of an answer's (package engine) take
-// as it is. Values (a lease, a trace) are most of a head's bytes, so eight
-// are checked at a time: none is below 0x20 or above 0x7e (the exact
-// tests of "Bit Twiddling Hacks", hasless and hasmore); eight with a tab,
-// or a refused byte, are checked one by one.
-func PlainValue(v []byte) bool {
+// Unprintable is the index of the first byte of b from i that is below
+// 0x20 or above 0x7e (a CR, a tab, obs-text, a control byte), len(b) if
+// none: where a field value ends, or must be looked at, for the two heads
+// the road parses itself (the loop's request, package framing; the
+// engine's answer, package engine). Values (a lease, a trace) are most of
+// a head's bytes, so eight are read at a time: the lowest byte the exact
+// tests of "Bit Twiddling Hacks" (hasless and hasmore) flag is the first
+// such byte, as each test's false hits lie above one of its true ones.
+func Unprintable(b []byte, i int) int {
 	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	for len(v) >= 8 {
-		x := binary.LittleEndian.Uint64(v)
-		if (x-0x20*ones)&^x&highs != 0 || (x+ones|x)&highs != 0 {
-			break
+	for i+8 <= len(b) {
+		x := binary.LittleEndian.Uint64(b[i:])
+		if m := ((x-0x20*ones)&^x | (x + ones | x)) & highs; m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
 		}
-		v = v[8:]
+		i += 8
 	}
-	for _, b := range v {
-		if (b < ' ' && b != '\t') || b >= 0x7f {
-			return false
+	for ; i < len(b); i++ {
+		if c := b[i]; c < ' ' || c > 0x7e {
+			return i
 		}
 	}
-	return true
+	return len(b)
 }
 
 // plain reports whether Value leaves v as it is because nothing in it

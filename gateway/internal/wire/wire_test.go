@@ -211,21 +211,26 @@ func FuzzValue(f *testing.F) {
 	})
 }
 
-// FuzzPlainValue holds PlainValue's eight-byte blocks to the test of one
-// byte at a time.
-func FuzzPlainValue(f *testing.F) {
+// FuzzUnprintable holds Unprintable's eight-byte blocks to a search one
+// byte at a time, from every start.
+func FuzzUnprintable(f *testing.F) {
 	f.Add([]byte("0123456789abcdef\tghijklmnop"))
 	f.Add([]byte("01234567\x80abcdefgh\x7f"))
 	f.Add([]byte(" ~~~~~~~~~~~~~~~~\x1f"))
+	f.Add([]byte("\xff~~~~~~~\x00"))
+	f.Add([]byte("~~~~~~~~~~~~~~~\r\n"))
 	f.Fuzz(func(t *testing.T, v []byte) {
-		want := true
-		for _, b := range v {
-			if (b < ' ' && b != '\t') || b >= 0x7f {
-				want = false
+		for i := 0; i <= len(v); i++ {
+			want := len(v)
+			for j := i; j < len(v); j++ {
+				if v[j] < ' ' || v[j] > 0x7e {
+					want = j
+					break
+				}
 			}
-		}
-		if got := PlainValue(v); got != want {
-			t.Fatalf("PlainValue(%q) = %v, want %v", v, got, want)
+			if got := Unprintable(v, i); got != want {
+				t.Fatalf("Unprintable(%q, %d) = %d, want %d", v, i, got, want)
+			}
 		}
 	})
 }
