@@ -134,6 +134,30 @@ type Transport struct {
 
 	mu   sync.Mutex
 	idle map[upstreamKey]*idleList
+	// last is the list looked up last, and its key: a write's get and
+	// put find their upstream's list by a compare of its host (most often
+	// the very string), where the map hashes the key (about 190
+	// instructions each).
+	last    *idleList
+	lastKey upstreamKey
+}
+
+// list returns the idle list of key, made if create is set (else nil if it
+// has none). Called with e.mu held.
+func (e *Transport) list(key upstreamKey, create bool) *idleList {
+	if e.last != nil && e.lastKey == key {
+		return e.last
+	}
+	idle := e.idle[key]
+	if idle == nil {
+		if !create {
+			return nil
+		}
+		idle = new(idleList)
+		e.idle[key] = idle
+	}
+	e.last, e.lastKey = idle, key
+	return idle
 }
 
 // idleList is an upstream's idle connections, most recent last. The map
@@ -440,7 +464,7 @@ func (e *Transport) get(ctx context.Context, key upstreamKey, deadline time.Time
 	for {
 		// Looked up again after each connection dropped: meanwhile
 		// CloseIdleConnections may have taken the lists away.
-		idle := e.idle[key]
+		idle := e.list(key, false)
 		if idle == nil || len(idle.conns) == 0 {
 			break
 		}
@@ -564,11 +588,7 @@ func (e *Transport) put(c *engineConn) {
 	c.idleAt = monotonic()
 	var stale []*engineConn
 	e.mu.Lock()
-	idle := e.idle[c.key]
-	if idle == nil {
-		idle = new(idleList)
-		e.idle[c.key] = idle
-	}
+	idle := e.list(c.key, true)
 	list := idle.conns
 	for len(list) > 0 && e.idleTimeout > 0 && c.idleAt-list[0].idleAt >= e.idleTimeout {
 		stale = append(stale, list[0])
@@ -594,7 +614,7 @@ func (e *Transport) put(c *engineConn) {
 func (e *Transport) CloseIdleConnections() {
 	e.mu.Lock()
 	idle := e.idle
-	e.idle = map[upstreamKey]*idleList{}
+	e.idle, e.last = map[upstreamKey]*idleList{}, nil
 	e.mu.Unlock()
 	for _, list := range idle {
 		for _, c := range list.conns {

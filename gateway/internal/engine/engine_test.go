@@ -483,6 +483,24 @@ func TestIdlePoolBesideCloseIdleConnections(t *testing.T) {
 	}
 }
 
+// A connection given back after CloseIdleConnections goes to the pool the
+// next call closes, not to the list the last lookup found (Transport.last):
+// the list taken away must not be found again.
+func TestCloseIdleConnectionsForgetsTheLastList(t *testing.T) {
+	up := upstreamKey{host: "up"}
+	e := &Transport{std: &http.Transport{}, maxIdle: 4, idleTimeout: time.Minute, idle: map[upstreamKey]*idleList{}}
+	for i := range 2 {
+		a, b := net.Pipe()
+		t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
+		e.put(&engineConn{nc: a, tcp: a, key: up, br: bufio.NewReader(a)})
+		e.CloseIdleConnections()
+		_ = b.SetReadDeadline(time.Now().Add(time.Second))
+		if _, err := b.Read(make([]byte, 1)); err != io.EOF {
+			t.Fatalf("connection %d, given back after %d calls, was not closed by the next: %v", i, i, err)
+		}
+	}
+}
+
 // heldContinue is an upstream that takes one request with Expect:
 // 100-continue and holds back its 100 Continue: it reads the head, says so
 // (headIn), and then only reads, reporting what reached it after the head
