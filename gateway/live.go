@@ -125,7 +125,13 @@ type scope struct {
 	// write is the storage of the state of the request's fenced write
 	// (newForward), nil where the scope was made without it (withScope).
 	write *forward
+	// done is the parent's Done, found once: each call through the
+	// embedded context walks the server's layers of values to it.
+	done <-chan struct{}
 }
+
+// Done is the request's context's Done.
+func (s *scope) Done() <-chan struct{} { return s.done }
 
 type scopeKey struct{}
 
@@ -161,7 +167,8 @@ func (g *Gateway) withScope(r *http.Request) (*http.Request, *scope) {
 // copy of r, made in into (s and into are the caller's storage, unused
 // until then, in one allocation with the request's other state).
 func (g *Gateway) scopeInto(r *http.Request, s *scope, into *http.Request) *http.Request {
-	*s = scope{Context: r.Context(), live: g.live.Load()}
+	ctx := r.Context()
+	*s = scope{Context: ctx, live: g.live.Load(), done: ctx.Done()}
 	*into = *r.WithContext(s) // WithContext's own copy stays on the stack
 	return into
 }

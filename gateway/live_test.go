@@ -1,10 +1,13 @@
 package gateway
 
 import (
+	"context"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -50,5 +53,31 @@ func TestReloadRefusesAnInconsistentConfiguration(t *testing.T) {
 	}
 	if got["ok"] != 1 || got["error"] != 3 {
 		t.Fatalf("fencegw_config_reloads_total: %v, want ok 1 and error 3", got)
+	}
+}
+
+// A request's scope is its context: it ends when the request's does, and a
+// context made from it (context.AfterFunc, WithCancel) follows it.
+func TestScopeEndsWithItsRequest(t *testing.T) {
+	g := &Gateway{}
+	g.live.Store(&live{})
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), http.ServerContextKey, nil))
+	r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/", nil)
+	var b requestBase
+	r = g.scopeInto(r, &b.scope, &b.req)
+	child, stop := context.WithCancel(r.Context())
+	defer stop()
+	called := make(chan struct{})
+	context.AfterFunc(r.Context(), func() { close(called) })
+	cancel()
+	for name, done := range map[string]<-chan struct{}{"the scope": r.Context().Done(), "a child": child.Done(), "AfterFunc": called} {
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s did not end with the request", name)
+		}
+	}
+	if r.Context().Err() != context.Canceled {
+		t.Fatalf("Err = %v, want context.Canceled", r.Context().Err())
 	}
 }
