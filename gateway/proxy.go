@@ -78,6 +78,23 @@ type forward struct {
 	fields forwardFields
 }
 
+// setUpstreamURL is pr.SetURL(upstream). For an upstream named by its
+// scheme and host alone (no path, no query) and a path of its own escaped
+// form, SetURL's joins leave the path and the query as they are: only the
+// scheme and the host are set (and the Host field cleared), without its
+// calls and concatenations (about 200 instructions a write).
+// TestSetUpstreamURLIsSetURL holds the two equal.
+func setUpstreamURL(pr *httputil.ProxyRequest, upstream *url.URL) {
+	out := pr.Out.URL
+	if upstream.Path != "" || upstream.RawPath != "" || upstream.RawQuery != "" ||
+		out.RawPath != "" || !strings.HasPrefix(out.Path, "/") {
+		pr.SetURL(upstream)
+		return
+	}
+	out.Scheme, out.Host = upstream.Scheme, upstream.Host
+	pr.Out.Host = ""
+}
+
 // tokenString is strconv.FormatInt(token, 10) in the storage of one
 // write's state, which is never reused, and never written again: a token
 // of any size costs no allocation (FormatInt allocates from 100 on, so
@@ -111,7 +128,7 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, h *wire.Fields, f *forward,
 	// server parsed). The gateway decides nothing on the query, so there
 	// is no reading of it to disagree with the upstream's.
 	pr.Out.URL.RawQuery = pr.In.URL.RawQuery
-	pr.SetURL(f.upstream)
+	setUpstreamURL(pr, f.upstream)
 	// The lease is a secret between worker and gateway; the token,
 	// the resource and the forwarding facts are the gateway's word,
 	// never the client's: every client-sent Fencing-*, Forwarded,
