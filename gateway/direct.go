@@ -33,6 +33,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log"
 	"mime"
 	"net/http"
 	"net/http/httputil"
@@ -49,13 +50,21 @@ import (
 )
 
 // directState is what one direct forward needs besides its forward, lent
-// by directPool: the outbound request, its URL and header fields, and the
-// hooks. The fields hold the client's value slices (capacity clipped, so
-// that an append never writes into them); nothing keeps a reference to
-// any of it past forwardDirect (reset).
+// by directPool: the outbound request, its URL and header fields, the
+// hooks, and its buffers (a small body read whole, the answer's copy). The
+// fields hold the client's value slices (capacity clipped, so that an
+// append never writes into them); nothing keeps a reference to any of it
+// past the forward (reset). One pool for all of it: each sync.Pool's Get
+// and Put cost about 180 instructions, and a write took from three.
 type directState struct {
 	directUse
 	fields [24]wire.Field // h's storage (a head of more fields grows on the heap)
+	// small holds a small body read whole (readSmallBody): smallBody
+	// bytes and one more to see its end. The engine writes a body in
+	// memory from the handler's goroutine and keeps nothing of it after
+	// its exchange.
+	small [smallBody + 1]byte
+	copy  [32 << 10]byte // the answer's body on its way (copyAnswer)
 }
 
 // directUse is the state but the fields' storage.
@@ -70,7 +79,8 @@ type directUse struct {
 }
 
 // reset clears st for its next forward: its fields' storage only as far
-// as h used it. A write uses a few of its 24 fields: with the pool's Put,
+// as h used it (the buffers hold bytes only, and are written before they
+// are read). A write uses a few of its 24 fields: with the pool's Put,
 // the clear of the whole 1.6 KB state took 280 instructions a write (Go's
 // client's fields), this one 245.
 func (st *directState) reset() {
@@ -130,18 +140,23 @@ var noUserAgent = []string{""}
 // testHookDirect, if set (tests), is called for each direct forward.
 var testHookDirect func()
 
+// takeDirect lends a direct forward its state; giveDirect takes it back.
+func takeDirect() *directState { return directPool.Get().(*directState) }
+
+func giveDirect(st *directState) {
+	st.reset()
+	directPool.Put(st)
+}
+
 // forwardDirect forwards r, admitted as f, through the engine and copies
-// the answer to w, as the reverse proxy would. listed is r's fields that
-// go upstream as they are (writeFields.listed; nil: not listed).
-func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseController, r *http.Request, f *forward, listed []wire.Field) {
+// the answer to w, as the reverse proxy would, with the state st (its
+// caller's, from takeDirect, zero but for its buffers). listed is r's
+// fields that go upstream as they are (writeFields.listed; nil: not
+// listed).
+func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseController, r *http.Request, f *forward, listed []wire.Field, st *directState) {
 	if testHookDirect != nil {
 		testHookDirect()
 	}
-	st := directPool.Get().(*directState)
-	defer func() {
-		st.reset()
-		directPool.Put(st)
-	}()
 	// The outbound header, as a list (wire.Fields): it is copied, trimmed
 	// and added to by name, and written once, so a map bought nothing.
 	st.h = st.fields[:0]
@@ -296,7 +311,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	if flush {
 		_ = rc.Flush()
 	}
-	if err := g.copyAnswer(w, rc, res.Body, flush); err != nil {
+	if err := copyAnswer(w, rc, res.Body, flush, st.copy[:], g.proxyLog); err != nil {
 		defer res.Body.Close()
 		// As the reverse proxy: the answer is cut short, and the client
 		// must see that (ErrAbortHandler) rather than a short body.
@@ -395,17 +410,15 @@ func answerTrailer(k string, conn []string) bool {
 	return true
 }
 
-// copyAnswer copies the answer's body to the client, as the reverse
-// proxy's copyBuffer: write errors and read errors but io.EOF are
-// returned, read errors are logged.
-func (g *Gateway) copyAnswer(w http.ResponseWriter, rc *http.ResponseController, body io.Reader, flush bool) error {
-	bp := g.buffers.take()
-	defer g.buffers.give(bp)
-	buf := *bp
+// copyAnswer copies the answer's body to the client through buf, as the
+// reverse proxy's copyBuffer: write errors and read errors but io.EOF are
+// returned, read errors are logged (to proxyLog, as the reverse proxy's
+// ErrorLog).
+func copyAnswer(w http.ResponseWriter, rc *http.ResponseController, body io.Reader, flush bool, buf []byte, proxyLog *log.Logger) error {
 	for {
 		nr, rerr := body.Read(buf)
 		if rerr != nil && rerr != io.EOF && rerr != context.Canceled {
-			g.proxyLog.Printf("httputil: ReverseProxy read error during body copy: %v", rerr)
+			proxyLog.Printf("httputil: ReverseProxy read error during body copy: %v", rerr)
 		}
 		if nr > 0 {
 			nw, werr := w.Write(buf[:nr])

@@ -14,7 +14,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -362,6 +361,7 @@ func (g *Gateway) carry(w http.ResponseWriter, rc *http.ResponseController, r *h
 		}
 	}()
 
+	var st *directState // the direct forward's, with the small body's buffer
 	switch {
 	case f.keyed != nil:
 		f.buffered = f.keyed.body // read whole for its fingerprint
@@ -371,9 +371,9 @@ func (g *Gateway) carry(w http.ResponseWriter, rc *http.ResponseController, r *h
 			// The direct forward's engine keeps nothing of the body once
 			// its exchange is over (the tests' reference road, whose
 			// Transport may still be writing it, takes a buffer of its own).
-			bp := smallBodies.Get().(*[]byte)
-			defer smallBodies.Put(bp)
-			buf = *bp
+			st = takeDirect()
+			defer giveDirect(st)
+			buf = st.small[:]
 		}
 		var err error
 		if f.buffered, err = readSmallBody(r.Body, r.ContentLength, buf); err != nil {
@@ -387,7 +387,11 @@ func (g *Gateway) carry(w http.ResponseWriter, rc *http.ResponseController, r *h
 		g.forwardVia(w, r, f) // tests: the reference road
 		return
 	}
-	g.forwardDirect(w, rc, r, f, listed) // direct.go
+	if st == nil {
+		st = takeDirect()
+		defer giveDirect(st)
+	}
+	g.forwardDirect(w, rc, r, f, listed, st) // direct.go
 }
 
 // proxyMethods are the methods the proxy forwards (every one but CONNECT),
@@ -509,20 +513,3 @@ func truncate(s string, n int) string {
 	}
 	return s[:n]
 }
-
-// bufferPool lends the direct forward 32 KiB copy buffers (and the tests'
-// reference road, as an httputil.BufferPool).
-type bufferPool struct{ p sync.Pool }
-
-func newBufferPool() *bufferPool {
-	return &bufferPool{p: sync.Pool{New: func() any { b := make([]byte, 32*1024); return &b }}}
-}
-
-func (b *bufferPool) Get() []byte  { return *(b.p.Get().(*[]byte)) }
-func (b *bufferPool) Put(v []byte) { b.p.Put(&v) }
-
-// take and give lend the direct forward the same buffers by pointer:
-// httputil.BufferPool's Put takes a slice, which allocates its header
-// each time it goes back into the sync.Pool.
-func (b *bufferPool) take() *[]byte  { return b.p.Get().(*[]byte) }
-func (b *bufferPool) give(v *[]byte) { b.p.Put(v) }

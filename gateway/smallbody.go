@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"sync"
 )
 
 // smallBody is the largest request body a fenced write reads in whole
@@ -29,12 +28,6 @@ const smallBody = 4 << 10
 func bufferable(r *http.Request, wf *writeFields) bool {
 	return r.ContentLength > 0 && r.ContentLength <= smallBody && !wf.expect && len(r.TransferEncoding) == 0
 }
-
-// smallBodies lends readSmallBody its buffers, of smallBody bytes and one
-// more to see the body's end. serveProxy gives one back once the direct
-// forward is over: the engine writes a body in memory from the handler's
-// goroutine and keeps nothing of it after its exchange.
-var smallBodies = sync.Pool{New: func() any { b := make([]byte, smallBody+1); return &b }}
 
 // errShortBody: the client's body ended (or its connection broke) before
 // its Content-Length.
