@@ -269,7 +269,9 @@ func TestThrottleHoldsItsRateOnItsClock(t *testing.T) {
 
 func TestStreamReplayAfterLastEventIDIsExactAndFiltered(t *testing.T) {
 	_, store, url := newStreamGateway(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// A bound, not a figure: 300 commits to disk, each a second or more
+	// on a loaded machine's disk.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const n = 300
 	// Each its own incident (another token): repeats of one would be counted on one entry.

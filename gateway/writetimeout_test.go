@@ -136,8 +136,17 @@ func TestForwardTimeoutIsNeverEarly(t *testing.T) {
 			// Pooled: a write that ends leaves its connection, and its
 			// deadline, in the pool; the next write's deadline is later.
 			for i := range 3 {
-				if code, _ := write("/fine"); code != 200 {
-					t.Fatalf("a write that ends: %d", code)
+				// On a loaded machine a write that ends can itself take
+				// longer than 90 ms (a 504, its connection not pooled):
+				// it is tried again, as the point is a pooled connection.
+				for attempt := 1; ; attempt++ {
+					code, _ := write("/fine")
+					if code == 200 {
+						break
+					}
+					if code != http.StatusGatewayTimeout || attempt == 5 {
+						t.Fatalf("a write that ends: %d (attempt %d)", code, attempt)
+					}
 				}
 				if code, took := write("/hang"); code != http.StatusGatewayTimeout || took < timeout || took > 10*time.Second {
 					t.Fatalf("hung forward %d on a pooled connection: %d after %v; want 504 after %v or more", i, code, took, timeout)
