@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"sync"
 )
 
 // The part of the configuration that changes while the gateway runs
@@ -125,13 +126,21 @@ type scope struct {
 	// write is the storage of the state of the request's fenced write
 	// (newForward), nil where the scope was made without it (withScope).
 	write *forward
-	// done is the parent's Done, found once: each call through the
-	// embedded context walks the server's layers of values to it.
-	done <-chan struct{}
+	// done is the parent's Done, found at the first call (doneOnce): each
+	// call through the embedded context walks the server's layers of
+	// values to it, twice a fenced write. Not at the scope's making: a
+	// context of Go's server makes its channel when first asked for it.
+	done     <-chan struct{}
+	doneOnce sync.Once
 }
 
 // Done is the request's context's Done.
-func (s *scope) Done() <-chan struct{} { return s.done }
+func (s *scope) Done() <-chan struct{} {
+	s.doneOnce.Do(s.findDone)
+	return s.done
+}
+
+func (s *scope) findDone() { s.done = s.Context.Done() }
 
 type scopeKey struct{}
 
@@ -167,8 +176,7 @@ func (g *Gateway) withScope(r *http.Request) (*http.Request, *scope) {
 // copy of r, made in into (s and into are the caller's storage, unused
 // until then, in one allocation with the request's other state).
 func (g *Gateway) scopeInto(r *http.Request, s *scope, into *http.Request) *http.Request {
-	ctx := r.Context()
-	*s = scope{Context: ctx, live: g.live.Load(), done: ctx.Done()}
+	*s = scope{Context: r.Context(), live: g.live.Load()}
 	*into = *r.WithContext(s) // WithContext's own copy stays on the stack
 	return into
 }
