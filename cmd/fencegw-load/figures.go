@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"regexp"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -76,6 +77,9 @@ type Figure struct {
 func runFigures(ctx context.Context, o options, args []string, out io.Writer) error {
 	if o.etcdLocks == "" {
 		return errors.New("-figures needs -etcd-locks (grants are quoted beside etcd's)")
+	}
+	if err := staleBuild(buildRevision(), headRevision(), codeChanged); err != nil {
+		return err
 	}
 	f := Figures{At: time.Now().UTC(), Command: "fencegw-load " + strings.Join(args, " "), Writers: o.concurrency, Machine: machine()}
 	f.Commit = commit()
@@ -305,6 +309,48 @@ func commit() string {
 		c += " (with uncommitted changes)"
 	}
 	return c
+}
+
+// staleBuild refuses a table whose gateway is not the checked-out code:
+// the gateway the table measures is this program's own (fencegw-load
+// -serve gateway), built from the revision built, while the table is named
+// after the tree's head. A head that differs from built in documents only
+// (codeChanged false) runs the same code. Either revision unknown (a
+// program built without it, as by go run; no git) is let through.
+func staleBuild(built, head string, codeChanged func(from, to string) bool) error {
+	if built == "" || head == "" || built == head || !codeChanged(built, head) {
+		return nil
+	}
+	return fmt.Errorf("this fencegw-load was built from %.12s, and the code at the tree's head %.12s differs: the table would measure the older gateway under the newer name; rebuild it (go build -o /tmp/fencegw-load ./cmd/fencegw-load) and run it again", built, head)
+}
+
+// codeChanged reports whether anything but the documents differs between
+// two commits (or git cannot tell).
+func codeChanged(from, to string) bool {
+	return exec.Command("git", "diff", "--quiet", from, to, "--", ":(top)", ":(top,exclude)*.md", ":(top,exclude)docs/figures.json").Run() != nil
+}
+
+// buildRevision is the commit this program was built from, "" if unknown.
+func buildRevision() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	for _, s := range info.Settings {
+		if s.Key == "vcs.revision" {
+			return s.Value
+		}
+	}
+	return ""
+}
+
+// headRevision is the checked-out commit, "" if unknown.
+func headRevision() string {
+	out, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
 }
 
 // machine describes this machine in a few words.

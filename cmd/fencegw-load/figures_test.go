@@ -172,3 +172,32 @@ func TestRoundRatios(t *testing.T) {
 		t.Errorf("an even number of rounds: the median is the mean of the middle two:\n%s", r)
 	}
 }
+
+// A table is refused when the program was built from code other than the
+// tree's head: the gateway it runs is its own build's.
+func TestStaleBuildIsRefused(t *testing.T) {
+	changed := func(from, to string) bool { return from != "docs-only" }
+	for _, c := range []struct {
+		built, head string
+		refused     bool
+	}{
+		{"a1", "a1", false},
+		{"", "a1", false},          // built without its revision (go run)
+		{"a1", "", false},          // no git
+		{"docs-only", "b2", false}, // the head differs in documents only
+		{"a1", "b2", true},
+	} {
+		err := staleBuild(c.built, c.head, changed)
+		if (err != nil) != c.refused {
+			t.Errorf("built %q, head %q: %v; want refused %v", c.built, c.head, err, c.refused)
+		}
+	}
+	// Against the repository itself: a commit is its own code, and a
+	// commit git does not know is a change.
+	if codeChanged("HEAD", "HEAD") {
+		t.Error("the head differs from itself")
+	}
+	if !codeChanged("0000000000000000000000000000000000000000", "HEAD") {
+		t.Error("an unknown commit is not taken for a change")
+	}
+}
