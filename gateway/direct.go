@@ -33,7 +33,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log"
 	"mime"
 	"net/http"
 	"net/http/httputil"
@@ -51,11 +50,12 @@ import (
 
 // directState is what one direct forward needs besides its forward, lent
 // by directPool: the outbound request, its URL and header fields, the
-// hooks, and its buffers (a small body read whole, the answer's copy). The
-// fields hold the client's value slices (capacity clipped, so that an
-// append never writes into them); nothing keeps a reference to any of it
-// past the forward (reset). One pool for all of it: each sync.Pool's Get
-// and Put cost about 180 instructions, and a write took from three.
+// hooks, and a small body's buffer (one pool for both: each sync.Pool's
+// Get and Put cost about 180 instructions). The fields hold the client's
+// value slices (capacity clipped, so that an append never writes into
+// them); nothing keeps a reference to any of it past the forward (reset).
+// The answer's 32 KiB copy buffer is not in it (bufferPool): a write that
+// waits for its upstream would hold it all that time.
 type directState struct {
 	directUse
 	fields [24]wire.Field // h's storage (a head of more fields grows on the heap)
@@ -64,7 +64,6 @@ type directState struct {
 	// memory from the handler's goroutine and keeps nothing of it after
 	// its exchange.
 	small [smallBody + 1]byte
-	copy  [32 << 10]byte // the answer's body on its way (copyAnswer)
 }
 
 // directUse is the state but the fields' storage.
@@ -79,8 +78,8 @@ type directUse struct {
 }
 
 // reset clears st for its next forward: its fields' storage only as far
-// as h used it (the buffers hold bytes only, and are written before they
-// are read). A write uses a few of its 24 fields: with the pool's Put,
+// as h used it (the small body's buffer holds bytes only, and is written
+// before it is read). A write uses a few of its 24 fields: with the pool's Put,
 // the clear of the whole 1.6 KB state took 280 instructions a write (Go's
 // client's fields), this one 245.
 func (st *directState) reset() {
@@ -311,7 +310,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	if flush {
 		_ = rc.Flush()
 	}
-	if err := copyAnswer(w, rc, res.Body, flush, st.copy[:], g.proxyLog); err != nil {
+	if err := g.copyAnswer(w, rc, res.Body, flush); err != nil {
 		defer res.Body.Close()
 		// As the reverse proxy: the answer is cut short, and the client
 		// must see that (ErrAbortHandler) rather than a short body.
@@ -410,15 +409,17 @@ func answerTrailer(k string, conn []string) bool {
 	return true
 }
 
-// copyAnswer copies the answer's body to the client through buf, as the
-// reverse proxy's copyBuffer: write errors and read errors but io.EOF are
-// returned, read errors are logged (to proxyLog, as the reverse proxy's
-// ErrorLog).
-func copyAnswer(w http.ResponseWriter, rc *http.ResponseController, body io.Reader, flush bool, buf []byte, proxyLog *log.Logger) error {
+// copyAnswer copies the answer's body to the client, as the reverse
+// proxy's copyBuffer: write errors and read errors but io.EOF are
+// returned, read errors are logged.
+func (g *Gateway) copyAnswer(w http.ResponseWriter, rc *http.ResponseController, body io.Reader, flush bool) error {
+	bp := g.buffers.take()
+	defer g.buffers.give(bp)
+	buf := *bp
 	for {
 		nr, rerr := body.Read(buf)
 		if rerr != nil && rerr != io.EOF && rerr != context.Canceled {
-			proxyLog.Printf("httputil: ReverseProxy read error during body copy: %v", rerr)
+			g.proxyLog.Printf("httputil: ReverseProxy read error during body copy: %v", rerr)
 		}
 		if nr > 0 {
 			nw, werr := w.Write(buf[:nr])

@@ -24,11 +24,11 @@ func TestDirectStateResetClearsAll(t *testing.T) {
 		h.Del("Authorization")
 		st.out = http.Request{Method: "POST", Host: "up"}
 		st.vals[0], st.hooks.http10, st.open.err = "1.2.3.4", true, http.ErrBodyNotAllowed
-		st.small[0], st.copy[len(st.copy)-1] = 'b', 'c'
+		st.small[0], st.small[len(st.small)-1] = 'b', 'c'
 		st.reset()
-		// The buffers keep their bytes (each is written before it is
+		// The small body's buffer keeps its bytes (written before it is
 		// read); everything else is zero.
-		st.small, st.copy = [len(st.small)]byte{}, [len(st.copy)]byte{}
+		st.small = [len(st.small)]byte{}
 		if !reflect.ValueOf(*st).IsZero() {
 			for i, f := range st.fields {
 				if f.Name != "" || f.Values != nil {

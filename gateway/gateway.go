@@ -138,6 +138,7 @@ type Gateway struct {
 	feed      *feed
 	transport *http.Transport   // the configuration of engine's connections
 	engine    *engine.Transport // every fenced write's road (direct.go)
+	buffers   *bufferPool       // response copy buffers of the direct forward
 	proxyLog  *log.Logger       // the direct forward's messages
 	// forwardVia, if set (tests only), forwards the admitted writes in
 	// place of the direct forward: the reference road of the differential
@@ -199,7 +200,7 @@ func New(svc *tokens.Service, cfg Config) *Gateway {
 	cfg.Registry.MustRegister(newClockCollector(cfg.Clocks, now))
 	g.keys = newKeys(cfg.Idempotency, cfg.Registry, cfg.Logger)
 	g.rates = newRateLimiter(cfg.Rates, cfg.Registry)
-	g.proxyLog = slogErrorLog(g.log)
+	g.buffers, g.proxyLog = newBufferPool(), slogErrorLog(g.log)
 	si := g.controlServer(false)
 	g.handler = g.framing(g.dispatch(g.routes(si), g.acquireHandler(si)))
 	return g

@@ -44,6 +44,7 @@ func useReverseProxy(tg *testGateway) {
 			f.status = resp.StatusCode
 			return g.recordKeyed(resp.Request.Context(), f, resp)
 		},
+		BufferPool: g.buffers,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			g.forwardFailed(w, r, forwardOf(r), err, errors.Is(err, context.DeadlineExceeded) || errors.Is(r.Context().Err(), context.DeadlineExceeded))
 		},

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -361,18 +362,21 @@ func (g *Gateway) carry(w http.ResponseWriter, rc *http.ResponseController, r *h
 		}
 	}()
 
-	var st *directState // the direct forward's, with the small body's buffer
+	// The direct forward's state, with the small body's buffer: its
+	// engine keeps nothing of the body once its exchange is over (the
+	// tests' reference road, whose Transport may still be writing it,
+	// takes a buffer of its own).
+	var st *directState
+	if g.forwardVia == nil {
+		st = takeDirect()
+		defer giveDirect(st)
+	}
 	switch {
 	case f.keyed != nil:
 		f.buffered = f.keyed.body // read whole for its fingerprint
 	case buffer:
 		var buf []byte
-		if g.forwardVia == nil {
-			// The direct forward's engine keeps nothing of the body once
-			// its exchange is over (the tests' reference road, whose
-			// Transport may still be writing it, takes a buffer of its own).
-			st = takeDirect()
-			defer giveDirect(st)
+		if st != nil {
 			buf = st.small[:]
 		}
 		var err error
@@ -386,10 +390,6 @@ func (g *Gateway) carry(w http.ResponseWriter, rc *http.ResponseController, r *h
 	if g.forwardVia != nil {
 		g.forwardVia(w, r, f) // tests: the reference road
 		return
-	}
-	if st == nil {
-		st = takeDirect()
-		defer giveDirect(st)
 	}
 	g.forwardDirect(w, rc, r, f, listed, st) // direct.go
 }
@@ -513,3 +513,21 @@ func truncate(s string, n int) string {
 	}
 	return s[:n]
 }
+
+// bufferPool lends the direct forward 32 KiB copy buffers (and the tests'
+// reference road, as an httputil.BufferPool). Taken only while an answer's
+// body is copied: a write that waits for its upstream holds none.
+type bufferPool struct{ p sync.Pool }
+
+func newBufferPool() *bufferPool {
+	return &bufferPool{p: sync.Pool{New: func() any { b := make([]byte, 32*1024); return &b }}}
+}
+
+func (b *bufferPool) Get() []byte  { return *(b.p.Get().(*[]byte)) }
+func (b *bufferPool) Put(v []byte) { b.p.Put(&v) }
+
+// take and give lend the direct forward the same buffers by pointer:
+// httputil.BufferPool's Put takes a slice, which allocates its header
+// each time it goes back into the sync.Pool.
+func (b *bufferPool) take() *[]byte  { return b.p.Get().(*[]byte) }
+func (b *bufferPool) give(v *[]byte) { b.p.Put(v) }
