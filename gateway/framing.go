@@ -150,6 +150,7 @@ func (g *Gateway) framing(next http.Handler) http.Handler {
 		if v.TLS != nil && r.TLS == nil {
 			r.TLS = v.TLS // r is st.req, the gateway's own copy
 		}
+		st.scope.sent = v.Fields
 		next.ServeHTTP(w, r)
 	})
 }

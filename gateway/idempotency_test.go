@@ -323,7 +323,7 @@ func TestUnkeyedWriteAllocatesNothingForKeys(t *testing.T) {
 	r := httptest.NewRequest(http.MethodPost, "/v1/proxy/up/a", strings.NewReader("x"))
 	w := httptest.NewRecorder()
 	var wf writeFields
-	readWriteFields(r.Header, &wf)
+	readWriteFields(r.Header, nil, &wf)
 	allocs := testing.AllocsPerRun(100, func() {
 		if k, ok := g.keyedWrite(w, r, &wf); k != nil || !ok {
 			t.Fatal("unkeyed write treated as keyed")

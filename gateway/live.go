@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"slices"
 	"sync"
+
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
 // The part of the configuration that changes while the gateway runs
@@ -132,6 +134,18 @@ type scope struct {
 	// context of Go's server makes its channel when first asked for it.
 	done     <-chan struct{}
 	doneOnce sync.Once
+	// sent is the request's header fields in the order the client sent
+	// them, where the listener's own loop parsed its head
+	// (framing.Verdict.Fields); nil otherwise.
+	sent []wire.Field
+}
+
+// sentFields is s.sent; nil for a nil scope.
+func (s *scope) sentFields() []wire.Field {
+	if s == nil {
+		return nil
+	}
+	return s.sent
 }
 
 // Done is the request's context's Done.

@@ -214,8 +214,9 @@ func newTransport() *http.Transport {
 // serveProxy handles /v1/proxy/{upstream}/{path...}.
 func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	// What the road asks of the header, read in one pass.
+	sc := scopeOf(r) // asked five things below: looked up once
 	var wf writeFields
-	readWriteFields(r.Header, &wf)
+	readWriteFields(r.Header, sc.sentFields(), &wf)
 	if err := checkWriteRequest(r, &wf); err != nil { // pathrule.go
 		g.metrics.write(outcomeBadRequest)
 		if errors.Is(err, problems.ErrMethodNotAllowed) {
@@ -228,7 +229,6 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	if i := strings.IndexByte(name, '/'); i >= 0 {
 		name, rawPath = name[:i], name[i:] // the path keeps its '/': no concatenation
 	}
-	sc := scopeOf(r)   // asked four things below: looked up once
 	lc := g.liveIn(sc) // one configuration judges the whole write (live.go)
 	base, found := lc.upstreams[name]
 	if !found {

@@ -48,6 +48,8 @@ package framing
 import (
 	"crypto/tls"
 	"net/http"
+
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
 // Fields named by refusals, besides the names of single header fields.
@@ -81,6 +83,13 @@ type Verdict struct {
 	// for the request's TLS field (Go's server sets it only on connections
 	// it terminated itself).
 	TLS *tls.ConnectionState
+	// Fields are the request's header fields in the order the client sent
+	// them, each name once with its values as the header map holds them
+	// (Host is the request's, not among them), for a head the listener's
+	// own loop parsed itself; nil for any other. They are the header's
+	// only while nothing changed the map: compare their count with its
+	// length before taking them for it.
+	Fields []wire.Field
 }
 
 // Check takes the scanned head of r, the request being served, and judges
@@ -102,6 +111,9 @@ func Check(r *http.Request) (v Verdict, scanned bool) {
 		v.Field, v.Reason = "body", badBody
 	}
 	v.TLS = tlsState
+	if v.Field == "" {
+		v.Fields = h.fields
+	}
 	return v, true
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -107,13 +108,13 @@ func TestCheckThroughListener(t *testing.T) {
 		t.Fatalf("the handler saw %+v, want %+v", got, want)
 	}
 	for i := range want {
-		if got[i] != want[i] {
+		if !reflect.DeepEqual(got[i], want[i]) {
 			t.Errorf("request %d: %+v, want %+v", i, got[i], want[i])
 		}
 	}
 
 	r, _ := http.NewRequest("GET", "http://x/", nil)
-	if v, scanned := Check(r); scanned || v != (Verdict{}) {
+	if v, scanned := Check(r); scanned || !reflect.DeepEqual(v, Verdict{}) {
 		t.Errorf("a request that came through no Listener: %+v, scanned %v", v, scanned)
 	}
 }

@@ -21,7 +21,6 @@ import (
 	"math/bits"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 
 	"golang.org/x/net/http/httpguts"
@@ -42,6 +41,17 @@ type leanRequest struct {
 	url    url.URL
 	header http.Header
 	vals   []string
+
+	// fields lists header's fields in the order the head sent them, each
+	// name once with the map's values (the names parseLean tells repeats
+	// by, kept), for the handler that walks the header: a walk of a map
+	// starts at a random place and was about 400 instructions a fenced
+	// write, and its order then had to be sorted from random. listed is
+	// how many; complete whether they are all of header's (not when the
+	// head had more names than fields holds).
+	fields   [16]wire.Field
+	listed   int
+	complete bool
 
 	// What the scanner would have noted of the head (scan.go, head):
 	// its request line's length and whether it has a Content-Length.
@@ -82,7 +92,7 @@ func parseLean(head []byte, template *http.Request, into *leanRequest) (req *htt
 	// same fields each time). A clear (each slot, and a new hash seed)
 	// cost about 150 instructions a head more than setting over the
 	// same names (BenchmarkHeadParse/client).
-	var names [16]string
+	names := &into.fields
 	h, vals := into.header, into.vals
 	kept := h != nil && fields <= len(names)
 	switch {
@@ -110,7 +120,7 @@ func parseLean(head []byte, template *http.Request, into *leanRequest) (req *htt
 	// by comparing them, which costs less than a lookup in the map, and
 	// only once one of its length was taken (sizes: a bit a length, mod
 	// 64), as a head's names commonly all differ in length.
-	named, sizes := 0, uint64(0)
+	named, sizes, overflow := 0, uint64(0), false
 	p := line.end + 2
 	for i := 0; i < fields; i++ {
 		f, ok := plainField(head, p)
@@ -144,22 +154,28 @@ func parseLean(head []byte, template *http.Request, into *leanRequest) (req *htt
 			// other two are never the loop's (mine).
 			return nil, false
 		}
-		repeated := false
 		if named < len(names) {
+			at := -1 // the place of a name taken before
 			if size := uint64(1) << (len(key) % 64); sizes&size == 0 {
 				sizes |= size
 			} else {
-				repeated = slices.Contains(names[:named], key)
+				at = nameAt(names[:named], key)
 			}
-			if !repeated {
-				names[named] = key
+			if at < 0 {
+				vv := vals[i : i+1 : i+1] // as textproto: an append never writes into the next value
+				names[named] = wire.Field{Name: key, Values: vv}
 				named++
+				h[key] = vv
+			} else {
+				vv := append(names[at].Values, value) // the map's values, without a lookup
+				names[at].Values = vv
+				h[key] = vv
 			}
-		} else {
-			_, repeated = h[key]
+			continue
 		}
-		if !repeated {
-			h[key] = vals[i : i+1 : i+1] // as textproto: an append never writes into the next value
+		overflow = true
+		if _, repeated := h[key]; !repeated {
+			h[key] = vals[i : i+1 : i+1]
 		} else {
 			h[key] = append(h[key], value)
 		}
@@ -169,11 +185,12 @@ func parseLean(head []byte, template *http.Request, into *leanRequest) (req *htt
 	}
 	if kept && len(h) != named {
 		for k := range h {
-			if !slices.Contains(names[:named], k) {
+			if nameAt(names[:named], k) < 0 {
 				delete(h, k) // a name of an earlier head, or a handler's
 			}
 		}
 	}
+	into.listed, into.complete = named, !overflow
 	if hosts != 1 || !httpguts.ValidHostHeader(host) || lengths > 1 {
 		return nil, false
 	}
@@ -256,7 +273,20 @@ func (lr *leanRequest) scanned() head {
 	if lr.hasLength {
 		h.flags = hasCL
 	}
+	if lr.complete {
+		h.fields = lr.fields[:lr.listed:lr.listed]
+	}
 	return h
+}
+
+// nameAt is the place of the field named key in fs, -1 if none is.
+func nameAt(fs []wire.Field, key string) int {
+	for i := range fs {
+		if fs[i].Name == key {
+			return i
+		}
+	}
+	return -1
 }
 
 // The classes of a head's bytes, one table lookup a byte where the

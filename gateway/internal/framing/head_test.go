@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"net/textproto"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -163,7 +165,8 @@ func FuzzLeanHeadMatchesReadRequest(f *testing.F) {
 		head = head[:end]
 		template := leanTemplate()
 		before := string(head)
-		lean, ok := parseLean(head, template, new(leanRequest))
+		into := new(leanRequest)
+		lean, ok := parseLean(head, template, into)
 		if string(head) != before {
 			t.Fatalf("the lean parse wrote into the buffer: %q", head)
 		}
@@ -177,6 +180,9 @@ func FuzzLeanHeadMatchesReadRequest(f *testing.F) {
 		if diff := sameRequest(lean, std, template); diff != "" {
 			t.Fatalf("the lean parse differs from Go's in %s: %q", diff, head)
 		}
+		if diff := listedDiff(into, head); diff != "" {
+			t.Fatalf("the lean parse's list of fields differs from its header in %s: %q", diff, head)
+		}
 	})
 }
 
@@ -188,7 +194,8 @@ func TestLeanHeadSeeds(t *testing.T) {
 		44: true, 45: true, 46: true, 47: true, 49: true, 51: true}
 	for i, s := range leanSeeds {
 		template := leanTemplate()
-		lean, ok := parseLean([]byte(s), template, new(leanRequest))
+		into := new(leanRequest)
+		lean, ok := parseLean([]byte(s), template, into)
 		std, err := goReads([]byte(s))
 		switch {
 		case ok && err != nil:
@@ -196,6 +203,9 @@ func TestLeanHeadSeeds(t *testing.T) {
 		case ok:
 			if diff := sameRequest(lean, std, template); diff != "" {
 				t.Errorf("seed %d: differs from Go's parse in %s: %q", i, diff, s)
+			}
+			if diff := listedDiff(into, []byte(s)); diff != "" {
+				t.Errorf("seed %d: its list of fields differs from its header in %s: %q", i, diff, s)
 			}
 		case mustTake[i]:
 			t.Errorf("seed %d: a plain head left to http.ReadRequest: %q", i, s)
@@ -282,8 +292,50 @@ func TestLeanHeadReusesNothingItShows(t *testing.T) {
 		if diff := sameRequest(lean, std, template); diff != "" {
 			t.Fatalf("head %d, parsed after %d others into one storage, differs from Go's parse in %s: %q", i, i, diff, s)
 		}
+		if diff := listedDiff(&store, []byte(s)); diff != "" {
+			t.Fatalf("head %d, parsed after %d others into one storage: its list of fields differs from its header in %s: %q", i, i, diff, s)
+		}
 		lean.Header.Set("X-Handler", "set") // as a handler may
 	}
+}
+
+// listedDiff says how the fields the lean parse listed (leanRequest.fields)
+// differ from its request's header, "" if they do not: each of the
+// header's names once, in the order the head's lines first name them, with
+// the map's own values. They must be listed whenever the head's names fit.
+func listedDiff(lr *leanRequest, head []byte) string {
+	h := lr.req.Header
+	if !lr.complete {
+		if len(h) <= len(lr.fields) {
+			return fmt.Sprintf("completeness: %d names fit, not listed", len(h))
+		}
+		return ""
+	}
+	fs := lr.fields[:lr.listed]
+	if len(fs) != len(h) {
+		return fmt.Sprintf("count: %d listed, %d in the header", len(fs), len(h))
+	}
+	var order []string
+	for _, line := range strings.Split(string(head), "\r\n")[1:] {
+		name, _, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		k := textproto.CanonicalMIMEHeaderKey(name)
+		if k != "Host" && !slices.Contains(order, k) {
+			order = append(order, k)
+		}
+	}
+	for i, f := range fs {
+		if i >= len(order) || f.Name != order[i] {
+			return fmt.Sprintf("order: %q listed %d, the head names %q", f.Name, i, order)
+		}
+		vv := h[f.Name]
+		if !slices.Equal(f.Values, vv) || len(vv) > 0 && &f.Values[0] != &vv[0] {
+			return fmt.Sprintf("values of %s: %q listed, %q in the map (or another array)", f.Name, f.Values, vv)
+		}
+	}
+	return ""
 }
 
 // clientWriteHead is the head Go's client sends for a fenced write (the

@@ -141,6 +141,60 @@ func TestOwnLoopSharesAConnectionWithGoServer(t *testing.T) {
 	}
 }
 
+// Check hands a handler the fields of a head the loop parsed itself, in
+// the order sent, each name once with the header map's values, the next
+// request's own on a kept connection; and none for a request Go's server
+// parsed.
+func TestCheckListsTheFieldsOfTheLoopsHeads(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	addr, _, _ := serveBoth(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v, _ := Check(r)
+		_, _ = io.Copy(io.Discard, r.Body)
+		var b strings.Builder
+		_, own := w.(*response)
+		fmt.Fprintf(&b, "own=%v", own)
+		for _, f := range v.Fields {
+			vv := r.Header[f.Name]
+			same := len(vv) == len(f.Values) && (len(vv) == 0 || &vv[0] == &f.Values[0])
+			fmt.Fprintf(&b, " %s=%q(%v)", f.Name, f.Values, same)
+		}
+		if v.Fields != nil && len(v.Fields) != len(r.Header) {
+			fmt.Fprintf(&b, " listed %d of %d", len(v.Fields), len(r.Header))
+		}
+		mu.Lock()
+		seen = append(seen, b.String())
+		mu.Unlock()
+	}), takesOwn, nil)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	for _, raw := range []string{
+		"POST /own/a HTTP/1.1\r\nHost: x\r\nUser-Agent: u\r\nContent-Length: 2\r\nX-B: 1\r\nx-b: 2\r\nAccept: a\r\n\r\nhi",
+		"POST /own/b HTTP/1.1\r\nZ: z\r\nHost: x\r\nA: a\r\n\r\n",
+	} {
+		if _, err := io.WriteString(c, raw); err != nil {
+			t.Fatal(err)
+		}
+		readAnswers(t, br, 1)
+	}
+	exchangeAll(t, addr, []byte("POST /own/c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nX-C: c\r\n\r\n0\r\n\r\n"))
+	want := []string{
+		`own=true User-Agent=["u"](true) Content-Length=["2"](true) X-B=["1" "2"](true) Accept=["a"](true)`,
+		`own=true Z=["z"](true) A=["a"](true)`,
+		`own=false`,
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Join(seen, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("the handler saw\n%s\nwant\n%s", strings.Join(seen, "\n"), strings.Join(want, "\n"))
+	}
+}
+
 // A request the loop refuses before any handler (a header Go's server
 // refuses) gets Go's answer, as the gateway's refusal replaces it.
 func TestOwnLoopRefusesWhatGoRefuses(t *testing.T) {

@@ -8,6 +8,8 @@ import (
 	"bytes"
 	"math"
 	"net/http"
+
+	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
 
 // head is what the scanner saw in one request's head.
@@ -22,6 +24,10 @@ type head struct {
 	// have been scanned from (takeHead): lineHash is not computed, as the
 	// request's line is those bytes.
 	lean bool
+	// fields: a lean head's fields but Host, in the order sent, as the
+	// request's header holds them (leanRequest.fields); nil if not lean or
+	// not all listed.
+	fields []wire.Field
 }
 
 // Flags of head.

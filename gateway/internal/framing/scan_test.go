@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -141,7 +142,7 @@ func FuzzFrameScanner(f *testing.F) {
 			t.Fatalf("%d heads whole, %d in chunks of %d", len(whole), len(parts), chunk%16+1)
 		}
 		for i := range whole {
-			if whole[i] != parts[i] {
+			if !reflect.DeepEqual(whole[i], parts[i]) {
 				t.Fatalf("head %d: %+v whole, %+v in chunks", i, whole[i], parts[i])
 			}
 		}
