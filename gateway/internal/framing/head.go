@@ -52,6 +52,8 @@ type leanRequest struct {
 	fields   [16]wire.Field
 	listed   int
 	complete bool
+	// connection: the head had a Connection field (wantsClose).
+	connection bool
 
 	// What the scanner would have noted of the head (scan.go, head):
 	// its request line's length and whether it has a Content-Length.
@@ -115,7 +117,7 @@ func parseLean(head []byte, template *http.Request, into *leanRequest) (req *htt
 	}
 	var host, contentLength string
 	hosts, lengths := 0, 0
-	closing := false
+	closing, connection := false, false
 	// The names taken so far, while they fit: a repeated name is found
 	// by comparing them, which costs less than a lookup in the map, and
 	// only once one of its length was taken (sizes: a bit a length, mod
@@ -149,6 +151,7 @@ func parseLean(head []byte, template *http.Request, into *leanRequest) (req *htt
 			contentLength = value
 		case "Connection":
 			closing = closing || httpguts.HeaderValuesContainsToken([]string{value}, "close")
+			connection = true
 		case "Pragma", "Transfer-Encoding", "Expect":
 			// Pragma: Go's parser may add a Cache-Control for it; the
 			// other two are never the loop's (mine).
@@ -190,7 +193,7 @@ func parseLean(head []byte, template *http.Request, into *leanRequest) (req *htt
 			}
 		}
 	}
-	into.listed, into.complete = named, !overflow
+	into.listed, into.complete, into.connection = named, !overflow, connection
 	if hosts != 1 || !httpguts.ValidHostHeader(host) || lengths > 1 {
 		return nil, false
 	}

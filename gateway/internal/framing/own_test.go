@@ -326,6 +326,16 @@ func TestOwnLoopAnswersAsGoServer(t *testing.T) {
 		case "/own/close-body":
 			_ = r.Body.Close()
 			_, _ = io.WriteString(w, "closed")
+		case "/own/request-close": // Go's server reads the request's header again
+			r.Header.Set("Connection", "close")
+			_, _ = io.WriteString(w, "asked")
+		case "/own/204-te":
+			h.Set("Transfer-Encoding", "chunked")
+			w.WriteHeader(http.StatusNoContent)
+		case "/own/length-te-empty": // a Transfer-Encoding field with no value
+			h["Transfer-Encoding"] = []string{}
+			h.Set("Content-Length", "2")
+			_, _ = io.WriteString(w, "ok")
 		}
 	})
 	ownAddr, _, _ := serveBoth(t, handler, takesOwn, nil)
@@ -363,11 +373,14 @@ func TestOwnLoopAnswersAsGoServer(t *testing.T) {
 	}
 	for _, path := range []string{"short", "typed", "long", "flushed", "empty", "204", "304", "1xx", "trailers",
 		"prefix-trailer", "prefix-trailer-first", "short-length", "over-length", "bad-length", "bad-length-typed", "close", "identity", "chunked-set",
-		"after-header", "encoded", "odd-status", "headers", "read-half", "close-body"} {
+		"after-header", "encoded", "odd-status", "headers", "read-half", "close-body", "request-close", "204-te", "length-te-empty"} {
 		for _, req := range []string{
 			"POST /own/" + path + " HTTP/1.1\r\nHost: x\r\n\r\n",
 			"PUT /own/" + path + " HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nabcdef",
 			"POST /own/" + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 1\r\n\r\na",
+			// Not a close to the request's parse (r.Close), a close to
+			// the server's look at the field's words.
+			"POST /own/" + path + " HTTP/1.1\r\nHost: x\r\nConnection: keep-alive close\r\n\r\n",
 		} {
 			if got, want := exchange(ownAddr, req), exchange(goAddr, req); got != want {
 				t.Errorf("%q:\nthe loop:\n%s\nGo's server:\n%s", req, got, want)

@@ -54,6 +54,7 @@ type response struct {
 	handlerDone bool
 	chunking    bool
 	closeAfter  bool
+	closeWanted bool // the request asks for the connection's close (wantsClose)
 
 	contentLength int64 // declared by the handler, -1 if not
 	written       int64
@@ -77,7 +78,8 @@ func (w *response) reset(c *ownConn, req *http.Request) {
 	if bw == nil {
 		bw = bufio.NewWriterSize(chunkWriter{w}, bufferBeforeChunking)
 	}
-	*w = response{c: c, req: req, header: hdr, contentLength: -1, w: bw, trailers: w.trailers[:0]}
+	*w = response{c: c, req: req, header: hdr, contentLength: -1, w: bw, trailers: w.trailers[:0],
+		closeWanted: wantsClose(req, &c.leanStore)}
 	if req.ContentLength > 0 {
 		w.bodies = requestBody{r: c.br, n: req.ContentLength}
 		w.body = &w.bodies
@@ -148,7 +150,7 @@ func (w *response) WriteHeader(code int) {
 type headFacts struct {
 	te, contentLength, connection, contentEncoding string
 	declared                                       []string // the Trailer field's values
-	haveType, haveDate, haveTrailer                bool
+	haveType, haveDate, haveTrailer, haveTE        bool
 	trailerPrefix                                  bool // a name with http.TrailerPrefix
 }
 
@@ -162,7 +164,7 @@ func factsOf(h http.Header, list wire.Fields) (headFacts, wire.Fields) {
 		}
 		switch k {
 		case "Transfer-Encoding":
-			f.te = wire.First(vv)
+			f.te, f.haveTE = wire.First(vv), true
 		case "Content-Length":
 			f.contentLength = wire.First(vv)
 		case "Connection":
@@ -362,7 +364,7 @@ func (w *response) writeHeadOf(p []byte, facts *headFacts, fields wire.Fields) {
 	hasCL := w.contentLength != -1
 
 	keepAlives := !w.c.o.closing()
-	if wantsClose(w.req) {
+	if w.closeWanted {
 		w.closeAfter = true
 	}
 	if connection == "close" || !keepAlives {
@@ -423,20 +425,27 @@ func (w *response) writeHeadOf(p []byte, facts *headFacts, fields wire.Fields) {
 		del("Content-Length")
 		hasCL = false
 	}
+	// A header without Transfer-Encoding (the facts say: nearly every
+	// answer's) has none to take out: no lookup of it.
+	delTE := func() {
+		if facts.haveTE {
+			del("Transfer-Encoding")
+		}
+	}
 	switch {
 	case !bodyAllowedForStatus(code) || code == http.StatusNoContent:
-		del("Transfer-Encoding")
+		delTE()
 	case hasCL:
-		del("Transfer-Encoding")
+		delTE()
 	case hasTE && te == "identity":
 		w.chunking = false
 		w.closeAfter = true
-		del("Transfer-Encoding")
+		delTE()
 	default:
 		w.chunking = true
 		set.transferEncoding = "chunked"
 		if hasTE && te == "chunked" {
-			del("Transfer-Encoding")
+			delTE()
 		}
 	}
 	if w.chunking {
@@ -589,10 +598,17 @@ type dateStamp struct {
 
 var lastDate atomic.Pointer[dateStamp]
 
-// wantsClose is net/http's Request.wantsClose, for HTTP/1.1.
-func wantsClose(r *http.Request) bool {
+// wantsClose is net/http's Request.wantsClose, for HTTP/1.1: r.Close, or
+// a Connection field of r's header naming close, read as Go's server reads
+// it, before the handler runs (a handler that sets the field does not
+// close the connection). A head the loop parsed itself into lr without a
+// Connection field wants no close: no lookup of the field.
+func wantsClose(r *http.Request, lr *leanRequest) bool {
 	if r.Close {
 		return true
+	}
+	if r == &lr.req && !lr.connection {
+		return false
 	}
 	return hasToken(wire.Get(r.Header, "Connection"), "close")
 }
