@@ -225,7 +225,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 		// its hop-by-hop fields left out (engine.Hooks.AnswerHeader): no
 		// map of the engine's to copy from. A keyed answer is recorded
 		// before any of it is the client's.
-		fw.into = dst
+		fw.into, fw.list = dst, f.answer
 	}
 	// The whole request is the gateway's to carry from here: a client that
 	// goes away (or only half-closes its connection, which net/http's
@@ -246,6 +246,9 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	disownBody(w)
 	if err != nil {
 		clear(fw.into) // the engine fails no exchange whose answer it read, but the problem must not carry one
+		if fw.list != nil {
+			*fw.list = (*fw.list)[:0]
+		}
 		if st.open.err != nil {
 			err = errors.Join(st.open.err, err)
 		}
@@ -262,7 +265,7 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 	var contentType string
 	copied := fw.into != nil && len(dst) > 0 // read into dst by the engine
 	if copied {
-		contentType = wire.Get(dst, "Content-Type")
+		contentType = answerType(dst, fw.list)
 	} else {
 		conn, contentType, copied = copyAnswerHeader(dst, res.Header, f.keyed == nil)
 	}
@@ -346,6 +349,22 @@ func (g *Gateway) forwardDirect(w http.ResponseWriter, rc *http.ResponseControll
 			dst.Add(k, v)
 		}
 	}
+}
+
+// answerType is the Content-Type of an answer read into h: found in the
+// list of h's fields the engine made (AnswerFields), if it made one, by a
+// few comparisons of names where a lookup in h cost about 120
+// instructions.
+func answerType(h http.Header, list *wire.Fields) string {
+	if list == nil || len(*list) != len(h) {
+		return wire.Get(h, "Content-Type")
+	}
+	for _, f := range *list {
+		if f.Name == "Content-Type" {
+			return wire.First(f.Values)
+		}
+	}
+	return ""
 }
 
 // copyAnswerHeader copies the answer's header src into the client's dst,
@@ -446,8 +465,9 @@ func (g *Gateway) copyAnswer(w http.ResponseWriter, rc *http.ResponseController,
 type directHooks struct {
 	w      http.ResponseWriter
 	f      *forward
-	http10 bool        // the client speaks HTTP/1.0, which has no 1xx
-	into   http.Header // the client's header, empty, for the answer's (AnswerHeader); nil: none
+	http10 bool         // the client speaks HTTP/1.0, which has no 1xx
+	into   http.Header  // the client's header, empty, for the answer's (AnswerHeader); nil: none
+	list   *wire.Fields // the client's answer's list of into's fields (AnswerFields); nil: none
 }
 
 var _ engine.Hooks = (*directHooks)(nil)
@@ -455,6 +475,10 @@ var _ engine.Hooks = (*directHooks)(nil)
 // AnswerHeader: the client's header, for the answer's fields, if it is
 // the forward's to fill.
 func (d *directHooks) AnswerHeader() http.Header { return d.into }
+
+// AnswerFields: the list of the client's answer (framing.Verdict.Answer),
+// for the fields read into AnswerHeader's map, if it has one.
+func (d *directHooks) AnswerFields() *wire.Fields { return d.list }
 
 // WroteHeaders: the request left, and a failure from now on leaves the
 // outcome unknown.

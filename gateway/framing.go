@@ -150,7 +150,7 @@ func (g *Gateway) framing(next http.Handler) http.Handler {
 		if v.TLS != nil && r.TLS == nil {
 			r.TLS = v.TLS // r is st.req, the gateway's own copy
 		}
-		st.scope.sent = v.Fields
+		st.scope.sent, st.scope.answer = v.Fields, v.Answer
 		next.ServeHTTP(w, r)
 	})
 }

@@ -138,6 +138,9 @@ type scope struct {
 	// them, where the listener's own loop parsed its head
 	// (framing.Verdict.Fields); nil otherwise.
 	sent []wire.Field
+	// answer is the list the request's answer's fields may be listed in,
+	// beside its header map (framing.Verdict.Answer); nil: none.
+	answer *wire.Fields
 }
 
 // sentFields is s.sent; nil for a nil scope.
@@ -146,6 +149,14 @@ func (s *scope) sentFields() []wire.Field {
 		return nil
 	}
 	return s.sent
+}
+
+// answerFields is s.answer; nil for a nil scope.
+func (s *scope) answerFields() *wire.Fields {
+	if s == nil {
+		return nil
+	}
+	return s.answer
 }
 
 // Done is the request's context's Done.

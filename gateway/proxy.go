@@ -76,6 +76,9 @@ type forward struct {
 	tokenText [20]byte
 	// fields is what the forward asks of the client's header (writefields.go).
 	fields forwardFields
+	// answer is the list the client's answer's fields may be listed in
+	// beside its header (framing.Verdict.Answer); nil: none.
+	answer *wire.Fields
 }
 
 // setUpstreamURL is pr.SetURL(upstream). For an upstream named by its
@@ -269,7 +272,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	// The write's state, with its response controller and its body's
 	// guard (the rest is set once it is admitted).
 	f := newForward(sc)
-	f.fields = wf.forward
+	f.fields, f.answer = wf.forward, sc.answerFields()
 	f.rc = *http.NewResponseController(w)
 	// The write deadline set below is lifted by net/http itself once the
 	// answer is flushed (not earlier: the flush is bounded too).

@@ -231,6 +231,13 @@ type Hooks interface {
 	// common answer is read into it (read.go, readHead); any other has a
 	// map of its own, with its hop-by-hop fields, and leaves it empty.
 	AnswerHeader() http.Header
+	// AnswerFields is a list the fields read into AnswerHeader's map may
+	// also be listed in, in the order of the answer's head, each name
+	// once with the map's values, or nil. The engine lists them for the
+	// common answer (known names, none repeated, none hop-by-hop) and
+	// leaves it empty otherwise: a writer of the answer's head then walks
+	// the list, not the map.
+	AnswerFields() *wire.Fields
 }
 
 // Exchange writes req, whose header is fields (req.Header is not read)
@@ -260,7 +267,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, fields wire
 		return nil, err
 	}
 	c.setDeadline(deadline)
-	c.into = hooks.AnswerHeader()
+	c.into, c.intoList = hooks.AnswerHeader(), hooks.AnswerFields()
 	// A context that ends unblocks the connection's I/O at once. (No
 	// cheaper registration that keeps the abort immediate was found: a
 	// watcher goroutine per connection would cost the goroutine switches
@@ -416,7 +423,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, fields wire
 			return fail(err)
 		}
 	}
-	c.limit, c.into = -1, nil
+	c.limit, c.into, c.intoList = -1, nil, nil
 	b := &c.body
 	*b = engineBody{e: e, c: c, rc: resp.Body, stop: stop, reuse: !resp.Close && !req.Close && !broken}
 	switch resp.Body {
@@ -433,7 +440,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, fields wire
 // it: ctx (its cause) or the deadline (context.DeadlineExceeded).
 func (c *engineConn) failed(ctx context.Context, stop func() bool, deadline time.Time, err error) error {
 	stop()
-	c.into = nil
+	c.into, c.intoList = nil, nil
 	_ = c.nc.Close()
 	switch {
 	case ctx.Err() != nil:
@@ -643,11 +650,12 @@ type engineConn struct {
 	// with hooks (one per connection, not one per request).
 	trace     context.Context
 	wroteHead bool
-	abort     func()      // fails blocked I/O on nc at once (made once)
-	host      []byte      // the Host line of its requests (write.go)
-	hdr       http.Header // the header of the answer being read (header)
-	into      http.Header // the exchange's hooks' map for the final answer's header, if any (AnswerHeader)
-	infos     int         // the exchange's 1xx answers so far (heard1xx)
+	abort     func()       // fails blocked I/O on nc at once (made once)
+	host      []byte       // the Host line of its requests (write.go)
+	hdr       http.Header  // the header of the answer being read (header)
+	into      http.Header  // the exchange's hooks' map for the final answer's header, if any (AnswerHeader)
+	intoList  *wire.Fields // the list of into's fields, if any (AnswerFields)
+	infos     int          // the exchange's 1xx answers so far (heard1xx)
 	// rec holds the bytes read while recording (readAnswer: a head read
 	// by ReadResponse), whose Connection field ReadResponse may take out.
 	rec       []byte

@@ -26,6 +26,8 @@ type hooksSeen struct {
 func (h *hooksSeen) WroteHeaders() { h.wrote = true }
 
 func (*hooksSeen) AnswerHeader() http.Header { return nil }
+
+func (*hooksSeen) AnswerFields() *wire.Fields { return nil }
 func (h *hooksSeen) Got1xx(code int, _ textproto.MIMEHeader) error {
 	h.info = append(h.info, code)
 	return nil

@@ -54,10 +54,10 @@ import (
 // c.br. Its Header keeps its Connection field (above).
 func readAnswer(c *engineConn, req *http.Request) (*http.Response, error) {
 	if c.into != nil {
-		if resp := readHead(c.br, req, c.into, true); resp != nil {
+		if resp := readHead(c.br, req, c.into, c.intoList, true); resp != nil {
 			return resp, nil
 		}
-	} else if resp := readHead(c.br, req, c.header(), false); resp != nil {
+	} else if resp := readHead(c.br, req, c.header(), nil, false); resp != nil {
 		return resp, nil
 	}
 	buffered, _ := c.br.Peek(c.br.Buffered()) // where the head begins
@@ -96,7 +96,7 @@ func connectionField(b []byte) []string {
 // map. hop: the answer's hop-by-hop fields are removed from it, and those
 // its Connection field names (wire.RemoveHopByHop), as a proxy removes
 // them before the answer goes on; else they are kept.
-func readHead(br *bufio.Reader, req *http.Request, hdr http.Header, hop bool) *http.Response {
+func readHead(br *bufio.Reader, req *http.Request, hdr http.Header, list *wire.Fields, hop bool) *http.Response {
 	var h headScan
 	if br.Buffered() == 0 { // as it is when an answer is awaited: no scan of nothing
 		if _, err := br.Peek(1); err != nil {
@@ -154,17 +154,31 @@ func readHead(br *bufio.Reader, req *http.Request, hdr http.Header, hop bool) *h
 		clear(hdr)
 	}
 	var pragma, connection, hopField bool
+	if list != nil {
+		*list = (*list)[:0] // filled below for the common answer only
+	}
 	if h.distinct && h.fields <= len(h.lines) {
 		// Known names, none repeated (the common answer's): each is its
 		// key, and which fields the head has is in h.seen. The general
 		// loop (readFields) cost 70 instructions a field more.
+		connection = h.seen&(1<<nameConnection) != 0
+		hopField = connection || h.seen&(1<<nameKeepAlive) != 0
+		var listed wire.Fields // nil: not listed
+		if list != nil && !(hop && hopField) {
+			listed = *list
+		}
 		for i := range h.fields {
 			l := &h.lines[i]
 			vals[i] = head[l.value:l.valueEnd]
-			hdr[knownNames[l.known]] = vals[i : i+1 : i+1]
+			name, vv := knownNames[l.known], vals[i:i+1:i+1]
+			hdr[name] = vv
+			if listed != nil {
+				listed = append(listed, wire.Field{Name: name, Values: vv})
+			}
 		}
-		connection = h.seen&(1<<nameConnection) != 0
-		hopField = connection || h.seen&(1<<nameKeepAlive) != 0
+		if listed != nil {
+			*list = listed
+		}
 	} else {
 		pragma, connection, hopField = readFields(head, &h, hdr, vals)
 	}

@@ -5,11 +5,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/textproto"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -112,7 +114,7 @@ func checkReadAnswer(t *testing.T, name string, input []byte, method string, chu
 	gc := feedEngineConn(input, chunk, maxHead)
 	// Into a lent map, as the engine's, that held the last answer's header.
 	lent := http.Header{"Content-Type": {"text/last"}, "X-Last": {"1"}}
-	got := readHead(gc.br, req, lent, false)
+	got := readHead(gc.br, req, lent, nil, false)
 	if got == nil {
 		// The fallback reads the same answer from the same reader.
 		gc.hdr = lent
@@ -155,9 +157,13 @@ func checkReadAnswer(t *testing.T, name string, input []byte, method string, chu
 	// the fields a proxy removes: ReadResponse's, then the gateway's
 	// removal.
 	hc := feedEngineConn(input, chunk, maxHead)
-	hopped := readHead(hc.br, req, http.Header{"X-Last": {"1"}}, true)
+	list := wire.Fields{{Name: "X-Last", Values: []string{"1"}}} // the last answer's
+	hopped := readHead(hc.br, req, http.Header{"X-Last": {"1"}}, &list, true)
 	if hopped == nil {
 		t.Fatalf("case %s: readHead steps aside when it removes the hop-by-hop fields, not otherwise", name)
+	}
+	if diff := listDiff(list, hopped.Header, string(input)); diff != "" {
+		t.Fatalf("case %s: for %q the answer's list of fields %+v differs from its header %v: %s", name, truncate(string(input), 300), list, hopped.Header, diff)
 	}
 	stripped := want.Header.Clone()
 	wire.RemoveHopByHop(stripped)
@@ -400,7 +406,7 @@ func TestReadAnswerReadsTheCommonCaseAndOutlivesTheConnection(t *testing.T) {
 	second := "HTTP/1.1 201 Created\r\nContent-Type: text/other\r\nX-Id: secnd\r\nContent-Length: 0\r\n\r\n"
 	c := feedEngineConn([]byte(first+second), 0, 10<<20)
 	req := &http.Request{Method: "POST"}
-	res := readHead(c.br, req, c.header(), false)
+	res := readHead(c.br, req, c.header(), nil, false)
 	if res == nil {
 		t.Fatal("readHead left a common answer to ReadResponse")
 	}
@@ -409,7 +415,7 @@ func TestReadAnswerReadsTheCommonCaseAndOutlivesTheConnection(t *testing.T) {
 		t.Fatalf("body %q %v", r.data, r.err)
 	}
 	xid, ct := res.Header["X-Id"], res.Header["Content-Type"]
-	if res2 := readHead(c.br, req, c.header(), false); res2 == nil || res2.StatusCode != 201 || res2.Header.Get("X-Id") != "secnd" {
+	if res2 := readHead(c.br, req, c.header(), nil, false); res2 == nil || res2.StatusCode != 201 || res2.Header.Get("X-Id") != "secnd" {
 		t.Fatalf("the second answer: %v", res2)
 	}
 	c.br.Reset(strings.NewReader(strings.Repeat("Z", 4096)))
@@ -435,7 +441,7 @@ func TestReadAnswerReadsCommonHeads(t *testing.T) {
 	} {
 		for _, chunk := range []int{0, 1, 9} {
 			c := feedEngineConn([]byte(s), chunk, 10<<20)
-			if readHead(c.br, &http.Request{Method: "GET"}, nil, false) == nil {
+			if readHead(c.br, &http.Request{Method: "GET"}, nil, nil, false) == nil {
 				t.Errorf("readHead left %q (in pieces of %d) to ReadResponse", truncate(s, 80), chunk)
 			}
 		}
@@ -496,7 +502,7 @@ func BenchmarkReadAnswer(b *testing.B) {
 		name string
 		read func() *http.Response
 	}{
-		{"readHead", func() *http.Response { return readHead(br, req, lent, false) }},
+		{"readHead", func() *http.Response { return readHead(br, req, lent, nil, false) }},
 		{"ReadResponse", func() *http.Response { res, _ := http.ReadResponse(br, req); return res }},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
@@ -575,5 +581,64 @@ func TestInformationalAnswersAreBounded(t *testing.T) {
 				t.Fatalf("%d 1xx answers went to the hooks", len(heard.info))
 			}
 		})
+	}
+}
+
+// listDiff says how list, the fields readHead listed for an answer it read
+// into h from head, differs from h: empty, or each of h's names once, in
+// the order the head's lines name them, with the map's own values.
+func listDiff(list wire.Fields, h http.Header, head string) string {
+	if len(list) == 0 {
+		return ""
+	}
+	if len(list) != len(h) {
+		return fmt.Sprintf("%d listed, %d in the map", len(list), len(h))
+	}
+	var order []string
+	for _, line := range strings.Split(head[:strings.Index(head, "\r\n\r\n")], "\r\n")[1:] {
+		if name, _, ok := strings.Cut(line, ":"); ok {
+			if k := textproto.CanonicalMIMEHeaderKey(name); !slices.Contains(order, k) {
+				order = append(order, k)
+			}
+		}
+	}
+	for i, f := range list {
+		vv := h[f.Name]
+		if i >= len(order) || order[i] != f.Name {
+			return fmt.Sprintf("%q listed %d, the head names %q", f.Name, i, order)
+		}
+		if !slices.Equal(f.Values, vv) || len(vv) > 0 && &vv[0] != &f.Values[0] {
+			return fmt.Sprintf("%q listed with %q, the map has %q (or another array)", f.Name, f.Values, vv)
+		}
+	}
+	return ""
+}
+
+// The common answer (known names, none repeated, none hop-by-hop) is
+// listed; one with a hop-by-hop field, or a repeated or unknown name, is not.
+func TestReadHeadListsTheCommonAnswer(t *testing.T) {
+	for _, c := range []struct {
+		head   string
+		listed int
+	}{
+		{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\nDate: Mon, 01 Jan 2024 00:00:00 GMT\r\n\r\nok", 3},
+		{"HTTP/1.1 201 Created\r\nDate: x\r\nLocation: /a\r\nContent-Length: 0\r\n\r\n", 3},
+		{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok", 0},
+		{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nKeep-Alive: timeout=5\r\n\r\nok", 0},
+		{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Own: 1\r\n\r\nok", 0},
+		{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nVary: a\r\nVary: b\r\n\r\nok", 0},
+	} {
+		c0 := feedEngineConn([]byte(c.head), len(c.head), 0)
+		list := make(wire.Fields, 1, 4) // the last answer's, to be dropped
+		res := readHead(c0.br, &http.Request{Method: "POST"}, http.Header{}, &list, true)
+		if res == nil {
+			t.Fatalf("%q: not read", c.head)
+		}
+		if len(list) != c.listed {
+			t.Errorf("%q: %d fields listed, want %d", c.head, len(list), c.listed)
+		}
+		if diff := listDiff(list, res.Header, c.head); diff != "" {
+			t.Errorf("%q: %s", c.head, diff)
+		}
 	}
 }

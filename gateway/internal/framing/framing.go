@@ -90,6 +90,13 @@ type Verdict struct {
 	// only while nothing changed the map: compare their count with its
 	// length before taking them for it.
 	Fields []wire.Field
+	// Answer, for a head the own loop parsed itself, is a list the fields
+	// a handler's answer has in its header map may also be listed in, in
+	// the order they are to be walked, each name once with the map's
+	// values: the answer's head then walks the list rather than the map,
+	// while the two have as many names (nil for any other head). Whoever
+	// fills it keeps it the map's, or empties it.
+	Answer *wire.Fields
 }
 
 // Check takes the scanned head of r, the request being served, and judges
@@ -112,7 +119,7 @@ func Check(r *http.Request) (v Verdict, scanned bool) {
 	}
 	v.TLS = tlsState
 	if v.Field == "" {
-		v.Fields = h.fields
+		v.Fields, v.Answer = h.fields, h.answer
 	}
 	return v, true
 }

@@ -387,7 +387,9 @@ func (c *ownConn) settleHead(lead []byte, take bool) {
 	fc.mu.Lock()
 	defer fc.mu.Unlock()
 	if take && c.lean != nil {
-		fc.scan.takeHead(lead, rest, len(c.head), c.leanStore.scanned(), c.lean.Method == http.MethodPost)
+		h := c.leanStore.scanned()
+		h.answer = &c.resp.answer
+		fc.scan.takeHead(lead, rest, len(c.head), h, c.lean.Method == http.MethodPost)
 		return
 	}
 	fc.scan.release(lead, rest)

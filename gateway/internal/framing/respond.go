@@ -59,6 +59,10 @@ type response struct {
 	contentLength int64 // declared by the handler, -1 if not
 	written       int64
 	trailers      []string // declared in Trailer
+	// answer lists header's fields when its filler listed them
+	// (Verdict.Answer): taken for the header while the two have as many
+	// names. Its storage is kept for the connection's next answer.
+	answer wire.Fields
 
 	w      *bufio.Writer // the body before its head is decided (net/http's 2048 bytes)
 	bodies requestBody   // the request's body, reused
@@ -78,8 +82,12 @@ func (w *response) reset(c *ownConn, req *http.Request) {
 	if bw == nil {
 		bw = bufio.NewWriterSize(chunkWriter{w}, bufferBeforeChunking)
 	}
+	answer := w.answer[:0]
+	if answer == nil {
+		answer = make(wire.Fields, 0, answerListed)
+	}
 	*w = response{c: c, req: req, header: hdr, contentLength: -1, w: bw, trailers: w.trailers[:0],
-		closeWanted: wantsClose(req, &c.leanStore)}
+		closeWanted: wantsClose(req, &c.leanStore), answer: answer}
 	if req.ContentLength > 0 {
 		w.bodies = requestBody{r: c.br, n: req.ContentLength}
 		w.body = &w.bodies
@@ -114,8 +122,15 @@ func (w *response) WriteHeader(code int) {
 	// it is the header as it is now (net/http's snapshot, taken before an
 	// invalid Content-Length is dropped from the handler's header).
 	h := w.header
-	var fields [16]wire.Field // a header of more fields is listed on the heap
-	facts, list := factsOf(h, fields[:0])
+	var facts headFacts
+	var list wire.Fields
+	if a := w.answer; len(a) > 0 && len(a) == len(h) {
+		facts, list = factsOfList(a), a // sorted in place for the head: it is this answer's
+	} else {
+		var fields [16]wire.Field // a header of more fields is listed on the heap
+		facts, list = factsOf(h, fields[:0])
+	}
+	w.answer = w.answer[:0] // the header's from here on, whatever changes it
 	later := bodyAllowedForStatus(code) && facts.te == "" &&
 		(!facts.haveType && facts.contentEncoding == "" || facts.contentLength == "" && !facts.haveTrailer && !facts.trailerPrefix)
 	if later {
@@ -154,14 +169,33 @@ type headFacts struct {
 	trailerPrefix                                  bool // a name with http.TrailerPrefix
 }
 
+// answerListed is the capacity of a connection's list of answer fields
+// (response.answer): an answer of more is listed on the heap.
+const answerListed = 16
+
 // factsOf reads h's facts, and lists its fields after those of list if
 // list is not nil (unsorted).
 func factsOf(h http.Header, list wire.Fields) (headFacts, wire.Fields) {
-	var f headFacts
+	listed := list
+	if listed == nil {
+		var fields [16]wire.Field // a header of more fields is listed on the heap
+		listed = fields[:0]
+	}
 	for k, vv := range h {
-		if list != nil {
-			list = append(list, wire.Field{Name: k, Values: vv})
-		}
+		listed = append(listed, wire.Field{Name: k, Values: vv})
+	}
+	f := factsOfList(listed)
+	if list == nil {
+		return f, nil
+	}
+	return f, listed
+}
+
+// factsOfList reads the facts of a header listed as fs.
+func factsOfList(fs wire.Fields) headFacts {
+	var f headFacts
+	for i := range fs {
+		k, vv := fs[i].Name, fs[i].Values
 		switch k {
 		case "Transfer-Encoding":
 			f.te, f.haveTE = wire.First(vv), true
@@ -183,7 +217,7 @@ func factsOf(h http.Header, list wire.Fields) (headFacts, wire.Fields) {
 			}
 		}
 	}
-	return f, list
+	return f
 }
 
 func (w *response) Write(p []byte) (int, error) {

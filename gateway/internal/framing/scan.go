@@ -28,6 +28,9 @@ type head struct {
 	// request's header holds them (leanRequest.fields); nil if not lean or
 	// not all listed.
 	fields []wire.Field
+	// answer: for a lean head, the list its answer's fields may be listed
+	// in (response.answer); nil otherwise.
+	answer *wire.Fields
 }
 
 // Flags of head.
