@@ -141,9 +141,14 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, h *wire.Fields, f *forward,
 		h.DelFunc(forwardingHeader)
 	}
 	// The fields the gateway sets are not in h now: each is added, not
-	// set (Set looks for the name first: 450 instructions a write).
-	// What ProxyRequest.SetXForwarded sets (the client-sent ones were
-	// dropped above).
+	// set (Set looks for the name first: 450 instructions a write), in
+	// the order of their names, which the head is sorted in (wire.Fields.Sort
+	// moves each past the names before it that sort after it): the
+	// fencing fields, then what ProxyRequest.SetXForwarded sets (the
+	// client-sent ones were dropped above).
+	vals[2], vals[3] = f.token, f.permit.Lease.Resource
+	h.Add(HeaderResource, vals[3:4:4])
+	h.Add(HeaderToken, vals[2:3:3])
 	if ip, ok := remoteIP(pr.In.RemoteAddr); ok {
 		vals[0] = ip
 		h.Add("X-Forwarded-For", vals[0:1:1])
@@ -162,9 +167,6 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest, h *wire.Fields, f *forward,
 	// Trailer fields go on under the same rules (trailers.go), announced
 	// and copied in at the body's end.
 	g.forwardTrailer(pr.Out, pr.In, f.name)
-	vals[2], vals[3] = f.token, f.permit.Lease.Resource
-	h.Add(HeaderToken, vals[2:3:3])
-	h.Add(HeaderResource, vals[3:4:4])
 	// With authentication the client's Authorization is its key at
 	// the gateway, not a credential for the upstream.
 	if f.live.auth != nil {

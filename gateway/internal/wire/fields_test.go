@@ -212,21 +212,21 @@ func BenchmarkWriteSortedManyFields(b *testing.B) {
 }
 
 // upstreamHead is the header of a fenced write's request upstream, as
-// the gateway builds it: the client's fields (Go's client, in one of a
-// map's orders) then the gateway's own, User-Agent and Content-Length
+// the gateway builds it: the client's fields (in the order Go's client
+// sends them) then the gateway's own (in the order it adds them), User-Agent and Content-Length
 // among them but written by the engine, not from the list.
 func upstreamHead() Fields {
 	var fs Fields
 	for _, kv := range [][2]string{
 		{"User-Agent", "Go-http-client/1.1"},
-		{"Content-Type", "application/octet-stream"},
 		{"Content-Length", "200"},
+		{"Content-Type", "application/octet-stream"},
 		{"Accept-Encoding", "gzip"},
+		{"Fencing-Resource", "orders/eu-west/42"},
+		{"Fencing-Token", "18446744073709551"},
 		{"X-Forwarded-For", "127.0.0.1"},
 		{"X-Forwarded-Host", "127.0.0.1:8080"},
 		{"X-Forwarded-Proto", "http"},
-		{"Fencing-Token", "18446744073709551"},
-		{"Fencing-Resource", "orders/eu-west/42"},
 		{"Traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
 	} {
 		fs.Add(kv[0], []string{kv[1]})

@@ -54,19 +54,20 @@ func WriteFields(w *bufio.Writer, h http.Header, exclude []string) {
 func writeLines(w *bufio.Writer, fields Fields, exclude []string) {
 	ex := exclusionOf(exclude)
 	b := w.AvailableBuffer()
-	for _, f := range fields {
-		if ex.has(f.Name) || !ValidName(f.Name) {
+	for i := range fields {
+		name, values := fields[i].Name, fields[i].Values // not the field copied: 40 bytes a field
+		if ex.has(name) || !ValidName(name) {
 			continue // WriteSubset drops an invalid name: a handler has no error to hear
 		}
-		for _, v := range f.Values {
+		for _, v := range values {
 			if !plain(v) { // Value, without a call for a plain value
 				v = Value(v)
 			}
-			if len(f.Name)+len(v)+4 > cap(b)-len(b) {
-				b = writeLine(w, b, f.Name, v)
+			if len(name)+len(v)+4 > cap(b)-len(b) {
+				b = writeLine(w, b, name, v)
 				continue
 			}
-			b = append(b, f.Name...)
+			b = append(b, name...)
 			b = append(b, ": "...)
 			b = append(b, v...)
 			b = append(b, "\r\n"...)
