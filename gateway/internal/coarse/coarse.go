@@ -39,19 +39,33 @@ func Deadline(t time.Time) (time.Time, int64) {
 
 // rounded is t, due in left, rounded up.
 func rounded(t time.Time, left time.Duration) (time.Time, int64) {
-	ns := t.UnixNano()
+	up, ns := grid(t, left)
+	return at(t, up, ns), up
+}
+
+// grid is t's Unix nanoseconds rounded up to the grid for a deadline due
+// in left, and t's own.
+func grid(t time.Time, left time.Duration) (up, ns int64) {
+	ns = t.UnixNano()
 	left /= 64
 	if left < time.Microsecond {
-		return t, ns
+		return ns, ns
 	}
 	step := int64(1) << (bits.Len64(uint64(left)) - 1)
 	if step > maxStep {
 		step = maxStep
 	}
-	up := (ns + step - 1) &^ (step - 1)
+	return (ns + step - 1) &^ (step - 1), ns
+}
+
+// at is t moved to up, t's Unix nanoseconds being ns.
+func at(t time.Time, up, ns int64) time.Time {
+	if up == ns {
+		return t
+	}
 	// Add keeps t's monotonic reading: the runtime measures the time left
 	// by it, as it would t's.
-	return t.Add(time.Duration(up - ns)), up
+	return t.Add(time.Duration(up - ns))
 }
 
 // Socket is what a connection's holder knows of the deadline on one of its
@@ -59,7 +73,8 @@ func rounded(t time.Time, left time.Duration) (time.Time, int64) {
 // that the next is set only when it rounds to another. The zero Socket is a
 // socket with no deadline.
 type Socket struct {
-	ns int64 // the deadline's Unix nanoseconds; 0: none; unknown: see Forget
+	ns int64     // the deadline's Unix nanoseconds; 0: none; unknown: see Forget
+	t  time.Time // the deadline set with ns (zero with 0)
 }
 
 // unknown is Socket.ns once a deadline was set on the socket past it: no
@@ -70,14 +85,20 @@ const unknown = -1 << 63
 // SetDeadline, SetReadDeadline or SetWriteDeadline), unless nc has it
 // already; it returns the deadline nc has then.
 func (s *Socket) Set(nc net.Conn, set func(net.Conn, time.Time) error, t time.Time) (time.Time, error) {
-	t, ns := Deadline(t)
-	if ns == s.ns {
-		return t, nil
+	var up, ns int64
+	if !t.IsZero() {
+		up, ns = grid(t, time.Until(t))
 	}
+	if up == s.ns {
+		// The deadline the socket has: no new time made (time.Time.Add,
+		// about 75 instructions, three times a fenced write).
+		return s.t, nil
+	}
+	t = at(t, up, ns)
 	if err := set(nc, t); err != nil {
 		return t, err
 	}
-	s.ns = ns
+	s.ns, s.t = up, t
 	return t, nil
 }
 

@@ -84,8 +84,19 @@ func TestSocketSetsOnlyChanges(t *testing.T) {
 	var s Socket
 	at := time.Now().Add(time.Minute)
 	for i := range 10 {
-		if _, err := s.Set(a, set, at.Add(time.Duration(i)*time.Microsecond)); err != nil {
+		want := at.Add(time.Duration(i) * time.Microsecond)
+		got, err := s.Set(a, set, want)
+		if err != nil {
 			t.Fatal(err)
+		}
+		// The deadline the socket has, whether set now or before: the
+		// one Deadline rounds this one to, or one step of the grid below
+		// it if the step shrank meanwhile, never before the one asked.
+		if late := got.Sub(want); late < 0 || late >= time.Minute/64 {
+			t.Fatalf("deadline %d: the socket has %v, %v after the one asked", i, got, late)
+		}
+		if d, ns := Deadline(want); ns == s.ns && !d.Equal(got) {
+			t.Fatalf("deadline %d: Set says %v, Deadline %v", i, got, d)
 		}
 	}
 	if sets > 2 {
