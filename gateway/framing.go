@@ -150,7 +150,7 @@ func (g *Gateway) framing(next http.Handler) http.Handler {
 		if v.TLS != nil && r.TLS == nil {
 			r.TLS = v.TLS // r is st.req, the gateway's own copy
 		}
-		st.scope.sent, st.scope.answer = v.Fields, v.Answer
+		st.scope.sent, st.scope.answer, st.scope.neverDone = v.Fields, v.Answer, v.NeverDone
 		next.ServeHTTP(w, r)
 	})
 }

@@ -134,6 +134,9 @@ type scope struct {
 	// context of Go's server makes its channel when first asked for it.
 	done     <-chan struct{}
 	doneOnce sync.Once
+	// neverDone: the parent's Done is known to be nil
+	// (framing.Verdict.NeverDone), set before the scope is shared.
+	neverDone bool
 	// sent is the request's header fields in the order the client sent
 	// them, where the listener's own loop parsed its head
 	// (framing.Verdict.Fields); nil otherwise.
@@ -161,6 +164,9 @@ func (s *scope) answerFields() *wire.Fields {
 
 // Done is the request's context's Done.
 func (s *scope) Done() <-chan struct{} {
+	if s.neverDone {
+		return nil
+	}
 	s.doneOnce.Do(s.findDone)
 	return s.done
 }

@@ -97,6 +97,11 @@ type Verdict struct {
 	// while the two have as many names (nil for any other head). Whoever
 	// fills it keeps it the map's, or empties it.
 	Answer *wire.Fields
+	// NeverDone: the request's context is never cancelled, its Done nil
+	// (a head the own loop parsed itself, on a connection whose base
+	// context has no end), known without asking it: the question walks
+	// the context's layers of values.
+	NeverDone bool
 }
 
 // Check takes the scanned head of r, the request being served, and judges
@@ -119,7 +124,7 @@ func Check(r *http.Request) (v Verdict, scanned bool) {
 	}
 	v.TLS = tlsState
 	if v.Field == "" {
-		v.Fields, v.Answer = h.fields, h.answer
+		v.Fields, v.Answer, v.NeverDone = h.fields, h.answer, h.neverDone
 	}
 	return v, true
 }

@@ -204,6 +204,7 @@ type ownConn struct {
 	we errWriter // what bw writes to: the connection, noting a failed write
 
 	ctx        context.Context // every request's (no per-request cancellation: see serve)
+	neverDone  bool            // ctx's Done is nil: no request of the connection is ever cancelled
 	remoteAddr string
 	template   http.Request  // a request with ctx and remoteAddr: the lean parse's start (head.go)
 	head       []byte        // the head mine took, in br's buffer until br reads again
@@ -250,7 +251,7 @@ func (c *ownConn) serve() {
 		ctx = srv.ConnContext(ctx, fc)
 	}
 	ctx = context.WithValue(ctx, ownConnKey{}, c) // for WatchClient
-	c.ctx = ctx
+	c.ctx, c.neverDone = ctx, ctx.Done() == nil
 	// One context for every request of the connection: no per-request
 	// cancellation, and no background read to tell a client gone (the
 	// fenced write runs to its end without it, docs/design.md).
@@ -388,7 +389,7 @@ func (c *ownConn) settleHead(lead []byte, take bool) {
 	defer fc.mu.Unlock()
 	if take && c.lean != nil {
 		h := c.leanStore.scanned()
-		h.answer = &c.resp.answer
+		h.answer, h.neverDone = &c.resp.answer, c.neverDone
 		fc.scan.takeHead(lead, rest, len(c.head), h, c.lean.Method == http.MethodPost)
 		return
 	}

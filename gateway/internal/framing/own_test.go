@@ -197,6 +197,42 @@ func TestCheckListsTheFieldsOfTheLoopsHeads(t *testing.T) {
 	}
 }
 
+// Check says a lean head's request is never cancelled only when its
+// context has no Done: not on a server whose base context can end, nor
+// for a request Go's server serves.
+func TestCheckNeverDoneOnlyWithoutDone(t *testing.T) {
+	for _, cancellable := range []bool{false, true} {
+		var mu sync.Mutex
+		var seen []string
+		handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			v, _ := Check(r)
+			_, _ = io.Copy(io.Discard, r.Body)
+			mu.Lock()
+			seen = append(seen, fmt.Sprintf("%s never=%v done=%v", r.URL.Path, v.NeverDone, r.Context().Done() == nil))
+			mu.Unlock()
+		})
+		base, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		addr, _, _ := serveBoth(t, handler, takesOwn, func(srv *http.Server) {
+			if cancellable {
+				srv.BaseContext = func(net.Listener) context.Context { return base }
+			}
+		})
+		exchangeAll(t, addr, []byte("POST /own/a HTTP/1.1\r\nHost: x\r\n\r\n"))
+		exchangeAll(t, addr, []byte("GET /go HTTP/1.1\r\nHost: x\r\n\r\n"))
+		want := "/own/a never=true done=true\n/go never=false done=false"
+		if cancellable {
+			want = "/own/a never=false done=false\n/go never=false done=false"
+		}
+		mu.Lock()
+		got := strings.Join(seen, "\n")
+		mu.Unlock()
+		if got != want {
+			t.Errorf("base context cancellable %v: the handler saw\n%s\nwant\n%s", cancellable, got, want)
+		}
+	}
+}
+
 // A request the loop refuses before any handler (a header Go's server
 // refuses) gets Go's answer, as the gateway's refusal replaces it.
 func TestOwnLoopRefusesWhatGoRefuses(t *testing.T) {

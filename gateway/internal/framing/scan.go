@@ -31,6 +31,9 @@ type head struct {
 	// answer: for a lean head, the list its answer's fields may be listed
 	// in (response.answer); nil otherwise.
 	answer *wire.Fields
+	// neverDone: for a lean head, its request's context is never
+	// cancelled (its Done is nil).
+	neverDone bool
 }
 
 // Flags of head.
