@@ -104,6 +104,28 @@ type Verdict struct {
 	NeverDone bool
 }
 
+// VerifyLists, set by tests before any request, has every list of fields
+// taken for its header map (Verdict.Fields by the handler, Verdict.Answer
+// by the answer's head) checked against the map first, name by name, and
+// panic if they differ: the count the road compares cannot see a value
+// replaced in place, and the tests of every handler then would.
+var VerifyLists bool
+
+// SameFields reports whether fs lists h: each of h's names once, with the
+// map's own values (the same array).
+func SameFields(fs []wire.Field, h http.Header) bool {
+	if len(fs) != len(h) {
+		return false
+	}
+	for _, f := range fs {
+		vv, ok := h[f.Name]
+		if !ok || len(vv) != len(f.Values) || len(vv) > 0 && &vv[0] != &f.Values[0] {
+			return false
+		}
+	}
+	return true
+}
+
 // Check takes the scanned head of r, the request being served, and judges
 // its framing. scanned is false if r did not come through a Listener (a
 // test server, an embedder): then nothing was scanned, v is zero, and only

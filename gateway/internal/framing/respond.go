@@ -125,6 +125,9 @@ func (w *response) WriteHeader(code int) {
 	var facts headFacts
 	var list wire.Fields
 	if a := w.answer; len(a) > 0 && len(a) == len(h) {
+		if VerifyLists && !SameFields(a, h) {
+			panic(fmt.Sprintf("framing: the answer's list %v is not its header %v", a, h))
+		}
 		facts, list = factsOfList(a), a // sorted in place for the head: it is this answer's
 	} else {
 		var fields [16]wire.Field // a header of more fields is listed on the heap
