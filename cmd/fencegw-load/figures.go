@@ -17,6 +17,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"runtime/debug"
@@ -147,6 +148,10 @@ func runFigures(ctx context.Context, o options, args []string, out io.Writer) er
 	}
 	fmt.Fprintln(out, "wrote "+o.figures)
 	fmt.Fprintln(out, f.Render())
+	if !rendersDocs(o.figures) {
+		fmt.Fprintln(out, "not rendered into "+strings.Join(figureDocs, " and ")+": "+o.figures+" is not docs/figures.json, whose numbers they quote (a trial run)")
+		return nil
+	}
 	for _, doc := range figureDocs {
 		if err := f.renderInto(doc); err != nil {
 			return err
@@ -157,6 +162,19 @@ func runFigures(ctx context.Context, o options, args []string, out io.Writer) er
 }
 
 func µs(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// rendersDocs reports whether a run that wrote its figures to path renders
+// them into figureDocs: only when path is the repository's own
+// docs/figures.json, whose numbers the docs must quote (TestDocsQuoteOnlyTheFigures).
+// A run that writes them elsewhere is a trial, and leaves the docs as they are.
+func rendersDocs(path string) bool {
+	a, err := os.Stat(path)
+	if err != nil {
+		return false
+	}
+	b, err := os.Stat(filepath.Join("docs", "figures.json"))
+	return err == nil && os.SameFile(a, b)
+}
 
 // figureDocs are the docs that hold the rendered table, relative to the
 // repository's root.

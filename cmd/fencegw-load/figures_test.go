@@ -201,3 +201,31 @@ func TestStaleBuildIsRefused(t *testing.T) {
 		t.Error("an unknown commit is not taken for a change")
 	}
 }
+
+// A run renders the docs only when it wrote the repository's own
+// docs/figures.json (by any path to it): a run that writes its numbers
+// elsewhere is a trial and leaves the docs as they are.
+func TestOnlyTheDocsFiguresAreRendered(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "docs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"docs/figures.json", "trial.json"} {
+		if err := os.WriteFile(filepath.Join(root, name), []byte("{}\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Chdir(root)
+	for path, want := range map[string]bool{
+		"docs/figures.json":                      true,
+		"./docs/../docs/figures.json":            true,
+		filepath.Join(root, "docs/figures.json"): true,
+		"trial.json":                             false,
+		filepath.Join(root, "trial.json"):        false,
+		"docs/absent.json":                       false,
+	} {
+		if got := rendersDocs(path); got != want {
+			t.Errorf("rendersDocs(%q) = %v, want %v", path, got, want)
+		}
+	}
+}
