@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/fencegw/fencegw/gateway/internal/framing"
 )
 
 // What one small fenced POST costs the gateway, one at a time through a
@@ -60,7 +62,7 @@ func benchFencedWrite(b *testing.B, extra string) {
 
 // rawUpstream answers every request on its connections with a fixed 200,
 // after reading its head and Content-Length body; it returns its address.
-func rawUpstream(b *testing.B) string {
+func rawUpstream(b testing.TB) string {
 	answer := []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}")
 	return rawServer(b, func(c net.Conn) {
 		br := bufio.NewReader(c)
@@ -116,5 +118,45 @@ func readHead(br *bufio.Reader) (status, length int, err error) {
 func TestRequestStateFitsItsSizeClass(t *testing.T) {
 	if n := unsafe.Sizeof(requestState{}); n > 1024 {
 		t.Fatalf("requestState is %d bytes, past the 1,024-byte size class", n)
+	}
+}
+
+// A plain fenced write (Go's client's head, an answer of known names) takes
+// the road's two lists for their header maps: the request's fields as the
+// own loop listed them, the answer's as the engine did (framing.Taken,
+// counted as the tests verify them). A change that left the road walking
+// the maps again would pass every other test.
+func TestAPlainWriteTakesBothLists(t *testing.T) {
+	up := rawUpstream(t)
+	tg := startFraming(t, "http://"+up, Config{}, false)
+	lease := tg.leaseTTL(t, "lists", time.Hour)
+	conn, err := net.Dial("tcp", tg.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	body := strings.Repeat("x", 200)
+	req := []byte("POST /v1/proxy/svc/lines HTTP/1.1\r\nHost: gw\r\nUser-Agent: Go-http-client/1.1\r\nFencing-Lease: " + lease +
+		"\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\nAccept-Encoding: gzip\r\n\r\n" + body)
+	br := bufio.NewReader(conn)
+	requests, answers := framing.Taken.Request.Load(), framing.Taken.Answer.Load()
+	for range 3 {
+		if _, err := conn.Write(req); err != nil {
+			t.Fatal(err)
+		}
+		status, n, err := readHead(br)
+		if err != nil || status != 200 {
+			t.Fatalf("answer %d: %v", status, err)
+		}
+		if _, err := br.Discard(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := framing.Taken.Request.Load() - requests; got < 3 {
+		t.Errorf("3 writes took %d request lists, want 3", got)
+	}
+	if got := framing.Taken.Answer.Load() - answers; got < 3 {
+		t.Errorf("3 writes took %d answer lists, want 3", got)
 	}
 }

@@ -47,7 +47,9 @@ package framing
 
 import (
 	"crypto/tls"
+	"fmt"
 	"net/http"
+	"sync/atomic"
 
 	"github.com/fencegw/fencegw/gateway/internal/wire"
 )
@@ -110,6 +112,21 @@ type Verdict struct {
 // panic if they differ: the count the road compares cannot see a value
 // replaced in place, and the tests of every handler then would.
 var VerifyLists bool
+
+// Taken counts, while VerifyLists is set, the lists taken for their
+// header maps and verified (Verify): the requests' and the answers'. A
+// test that serves a plain fenced write tells by them that the road took
+// the lists, which no answer of it shows.
+var Taken struct{ Request, Answer atomic.Int64 }
+
+// Verify checks fs, a list taken for its header map h (VerifyLists): it
+// panics if the two differ (SameFields), else counts the list in n.
+func Verify(fs []wire.Field, h http.Header, n *atomic.Int64, what string) {
+	if !SameFields(fs, h) {
+		panic(fmt.Sprintf("framing: the %s's list of fields %v is not its header %v", what, fs, h))
+	}
+	n.Add(1)
+}
 
 // SameFields reports whether fs lists h: each of h's names once, with the
 // map's own values (the same array).

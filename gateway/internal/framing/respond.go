@@ -125,8 +125,8 @@ func (w *response) WriteHeader(code int) {
 	var facts headFacts
 	var list wire.Fields
 	if a := w.answer; len(a) > 0 && len(a) == len(h) {
-		if VerifyLists && !SameFields(a, h) {
-			panic(fmt.Sprintf("framing: the answer's list %v is not its header %v", a, h))
+		if VerifyLists {
+			Verify(a, h, &Taken.Answer, "answer")
 		}
 		facts, list = factsOfList(a), a // sorted in place for the head: it is this answer's
 	} else {
