@@ -33,30 +33,43 @@ func BenchmarkFencedWriteListenerGoClient(b *testing.B) {
 // benchFencedWrite measures fenced writes whose heads carry extra (whole
 // field lines) besides the lease and the body's fields.
 func benchFencedWrite(b *testing.B, extra string) {
-	up := rawUpstream(b)
-	tg := startFraming(b, "http://"+up, Config{}, false)
-	lease := tg.leaseTTL(b, "bench", time.Hour)
+	conn, br, req := fencedWriter(b, extra)
+	b.ReportAllocs()
+	for b.Loop() {
+		writeOnce(b, conn, br, req)
+	}
+}
+
+// fencedWriter serves a gateway (Listener, the embedded store) before
+// rawUpstream and returns a connection to it, the connection's reader and a
+// plain fenced write of a 200-byte body whose head carries extra (whole
+// field lines) besides the lease and the body's fields.
+func fencedWriter(tb testing.TB, extra string) (net.Conn, *bufio.Reader, []byte) {
+	up := rawUpstream(tb)
+	tg := startFraming(tb, "http://"+up, Config{}, false)
+	lease := tg.leaseTTL(tb, "bench", time.Hour)
 	conn, err := net.Dial("tcp", tg.addr)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	b.Cleanup(func() { _ = conn.Close() })
+	tb.Cleanup(func() { _ = conn.Close() })
 	body := strings.Repeat("x", 200)
 	req := []byte("POST /v1/proxy/svc/lines HTTP/1.1\r\nHost: gw\r\n" + extra + "Fencing-Lease: " + lease +
 		"\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
-	br := bufio.NewReader(conn)
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := conn.Write(req); err != nil {
-			b.Fatal(err)
-		}
-		status, n, err := readHead(br)
-		if err != nil || status != 200 {
-			b.Fatalf("answer %d: %v", status, err)
-		}
-		if _, err := br.Discard(n); err != nil {
-			b.Fatal(err)
-		}
+	return conn, bufio.NewReader(conn), req
+}
+
+// writeOnce sends req on conn and reads its answer, which must be a 200.
+func writeOnce(tb testing.TB, conn net.Conn, br *bufio.Reader, req []byte) {
+	if _, err := conn.Write(req); err != nil {
+		tb.Fatal(err)
+	}
+	status, n, err := readHead(br)
+	if err != nil || status != 200 {
+		tb.Fatalf("answer %d: %v", status, err)
+	}
+	if _, err := br.Discard(n); err != nil {
+		tb.Fatal(err)
 	}
 }
 
@@ -127,31 +140,11 @@ func TestRequestStateFitsItsSizeClass(t *testing.T) {
 // counted as the tests verify them). A change that left the road walking
 // the maps again would pass every other test.
 func TestAPlainWriteTakesBothLists(t *testing.T) {
-	up := rawUpstream(t)
-	tg := startFraming(t, "http://"+up, Config{}, false)
-	lease := tg.leaseTTL(t, "lists", time.Hour)
-	conn, err := net.Dial("tcp", tg.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn, br, req := fencedWriter(t, "User-Agent: Go-http-client/1.1\r\nAccept-Encoding: gzip\r\n")
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	body := strings.Repeat("x", 200)
-	req := []byte("POST /v1/proxy/svc/lines HTTP/1.1\r\nHost: gw\r\nUser-Agent: Go-http-client/1.1\r\nFencing-Lease: " + lease +
-		"\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\nAccept-Encoding: gzip\r\n\r\n" + body)
-	br := bufio.NewReader(conn)
 	requests, answers := framing.Taken.Request.Load(), framing.Taken.Answer.Load()
 	for range 3 {
-		if _, err := conn.Write(req); err != nil {
-			t.Fatal(err)
-		}
-		status, n, err := readHead(br)
-		if err != nil || status != 200 {
-			t.Fatalf("answer %d: %v", status, err)
-		}
-		if _, err := br.Discard(n); err != nil {
-			t.Fatal(err)
-		}
+		writeOnce(t, conn, br, req)
 	}
 	if got := framing.Taken.Request.Load() - requests; got < 3 {
 		t.Errorf("3 writes took %d request lists, want 3", got)

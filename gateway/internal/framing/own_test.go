@@ -57,6 +57,19 @@ func servedBy(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, "%s %s %s scanned=%v field=%q body=%q err=%v", server, r.Method, r.URL.Path, scanned, v.Field, body, err)
 }
 
+// dialLoop opens a connection to addr for a test's requests, with a
+// deadline for the whole test, and its reader.
+func dialLoop(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c, bufio.NewReader(c)
+}
+
 // readAnswers reads n answers from br.
 func readAnswers(t *testing.T, br *bufio.Reader, n int) []string {
 	t.Helper()
@@ -86,13 +99,7 @@ func readAnswers(t *testing.T, br *bufio.Reader, n int) []string {
 // on either road, in order.
 func TestOwnLoopSharesAConnectionWithGoServer(t *testing.T) {
 	addr, _, _ := serveBoth(t, http.HandlerFunc(servedBy), takesOwn, nil)
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	br := bufio.NewReader(c)
+	c, br := dialLoop(t, addr)
 	steps := []struct {
 		raw  string
 		want []string
@@ -168,13 +175,7 @@ func TestCheckListsTheFieldsOfTheLoopsHeads(t *testing.T) {
 		seen = append(seen, b.String())
 		mu.Unlock()
 	}), takesOwn, nil)
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	br := bufio.NewReader(c)
+	c, br := dialLoop(t, addr)
 	for _, raw := range []string{
 		"POST /own/a HTTP/1.1\r\nHost: x\r\nUser-Agent: u\r\nContent-Length: 2\r\nX-B: 1\r\nx-b: 2\r\nAccept: a\r\n\r\nhi",
 		"POST /own/b HTTP/1.1\r\nZ: z\r\nHost: x\r\nA: a\r\n\r\n",
