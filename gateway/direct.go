@@ -359,12 +359,8 @@ func answerType(h http.Header, list *wire.Fields) string {
 	if list == nil || len(*list) != len(h) {
 		return wire.Get(h, "Content-Type")
 	}
-	for _, f := range *list {
-		if f.Name == "Content-Type" {
-			return wire.First(f.Values)
-		}
-	}
-	return ""
+	vv, _ := list.Lookup("Content-Type")
+	return wire.First(vv)
 }
 
 // copyAnswerHeader copies the answer's header src into the client's dst,

@@ -162,7 +162,7 @@ func parseLean(head []byte, template *http.Request, into *leanRequest) (req *htt
 			if size := uint64(1) << (len(key) % 64); sizes&size == 0 {
 				sizes |= size
 			} else {
-				at = nameAt(names[:named], key)
+				at = wire.Fields(names[:named]).Index(key)
 			}
 			if at < 0 {
 				vv := vals[i : i+1 : i+1] // as textproto: an append never writes into the next value
@@ -188,7 +188,7 @@ func parseLean(head []byte, template *http.Request, into *leanRequest) (req *htt
 	}
 	if kept && len(h) != named {
 		for k := range h {
-			if nameAt(names[:named], k) < 0 {
+			if wire.Fields(names[:named]).Index(k) < 0 {
 				delete(h, k) // a name of an earlier head, or a handler's
 			}
 		}
@@ -280,16 +280,6 @@ func (lr *leanRequest) scanned() head {
 		h.fields = lr.fields[:lr.listed:lr.listed]
 	}
 	return h
-}
-
-// nameAt is the place of the field named key in fs, -1 if none is.
-func nameAt(fs []wire.Field, key string) int {
-	for i := range fs {
-		if fs[i].Name == key {
-			return i
-		}
-	}
-	return -1
 }
 
 // The classes of a head's bytes, one table lookup a byte where the

@@ -44,7 +44,7 @@ func (fs *Fields) Add(name string, values []string) { *fs = append(*fs, Field{na
 
 // Set sets the values of the field name, replacing any there.
 func (fs *Fields) Set(name string, values []string) {
-	if i := fs.index(name); i >= 0 {
+	if i := fs.Index(name); i >= 0 {
 		(*fs)[i].Values = values
 		return
 	}
@@ -53,7 +53,7 @@ func (fs *Fields) Set(name string, values []string) {
 
 // Del removes the field name, if it is there.
 func (fs *Fields) Del(name string) {
-	if i := fs.index(name); i >= 0 {
+	if i := fs.Index(name); i >= 0 {
 		fs.remove(i)
 	}
 }
@@ -80,13 +80,14 @@ func (fs *Fields) remove(i int) {
 
 // Lookup returns the values of the field name, and whether it is there.
 func (fs Fields) Lookup(name string) ([]string, bool) {
-	if i := fs.index(name); i >= 0 {
+	if i := fs.Index(name); i >= 0 {
 		return fs[i].Values, true
 	}
 	return nil, false
 }
 
-func (fs Fields) index(name string) int {
+// Index is the place of the field name in fs, -1 if it is not there.
+func (fs Fields) Index(name string) int {
 	for i := range fs {
 		if fs[i].Name == name {
 			return i
