@@ -295,7 +295,7 @@ func (e *Transport) Exchange(ctx context.Context, req *http.Request, fields wire
 	switch {
 	case c.host != nil && whole:
 		// Request.Write's bytes without its allocations (write.go).
-		if err = writeHead(c.bw, req, fields, c.host); err == nil {
+		if err = writeHead(c.bw, req, fields, c.host, &c.order); err == nil {
 			headOK = true
 			_, err = c.bw.Write(w.Body())
 		}
@@ -685,6 +685,9 @@ type engineConn struct {
 	peek    func(fd uintptr) bool
 	peekBuf [1]byte
 	peekOK  bool
+	// order is the name order of the last head written on the connection
+	// (writeHead).
+	order wire.Order
 }
 
 // setDeadline sets an exchange's deadline (zero: none) on c's connection

@@ -51,8 +51,9 @@ var errCTLInURL = errors.New("net/http: can't write control character in Request
 
 // writeHead writes the head of req, whose header is fields (see the top
 // of this file; host is hostLine's for req.URL.Host), to w, as
-// Request.Write would with fields.Header() as req.Header.
-func writeHead(w *bufio.Writer, req *http.Request, fields wire.Fields, host []byte) error {
+// Request.Write would with fields.Header() as req.Header; order is the
+// connection's (wire.WriteSortedIn), or nil.
+func writeHead(w *bufio.Writer, req *http.Request, fields wire.Fields, host []byte, order *wire.Order) error {
 	u := req.URL
 	method := req.Method
 	if method == "" {
@@ -109,7 +110,7 @@ func writeHead(w *bufio.Writer, req *http.Request, fields wire.Fields, host []by
 		}
 		_, _ = w.Write(b)
 	}
-	wire.WriteSorted(w, fields, writeExcluded)
+	wire.WriteSortedIn(w, fields, writeExcluded, order)
 	_, err := w.WriteString("\r\n")
 	return err
 }

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,7 +25,7 @@ func checkWriteHead(t *testing.T, name, host string, req *http.Request, body []b
 		line, herr := hostLine(host)
 		var got bytes.Buffer
 		bw := bufio.NewWriter(&got)
-		if herr == nil && writeHead(bw, req, wire.FieldsOf(req.Header), line) == nil {
+		if herr == nil && writeHead(bw, req, wire.FieldsOf(req.Header), line, nil) == nil {
 			t.Errorf("case %s: Request.Write fails (%v), writeHead does not", name, err)
 		}
 		return
@@ -35,13 +36,37 @@ func checkWriteHead(t *testing.T, name, host string, req *http.Request, body []b
 	}
 	var got bytes.Buffer
 	bw := bufio.NewWriter(&got)
-	if err := writeHead(bw, req, wire.FieldsOf(req.Header), line); err != nil {
+	if err := writeHead(bw, req, wire.FieldsOf(req.Header), line, nil); err != nil {
 		t.Fatalf("case %s: writeHead: %v (Request.Write wrote %q)", name, err, want.String())
 	}
 	_, _ = bw.Write(body)
 	_ = bw.Flush()
 	if got.String() != want.String() {
 		t.Errorf("case %s:\nwriteHead:     %q\nRequest.Write: %q", name, truncate(got.String(), 400), truncate(want.String(), 400))
+	}
+	// On a connection: the fields in the map's order, the same twice (the
+	// second head written in the order the first sorted in), then again
+	// in another order.
+	var order wire.Order
+	var fields wire.Fields
+	for k, vv := range req.Header {
+		fields = append(fields, wire.Field{Name: k, Values: vv})
+	}
+	for i := range 3 {
+		head := slices.Clone(fields)
+		if i == 2 {
+			slices.Reverse(head)
+		}
+		got.Reset()
+		bw.Reset(&got)
+		if err := writeHead(bw, req, head, line, &order); err != nil {
+			t.Fatalf("case %s: writeHead, head %d of a connection: %v", name, i+1, err)
+		}
+		_, _ = bw.Write(body)
+		_ = bw.Flush()
+		if got.String() != want.String() {
+			t.Errorf("case %s, head %d of a connection:\nwriteHead:     %q\nRequest.Write: %q", name, i+1, truncate(got.String(), 400), truncate(want.String(), 400))
+		}
 	}
 }
 
@@ -174,11 +199,12 @@ func BenchmarkWriteHead(b *testing.B) {
 		{Name: "Traceparent", Values: []string{"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}},
 	}
 	bw := bufio.NewWriterSize(io.Discard, 4<<10)
-	sorted := make(wire.Fields, len(fields)) // writeHead sorts the fields in place
+	sorted := make(wire.Fields, len(fields)) // writeHead may sort the fields in place
+	var order wire.Order                     // the connection's
 	b.ReportAllocs()
 	for b.Loop() {
 		copy(sorted, fields)
-		if err := writeHead(bw, req, sorted, host); err != nil {
+		if err := writeHead(bw, req, sorted, host, &order); err != nil {
 			b.Fatal(err)
 		}
 		_, _ = bw.Write(body)

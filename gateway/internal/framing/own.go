@@ -215,6 +215,9 @@ type ownConn struct {
 	afterPost bool        // the last request the loop served was a POST
 	watching  bool        // a WatchClient of the request being served reads the connection
 	resp      response    // the answer being written (respond.go), reused
+	// answerOrder is the name order of the last listed answer's head
+	// (wire.WriteSortedIn).
+	answerOrder wire.Order
 }
 
 // wake makes an idle connection's wait end (the listener closed).

@@ -499,7 +499,7 @@ func (w *response) writeHeadOf(p []byte, facts *headFacts, fields wire.Fields) {
 		// The fields factsOf listed are the header's still: a field the
 		// rules above take out of a header not owned is excluded, not
 		// deleted.
-		wire.WriteSorted(bw, fields, exclude)
+		wire.WriteSortedIn(bw, fields, exclude, &w.c.answerOrder)
 	} else {
 		wire.WriteFields(bw, header, exclude)
 	}

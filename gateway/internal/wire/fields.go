@@ -7,6 +7,7 @@ import (
 	"net/textproto"
 	"slices"
 	"strings"
+	"unsafe"
 )
 
 // insertionMax is the most fields Sort sorts by insertion.
@@ -109,10 +110,19 @@ func (fs Fields) Index(name string) int {
 // was about 1 % of a fenced write's instructions (scripts/callgrind-servers.sh);
 // keys of sixteen bytes, or sorting the fields' places rather than the
 // fields, cost more than they saved.
-func (fs Fields) Sort() {
+func (fs Fields) Sort() { fs.sort(nil) }
+
+// sort is Sort; at, if not nil, is given for each place in name order the
+// place its field had (fs has at most orderMax fields).
+func (fs Fields) sort(at *[orderMax]uint8) {
 	if len(fs) > insertionMax {
 		slices.SortFunc(fs, compareNames)
 		return
+	}
+	if at != nil {
+		for i := range fs {
+			at[i] = uint8(i)
+		}
 	}
 	var keys [insertionMax]uint64
 	for i := range fs {
@@ -140,6 +150,11 @@ func (fs Fields) Sort() {
 		}
 		if j < i {
 			fs[j], keys[j] = f, k
+			if at != nil {
+				p := at[i]
+				copy(at[j+1:i+1], at[j:i])
+				at[j] = p
+			}
 		}
 	}
 }
@@ -200,5 +215,72 @@ func (c Carrier) Keys() []string {
 // exclude, as Header.WriteSubset would write fs.Header().
 func WriteSorted(w *bufio.Writer, fs Fields, exclude []string) {
 	fs.Sort()
-	writeLines(w, fs, exclude)
+	writeLines(w, fs, nil, exclude)
+}
+
+// orderMax is the most fields an Order keeps the order of.
+const orderMax = 16
+
+// Order is a connection's last head written through WriteSortedIn: its
+// names, as they came, and the order they sort in. A connection's heads
+// mostly have the same names in the same places each time (one client's
+// requests sent on, one upstream's answers), and such a head is written
+// in that order without being sorted: its names compared with the last
+// head's, each mostly the very same string (the parsers' known names and
+// the gateway's are constants, equal at their first byte), cost a
+// fraction of Sort's keys, comparisons and moves (a fenced write's two
+// heads, scripts/callgrind-servers.sh: about 950 instructions).
+//
+// A name cut from a head's own bytes (one no parser knows) keeps that
+// head's string alive until the connection's next head: a head of the
+// connection's buffer at most. The zero Order has no head.
+type Order struct {
+	n     int // the last head's fields; 0: none kept
+	names [orderMax]string
+	at    [orderMax]uint8 // the place of each field in name order
+}
+
+// WriteSortedIn is WriteSorted for a connection's head: the same bytes,
+// in o's order if fs has o's names in o's places, else sorted, and its
+// order then kept in o. fs is left in name order or as it was. A nil o is
+// WriteSorted.
+func WriteSortedIn(w *bufio.Writer, fs Fields, exclude []string, o *Order) {
+	if o == nil {
+		WriteSorted(w, fs, exclude)
+		return
+	}
+	if o.same(fs) {
+		writeLines(w, fs, o.at[:len(fs)], exclude)
+		return
+	}
+	if len(fs) > orderMax {
+		o.n = 0
+		WriteSorted(w, fs, exclude)
+		return
+	}
+	for i := range fs {
+		o.names[i] = fs[i].Name
+	}
+	if o.n > len(fs) {
+		clear(o.names[len(fs):o.n]) // no name of an older head kept alive
+	}
+	o.n = len(fs)
+	fs.sort(&o.at)
+	writeLines(w, fs, nil, exclude)
+}
+
+// same reports whether fs has o's names in o's places.
+func (o *Order) same(fs Fields) bool {
+	if len(fs) != o.n || o.n == 0 {
+		return false
+	}
+	for i := range fs {
+		// The same string is the common case: its first byte's address
+		// compared here, where == calls memequal a name.
+		a, b := fs[i].Name, o.names[i]
+		if len(a) != len(b) || unsafe.StringData(a) != unsafe.StringData(b) && a != b {
+			return false
+		}
+	}
+	return true
 }

@@ -249,3 +249,61 @@ func BenchmarkWriteSortedUpstream(b *testing.B) {
 		WriteSorted(bw, c, exclude)
 	}
 }
+
+// BenchmarkWriteSortedInUpstream: BenchmarkWriteSortedUpstream's head on
+// a connection, each head in the order the one before it came in.
+func BenchmarkWriteSortedInUpstream(b *testing.B) {
+	fs := upstreamHead()
+	exclude := []string{"Host", "User-Agent", "Content-Length", "Transfer-Encoding", "Trailer"}
+	bw := bufio.NewWriterSize(nil, 4096)
+	c := make(Fields, len(fs))
+	var o Order
+	b.ReportAllocs()
+	for b.Loop() {
+		copy(c, fs)
+		bw.Reset(nil)
+		WriteSortedIn(bw, c, exclude, &o)
+	}
+}
+
+// FuzzWriteSortedInMatchesWriteSorted: the heads of a connection, written
+// through its Order one after another, are each what WriteSorted writes,
+// whatever names they have in whatever order: the same names as the head
+// before, in its places or others, others of the same lengths, more or
+// fewer, more than an Order keeps. heads is a list of heads separated by
+// "/", each a list of names separated by ",".
+func FuzzWriteSortedInMatchesWriteSorted(f *testing.F) {
+	for _, s := range []string{
+		"X-B,X-A,X-C/X-B,X-A,X-C/X-A,X-B,X-C/X-C,X-B/X-C,X-B,X-A",
+		"User-Agent,Content-Type,Accept-Encoding,Fencing-Token,Fencing-Resource/User-Agent,Content-Type,Accept-Encoding,Fencing-Token,Fencing-Resource",
+		"A,B/A,C/C,A/B,A,C,D/D,C,B,A/A",
+		"Q,P,O,N,M,L,K,J,I,H,G,F,E,D,C,B,A/Q,P,O,N,M,L,K,J,I,H,G,F,E,D,C,B,A/P,O,N,M,L,K,J,I,H,G,F,E,D,C,B,A/P,O,N,M,L,K,J,I,H,G,F,E,D,C,B,A",
+		"X-Forwarded-Host,X-Forwarded-For,Host/X-Forwarded-For,X-Forwarded-Host,Host//X-Forwarded-For,X-Forwarded-Host,Host",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, heads string) {
+		var o Order
+		exclude := []string{"Host", "User-Agent"}
+		var want, got bytes.Buffer
+		for i, head := range strings.Split(heads, "/") {
+			var fs Fields
+			for j, name := range strings.Split(head, ",") {
+				if name != "" && fs.Index(name) < 0 {
+					fs.Add(strings.Clone(name), []string{strconv.Itoa(i) + "." + strconv.Itoa(j)})
+				}
+			}
+			want.Reset()
+			got.Reset()
+			bw := bufio.NewWriter(&want)
+			WriteSorted(bw, slices.Clone(fs), exclude)
+			_ = bw.Flush()
+			bw.Reset(&got)
+			WriteSortedIn(bw, fs, exclude, &o)
+			_ = bw.Flush()
+			if got.String() != want.String() {
+				t.Fatalf("head %d (%q) on the connection wrote\n%q\nWriteSorted\n%q", i+1, head, got.String(), want.String())
+			}
+		}
+	})
+}

@@ -39,22 +39,27 @@ func WriteFields(w *bufio.Writer, h http.Header, exclude []string) {
 		}
 	}
 	sorted.Sort()
-	writeLines(w, sorted, nil)
+	writeLines(w, sorted, nil, nil)
 }
 
-// writeLines writes the lines of fields, sorted, whose names are not in
-// exclude: WriteSubset's rules for each (an invalid name dropped, the
-// value as Value makes it).
+// writeLines writes the lines of fields, sorted (or in the order at
+// gives, if it is not nil: the place of each field in name order), whose
+// names are not in exclude: WriteSubset's rules for each (an invalid name
+// dropped, the value as Value makes it).
 //
 // The lines are put in the writer's free space and written with one
 // Write, which copies them onto themselves: a Write a line was 220
 // instructions of a fenced write's two heads. A line that does not fit
 // goes out in four writes, after the lines put before it, so the writer
 // flushes where and as it did with a Write a line.
-func writeLines(w *bufio.Writer, fields Fields, exclude []string) {
+func writeLines(w *bufio.Writer, fields Fields, at []uint8, exclude []string) {
 	ex := exclusionOf(exclude)
 	b := w.AvailableBuffer()
-	for i := range fields {
+	for k := range fields {
+		i := k
+		if at != nil {
+			i = int(at[k])
+		}
 		name, values := fields[i].Name, fields[i].Values // not the field copied: 40 bytes a field
 		if ex.has(name) || !ValidName(name) {
 			continue // WriteSubset drops an invalid name: a handler has no error to hear
