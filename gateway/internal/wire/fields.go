@@ -231,9 +231,11 @@ const orderMax = 16
 // fraction of Sort's keys, comparisons and moves (a fenced write's two
 // heads, scripts/callgrind-servers.sh: about 950 instructions).
 //
-// A name cut from a head's own bytes (one no parser knows) keeps that
-// head's string alive until the connection's next head: a head of the
-// connection's buffer at most. The zero Order has no head.
+// A name cut from a head's own bytes (one the listener's loop parsed and
+// does not know) keeps that head's string alive until the connection's
+// next head: 4 KiB at most, the loop's buffer, which a head it parses
+// fits in. Names Go's parser read are strings of their own. The zero Order
+// has no head.
 type Order struct {
 	n     int // the last head's fields; 0: none kept
 	names [orderMax]string
