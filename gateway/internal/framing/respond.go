@@ -128,7 +128,7 @@ func (w *response) WriteHeader(code int) {
 		if VerifyLists {
 			Verify(a, h, &Taken.Answer, "answer")
 		}
-		facts, list = factsOfList(a), a // sorted in place for the head: it is this answer's
+		facts, list = factsOfList(a), a // it is this answer's: the head may sort it in place
 	} else {
 		var fields [16]wire.Field // a header of more fields is listed on the heap
 		facts, list = factsOf(h, fields[:0])
